@@ -1,0 +1,65 @@
+"""Make ``import torchvision`` work with a CPU-only torch whose torchvision wheel was built for CUDA.
+
+Why: on machines where torch is the CPU build but torchvision comes from PyPI (a CUDA build),
+torchvision's compiled extension ``_C`` fails to load. torchvision copes with that for most of
+its operators (it skips them), but registers fake kernels for ``torchvision::nms`` and
+``torchvision::qnms`` unconditionally, so ``import torchvision`` dies with
+``operator torchvision::nms does not exist``. zennit imports torchvision too, so the whole
+white-box side would be unusable.
+
+What: :func:`ensure_torchvision` runs before the first torchvision import (``mlflow_di/__init__``
+calls it). If torchvision's extension loads, it does nothing more: torchvision works as shipped.
+If the extension cannot load, it declares those two operator schemas (no kernels), so the import
+succeeds and torchvision's pure-Python parts (models, datasets, transforms, utils) work. The
+compiled ops themselves (nms, roi_align, ...) stay unavailable and raise torchvision's own
+"Couldn't load custom C++ ops" error if called; mlflow-di never calls them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import torch
+
+#: Operators torchvision registers fake kernels for at import time, whatever its extension did.
+_UNCONDITIONAL_OPS = ("nms", "qnms")
+
+#: True once :func:`ensure_torchvision` had to declare the operators itself.
+FALLBACK_ACTIVE = False
+_library = None  # keeps the torch.library.Library alive: dropping it would unregister the schemas
+
+
+def _native_extension_loads() -> bool | None:
+    """Load torchvision's own ``_C`` extension as torchvision would. None: torchvision not installed."""
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package_dir = pathlib.Path(list(spec.submodule_search_locations)[0])
+    for candidate in sorted(package_dir.glob("_C*.so")) + sorted(package_dir.glob("_C*.pyd")):
+        try:
+            torch.ops.load_library(str(candidate))
+            return True
+        except (OSError, RuntimeError):
+            return False
+    return False
+
+
+def _declare_operator_schemas() -> None:
+    global _library, FALLBACK_ACTIVE
+    _library = torch.library.Library("torchvision", "DEF")
+    for name in _UNCONDITIONAL_OPS:
+        _library.define(f"{name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    FALLBACK_ACTIVE = True
+
+
+def ensure_torchvision() -> None:
+    """Make the next ``import torchvision`` succeed on CPU torch; a no-op where it already would.
+
+    Safe to call many times. Does nothing if torchvision is already imported, not installed,
+    or its compiled extension loads.
+    """
+    if FALLBACK_ACTIVE or "torchvision" in sys.modules:
+        return
+    if _native_extension_loads() is False:
+        _declare_operator_schemas()
