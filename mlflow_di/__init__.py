@@ -9,3 +9,9 @@ from mlflow_di import _compat
 _compat.ensure_torchvision()  # before anything can import torchvision (zennit does)
 
 __version__ = "0.1.0"
+
+from mlflow_di.data import ImageSet, load_images  # noqa: E402
+from mlflow_di.errors import UserError  # noqa: E402
+from mlflow_di.models.loading import load_classifier, load_torch_model  # noqa: E402
+
+__all__ = ["ImageSet", "UserError", "load_classifier", "load_images", "load_torch_model", "__version__"]

@@ -1,0 +1,1 @@
+"""One module per ``mlflow-di`` subcommand; each defines ``command`` (a click command)."""

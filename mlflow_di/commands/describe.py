@@ -1,0 +1,72 @@
+"""``mlflow-di describe URI``: what a model is, as mlflow-di sees it."""
+from __future__ import annotations
+
+import click
+
+from mlflow_di.commands.options import preprocessing_option
+from mlflow_di.models import loading
+
+
+@click.command("describe")
+@click.argument("uri")
+@preprocessing_option
+def command(uri: str, preprocessing: str | None) -> None:
+    """Show a model's backend, preprocessing, classes and (for PyTorch) its layers.
+
+    URI is an MLflow model URI (models:/NAME/VERSION, models:/NAME@ALIAS, runs:/...),
+    a .onnx/.tflite/.lite/.pt file, or keras:ARCH:FILE.h5.
+    """
+    source = loading.resolve(uri)
+    white_box = source.kind in ("pytorch", "keras")
+    model = loading.load_torch_model(uri, preprocessing) if white_box else None
+    classifier = model.classifier() if white_box else loading.load_classifier(uri, preprocessing)
+    prep = classifier.preprocessing
+    click.echo(f"model:          {uri}")
+    click.echo(f"backend:        {classifier.backend}" + ("" if white_box else " (black box)"))
+    click.echo(f"input (HxWxC):  {'x'.join(map(str, prep.input_shape)) if prep.input_shape else 'unknown'}")
+    click.echo(f"preprocessing:  x = (raw * {prep.scale:g} - mean {list(prep.mean)}) / std {list(prep.std)}, "
+               f"layout {prep.layout}, model outputs {prep.output}")
+    if prep.input_shape:
+        click.echo(f"classes:        {classifier.num_classes}")
+    click.echo("")
+    click.echo(f"{'layer':<36} {'type':<22} {'output shape':<16} {'neurons':>8}")
+    for name, kind, shape, neurons in _layers(source, model, classifier):
+        click.echo(f"{name:<36} {kind:<22} {'x'.join(map(str, shape)) or '?':<16} {neurons or '?':>8}")
+
+
+def _layers(source, model, classifier) -> list[tuple[str, str, tuple, int]]:
+    """(name, type, per-input output shape, neurons) of each layer/op; conv neurons are channels."""
+    if model is not None:
+        return [(layer.name, layer.type, layer.output_shape, layer.neurons) for layer in model.describe_layers()]
+    if source.kind == "onnx":
+        return _onnx_nodes(source.path)
+    if source.kind == "tflite":
+        return _tflite_ops(classifier)
+    return []
+
+
+def _onnx_nodes(path) -> list[tuple[str, str, tuple, int]]:
+    import onnx
+
+    graph = onnx.shape_inference.infer_shapes(onnx.load(str(path))).graph
+    shapes = {
+        info.name: tuple(d.dim_value if d.HasField("dim_value") else 0 for d in info.type.tensor_type.shape.dim[1:])
+        for info in list(graph.value_info) + list(graph.output)
+    }
+    rows = []
+    for node in graph.node:
+        shape = shapes.get(node.output[0], ())
+        rows.append((node.name or node.output[0], node.op_type, shape, shape[0] if shape else 0))  # NCHW
+    return rows
+
+
+def _tflite_ops(classifier) -> list[tuple[str, str, tuple, int]]:
+    interpreter = classifier.interpreter
+    tensors = {t["index"]: tuple(int(v) for v in t["shape"][1:]) for t in interpreter.get_tensor_details()}
+    rows = []
+    for op in interpreter._get_ops_details():
+        if op["op_name"] == "DELEGATE" or not len(op["outputs"]):
+            continue  # delegate nodes are runtime stand-ins for the ops listed above them
+        shape = tensors.get(op["outputs"][0], ())
+        rows.append((f"op{op['index']}", op["op_name"], shape, shape[-1] if shape else 0))  # NHWC
+    return rows

@@ -1,0 +1,167 @@
+"""Black-box classifiers: raw uint8 NHWC images in, class probabilities out, whatever the backend.
+
+The fuzzing engine and the evaluator see only this interface, so a PyTorch original can be
+compared with an ONNX Runtime or TFLite compressed model. Each backend implements
+``_forward`` on one already-preprocessed float32 batch; batching, shape checks and the
+softmax live here once.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+
+from mlflow_di.errors import UserError
+from mlflow_di.models.preprocessing import Preprocessing
+
+
+class Classifier:
+    """Maps raw uint8 images (N, H, W, C) to float32 probabilities (N, classes) in batches."""
+
+    backend = "abstract"
+    default_batch_size = 256
+
+    def __init__(self, preprocessing: Preprocessing, name: str):
+        self.preprocessing = preprocessing
+        self.name = name
+        self._num_classes: int | None = None
+
+    def _forward(self, batch: np.ndarray) -> np.ndarray:
+        """Model outputs (logits or probabilities, see preprocessing.output) for one float32 batch."""
+        raise NotImplementedError
+
+    def predict_proba(self, images: np.ndarray, batch_size: int | None = None) -> np.ndarray:
+        """Probabilities for raw uint8 NHWC images, computed in batches of ``batch_size``."""
+        images = np.asarray(images)
+        if images.dtype != np.uint8:
+            raise UserError(f"{self.name}: images must be raw uint8 pixels, got {images.dtype}")
+        self.preprocessing.check_images(images)
+        size = batch_size or self.default_batch_size
+        outputs = [
+            self.preprocessing.to_probabilities(self._forward(self.preprocessing.apply(images[i:i + size])))
+            for i in range(0, len(images), size)
+        ]
+        probabilities = np.concatenate(outputs)
+        self._num_classes = probabilities.shape[1]
+        return probabilities
+
+    def predict(self, images: np.ndarray, batch_size: int | None = None) -> np.ndarray:
+        """Top-1 labels for raw uint8 NHWC images."""
+        return self.predict_proba(images, batch_size).argmax(axis=1)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (probes the model with one blank image the first time, if needed)."""
+        if self._num_classes is None:
+            if self.preprocessing.input_shape is None:
+                raise UserError(f"{self.name}: input shape unknown; set it with --preprocessing input_shape=H/W/C")
+            self.predict_proba(np.zeros((1, *self.preprocessing.input_shape), np.uint8))
+        return self._num_classes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class TorchClassifier(Classifier):
+    """A PyTorch ``nn.Module`` used as a black box (eval mode, no gradients)."""
+
+    backend = "pytorch"
+
+    def __init__(self, module, preprocessing: Preprocessing, name: str = "pytorch-model"):
+        super().__init__(preprocessing, name)
+        self.module = module.eval()
+
+    def _forward(self, batch: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            return self.module(torch.from_numpy(batch)).float().numpy()
+
+
+def _threads() -> int:
+    return int(os.environ.get("MLFLOW_DI_THREADS", os.cpu_count() or 1))
+
+
+class OnnxClassifier(Classifier):
+    """An ONNX model run by ONNX Runtime (CPU). Preprocessing is read from the model's
+    ``mlflow_di.preprocessing`` metadata when not given; the input shape from its input."""
+
+    backend = "onnxruntime"
+
+    def __init__(self, path, preprocessing: Preprocessing | None = None, name: str | None = None):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = _threads()
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise UserError(f"cannot load ONNX model '{path}': {str(exc).splitlines()[0]}") from None
+        self.input_name = self.session.get_inputs()[0].name
+        self.fixed_batch = self._fixed_batch_size()
+        if preprocessing is None:
+            preprocessing = self._stored_preprocessing()
+        super().__init__(preprocessing, name or pathlib.Path(path).name)
+
+    def _stored_preprocessing(self) -> Preprocessing:
+        stored = self.session.get_modelmeta().custom_metadata_map.get("mlflow_di.preprocessing")
+        if stored:
+            return Preprocessing.from_json(stored)
+        shape = self.session.get_inputs()[0].shape  # e.g. ['batch', 1, 28, 28]
+        if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]):
+            if shape[1] in (1, 3) and shape[3] not in (1, 3):
+                return Preprocessing(layout="NCHW", input_shape=(shape[2], shape[3], shape[1]))
+            return Preprocessing(layout="NHWC", input_shape=tuple(shape[1:]))
+        return Preprocessing()
+
+    def _fixed_batch_size(self) -> int | None:
+        first = self.session.get_inputs()[0].shape[0]
+        return first if isinstance(first, int) else None
+
+    def _forward(self, batch: np.ndarray) -> np.ndarray:
+        if self.fixed_batch and len(batch) != self.fixed_batch:
+            if self.fixed_batch != 1:
+                raise UserError(f"{self.name}: model has a fixed batch size {self.fixed_batch}; export it with a dynamic batch axis")
+            return np.concatenate([self._forward(batch[i:i + 1]) for i in range(len(batch))])
+        return self.session.run(None, {self.input_name: batch})[0]
+
+
+class TFLiteClassifier(Classifier):
+    """A TensorFlow Lite model run by ``ai-edge-litert`` (no TensorFlow needed).
+
+    TFLite files carry no preprocessing, so the default is scale 1/255, NHWC, probabilities
+    (the DFlare reference models end in softmax); override it for other models.
+    """
+
+    backend = "tflite"
+    default_batch_size = 512
+
+    def __init__(self, path, preprocessing: Preprocessing | None = None, name: str | None = None):
+        try:
+            from ai_edge_litert.interpreter import Interpreter
+        except ImportError:
+            raise UserError("TFLite models need the 'tflite' extra: pip install 'mlflow-di[tflite]'") from None
+        try:
+            self.interpreter = Interpreter(model_path=str(path), num_threads=_threads())
+        except (ValueError, RuntimeError) as exc:
+            raise UserError(f"cannot load TFLite model '{path}': {str(exc).splitlines()[0]}") from None
+        details = self.interpreter.get_input_details()[0]
+        self.input_index = details["index"]
+        self.output_index = self.interpreter.get_output_details()[0]["index"]
+        self._batch = None
+        if preprocessing is None:
+            shape = tuple(int(v) for v in details["shape"][1:])
+            preprocessing = Preprocessing(layout="NHWC", output="probabilities",
+                                          input_shape=shape if len(shape) == 3 else None)
+        super().__init__(preprocessing, name or pathlib.Path(path).name)
+
+    def _forward(self, batch: np.ndarray) -> np.ndarray:
+        if self._batch != len(batch):  # resizing re-plans the graph: only when the size changes
+            self.interpreter.resize_tensor_input(self.input_index, batch.shape)
+            self.interpreter.allocate_tensors()
+            self._batch = len(batch)
+        self.interpreter.set_tensor(self.input_index, batch)
+        self.interpreter.invoke()
+        return self.interpreter.get_tensor(self.output_index).copy()
