@@ -33,13 +33,18 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
     """A fresh, empty local MLflow tracking store for one test (sqlite in tmp_path)."""
     import mlflow
 
+    import mlflow.tracking.fluent as fluent
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     monkeypatch.chdir(tmp_path)
     mlflow.set_tracking_uri(uri)
+    fluent._active_experiment_id = None  # MLflow caches the experiment of the previous store
     yield uri
     while mlflow.active_run():
         mlflow.end_run()
+    fluent._active_experiment_id = None
     mlflow.set_tracking_uri(None)
 
 

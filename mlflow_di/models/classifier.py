@@ -70,13 +70,21 @@ class TorchClassifier(Classifier):
 
     def __init__(self, module, preprocessing: Preprocessing, name: str = "pytorch-model"):
         super().__init__(preprocessing, name)
-        self.module = module.eval()
+        if not isinstance(module, torch_fx_graph_module()):  # exported (pt2) graphs refuse .eval()
+            module.eval()
+        self.module = module
 
     def _forward(self, batch: np.ndarray) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
             return self.module(torch.from_numpy(batch)).float().numpy()
+
+
+def torch_fx_graph_module():
+    import torch.fx
+
+    return torch.fx.GraphModule
 
 
 def _threads() -> int:

@@ -1,0 +1,45 @@
+"""Preprocessing: the arithmetic, layouts, overrides and shape checks."""
+import numpy as np
+import pytest
+
+from mlflow_di.errors import UserError
+from mlflow_di.models.preprocessing import Preprocessing
+
+
+def test_apply_scales_normalises_and_transposes():
+    images = np.array([[[[0, 255, 51]]]], np.uint8)  # one 1x1 RGB image
+    prep = Preprocessing(scale=1 / 255, mean=(0.0, 0.5, 0.1), std=(1.0, 0.5, 0.1))
+    x = prep.apply(images)
+    assert x.shape == (1, 3, 1, 1) and x.dtype == np.float32
+    np.testing.assert_allclose(x[0, :, 0, 0], [0.0, 1.0, 1.0], atol=1e-6)  # (0.2-0.1)/0.1 = 1
+    assert Preprocessing(layout="NHWC").apply(images).shape == (1, 1, 1, 3)
+
+
+def test_softmax_of_logits_and_passthrough_of_probabilities():
+    logits = np.array([[0.0, np.log(3.0)]])
+    np.testing.assert_allclose(Preprocessing().to_probabilities(logits), [[0.25, 0.75]], atol=1e-6)
+    probs = np.array([[0.1, 0.9]])
+    np.testing.assert_allclose(Preprocessing(output="probabilities").to_probabilities(probs), probs, atol=1e-7)
+
+
+def test_override_and_round_trip():
+    prep = Preprocessing(input_shape=(28, 28, 1)).override("scale=1,mean=125.3/123/113.9,layout=NHWC,input_shape=32/32/3")
+    assert prep.scale == 1.0 and prep.mean == (125.3, 123.0, 113.9) and prep.input_shape == (32, 32, 3)
+    assert Preprocessing.from_json(prep.to_json()) == prep
+
+
+@pytest.mark.parametrize("text, fragment", [("scale", "key=value"), ("colour=1", "unknown preprocessing field"),
+                                            ("scale=x", "must be a number"), ("layout=CHW", "layout")])
+def test_bad_overrides(text, fragment):
+    with pytest.raises(UserError, match=fragment):
+        Preprocessing().override(text)
+
+
+def test_shape_and_channel_checks_name_the_fix():
+    prep = Preprocessing(input_shape=(28, 28, 1))
+    with pytest.raises(UserError, match="expects 28x28x1"):
+        prep.apply(np.zeros((2, 8, 8, 1), np.uint8))
+    with pytest.raises(UserError, match="empty"):
+        prep.apply(np.zeros((0, 28, 28, 1), np.uint8))
+    with pytest.raises(UserError, match="3 values but images have 1 channels"):
+        Preprocessing(mean=(0, 0, 0)).apply(np.zeros((1, 4, 4, 1), np.uint8))
