@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pathlib
 
 import mlflow
@@ -25,13 +26,15 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
     Whatever the command logged before the failure stays logged: nothing is lost, and no run
     is ever left RUNNING.
     """
-    if mlflow.active_run() is None:  # inside `mlflow run`, MLFLOW_RUN_ID names the run to use
+    resuming = os.environ.get("MLFLOW_RUN_ID")  # inside `mlflow run`: log into the run it created
+    if mlflow.active_run() is None and not resuming:
         try:
             mlflow.set_experiment(experiment or DEFAULT_EXPERIMENT)
         except MlflowException as exc:
             raise UserError(f"cannot use experiment '{experiment or DEFAULT_EXPERIMENT}' at "
                             f"{mlflow.get_tracking_uri()}: {exc.message.splitlines()[0]}") from None
-    run = mlflow.start_run(run_name=run_name, tags={"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
+    run = mlflow.start_run(run_name=None if resuming else run_name,
+                           tags={"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
     try:
         yield run
     except KeyboardInterrupt:
