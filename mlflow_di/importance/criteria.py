@@ -1,0 +1,573 @@
+"""The classic coverage criteria beside IDC: NC, KMNC, NBC, SNAC, TKNC, LSC and DSC.
+
+:class:`ClassicCoverage` is an estimator in the scikit-learn manner: every setting is an
+``__init__`` argument; ``fit(model, train)`` runs one activation pass over the training set and
+keeps what each criterion needs (per-neuron bounds, surprise-adequacy traces); ``score(test)``
+runs one pass over a test set and returns a :class:`CriteriaReport` with all criteria at once.
+``save``/``load`` keep the fitted statistics (a JSON file beside an ``.npz``), so scoring a new
+test set needs the model but no training data.
+
+A report keeps the *cells* each criterion's inputs covered (neurons, sections, buckets), so
+reports of several test sets merge into the report of their union (:meth:`CriteriaReport.merge`):
+e.g. the original test set plus its augmented copies.
+
+Defaults follow DeepImportance's ``run.py`` (Gerasimou et al., ICSE 2020) and Kim et al.'s SA
+code; the details and every difference from them are in the docstrings of
+:mod:`mlflow_di.importance.criteria_neuron` and :mod:`mlflow_di.importance.criteria_surprise`.
+Differences in *which* neurons are counted:
+
+- Layers: by default the hidden layers with parameters (:func:`activations.hidden_layers`,
+  LeNet-5: conv1, conv2, fc1, fc2). DeepImportance counts every Keras layer but the input and
+  flatten layers, i.e. also the pooling layers, the logits and the softmax output.
+- SA layer: by default the last hidden layer (LeNet-5: fc2), which is the reference's choice
+  (``model.layers[-3]``). SA classes are the model's predictions, as in the reference.
+- DSC's upper bound is 2 (Kim et al.); DeepImportance's ``run.py`` passes 2000 to both SA criteria.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import pathlib
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from mlflow_di.errors import UserError
+from mlflow_di.importance import activations as act
+from mlflow_di.importance.criteria_neuron import (
+    boundary_cells,
+    multisection_cells,
+    nc_scaled_means,
+    neuron_bounds,
+    neuron_coverage_cells,
+    top_k_cells,
+)
+from mlflow_di.importance.criteria_surprise import (
+    VAR_THRESHOLD,
+    DistanceSurprise,
+    LikelihoodSurprise,
+    surprise_cells,
+)
+
+CRITERIA = ("nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc")
+_BOUNDED = {"kmnc", "nbc", "snac"}  # criteria that need the training bounds
+_SURPRISE = {"lsc", "dsc"}
+_NC_KEY = "nc"  # reduction name: collect_activations returns f"{layer}:nc"
+_OUTPUT = "output"  # name of the tap on the model's output (see _OutputTap)
+FILE_STEM = "classic_criteria"
+
+
+@dataclasses.dataclass
+class CoveredCells:
+    """Which cells of each criterion a set of inputs covers; ``None`` for a criterion not measured.
+
+    ``below``/``above`` are NBC's two corner regions per neuron; ``above`` alone is SNAC.
+    """
+
+    nc: np.ndarray | None = None  # (neurons,)
+    kmnc: np.ndarray | None = None  # (neurons, sections)
+    below: np.ndarray | None = None  # (neurons,)
+    above: np.ndarray | None = None  # (neurons,)
+    tknc: np.ndarray | None = None  # (neurons,)
+    lsc: np.ndarray | None = None  # (buckets,)
+    dsc: np.ndarray | None = None  # (buckets,)
+
+    def union(self, other: "CoveredCells") -> "CoveredCells":
+        """Cells covered by either set (the cells of the two input sets together)."""
+        merged = {}
+        for field in dataclasses.fields(self):
+            mine, theirs = getattr(self, field.name), getattr(other, field.name)
+            if (mine is None) != (theirs is None) or (mine is not None and mine.shape != theirs.shape):
+                raise UserError(
+                    f"cannot merge criteria reports measured differently ({field.name} cells differ); "
+                    "score both test sets with the same fitted ClassicCoverage"
+                )
+            merged[field.name] = None if mine is None else mine | theirs
+        return CoveredCells(**merged)
+
+    def counts(self, criterion: str) -> tuple[int, int]:
+        """(covered, total) cells of one criterion."""
+        if criterion == "nbc":
+            return int(self.below.sum() + self.above.sum()), 2 * self.above.size
+        if criterion == "snac":
+            return int(self.above.sum()), self.above.size
+        cells = getattr(self, criterion)
+        return int(cells.sum()), cells.size
+
+    def to_dict(self) -> dict:
+        return {f.name: _pack_bits(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "CoveredCells":
+        return cls(**{name: _unpack_bits(packed) for name, packed in values.items()})
+
+
+@dataclasses.dataclass
+class CriteriaReport:
+    """The classic criteria of one test set (or a union of several).
+
+    ``coverage`` maps each measured criterion (nc, kmnc, nbc, snac, tknc, lsc, dsc) to a fraction
+    in [0, 1]; ``lsa``/``dsa`` hold per-input surprise adequacy (NaN where undefined: the input's
+    predicted class has no training density / no training input).
+    """
+
+    data_name: str
+    num_inputs: int
+    criteria: tuple[str, ...]
+    cells: CoveredCells
+    lsa: np.ndarray | None = None
+    dsa: np.ndarray | None = None
+    settings: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def coverage(self) -> dict[str, float]:
+        out = {}
+        for criterion in self.criteria:
+            covered, total = self.cells.counts(criterion)
+            out[criterion] = covered / total if total else 0.0
+        return out
+
+    @property
+    def covered(self) -> dict[str, tuple[int, int]]:
+        """(covered, total) cells per criterion."""
+        return {criterion: self.cells.counts(criterion) for criterion in self.criteria}
+
+    def merge(self, other: "CriteriaReport", name: str | None = None) -> "CriteriaReport":
+        """The report of both input sets together: cells united, per-input SA values concatenated."""
+        if self.criteria != other.criteria or self.settings != other.settings:
+            raise UserError("cannot merge criteria reports with different criteria or settings; "
+                            "score both test sets with the same fitted ClassicCoverage")
+        return CriteriaReport(
+            data_name=name or f"{self.data_name} + {other.data_name}",
+            num_inputs=self.num_inputs + other.num_inputs,
+            criteria=self.criteria,
+            cells=self.cells.union(other.cells),
+            lsa=_concat(self.lsa, other.lsa),
+            dsa=_concat(self.dsa, other.dsa),
+            settings=dict(self.settings),
+        )
+
+    @classmethod
+    def combine(cls, reports: Sequence["CriteriaReport"], name: str | None = None) -> "CriteriaReport":
+        """The report of several input sets together (see :meth:`merge`)."""
+        if not reports:
+            raise UserError("no criteria reports to combine")
+        combined = reports[0]
+        for report in reports[1:]:
+            combined = combined.merge(report)
+        if name:
+            combined.data_name = name
+        return combined
+
+    def to_dict(self) -> dict:
+        covered = self.covered
+        return {
+            "data_name": self.data_name,
+            "num_inputs": self.num_inputs,
+            "criteria": list(self.criteria),
+            "coverage": self.coverage,  # derived from cells; for readers of the JSON
+            "covered_cells": {k: covered[k][0] for k in self.criteria},
+            "total_cells": {k: covered[k][1] for k in self.criteria},
+            "settings": self.settings,
+            "lsa": _floats_to_list(self.lsa),
+            "dsa": _floats_to_list(self.dsa),
+            "cells": self.cells.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "CriteriaReport":
+        return cls(
+            data_name=values["data_name"],
+            num_inputs=int(values["num_inputs"]),
+            criteria=tuple(values["criteria"]),
+            cells=CoveredCells.from_dict(values["cells"]),
+            lsa=_floats_from_list(values.get("lsa")),
+            dsa=_floats_from_list(values.get("dsa")),
+            settings=dict(values.get("settings", {})),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CriteriaReport":
+        return cls.from_dict(json.loads(text))
+
+
+class ClassicCoverage:
+    """NC, KMNC, NBC, SNAC, TKNC, LSC and DSC from one activation pass per data set.
+
+    Parameters (defaults as in DeepImportance's ``run.py`` / Kim et al.):
+    ``criteria`` any subset of :data:`CRITERIA`; ``layers`` the layers whose neurons NC, KMNC,
+    NBC, SNAC and TKNC count (None: all hidden layers); ``nc_threshold`` 0.75 on per-input
+    min-max scaled outputs; ``kmnc_sections`` 1000; ``tknc_k`` 3; ``lsc_buckets``/``lsc_lower``/
+    ``lsc_upper`` 1000 over [0, 2000]; ``dsc_buckets``/``dsc_lower``/``dsc_upper`` 1000 over
+    [0, 2]; ``sa_layers`` the layers whose neurons, side by side, form the SA trace (None: the
+    last hidden layer); ``var_threshold`` 1e-5 (LSA drops neurons with lower in-class variance).
+
+    Fitted attributes: ``layers_``, ``layer_sizes_``, ``low_``/``high_`` (per-neuron training
+    bounds), ``sa_layers_``, ``sa_traces_``/``sa_classes_`` (training SA traces and predicted
+    classes), ``likelihood_`` (:class:`LikelihoodSurprise`), ``distance_``
+    (:class:`DistanceSurprise`), ``train_name_``, ``num_train_``, and ``seconds_`` (time per
+    stage of the last fit/score, for benchmarks).
+    """
+
+    def __init__(
+        self,
+        criteria: Sequence[str] = CRITERIA,
+        layers: Sequence[str] | None = None,
+        nc_threshold: float = 0.75,
+        kmnc_sections: int = 1000,
+        tknc_k: int = 3,
+        lsc_buckets: int = 1000,
+        lsc_lower: float = 0.0,
+        lsc_upper: float = 2000.0,
+        dsc_buckets: int = 1000,
+        dsc_lower: float = 0.0,
+        dsc_upper: float = 2.0,
+        sa_layers: Sequence[str] | None = None,
+        var_threshold: float = VAR_THRESHOLD,
+        batch_size: int = 256,
+        progress: bool = True,
+    ):
+        self.criteria = criteria
+        self.layers = layers
+        self.nc_threshold = nc_threshold
+        self.kmnc_sections = kmnc_sections
+        self.tknc_k = tknc_k
+        self.lsc_buckets = lsc_buckets
+        self.lsc_lower = lsc_lower
+        self.lsc_upper = lsc_upper
+        self.dsc_buckets = dsc_buckets
+        self.dsc_lower = dsc_lower
+        self.dsc_upper = dsc_upper
+        self.sa_layers = sa_layers
+        self.var_threshold = var_threshold
+        self.batch_size = batch_size
+        self.progress = progress
+        self.model_ = None
+        self.seconds_: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- settings
+    def settings(self) -> dict:
+        """The settings that decide the numbers (what a report must share to be merged)."""
+        criteria = self._criteria()
+        return {
+            "criteria": list(criteria),
+            "nc_threshold": float(self.nc_threshold),
+            "kmnc_sections": int(self.kmnc_sections),
+            "tknc_k": int(self.tknc_k),
+            "lsc_buckets": int(self.lsc_buckets),
+            "lsc_range": [float(self.lsc_lower), float(self.lsc_upper)],
+            "dsc_buckets": int(self.dsc_buckets),
+            "dsc_range": [float(self.dsc_lower), float(self.dsc_upper)],
+            "var_threshold": float(self.var_threshold),
+            "layers": list(getattr(self, "layers_", self.layers or [])),
+            "sa_layers": list(getattr(self, "sa_layers_", self.sa_layers or [])),
+        }
+
+    def _criteria(self) -> tuple[str, ...]:
+        criteria = (self.criteria,) if isinstance(self.criteria, str) else tuple(self.criteria)
+        unknown = [c for c in criteria if c not in CRITERIA]
+        if unknown or not criteria:
+            raise UserError(f"unknown criteria {unknown or '(none given)'}; choose from {', '.join(CRITERIA)}")
+        return tuple(c for c in CRITERIA if c in criteria)  # canonical order, no duplicates
+
+    def _check_settings(self) -> None:
+        for name in ("kmnc_sections", "tknc_k", "lsc_buckets", "dsc_buckets", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise UserError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("lsc", "dsc"):
+            lower, upper = getattr(self, f"{name}_lower"), getattr(self, f"{name}_upper")
+            if not upper > lower:
+                raise UserError(f"{name}_upper must be greater than {name}_lower, got [{lower}, {upper}]")
+
+    @property
+    def reductions(self) -> dict:
+        """The extra reductions :func:`collect_activations` must apply for these criteria."""
+        return {_NC_KEY: nc_scaled_means} if "nc" in self._criteria() else {}
+
+    def required_layers(self) -> list[str]:
+        """Layers whose activations fitting and scoring need (after :meth:`resolve_layers` or a fit)."""
+        if not hasattr(self, "layers_"):
+            raise UserError("ClassicCoverage is not fitted yet; call fit(model, train) or ClassicCoverage.load(dir)")
+        return list(dict.fromkeys([*self.layers_, *self.sa_layers_]))
+
+    def resolve_layers(self, module: nn.Module | None = None) -> "ClassicCoverage":
+        """Fix ``layers_``/``sa_layers_``: the given ones, or the defaults of ``module``.
+
+        Callers who collect activations themselves (e.g. one pass shared with IDC) call this, then
+        record :meth:`required_layers` with :attr:`reductions`, then :meth:`fit_activations`.
+        """
+        needs_sa = bool(_SURPRISE & set(self._criteria()))
+        if module is None and (not self.layers or (needs_sa and not self.sa_layers)):
+            raise UserError("give layers (and sa_layers for lsc/dsc) or the model to take the default layers from")
+        self.layers_ = list(self.layers) if self.layers else act.hidden_layers(module)
+        self.sa_layers_ = (list(self.sa_layers) if self.sa_layers else [act.default_layer(module)]) if needs_sa else []
+        if module is not None:
+            act.check_layers(module, self.required_layers())
+        return self
+
+    def collect(self, model, data) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """One forward pass over ``data`` (an ImageSet): ({layer: (N, neurons)} for the required layers
+        plus NC's ``f"{layer}:nc"`` scaled means, predicted classes (N,)) -- what
+        :meth:`fit_activations` and :meth:`score_activations` take."""
+        tap = _OutputTap(model.module)
+        layers = [f"model.{layer}" for layer in self.required_layers()] + [_OUTPUT]
+        values = act.collect_activations(tap, _Preprocessed(model, data.images), layers, self.batch_size,
+                                         self.reductions, self.progress)
+        outputs = values.pop(_OUTPUT)
+        values.pop(f"{_OUTPUT}:{_NC_KEY}", None)
+        values = {key.removeprefix("model."): array for key, array in values.items()}
+        return values, outputs.argmax(axis=1)
+
+    # ---------------------------------------------------------------------- fit
+    def fit(self, model, train) -> "ClassicCoverage":
+        """One activation pass over ``train`` (an ImageSet) through ``model`` (a TorchModel)."""
+        self._check_settings()
+        self.resolve_layers(model.module)
+        self.model_ = model
+        started = time.perf_counter()
+        values, predictions = self.collect(model, train)
+        seconds = time.perf_counter() - started
+        self.fit_activations(values, predictions, train_name=train.name)
+        self.seconds_["activations"] = seconds
+        return self
+
+    def fit_activations(self, activations: Mapping[str, np.ndarray], predictions: np.ndarray,
+                        train_name: str = "train", nearest_other: np.ndarray | None = None) -> "ClassicCoverage":
+        """Fit from activations already collected: ``activations[layer]`` (N, neurons) for every
+        layer of :meth:`required_layers`, ``predictions`` (N,) the model's predicted classes.
+        The layers are those of :meth:`resolve_layers` (called by :meth:`fit`), or else the given
+        ``layers``/``sa_layers``. ``nearest_other`` (from a saved fit) skips DSA's quadratic step.
+        """
+        self._check_settings()
+        criteria = self._criteria()
+        self.seconds_ = {}
+        if not hasattr(self, "layers_"):
+            self.resolve_layers(None)
+        predictions = np.asarray(predictions).reshape(-1)
+        self.layer_sizes_ = [int(_layer_values(activations, layer).shape[1]) for layer in self.layers_]
+        neuron_values = _side_by_side(activations, self.layers_)
+        if len(neuron_values) != len(predictions):
+            raise UserError(f"{len(neuron_values)} activation rows but {len(predictions)} predictions")
+        self.train_name_, self.num_train_ = train_name, len(predictions)
+        self.low_, self.high_ = (neuron_bounds(neuron_values) if _BOUNDED & set(criteria) else (None, None))
+        self.likelihood_ = self.distance_ = None
+        self.sa_traces_, self.sa_classes_ = None, None
+        if self.sa_layers_:
+            traces = _side_by_side(activations, self.sa_layers_)
+            self.sa_traces_, self.sa_classes_ = traces, predictions.astype(np.int64)
+            if "lsc" in criteria:
+                with self._timed("lsa_fit"):
+                    self.likelihood_ = LikelihoodSurprise(self.var_threshold).fit(traces, predictions)
+            if "dsc" in criteria:
+                with self._timed("dsa_fit"):
+                    self.distance_ = DistanceSurprise().fit(traces, predictions, nearest_other, self.progress)
+        return self
+
+    # -------------------------------------------------------------------- score
+    def score(self, test, model=None) -> CriteriaReport:
+        """One activation pass over ``test`` (an ImageSet); all criteria in one :class:`CriteriaReport`.
+
+        ``model`` defaults to the one given to :meth:`fit` (needed after :meth:`load` without one).
+        """
+        self._check_fitted()
+        model = model or self.model_
+        if model is None:
+            raise UserError("scoring needs the model: pass model= to score() or load()")
+        started = time.perf_counter()
+        values, predictions = self.collect(model, test)
+        seconds = time.perf_counter() - started
+        report = self.score_activations(values, predictions, data_name=test.name)
+        self.seconds_["activations"] = seconds
+        return report
+
+    def score_activations(self, activations: Mapping[str, np.ndarray], predictions: np.ndarray,
+                          data_name: str = "test") -> CriteriaReport:
+        """Score activations already collected (same keys as :meth:`fit_activations`, plus
+        ``f"{layer}:nc"`` from :attr:`reductions` when NC is measured)."""
+        self._check_fitted()
+        criteria = self._criteria()
+        self.seconds_ = {}
+        predictions = np.asarray(predictions).reshape(-1)
+        values = _side_by_side(activations, self.layers_)
+        if len(values) != len(predictions):
+            raise UserError(f"{len(values)} activation rows but {len(predictions)} predictions")
+        cells = CoveredCells()
+        if "nc" in criteria:
+            with self._timed("nc"):
+                scaled = _side_by_side(activations, [f"{layer}:{_NC_KEY}" for layer in self.layers_])
+                cells.nc = neuron_coverage_cells(scaled, self.nc_threshold)
+        if "kmnc" in criteria:
+            with self._timed("kmnc"):
+                cells.kmnc = multisection_cells(values, self.low_, self.high_, self.kmnc_sections)
+        if {"nbc", "snac"} & set(criteria):
+            with self._timed("nbc_snac"):
+                cells.below, cells.above = boundary_cells(values, self.low_, self.high_)
+        if "tknc" in criteria:
+            with self._timed("tknc"):
+                cells.tknc = top_k_cells(values, self.layer_sizes_, self.tknc_k)
+        lsa = dsa = None
+        if self.sa_layers_:
+            traces = _side_by_side(activations, self.sa_layers_)
+            if "lsc" in criteria:
+                with self._timed("lsc"):
+                    lsa = self.likelihood_.score_samples(traces, predictions)
+                    cells.lsc = surprise_cells(lsa, self.lsc_lower, self.lsc_upper, self.lsc_buckets)
+            if "dsc" in criteria:
+                with self._timed("dsc"):
+                    dsa = self.distance_.score_samples(traces, predictions)
+                    cells.dsc = surprise_cells(dsa, self.dsc_lower, self.dsc_upper, self.dsc_buckets)
+        return CriteriaReport(data_name, len(predictions), criteria, cells, lsa, dsa, self.settings())
+
+    # --------------------------------------------------------------- save/load
+    def save(self, directory) -> pathlib.Path:
+        """Write the fitted statistics: ``classic_criteria.json`` (settings, layers) and
+        ``classic_criteria.npz`` (bounds, SA traces and classes, DSA reference distances)."""
+        self._check_fitted()
+        folder = pathlib.Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = {**self.settings(), "batch_size": int(self.batch_size), "layer_sizes": self.layer_sizes_,
+                "train_name": self.train_name_, "num_train": self.num_train_}
+        (folder / f"{FILE_STEM}.json").write_text(json.dumps(meta, indent=1))
+        arrays = {"low": self.low_, "high": self.high_, "sa_traces": self.sa_traces_,
+                  "sa_classes": self.sa_classes_,
+                  "nearest_other": None if self.distance_ is None else self.distance_.nearest_other_}
+        np.savez_compressed(folder / f"{FILE_STEM}.npz", **{k: v for k, v in arrays.items() if v is not None})
+        return folder
+
+    @classmethod
+    def load(cls, directory, model=None, progress: bool = True) -> "ClassicCoverage":
+        """A fitted :class:`ClassicCoverage` from :meth:`save`'s files; ``model`` for :meth:`score`."""
+        folder = pathlib.Path(directory)
+        paths = folder / f"{FILE_STEM}.json", folder / f"{FILE_STEM}.npz"
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            raise UserError(f"no saved classic criteria: missing {', '.join(missing)}")
+        meta = json.loads(paths[0].read_text())
+        with np.load(paths[1]) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        coverage = cls(
+            criteria=meta["criteria"], layers=meta["layers"], nc_threshold=meta["nc_threshold"],
+            kmnc_sections=meta["kmnc_sections"], tknc_k=meta["tknc_k"],
+            lsc_buckets=meta["lsc_buckets"], lsc_lower=meta["lsc_range"][0], lsc_upper=meta["lsc_range"][1],
+            dsc_buckets=meta["dsc_buckets"], dsc_lower=meta["dsc_range"][0], dsc_upper=meta["dsc_range"][1],
+            sa_layers=meta["sa_layers"] or None, var_threshold=meta["var_threshold"],
+            batch_size=meta.get("batch_size", 256), progress=progress,
+        )
+        coverage.layers_, coverage.sa_layers_ = list(meta["layers"]), list(meta["sa_layers"])
+        coverage.layer_sizes_ = [int(v) for v in meta["layer_sizes"]]
+        coverage.train_name_, coverage.num_train_ = meta["train_name"], int(meta["num_train"])
+        coverage.low_, coverage.high_ = arrays.get("low"), arrays.get("high")
+        coverage._restore_surprise(arrays)
+        coverage.model_ = model
+        return coverage
+
+    def _restore_surprise(self, arrays: dict) -> None:
+        self.likelihood_ = self.distance_ = None
+        self.sa_traces_, self.sa_classes_ = arrays.get("sa_traces"), arrays.get("sa_classes")
+        criteria = self._criteria()
+        if self.sa_traces_ is None:
+            return
+        if "lsc" in criteria:
+            self.likelihood_ = LikelihoodSurprise(self.var_threshold).fit(self.sa_traces_, self.sa_classes_)
+        if "dsc" in criteria:
+            self.distance_ = DistanceSurprise().fit(self.sa_traces_, self.sa_classes_, arrays.get("nearest_other"))
+
+    # ------------------------------------------------------------------ helpers
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "layer_sizes_"):
+            raise UserError("ClassicCoverage is not fitted yet; call fit(model, train) or ClassicCoverage.load(dir)")
+
+    def _timed(self, stage: str):
+        return _Stopwatch(self.seconds_, stage)
+
+
+class _OutputTap(nn.Module):
+    """Wraps a model so its final output can be recorded like a layer (``output``) in the same pass.
+
+    The criteria need the model's predicted classes (SA groups inputs by them); tapping the
+    output avoids a second forward pass and works for any module, not only nn.Sequential.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.output = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.model(x))
+
+
+class _Preprocessed:
+    """Raw images preprocessed one batch at a time (so a large set is never held as float32 at once)."""
+
+    def __init__(self, model, images: np.ndarray):
+        self.model, self.images = model, images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: slice) -> torch.Tensor:
+        return self.model.to_tensor(self.images[index])
+
+
+class _Stopwatch:
+    def __init__(self, record: dict, stage: str):
+        self.record, self.stage = record, stage
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc_info):
+        self.record[self.stage] = self.record.get(self.stage, 0.0) + time.perf_counter() - self.started
+        return False
+
+
+def _layer_values(activations: Mapping[str, np.ndarray], layer: str) -> np.ndarray:
+    if layer not in activations:
+        raise UserError(f"no activations for layer '{layer}' (have: {', '.join(sorted(activations))})")
+    values = np.asarray(activations[layer])
+    return values.reshape(len(values), -1)
+
+
+def _side_by_side(activations: Mapping[str, np.ndarray], layers: Sequence[str]) -> np.ndarray:
+    """The layers' (N, neurons) arrays as one (N, total neurons) array, in ``layers`` order."""
+    return np.concatenate([_layer_values(activations, layer) for layer in layers], axis=1)
+
+
+def _pack_bits(cells: np.ndarray) -> dict:
+    return {"shape": list(cells.shape),
+            "bits": base64.b64encode(np.packbits(cells.astype(bool).reshape(-1)).tobytes()).decode("ascii")}
+
+
+def _unpack_bits(packed: dict) -> np.ndarray:
+    shape = tuple(packed["shape"])
+    raw = np.frombuffer(base64.b64decode(packed["bits"]), dtype=np.uint8)
+    return np.unpackbits(raw, count=int(np.prod(shape))).astype(bool).reshape(shape)
+
+
+def _floats_to_list(values: np.ndarray | None) -> list | None:
+    """Floats for strict JSON, which has no NaN/inf: those become the strings "nan", "inf", "-inf"."""
+    if values is None:
+        return None
+    return [float(v) if np.isfinite(v) else str(float(v)) for v in values]
+
+
+def _floats_from_list(values: list | None) -> np.ndarray | None:
+    if values is None:
+        return None
+    return np.array([float(v) for v in values], dtype=np.float64)
+
+
+def _concat(first: np.ndarray | None, second: np.ndarray | None) -> np.ndarray | None:
+    if first is None or second is None:
+        return None
+    return np.concatenate([first, second])

@@ -1,0 +1,229 @@
+"""Surprise adequacy (Kim et al., ICSE 2019): LSA and DSA per input, and surprise coverage (LSC, DSC).
+
+Activations here are "activation traces": a 2-D array (inputs, neurons) of one or more layers
+side by side (a conv neuron is the spatial mean of its channel). Inputs are grouped by the class
+the *model predicts*, for the training set and the test set alike, as in Kim et al.'s ``sa.py``
+(and DeepImportance's copy, ``coverages/sa.py``).
+
+- LSA of x = -log f_c(x), f_c a Gaussian KDE of the training traces the model assigns to x's
+  class c. Same choices as the reference: scipy.stats.gaussian_kde's estimator (full data
+  covariance scaled by Scott's factor n^(-1/(d+4))), and neurons whose variance is below
+  ``var_threshold`` = 1e-5 within any class are dropped first (for every class). Evaluated here
+  in batched matrix form (whitened squared distances + logsumexp) instead of one
+  ``kde.logpdf`` call per input; ``tests/test_criteria.py`` checks it against scipy.
+- DSA of x = |x - x_a| / |x_a - x_b|: x_a the nearest training trace of x's class, x_b the
+  nearest training trace of another class to x_a. Batched nearest neighbours
+  (|q|^2 + |r|^2 - 2 q.r in chunks, argmin, then the exact distance to the winner); the
+  denominator depends only on x_a, so it is computed once per training input at fit time.
+- Surprise coverage: ``buckets`` equal slices of [lower, upper]; coverage = fraction hit.
+
+Differences from the reference code, all for robustness or monotonicity:
+- A class with fewer than 2 training traces, or whose covariance (after dropping low-variance
+  neurons) is singular (e.g. fewer traces than neurons), gets no density: inputs predicted as
+  that class get LSA = NaN and cover no LSC bucket. The reference crashes (missing class) or,
+  since a lone trace has zero variance in every neuron, drops all neurons and stops building
+  KDEs. Classes with < 2 traces are therefore left out of the variance filter.
+- A test input whose class has no training trace gets DSA = NaN (the reference crashes).
+- The bucket range is fixed, [0, upper] by default. The reference's ``get_sc`` starts the range
+  at the *test set's* minimum SA, so adding an input can shift every bucket and lower the
+  coverage; it also counts all values above ``upper`` as one extra bucket. Here values outside
+  [lower, upper] (and NaN) cover nothing, so coverage only grows as inputs are added.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import logsumexp
+
+VAR_THRESHOLD = 1e-5  # Kim et al.'s default (--var_threshold), also DeepImportance's
+_CHUNK = 512  # query rows per distance block: 512 x 10,000 float64 = 40 MB
+
+
+class LikelihoodSurprise:
+    """Per-class Gaussian KDEs over training traces; ``score_samples`` gives LSA = -log density.
+
+    Fitted attributes: ``kept_columns_`` (bool mask of neurons kept after the variance filter),
+    ``densities_`` (class -> :class:`_ClassDensity`), ``classes_without_density_`` (classes
+    seen in training that got no density, see the module docstring).
+    """
+
+    def __init__(self, var_threshold: float = VAR_THRESHOLD):
+        self.var_threshold = var_threshold
+
+    def fit(self, traces: np.ndarray, classes: np.ndarray) -> "LikelihoodSurprise":
+        traces, classes = _check_traces(traces, classes)
+        groups = {int(c): traces[classes == c] for c in np.unique(classes)}
+        low_variance = np.zeros(traces.shape[1], dtype=bool)
+        for members in groups.values():
+            if len(members) >= 2:
+                low_variance |= members.var(axis=0) < self.var_threshold
+        self.kept_columns_ = ~low_variance
+        self.densities_ = {}
+        self.classes_without_density_ = []
+        for label, members in groups.items():
+            density = _ClassDensity.fit(members[:, self.kept_columns_])
+            if density is None:
+                self.classes_without_density_.append(label)
+            else:
+                self.densities_[label] = density
+        return self
+
+    def score_samples(self, traces: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        """LSA per input (NaN where its class has no density)."""
+        traces, classes = _check_traces(traces, classes)
+        surprise = np.full(len(traces), np.nan)
+        kept = traces[:, self.kept_columns_]
+        for label, density in self.densities_.items():
+            rows = np.flatnonzero(classes == label)
+            if len(rows):
+                surprise[rows] = -density.log_density(kept[rows])
+        return surprise
+
+
+class _ClassDensity:
+    """A Gaussian KDE with scipy.stats.gaussian_kde's bandwidth (Scott's rule), in whitened form."""
+
+    def __init__(self, whitening: np.ndarray, whitened: np.ndarray, log_norm: float):
+        self.whitening = whitening  # W with W K W^T = I for the kernel covariance K
+        self.whitened = whitened  # training points times W^T, (n, d)
+        self.squared_norms = np.einsum("ij,ij->i", whitened, whitened)
+        self.log_norm = log_norm  # -log n - log sqrt(det(2 pi K))
+
+    @classmethod
+    def fit(cls, points: np.ndarray) -> "_ClassDensity | None":
+        """The KDE of ``points`` (n, d), or None when it does not exist (n < 2 or singular covariance)."""
+        n, d = points.shape
+        if n < 2 or d == 0 or n <= d:
+            return None
+        factor = n ** (-1.0 / (d + 4))  # scipy's scotts_factor with equal weights
+        kernel_cov = np.atleast_2d(np.cov(points, rowvar=False)) * factor**2
+        eigenvalues = np.linalg.eigvalsh(kernel_cov)
+        if eigenvalues[0] <= eigenvalues[-1] * 1e-12:
+            return None  # numerically singular: the KDE would put infinite density on a subspace
+        chol = np.linalg.cholesky(kernel_cov)
+        whitening = np.linalg.inv(chol)
+        log_det = 2.0 * np.log(np.diag(chol)).sum()
+        log_norm = -np.log(n) - 0.5 * (d * np.log(2 * np.pi) + log_det)
+        return cls(whitening, points @ whitening.T, log_norm)
+
+    def log_density(self, queries: np.ndarray) -> np.ndarray:
+        out = np.empty(len(queries))
+        for start in range(0, len(queries), _CHUNK):
+            block = queries[start:start + _CHUNK] @ self.whitening.T
+            squared = _squared_distances(block, self.whitened, self.squared_norms)
+            out[start:start + _CHUNK] = logsumexp(-0.5 * squared, axis=1) + self.log_norm
+        return out
+
+
+class DistanceSurprise:
+    """Nearest-neighbour distances among training traces; ``score_samples`` gives DSA.
+
+    Fitted attributes: ``traces_`` (n, d) float64, ``classes_`` (n,), ``nearest_other_`` (n,):
+    each training trace's distance to the nearest trace of another class (inf when there is no
+    other class, making DSA 0).
+    """
+
+    def fit(self, traces: np.ndarray, classes: np.ndarray, nearest_other: np.ndarray | None = None,
+            progress: bool = False) -> "DistanceSurprise":
+        """Fit; ``nearest_other`` skips the quadratic step when it was saved with the traces."""
+        traces, classes = _check_traces(traces, classes)
+        self.traces_, self.classes_ = traces, classes
+        if nearest_other is None:
+            nearest_other = _nearest_other_class_distance(traces, classes, progress)
+        self.nearest_other_ = np.asarray(nearest_other, dtype=np.float64)
+        return self
+
+    def score_samples(self, traces: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        """DSA per input (NaN where its class has no training trace)."""
+        traces, classes = _check_traces(traces, classes)
+        surprise = np.full(len(traces), np.nan)
+        for label in np.unique(classes):
+            members = np.flatnonzero(self.classes_ == label)
+            if len(members) == 0:
+                continue
+            rows = np.flatnonzero(classes == label)
+            distance, index = nearest_neighbours(traces[rows], self.traces_[members])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                surprise[rows] = distance / self.nearest_other_[members[index]]
+        return surprise
+
+
+def nearest_neighbours(queries: np.ndarray, references: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each query row, the Euclidean distance to and index of its nearest reference row.
+
+    Batched: squared distances as |q|^2 + |r|^2 - 2 q.r in blocks of rows, argmin per row (ties
+    go to the lowest index, like ``np.argmin`` in the reference's loop), then the exact distance
+    to the winner so cancellation in the expansion cannot leak into the result.
+    """
+    queries = np.asarray(queries, dtype=np.float64)
+    references = np.asarray(references, dtype=np.float64)
+    reference_norms = np.einsum("ij,ij->i", references, references)
+    index = np.empty(len(queries), dtype=np.int64)
+    for start in range(0, len(queries), _CHUNK):
+        block = queries[start:start + _CHUNK]
+        index[start:start + _CHUNK] = _squared_distances(block, references, reference_norms).argmin(axis=1)
+    distance = np.linalg.norm(queries - references[index], axis=1)
+    return distance, index
+
+
+def _nearest_other_class_distance(traces: np.ndarray, classes: np.ndarray, progress: bool) -> np.ndarray:
+    """Each trace's distance to the nearest trace of a different class (inf if none)."""
+    from tqdm.auto import tqdm
+
+    out = np.full(len(traces), np.inf)
+    labels = np.unique(classes)
+    for label in tqdm(labels, desc="DSA reference distances", disable=not progress or len(labels) < 2):
+        rows, others = np.flatnonzero(classes == label), np.flatnonzero(classes != label)
+        if len(others):
+            out[rows] = nearest_neighbours(traces[rows], traces[others])[0]
+    return out
+
+
+def distance_surprise_naive(test_traces, test_classes, train_traces, train_classes) -> np.ndarray:
+    """DSA by the reference's per-input loop (``fetch_dsa`` in Kim et al.'s ``sa.py``).
+
+    Kept as the yardstick for tests and ``benchmarks/bench_criteria.py``; use
+    :class:`DistanceSurprise` for real work.
+    """
+    train_traces = np.asarray(train_traces, dtype=np.float64)
+    out = np.full(len(test_traces), np.nan)
+    for i, (trace, label) in enumerate(zip(np.asarray(test_traces, np.float64), test_classes)):
+        same, other = train_traces[train_classes == label], train_traces[train_classes != label]
+        if len(same) == 0:
+            continue
+        distances = np.linalg.norm(trace - same, axis=1)
+        nearest = same[np.argmin(distances)]
+        other_distance = np.linalg.norm(nearest - other, axis=1).min() if len(other) else np.inf
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[i] = distances.min() / other_distance
+    return out
+
+
+def surprise_cells(values: np.ndarray, lower: float, upper: float, buckets: int = 1000) -> np.ndarray:
+    """Surprise coverage cells (buckets,): which equal slices of [lower, upper] some value falls in.
+
+    Bucket of v: floor((v - lower) / (upper - lower) * buckets), v == upper in the last bucket;
+    values outside [lower, upper] and NaN cover nothing.
+    """
+    if not upper > lower:
+        raise ValueError(f"surprise bucket range needs upper > lower, got [{lower}, {upper}]")
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    values = values[(values >= lower) & (values <= upper)]  # drops NaN too
+    index = np.floor((values - lower) / (upper - lower) * buckets).astype(np.int64)
+    covered = np.zeros(buckets, dtype=bool)
+    covered[np.minimum(index, buckets - 1)] = True
+    return covered
+
+
+def _squared_distances(queries: np.ndarray, references: np.ndarray, reference_norms: np.ndarray) -> np.ndarray:
+    query_norms = np.einsum("ij,ij->i", queries, queries)
+    squared = query_norms[:, None] + reference_norms[None, :] - 2.0 * (queries @ references.T)
+    return np.maximum(squared, 0.0)
+
+
+def _check_traces(traces: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    traces = np.asarray(traces, dtype=np.float64)
+    classes = np.asarray(classes).reshape(-1).astype(np.int64)
+    if traces.ndim != 2 or len(traces) != len(classes):
+        raise ValueError(f"traces must be (inputs, neurons) with one class per input; "
+                         f"got {traces.shape}, {classes.shape}")
+    return traces, classes
