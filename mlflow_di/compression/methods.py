@@ -1,0 +1,167 @@
+"""One entry point for every compression method: PyTorch module in, ONNX file + what was done out.
+
+=====================  ==================================================================
+``fp32``               plain ONNX export (the reference the others are compared with)
+``int8-static``        ONNX Runtime static QDQ int8, per-channel weights, calibrated activations
+``int8-dynamic``       ONNX Runtime dynamic int8 (int8 weights, run-time activation ranges)
+``prune-l1``           global unstructured L1 magnitude pruning of Conv/Linear weights, then export
+``prune-structured``   L1 output-channel pruning (all but the logit layer), then export
+=====================  ==================================================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import pathlib
+import tempfile
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from mlflow_di.compression.export import compression_metadata, export_onnx, set_metadata
+from mlflow_di.compression.onnx_ops import assert_linear_layers_quantized
+from mlflow_di.compression.prune import prunable_layers, prune_l1, prune_structured
+from mlflow_di.compression.quantize import quantize_int8_dynamic, quantize_int8_static, require_calibration_inputs
+from mlflow_di.errors import UserError
+from mlflow_di.models.preprocessing import Preprocessing
+
+METHODS = ("fp32", "int8-static", "int8-dynamic", "prune-l1", "prune-structured")
+PRUNE_L1_SCOPE = "global"
+
+
+@dataclasses.dataclass
+class CompressionResult:
+    """A compressed model file and how it was made.
+
+    ``sparsity`` is set for pruning methods, ``quantized_ops`` (see
+    :func:`~mlflow_di.compression.onnx_ops.quantized_ops`) for quantization methods.
+    ``source_size_bytes`` is the size of the source module's serialized state dict.
+    """
+
+    method: str
+    path: str
+    params: dict
+    size_bytes: int
+    source_size_bytes: int
+    seconds: float
+    exporter: str
+    sparsity: float | None = None
+    quantized_ops: dict | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "CompressionResult":
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CompressionResult":
+        return cls.from_dict(json.loads(text))
+
+
+def torch_model_size_bytes(module: nn.Module) -> int:
+    """Bytes of ``torch.save(module.state_dict())``: the source model's size for comparison."""
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
+    return buffer.getbuffer().nbytes
+
+
+def check_method(method: str) -> str:
+    """``method`` if it is known, else a UserError listing the known methods."""
+    if method not in METHODS:
+        raise UserError(f"unknown compression method '{method}'; known: {', '.join(METHODS)}")
+    return method
+
+
+def calibration_inputs(calib_inputs, preprocessing: Preprocessing) -> np.ndarray | None:
+    """Raw uint8 NHWC images are preprocessed; float arrays are taken as model inputs already."""
+    if calib_inputs is None:
+        return None
+    calib_inputs = np.asarray(calib_inputs)
+    if calib_inputs.dtype == np.uint8 and len(calib_inputs):
+        return preprocessing.apply(calib_inputs)
+    return calib_inputs
+
+
+def compress(
+    module: nn.Module,
+    preprocessing: Preprocessing,
+    method: str,
+    out_dir,
+    calib_inputs=None,
+    amount: float = 0.3,
+    opset: int | None = None,
+) -> CompressionResult:
+    """Compress ``module`` with ``method`` into ``out_dir/<method>.onnx``.
+
+    ``calib_inputs`` (int8-static only) are raw uint8 NHWC images or preprocessed float inputs;
+    ``amount`` is the pruning fraction (prune-l1: of all weights, prune-structured: of each
+    layer's output channels). The ONNX file carries the preprocessing and a
+    ``mlflow_di.compression`` metadata entry with the method and its parameters.
+    """
+    check_method(method)
+    if not isinstance(module, nn.Module):
+        raise UserError(f"compression needs a PyTorch nn.Module, got {type(module).__name__}")
+    calib = calibration_inputs(calib_inputs, preprocessing)
+    if method == "int8-static":
+        require_calibration_inputs(calib)
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{method}.onnx"
+    start = time.perf_counter()
+    fields = _run_method(module, preprocessing, method, path, calib, amount, opset)
+    seconds = time.perf_counter() - start
+    set_metadata(path, compression_metadata(method, fields["params"]))
+    return CompressionResult(
+        method=method, path=str(path), size_bytes=path.stat().st_size,
+        source_size_bytes=torch_model_size_bytes(module), seconds=seconds, **fields,
+    )
+
+
+def _run_method(module, preprocessing, method, path, calib, amount, opset) -> dict:
+    """Do the work of one method; returns the CompressionResult fields it determines."""
+    if method == "fp32":
+        export = export_onnx(module, preprocessing, path, opset)
+        return {"params": _export_params(export), "exporter": export.exporter}
+    if method in ("prune-l1", "prune-structured"):
+        return _pruned_export(module, preprocessing, method, path, amount, opset)
+    with tempfile.TemporaryDirectory(prefix="mlflow-di-fp32-") as work:
+        fp32_path = pathlib.Path(work) / "fp32.onnx"
+        export = export_onnx(module, preprocessing, fp32_path, opset)
+        if method == "int8-static":
+            quantize_int8_static(fp32_path, path, calib, per_channel=True)
+            params = {"format": "QDQ", "per_channel": True, "weights": "int8", "activations": "int8",
+                      "calibration": "minmax", "calibration_samples": int(len(calib))}
+        else:
+            quantize_int8_dynamic(fp32_path, path, per_channel=True)
+            params = {"per_channel": True, "weights": "int8", "activations": "dynamic uint8"}
+    params.update(_export_params(export))
+    return {"params": params, "exporter": export.exporter, "quantized_ops": assert_linear_layers_quantized(path)}
+
+
+def _export_params(export) -> dict:
+    """The export facts worth recording: the opset, and why the dynamo exporter was not used (if so)."""
+    params = {"opset": export.opset}
+    if export.fallback_reason:
+        params["exporter_fallback_reason"] = export.fallback_reason
+    return params
+
+
+def _pruned_export(module, preprocessing, method, path, amount, opset) -> dict:
+    if method == "prune-l1":
+        pruned = prune_l1(module, amount, scope=PRUNE_L1_SCOPE)
+        params = {"amount": float(amount), "scope": PRUNE_L1_SCOPE, "norm": "L1", "structure": "unstructured"}
+    else:
+        pruned = prune_structured(module, amount)
+        params = {"amount": float(amount), "norm": "L1", "structure": "output channels",
+                  "kept_layer": prunable_layers(module)[-1][0]}
+    export = export_onnx(pruned.module, preprocessing, path, opset)
+    params.update(_export_params(export))
+    return {"params": params, "exporter": export.exporter, "sparsity": pruned.sparsity}

@@ -1,0 +1,130 @@
+"""int8 quantization of an fp32 ONNX file with ONNX Runtime's quantization tool.
+
+Both methods first run ONNX Runtime's quantization pre-processing (symbolic shape inference
+and graph optimisation, ``quant_pre_process``), which the ORT docs recommend so that the
+quantizer sees fused ops and known shapes.
+
+- static: QDQ format, int8 weights (per channel by default) and int8 activations whose ranges
+  are calibrated (MinMax) on preprocessed inputs the caller supplies;
+- dynamic: int8 weights, activations quantized at run time (``DynamicQuantizeLinear``), no
+  calibration data needed.
+"""
+from __future__ import annotations
+
+import logging
+import pathlib
+import tempfile
+
+import numpy as np
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from mlflow_di.compression.export import copy_mlflow_di_metadata
+from mlflow_di.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_BATCH_SIZE = 64
+NO_CALIBRATION_HINT = (
+    "int8-static quantization needs calibration images to measure activation ranges; pass --calib-data "
+    "(e.g. --calib-data mnist:DIR[0:500], a few hundred images of the training distribution)"
+)
+
+
+class ArrayCalibrationReader(CalibrationDataReader):
+    """Feeds preprocessed float32 inputs to ONNX Runtime's calibrator, one batch at a time."""
+
+    def __init__(self, input_name: str, inputs: np.ndarray, batch_size: int = CALIBRATION_BATCH_SIZE):
+        self.input_name = input_name
+        self.inputs = np.ascontiguousarray(inputs, dtype=np.float32)
+        self.batch_size = batch_size
+        self.position = 0
+
+    def get_next(self) -> dict | None:
+        if self.position >= len(self.inputs):
+            return None
+        batch = self.inputs[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return {self.input_name: batch}
+
+    def rewind(self) -> None:
+        self.position = 0
+
+
+def pre_process(fp32_path, out_path) -> None:
+    """ORT's quantization pre-processing; retried without symbolic shape inference if that fails."""
+    try:
+        quant_pre_process(str(fp32_path), str(out_path))
+    except Exception as error:  # symbolic shape inference does not know every op
+        logger.warning("quantization pre-processing with symbolic shapes failed (%s); retrying without", error)
+        quant_pre_process(str(fp32_path), str(out_path), skip_symbolic_shape=True)
+
+
+def model_input(path) -> tuple[str, list]:
+    """Name and shape (ints or symbolic names) of an ONNX model's first input."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    first = session.get_inputs()[0]
+    return first.name, list(first.shape)
+
+
+def require_calibration_inputs(inputs) -> None:
+    """UserError pointing at --calib-data when there are no calibration inputs at all."""
+    if inputs is None or len(inputs) == 0:
+        raise UserError(NO_CALIBRATION_HINT)
+
+
+def check_calibration_inputs(inputs, input_shape: list) -> np.ndarray:
+    """Calibration inputs as float32 of the model's input shape, or a UserError saying what is wrong."""
+    require_calibration_inputs(inputs)
+    inputs = np.asarray(inputs)
+    if not np.issubdtype(inputs.dtype, np.floating):
+        raise UserError(
+            f"calibration inputs must be preprocessed float arrays (model input), got {inputs.dtype}; "
+            "apply the model's preprocessing first (Preprocessing.apply)"
+        )
+    fixed = [(axis, size) for axis, size in enumerate(input_shape) if isinstance(size, int) and axis > 0]
+    if inputs.ndim != len(input_shape) or any(inputs.shape[axis] != size for axis, size in fixed):
+        raise UserError(
+            f"calibration inputs have shape {inputs.shape} but the model input is {input_shape}; "
+            "use calibration images of the model's size and layout"
+        )
+    return inputs.astype(np.float32, copy=False)
+
+
+def quantize_int8_static(fp32_path, out_path, calibration_inputs_float, per_channel: bool = True) -> pathlib.Path:
+    """Static int8 QDQ quantization of ``fp32_path`` calibrated on preprocessed inputs; returns ``out_path``."""
+    require_calibration_inputs(calibration_inputs_float)
+    input_name, input_shape = model_input(fp32_path)
+    inputs = check_calibration_inputs(calibration_inputs_float, input_shape)
+    out_path = pathlib.Path(out_path)
+    with tempfile.TemporaryDirectory(prefix="mlflow-di-quant-") as work:
+        prepared = pathlib.Path(work) / "prepared.onnx"
+        pre_process(fp32_path, prepared)
+        quantize_static(
+            str(prepared), str(out_path), ArrayCalibrationReader(input_name, inputs),
+            quant_format=QuantFormat.QDQ, per_channel=per_channel,
+            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+        )
+    copy_mlflow_di_metadata(fp32_path, out_path)
+    return out_path
+
+
+def quantize_int8_dynamic(fp32_path, out_path, per_channel: bool = True) -> pathlib.Path:
+    """Dynamic int8 quantization (int8 weights, run-time activation ranges) of ``fp32_path``; returns ``out_path``."""
+    out_path = pathlib.Path(out_path)
+    with tempfile.TemporaryDirectory(prefix="mlflow-di-quant-") as work:
+        prepared = pathlib.Path(work) / "prepared.onnx"
+        pre_process(fp32_path, prepared)
+        quantize_dynamic(str(prepared), str(out_path), per_channel=per_channel, weight_type=QuantType.QInt8)
+    copy_mlflow_di_metadata(fp32_path, out_path)
+    return out_path
