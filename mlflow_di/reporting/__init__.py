@@ -1,0 +1,20 @@
+"""Reviewable artifacts: self-contained HTML reports, image grids and plots (rendering only).
+
+Everything here takes plain inputs (numpy arrays, lists, dicts, numbers), never engine objects,
+and knows nothing of MLflow. Pictures are RGB uint8 arrays (see :mod:`mlflow_di.reporting.png`).
+"""
+from mlflow_di.reporting.html import HtmlReport, format_value
+from mlflow_di.reporting.images import (
+    TriggerGridLayout,
+    amplified_difference,
+    relevance_heatmaps,
+    trigger_grid,
+    trigger_grid_layout,
+)
+from mlflow_di.reporting.plots import bar_plot, coverage_growth_plot
+from mlflow_di.reporting.png import png_data_uri, save_png, to_png
+
+__all__ = [
+    "HtmlReport", "TriggerGridLayout", "amplified_difference", "bar_plot", "coverage_growth_plot", "format_value",
+    "png_data_uri", "relevance_heatmaps", "save_png", "to_png", "trigger_grid", "trigger_grid_layout",
+]
