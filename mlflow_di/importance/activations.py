@@ -1,0 +1,201 @@
+"""Neuron activations of named layers of a PyTorch module, and which layers count as "hidden".
+
+A *layer* is a module named as in ``module.named_modules()`` (e.g. ``fc2`` or ``conv1``); its
+*neurons* are the features of its output: the units of a 2-D output (N, units), the channels of a
+conv output (N, C, H, W). A conv channel's activation for one input is the spatial mean of its
+feature map, as in the IDC paper's reference code.
+
+The coverage criteria all need the same thing: one forward pass over many inputs, recording a few
+layers' outputs, reduced per batch so that memory stays at (N, neurons).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from mlflow_di.errors import UserError
+
+#: Leaf module types that only transform a layer's values elementwise (or normalise them): the
+#: output a user means by "layer conv1" is the one after them, not before.
+_FOLLOWERS = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Sigmoid,
+    nn.Tanh, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Mish, nn.PReLU,
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
+)
+
+
+def neuron_values(output: torch.Tensor) -> torch.Tensor:
+    """A layer output -> one value per neuron and input: (N, C, ...) spatial mean -> (N, C); (N, C) unchanged."""
+    if output.ndim <= 2:
+        return output.reshape(output.shape[0], -1) if output.ndim == 1 else output
+    return output.flatten(2).mean(dim=2)
+
+
+def layer_names(module: nn.Module) -> list[str]:
+    """Every named sub-module (the names :func:`collect_activations` accepts), in registration order."""
+    return [name for name, _ in module.named_modules() if name]
+
+
+def check_layers(module: nn.Module, layers: Sequence[str]) -> dict[str, nn.Module]:
+    """Map each layer name to its module; an unknown name raises a :class:`UserError` listing the known ones."""
+    if isinstance(layers, str):
+        layers = [layers]
+    modules = dict(module.named_modules())
+    unknown = [name for name in layers if not name or name not in modules]
+    if unknown:
+        raise UserError(
+            f"unknown layer {', '.join(repr(n) for n in unknown)}; available layers: {', '.join(layer_names(module))}"
+        )
+    return {name: modules[name] for name in layers}
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    # Any parameters, trainable or not: a model loaded for inference may have requires_grad off.
+    return any(True for _ in module.parameters())
+
+
+def _parameter_children(module: nn.Module) -> list[tuple[str, str]]:
+    """Top-level children with trainable parameters, each as (its own name, name of the output that represents it).
+
+    The representing output is the child itself, or the last of the activation/batch-norm siblings
+    that directly follow it (so in a flat ``nn.Sequential(Linear, ReLU, ...)`` the neuron values are
+    post-activation, as they are for the zoo's ``Sequential(layer, ReLU)`` blocks).
+    """
+    children = list(module.named_children())
+    found = []
+    index = 0
+    while index < len(children):
+        name, child = children[index]
+        index += 1
+        if not _has_parameters(child) or isinstance(child, _FOLLOWERS):
+            continue
+        output_name = name
+        while index < len(children) and isinstance(children[index][1], _FOLLOWERS):
+            output_name = children[index][0]
+            index += 1
+        found.append((name, output_name))
+    return found
+
+
+def hidden_layers(module: nn.Module) -> list[str]:
+    """The top-level layers with trainable parameters except the last (logit) one, in forward order.
+
+    This is the criteria's default "all hidden layers", e.g. LeNet-5 -> conv1, conv2, fc1, fc2.
+    """
+    children = _parameter_children(module)
+    if len(children) < 2:
+        raise UserError(
+            f"model {type(module).__name__} has no hidden layer with parameters among its top-level children "
+            f"({', '.join(n for n, _ in module.named_children()) or 'none'}); name a layer explicitly"
+        )
+    return [output for _, output in children[:-1]]
+
+
+def default_layer(module: nn.Module) -> str:
+    """The last hidden layer with trainable parameters before the logit layer (the IDC paper's default).
+
+    LeNet-5 -> ``fc2``, LeNet-1 -> ``conv2``.
+    """
+    return hidden_layers(module)[-1]
+
+
+def iter_batches(inputs, batch_size: int) -> Iterator[torch.Tensor]:
+    """Float32 batches of ``inputs``: a tensor, an array, or any sliceable with ``len`` that yields tensors.
+
+    A sliceable lets callers convert raw images batch by batch instead of holding the whole
+    preprocessed set in memory.
+    """
+    if batch_size < 1:
+        raise UserError(f"batch_size must be at least 1, got {batch_size}")
+    for start in range(0, len(inputs), batch_size):
+        batch = inputs[start:start + batch_size]
+        if not isinstance(batch, torch.Tensor):
+            batch = torch.as_tensor(np.asarray(batch))
+        yield batch.float()
+
+
+class LayerRecorder(contextlib.AbstractContextManager):
+    """Forward hooks that keep the latest output tensor of each named layer (``recorder.outputs[name]``).
+
+    The tensors are kept as they are (not detached), so a caller may also differentiate with
+    respect to them. The hooks are removed on exit.
+    """
+
+    def __init__(self, module: nn.Module, layers: Sequence[str]):
+        self.modules = check_layers(module, layers)
+        self.outputs: dict[str, torch.Tensor] = {}
+        self._handles = []
+
+    def __enter__(self) -> "LayerRecorder":
+        for name, layer in self.modules.items():
+            self._handles.append(layer.register_forward_hook(self._hook(name)))
+        return self
+
+    def _hook(self, name: str) -> Callable:
+        def record(_module, _inputs, output):
+            if isinstance(output, (tuple, list)):
+                output = output[0]
+            if not isinstance(output, torch.Tensor):
+                raise UserError(f"layer '{name}' does not output a tensor (got {type(output).__name__})")
+            self.outputs[name] = output
+
+        return record
+
+    def __exit__(self, *exc_info):
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        return False
+
+
+@contextlib.contextmanager
+def eval_mode(module: nn.Module):
+    """Run ``module`` in eval mode (dropout off, batch-norm running stats) and restore its mode afterwards."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
+def collect_activations(
+    module: nn.Module,
+    inputs,
+    layers: Sequence[str],
+    batch_size: int = 256,
+    reductions: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    progress: bool = False,
+) -> dict[str, np.ndarray]:
+    """One batched forward pass recording the neuron values of ``layers``: {layer: float32 (N, neurons)}.
+
+    ``inputs`` is the float model input (tensor, array, or sliceable of tensors; already
+    preprocessed). The default reduction is :func:`neuron_values` (spatial mean of conv maps).
+    ``reductions`` maps a name to a function applied per batch to every layer's raw output tensor;
+    its results are returned as well, keyed ``f"{layer}:{name}"``.
+    """
+    if isinstance(layers, str):
+        layers = [layers]
+    if len(inputs) == 0:
+        raise UserError("no inputs to compute activations for (empty data)")
+    reductions = dict(reductions or {})
+    chunks: dict[str, list[np.ndarray]] = {}
+    with eval_mode(module), torch.no_grad(), LayerRecorder(module, layers) as recorder:
+        batches = iter_batches(inputs, batch_size)
+        for batch in tqdm(batches, total=-(-len(inputs) // batch_size), desc="activations",
+                          disable=not progress, leave=False):
+            module(batch)
+            for layer in layers:
+                if layer not in recorder.outputs:
+                    raise UserError(f"layer '{layer}' was not run by the model's forward pass; choose another layer")
+                output = recorder.outputs[layer]
+                chunks.setdefault(layer, []).append(neuron_values(output).float().cpu().numpy())
+                for name, reduce in reductions.items():
+                    chunks.setdefault(f"{layer}:{name}", []).append(np.asarray(reduce(output).float().cpu()))
+            recorder.outputs.clear()
+    return {key: np.concatenate(parts) for key, parts in chunks.items()}
