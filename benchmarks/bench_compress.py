@@ -9,7 +9,7 @@ int8-static is calibrated on the first ``--calib`` MNIST test images (the traini
 not available), which are also part of the 10k evaluation set. Writes a markdown section into
 benchmarks/RESULTS.md between ``<!-- bench_compress -->`` markers (only that section is replaced).
 
-    .venv/bin/python benchmarks/bench_compress.py [--shared ../shared] [--repeats 3] [--calib 500]
+    .venv/bin/python -m benchmarks.bench_compress [--shared ../shared] [--repeats 3] [--calib 500]
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 
+from benchmarks.results import write_section
 import mlflow_di  # noqa: F401  (torchvision guard first)
 import numpy as np
 import torch
@@ -29,7 +30,6 @@ from mlflow_di.compress import METHODS, compress, prune_l1, prune_structured
 from mlflow_di.data import load_images
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- bench_compress -->", "<!-- /bench_compress -->"
 PAPER_ACCURACY = 0.9879  # DeepImportance LeNet-5 on the 10k test set (shared/README.md)
 MAX_DROP = 0.01  # every method must stay within 1 accuracy point
@@ -107,7 +107,7 @@ def main():
     section = render(args, model, reference, reference_seconds, rows, structured, l1, weights)
     print(section)
     if not args.no_write:
-        write_section(section)
+        write_section(section, BEGIN, END)
 
 
 def render(args, model, reference, reference_seconds, rows, structured, l1, weights) -> str:
@@ -116,7 +116,7 @@ def render(args, model, reference, reference_seconds, rows, structured, l1, weig
         BEGIN,
         "## Compression methods (ONNX export, int8 quantization, pruning)",
         "",
-        "Command: `cd /work/main && .venv/bin/python benchmarks/bench_compress.py`  ",
+        "Command: `.venv/bin/python -m benchmarks.bench_compress`  ",
         f"Model: DeepImportance LeNet-5 ({weights.name}, Keras import), source state dict "
         f"{rows[0][1].source_size_bytes:,} bytes; data: MNIST t10k (all 10,000). PyTorch accuracy "
         f"{reference:.2%} (paper {PAPER_ACCURACY:.2%}), {reference_seconds:.2f} s for 10k. "
@@ -163,17 +163,6 @@ def render(args, model, reference, reference_seconds, rows, structured, l1, weig
         END,
     ]
     return "\n".join(lines)
-
-
-def write_section(section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (create the file or append the section if missing)."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
 
 
 if __name__ == "__main__":

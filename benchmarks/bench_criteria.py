@@ -7,7 +7,7 @@ DSA at 10,000 x 10,000; and whether adding Gaussian-noise inputs to the test set
 criterion. Writes a markdown section into benchmarks/RESULTS.md between
 ``<!-- bench_criteria -->`` markers (only that section is replaced).
 
-    .venv/bin/python benchmarks/bench_criteria.py [--shared ../shared] [--naive-inputs 300]
+    .venv/bin/python -m benchmarks.bench_criteria [--shared ../shared] [--naive-inputs 300]
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import re
 import sys
 import time
 
+from benchmarks.results import write_section
 import mlflow_di  # noqa: F401  (torchvision guard first)
 import numpy as np
 import torch
@@ -28,7 +29,6 @@ from mlflow_di.importance.criteria import CRITERIA, ClassicCoverage
 from mlflow_di.importance.criteria_surprise import distance_surprise_naive
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- bench_criteria -->", "<!-- /bench_criteria -->"
 NOISE_SIGMA = 0.1  # Gaussian noise std as a fraction of the pixel range, as in IDC's U_G-style sets
 
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     combined = report.merge(coverage.score(noisy))
     lowered = [c for c in CRITERIA if combined.coverage[c] < report.coverage[c]]
 
-    command = "cd /work/main && .venv/bin/python benchmarks/bench_criteria.py" + (
+    command = ".venv/bin/python -m benchmarks.bench_criteria" + (
         f" --naive-inputs {args.naive_inputs}" if args.naive_inputs != 300 else "")
     lines = [
         BEGIN,
@@ -168,19 +168,8 @@ def main(argv=None) -> int:
     section = "\n".join(lines)
     print(section)
     if not args.no_write:
-        write_section(section)
+        write_section(section, BEGIN, END)
     return 1 if lowered else 0
-
-
-def write_section(section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (create the file or append the section if missing)."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _match: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ the 60k training split is not available on these machines):
 Times are the best of a few repetitions (the machine is shared). Prints a markdown section and
 writes it into benchmarks/RESULTS.md between ``<!-- bench_idc -->`` markers (only that section).
 
-    .venv/bin/python benchmarks/bench_idc.py [--shared ../shared] [--no-write]
+    .venv/bin/python -m benchmarks.bench_idc [--shared ../shared] [--no-write]
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.results import write_section
 import mlflow_di  # noqa: E402,F401  (torchvision guard first)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -35,7 +36,6 @@ from mlflow_di.data import load_images  # noqa: E402
 from mlflow_di.importance.idc import ImportanceDrivenCoverage  # noqa: E402
 from mlflow_di.importance.quantize import kmeans_1d, silhouette_1d  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- bench_idc -->", "<!-- /bench_idc -->"
 PAPER_IDC_LENET5 = {6: 47.0, 8: 28.0, 10: 9.5}  # % (ICSE 2020, MNIST, penultimate layer, U_O)
 
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     section = render(args, fit_times, plain_time, ours_time, sklearn_time, abs(ours - theirs), fitted, rows)
     print(section)
     if not args.no_write:
-        write_section(section)
+        write_section(section, BEGIN, END)
     return 0
 
 
@@ -112,7 +112,7 @@ def render(args, fit_times, plain_time, ours_time, sklearn_time, difference, fit
         BEGIN,
         "## IDC engine (relevance, quantisation, coverage)",
         "",
-        "Command: `cd /work/main && .venv/bin/python benchmarks/bench_idc.py`  ",
+        "Command: `.venv/bin/python -m benchmarks.bench_idc`  ",
         "Model: DeepImportance LeNet-5 (LeNet5.h5); data: MNIST t10k, first 5,000 = analysis (\"training\") set, "
         f"last 5,000 = test set. Layer {fitted.layer_}, {fitted.n_analysis_} correctly classified analysis inputs. "
         f"Machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load average "
@@ -142,17 +142,6 @@ def render(args, fit_times, plain_time, ours_time, sklearn_time, difference, fit
                      f"{'' if paper is None else f'{paper:.1f}'} | {seconds:.2f} |")
     lines.append(END)
     return "\n".join(lines)
-
-
-def write_section(section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (create the file or append the section if missing)."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _match: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from mlflow_di.errors import UserError
+from mlflow_di.models.preprocessing import Preprocessing
 
 #: Leaf module types that only transform a layer's values elementwise (or normalise them): the
 #: output a user means by "layer conv1" is the one after them, not before.
@@ -27,6 +28,21 @@ _FOLLOWERS = (
     nn.Tanh, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Mish, nn.PReLU,
     nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
 )
+
+
+class PreprocessedImages:
+    """Raw uint8 images that become float model input one slice at a time (so big sets stay uint8 in memory)."""
+
+    def __init__(self, images: np.ndarray, preprocessing: Preprocessing):
+        preprocessing.check_images(images)
+        self.images = images
+        self.preprocessing = preprocessing
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return torch.from_numpy(self.preprocessing.apply(self.images[index]))
 
 
 def neuron_values(output: torch.Tensor) -> torch.Tensor:

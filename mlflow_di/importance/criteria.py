@@ -320,7 +320,7 @@ class ClassicCoverage:
         :meth:`fit_activations` and :meth:`score_activations` take."""
         tap = _OutputTap(model.module)
         layers = [f"model.{layer}" for layer in self.required_layers()] + [_OUTPUT]
-        values = act.collect_activations(tap, _Preprocessed(model, data.images), layers, self.batch_size,
+        values = act.collect_activations(tap, act.PreprocessedImages(data.images, model.preprocessing), layers, self.batch_size,
                                          self.reductions, self.progress)
         outputs = values.pop(_OUTPUT)
         values.pop(f"{_OUTPUT}:{_NC_KEY}", None)
@@ -504,19 +504,6 @@ class _OutputTap(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.output(self.model(x))
-
-
-class _Preprocessed:
-    """Raw images preprocessed one batch at a time (so a large set is never held as float32 at once)."""
-
-    def __init__(self, model, images: np.ndarray):
-        self.model, self.images = model, images
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: slice) -> torch.Tensor:
-        return self.model.to_tensor(self.images[index])
 
 
 class _Stopwatch:

@@ -27,7 +27,13 @@ from tqdm.auto import tqdm
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.importance.activations import check_layers, collect_activations, default_layer, hidden_layers
+from mlflow_di.importance.activations import (
+    PreprocessedImages,
+    check_layers,
+    collect_activations,
+    default_layer,
+    hidden_layers,
+)
 from mlflow_di.importance.quantize import check_candidates, choose_clusters, nearest_centroid
 from mlflow_di.importance.relevance import RULES, layer_relevance
 from mlflow_di.models.preprocessing import Preprocessing
@@ -36,21 +42,6 @@ FORMAT = "mlflow-di/idc"
 FORMAT_VERSION = 1
 #: Combinations are numbered as int64; beyond this many, IDC is meaningless anyway (never coverable).
 MAX_COMBINATIONS = 2**62
-
-
-class PreprocessedImages:
-    """Raw uint8 images that become float model input one slice at a time (so big sets stay uint8 in memory)."""
-
-    def __init__(self, images: np.ndarray, preprocessing: Preprocessing):
-        preprocessing.check_images(images)
-        self.images = images
-        self.preprocessing = preprocessing
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index) -> torch.Tensor:
-        return torch.from_numpy(self.preprocessing.apply(self.images[index]))
 
 
 def module_fingerprint(module: nn.Module) -> str:
