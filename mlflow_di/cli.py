@@ -41,9 +41,9 @@ def _quiet_mlflow_logs() -> None:
 
 
 def _register_commands() -> None:
-    from mlflow_di.commands import demo, describe, import_keras
+    from mlflow_di.commands import compress, coverage, demo, describe, import_keras
 
-    for module in (demo, describe, import_keras):
+    for module in (demo, describe, import_keras, coverage, compress):
         cli.add_command(module.command)
 
 
