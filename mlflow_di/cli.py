@@ -41,9 +41,9 @@ def _quiet_mlflow_logs() -> None:
 
 
 def _register_commands() -> None:
-    from mlflow_di.commands import compress, coverage, demo, describe, import_keras
+    from mlflow_di.commands import compress, coverage, demo, describe, fuzz, import_keras
 
-    for module in (demo, describe, import_keras, coverage, compress):
+    for module in (demo, describe, import_keras, coverage, compress, fuzz):
         cli.add_command(module.command)
 
 

@@ -134,9 +134,12 @@ def _print_summary(method: str, name: str, version, metrics: dict, result) -> No
     click.echo(f"{method:<17} -> models:/{name}/{version}")
     if "source_accuracy" in metrics:
         click.echo(f"  accuracy {metrics['source_accuracy']:.2%} -> {metrics['compressed_accuracy']:.2%} "
-                   f"(drop {metrics['accuracy_drop'] * 100:+.2f} points), {metrics['disagreements']} disagreements "
-                   f"in {metrics['eval_images']} images")
+                   f"({-metrics['accuracy_drop'] * 100:+.2f} points), top-1 differs on {metrics['disagreements']} "
+                   f"of {metrics['eval_images']} images")
     click.echo(f"  size {result.source_size_bytes / 1024:.1f} KiB -> {result.size_bytes / 1024:.1f} KiB"
                + (f", sparsity {result.sparsity:.1%}" if result.sparsity is not None else ""))
     if result.quantized_ops:
-        click.echo(f"  quantized: {json.dumps(result.quantized_ops, sort_keys=True)}")
+        quantized = result.quantized_ops["quantized_layers"]
+        click.echo(f"  quantized layers: " + "; ".join(f"{name.removesuffix('.weight')} ({how})" for name, how in quantized.items()))
+        if result.quantized_ops["float_layers"]:
+            click.echo(f"  left in float: {', '.join(result.quantized_ops['float_layers'])}")

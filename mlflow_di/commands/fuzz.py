@@ -1,0 +1,146 @@
+"""``mlflow-di fuzz``: DFlare (or a baseline) on a model and its compressed version, logged to MLflow.
+
+The campaign writes every finished seed to ``--out-dir`` as it goes, so Ctrl-C or a crash keeps
+every trigger found; ``--resume`` continues the campaign in that folder. Whatever was found is
+logged to the MLflow run before it ends (KILLED when interrupted).
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+
+import click
+import mlflow
+import numpy as np
+
+from mlflow_di import report as rp
+from mlflow_di import tracking
+from mlflow_di.commands.options import json_out_option, seed_option
+from mlflow_di.data import load_images
+from mlflow_di.errors import UserError
+from mlflow_di.models.loading import load_classifier
+from mlflow_di.registry import compressed_model_tags, model_version_tags
+
+STRATEGIES = ("dflare", "dflare-d", "dflare-r", "diffchaser")
+SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
+                   "already_deviating")
+
+
+def default_out_dir(original: str, compressed: str, strategy: str, seed: int) -> pathlib.Path:
+    """A stable folder per (models, strategy, seed), so rerunning with --resume finds the campaign."""
+    slug = re.sub(r"[^A-Za-z0-9.@-]+", "_", f"{original}__vs__{compressed}").strip("_")[-120:]
+    return pathlib.Path("mlflow-di-campaigns") / f"{slug}__{strategy}__seed{seed}"
+
+
+@click.command("fuzz")
+@click.option("--original", required=True, help="The original model (any backend: models:/..., .onnx, .tflite, .pt, keras:...).")
+@click.option("--compressed", required=True, help="Its compressed version (any backend).")
+@click.option("--seeds", "seeds_spec", required=True, help="Data spec of the seed images, e.g. mnist:DIR.")
+@click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=180.0, show_default=True,
+              help="Seconds per seed before giving up.")
+@click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default="dflare", show_default=True,
+              help="dflare, its ablations dflare-d (no novelty) and dflare-r (random operator), or diffchaser.")
+@click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
+              help="Seeds searched in lockstep (results do not depend on it).")
+@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+              help="Campaign folder, written as seeds finish (default: mlflow-di-campaigns/<models>__<strategy>__seed<N>).")
+@click.option("--resume", is_flag=True, help="Continue the campaign in --out-dir instead of starting a new one.")
+@click.option("--preprocessing-original", default=None, metavar="KEY=VALUE,...", help="Override the original's preprocessing.")
+@click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...", help="Override the compressed model's preprocessing.")
+@seed_option
+@json_out_option
+def command(original, compressed, seeds_spec, num_seeds, timeout, max_queries, strategy, batch, out_dir, resume,
+            preprocessing_original, preprocessing_compressed, seed, json_out) -> None:
+    """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
+    from mlflow_di.fuzz.campaign import run_campaign
+
+    original_model = load_classifier(original, preprocessing_original)
+    compressed_model = load_classifier(compressed, preprocessing_compressed)
+    seeds = load_images(seeds_spec)
+    seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
+    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, compressed, strategy, seed)
+    if folder.exists() and any(folder.iterdir()) and not resume:
+        raise UserError(f"'{folder}' already holds a campaign; pass --resume to continue it, or --out-dir for a new one")
+    tags = {"mlflow_di.command": "fuzz", **model_version_tags(original), **compressed_model_tags(compressed)}
+    with tracking.tracked_run(f"fuzz-{strategy}", tags=tags):
+        mlflow.log_params({"original": original, "compressed": compressed, "seeds": seeds_spec, "num_seeds": len(seeds),
+                           "timeout": timeout, "max_queries": max_queries, "strategy": strategy, "batch": batch,
+                           "seed": seed, "out_dir": str(folder), "resume": resume})
+        click.echo(f"fuzzing {len(seeds)} seeds with {strategy}; campaign folder {folder}")
+        result = run_campaign(original_model, compressed_model, seeds, strategy=strategy, timeout=timeout,
+                              max_queries=max_queries, batch=batch, seed=seed, out_dir=folder, resume=resume)
+        summary = _summary(result)
+        mlflow.log_metrics({k: v for k, v in summary.items() if k in SUMMARY_METRICS and v is not None})
+        _log_artifacts(result, folder, original, compressed, summary)
+        _print_summary(result, summary, folder)
+        if not result.complete:
+            raise KeyboardInterrupt  # the run ends KILLED; everything found so far is logged and on disk
+    tracking.write_json(summary, json_out)
+
+
+def _summary(result) -> dict:
+    s = result.summary
+    return {"success_rate": s.success_rate, "mean_queries": s.mean_queries, "median_queries": s.median_queries,
+            "mean_seconds": s.mean_seconds, "triggers": s.triggers, "seeds": s.seeds,
+            "already_deviating": s.already_deviating, "fuzzed": s.fuzzed, "strategy": s.strategy,
+            "complete": result.complete,
+            "operators": {name: {"selected": o.selected, "accepted": o.accepted, "triggered": o.triggered}
+                          for name, o in s.operators.items()}}
+
+
+def _seed_rows(result) -> list[dict]:
+    rows = []
+    for r in result.records:
+        labels = r.trigger_labels or r.seed_labels
+        probabilities = r.trigger_probabilities or r.seed_probabilities
+        rows.append({"seed": r.index, "label": r.label, "success": r.success, "stop": r.stop, "queries": r.queries,
+                     "seconds": round(r.seconds, 4), "original_label": labels[0], "compressed_label": labels[1],
+                     "original_top1": round(float(probabilities[0]), 4),
+                     "compressed_top1": round(float(probabilities[1]), 4),
+                     "operators": " > ".join(r.operators)})
+    return rows
+
+
+def _log_artifacts(result, folder: pathlib.Path, original: str, compressed: str, summary: dict) -> None:
+    """Campaign files, per-seed table, trigger grid and the HTML report, for review in the MLflow UI."""
+    mlflow.log_artifacts(str(folder), "fuzz/campaign")
+    mlflow.log_dict(summary, "fuzz/summary.json")
+    rows = _seed_rows(result)
+    if rows:
+        mlflow.log_table({key: [row[key] for row in rows] for key in rows[0]}, "fuzz/seeds.json")
+    html = rp.HtmlReport(f"Differential fuzzing: {original} vs {compressed}",
+                         subtitle=f"{summary['strategy']} on {result.config.data}, seed {result.config.seed}")
+    html.verdict(None, f"{summary['triggers']} triggering inputs from {summary['fuzzed']} seeds "
+                       f"(success rate {summary['success_rate']:.1%}); {summary['already_deviating']} seeds already deviated")
+    html.section("Summary").metrics({k: summary[k] for k in SUMMARY_METRICS}, percent_keys=["success_rate"])
+    if len(result.triggers):
+        grid = _trigger_grid(result)
+        mlflow.log_image(grid, "fuzz/trigger_grid.png")
+        html.section("Triggers").image(grid, "seed | trigger | amplified difference, with both models' labels")
+    operators = [{"operator": name, **counts} for name, counts in summary["operators"].items()]
+    if operators:
+        html.section("Operators").table(operators)
+    html.section("Per-seed results").table(rows)
+    mlflow.log_text(html.render(), "fuzz/report.html")
+
+
+def _trigger_grid(result) -> np.ndarray:
+    by_index = {r.index: r for r in result.records}
+    records = [by_index[int(i)] for i in result.trigger_indices]
+    return rp.trigger_grid(result.trigger_seeds, result.triggers,
+                           original_labels=[r.trigger_labels[0] for r in records],
+                           compressed_labels=[r.trigger_labels[1] for r in records],
+                           true_labels=[r.label for r in records],
+                           notes=[f"{r.queries} queries" for r in records])
+
+
+def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
+    state = "done" if result.complete else f"interrupted after {len(result.records)} seeds (resume with --resume)"
+    click.echo(f"{state}: {summary['triggers']} triggers from {summary['fuzzed']} seeds, success rate "
+               f"{summary['success_rate']:.1%}, {summary['already_deviating']} seeds already deviating")
+    if summary["mean_queries"] is not None:
+        click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}, median {summary['median_queries']:.0f}; "
+                   f"seconds per trigger: mean {summary['mean_seconds']:.3f}")
+    click.echo(f"  triggers and per-seed records: {folder}")

@@ -1,0 +1,98 @@
+"""What the searches optimise: the objective (the two models disagree), DFlare's fitness with
+its novelty memory, and DiffChaser's k-uncertainty.
+
+All functions take one probability vector per model, ``p_original`` and ``p_compressed``
+(shape (C,)), as returned by the black boxes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: DFlare's delta: D / delta puts a probability gap of 1e-3 on the same footing as a novel state.
+DEFAULT_DELTA = 1e-3
+#: Resolution at which probability gaps are compared. float32 probabilities carry about seven
+#: significant digits and differ in the last bits between batch compositions; without rounding,
+#: ties (most often both models saturated at 1.0, D = 0) would be decided by that noise, and a
+#: seed's search would depend on which other seeds shared its batch.
+GAP_RESOLUTION_DIGITS = 6
+#: Squared-L2 distance beyond which a probability pair counts as unseen (reference: FLANN, 0.5).
+DEFAULT_NOVELTY_THRESHOLD = 0.5
+
+
+def labels_differ(p_original: np.ndarray, p_compressed: np.ndarray) -> bool:
+    """The objective: the two models' top-1 labels differ (a triggering input)."""
+    return p_original.argmax() != p_compressed.argmax()
+
+
+def top1_gap(p_original: np.ndarray, p_compressed: np.ndarray) -> float:
+    """D(x) = |p_f(x)[top1_f] - p_g(x)[top1_g]|, each model's own top-1 probability, rounded to
+    1e-6 (see :data:`GAP_RESOLUTION_DIGITS`).
+
+    This is the reference's ``org.prob[0] - cps.prob[0]``; for non-triggering inputs, the only
+    ones scored, both top-1 labels are the same class.
+    """
+    return round(abs(float(p_original.max()) - float(p_compressed.max())), GAP_RESOLUTION_DIGITS)
+
+
+def dflare_fitness(gap: float, novel: bool, delta: float = DEFAULT_DELTA) -> float:
+    """H(x) = D(x) / delta + O(x) (O = 1 for a novel probability pair, else 0)."""
+    return gap / delta + (1.0 if novel else 0.0)
+
+
+class NoveltyMemory:
+    """The probability pairs one search has seen, for DFlare's novelty term O(x).
+
+    A point (the concatenated pair, 2C values) is novel when its squared L2 distance to every
+    remembered point exceeds ``threshold``; only novel points are remembered (as TensorFuzz and
+    the reference do). Exact nearest neighbour over a growing array: a search remembers at most
+    a few hundred points, where this beats building a k-d tree.
+    """
+
+    def __init__(self, threshold: float = DEFAULT_NOVELTY_THRESHOLD, capacity: int = 64):
+        self.threshold = threshold
+        self._points: np.ndarray | None = None
+        self._size = 0
+        self._capacity = capacity
+
+    def __len__(self) -> int:
+        return self._size
+
+    def nearest_squared_distance(self, point: np.ndarray) -> float:
+        """Squared L2 distance to the closest remembered point (inf when empty)."""
+        if self._size == 0:
+            return float("inf")
+        diff = self._points[: self._size] - point
+        return float(np.einsum("ij,ij->i", diff, diff).min())
+
+    def observe(self, point: np.ndarray) -> bool:
+        """True (and remember the point) when it is novel, else False."""
+        point = point.reshape(-1)
+        if self.nearest_squared_distance(point) <= self.threshold:
+            return False
+        self._append(point)
+        return True
+
+    def _append(self, point: np.ndarray) -> None:
+        if self._points is None:
+            self._points = np.empty((self._capacity, point.size))
+        elif self._size == len(self._points):
+            self._points = np.concatenate([self._points, np.empty_like(self._points)])
+        self._points[self._size] = point
+        self._size += 1
+
+
+def probability_pair(p_original: np.ndarray, p_compressed: np.ndarray) -> np.ndarray:
+    """The point the novelty memory compares: both probability vectors, concatenated."""
+    return np.concatenate((p_original.ravel(), p_compressed.ravel()))
+
+
+def k_uncertainty(p_original: np.ndarray, p_compressed: np.ndarray, k: int = 2) -> float:
+    """DiffChaser's k-uncertainty across the pair: |p_f[top-1 of f] - p_g[k-th most likely of g]|.
+
+    Small values mean the original's confidence in its label is matched by the compressed
+    model's k-th class, i.e. the input sits near a boundary where the two can part ways;
+    DiffChaser's genetic search minimises it.
+    """
+    k = min(k, len(p_compressed))
+    kth = np.partition(np.asarray(p_compressed), -k)[-k]
+    return abs(float(np.max(p_original)) - float(kth))

@@ -1,0 +1,179 @@
+"""Image mutation operators of DFlare, on raw uint8 (H, W, C) images.
+
+Every operator takes one raw image and a seeded ``np.random.Generator`` and returns a new
+image of the same shape and dtype (the input is never modified). Parameters are sampled from
+the generator the caller passes, so the same generator state always gives the same mutant,
+and a campaign is reproducible from its seed.
+
+Parameter ranges follow the DFlare reference code (``myLib/img_mutations.py``):
+
+=====================  ==================================================================
+``gaussian_noise``     add N(0, sigma) per value, sigma = sqrt(0.1) ~ 0.32 on the 0..255 scale
+``salt_and_pepper``    ceil(0.004 * size / 2) values set to 255 and as many to 0
+``multiplicative``     img + img * N(mean, sqrt(var)), mean ~ U[-0.5, 0.5), var ~ U[0, 0.05)
+``pixel_change``       n ~ U{0..9} random values set to random levels 0..255
+``average_blur``       box filter, k ~ U{1, 2, 3, 4, 5}
+``gaussian_blur``      Gaussian filter, k ~ U{1, 3, 5, 7}, sigma derived from k (OpenCV)
+``median_blur``        median filter, k ~ U{1, 3, 5, 7}
+=====================  ==================================================================
+
+Arithmetic operators compute in float, round to the nearest level, clip to 0..255 and only
+then cast to uint8, so values saturate instead of wrapping around. (The reference casts to
+uint8 before clipping and truncates: 300 became 44 and -1 became 255, and its Gaussian noise
+darkened about half the pixels by one level. Rounding keeps the noise unbiased.)
+
+The filters call OpenCV directly (the library albumentations' blur functions wrap); the noise
+operators are a few lines of NumPy with parameters drawn from the caller's generator, which
+albumentations' transforms would draw from their own random state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Sequence
+
+import cv2
+import numpy as np
+
+from mlflow_di.fuzz._random import draw_index
+
+#: Number of channels OpenCV's median filter accepts in one call.
+_MEDIAN_CHANNELS = (1, 3, 4)
+#: Kernel sizes OpenCV's median filter also accepts on float32 images.
+_FLOAT_MEDIAN_KERNELS = (3, 5)
+
+
+def _saturate(values: np.ndarray) -> np.ndarray:
+    """Float pixel values -> uint8 by rounding and clipping (never wrapping)."""
+    return np.clip(np.rint(values), 0, 255).astype(np.uint8)
+
+
+def _with_channel_axis(filtered: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """OpenCV drops a trailing channel axis of size 1; put it back."""
+    return filtered.reshape(like.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianNoise:
+    """Additive Gaussian noise, N(0, ``sigma``) per pixel value (0..255 scale)."""
+
+    sigma: float = math.sqrt(0.1)
+    name: str = "gaussian_noise"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        noise = rng.standard_normal(image.shape, dtype=np.float32) * np.float32(self.sigma)
+        return _saturate(image + noise)
+
+
+@dataclasses.dataclass(frozen=True)
+class SaltAndPepper:
+    """Sets ``ceil(amount * size * salt_ratio)`` random values to 255 and the rest of the amount to 0.
+
+    Coordinates are drawn per axis, channels included, as in the reference.
+    """
+
+    amount: float = 0.004
+    salt_ratio: float = 0.5
+    name: str = "salt_and_pepper"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        salt = int(math.ceil(self.amount * image.size * self.salt_ratio))
+        pepper = int(math.ceil(self.amount * image.size * (1.0 - self.salt_ratio)))
+        coords = (rng.random((salt + pepper, image.ndim)) * image.shape).astype(np.intp)
+        out = image.copy()
+        out[tuple(coords[:salt].T)] = 255
+        out[tuple(coords[salt:].T)] = 0
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiplicativeNoise:
+    """``img + img * n`` with n ~ N(mean, sqrt(var)), mean ~ U[mean_low, mean_high), var ~ U[0, var_max)."""
+
+    mean_low: float = -0.5
+    mean_high: float = 0.5
+    var_max: float = 0.05
+    name: str = "multiplicative_noise"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        mean = self.mean_low + (self.mean_high - self.mean_low) * rng.random()
+        sigma = math.sqrt(self.var_max * rng.random())
+        factor = rng.standard_normal(image.shape, dtype=np.float32) * np.float32(sigma) + np.float32(1.0 + mean)
+        return _saturate(image * factor)
+
+
+@dataclasses.dataclass(frozen=True)
+class PixelChange:
+    """Sets n ~ U{0..max_values} randomly chosen values (positions with repetition) to random levels 0..255."""
+
+    max_values: int = 9
+    name: str = "pixel_change"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        count = draw_index(rng, self.max_values + 1)
+        out = image.copy()
+        flat = out.reshape(-1)
+        draws = rng.random(2 * count)
+        flat[(draws[:count] * flat.size).astype(np.intp)] = (draws[count:] * 256).astype(np.uint8)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AverageBlur:
+    """Box filter with a k x k kernel, k drawn from ``kernels`` (OpenCV ``blur``, reflected border)."""
+
+    kernels: tuple[int, ...] = (1, 2, 3, 4, 5)
+    name: str = "average_blur"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        k = self.kernels[draw_index(rng, len(self.kernels))]
+        return _with_channel_axis(cv2.blur(image, (k, k)), image)
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianBlur:
+    """Gaussian filter with a k x k kernel, k drawn from ``kernels``, sigma derived from k by OpenCV."""
+
+    kernels: tuple[int, ...] = (1, 3, 5, 7)
+    name: str = "gaussian_blur"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        k = self.kernels[draw_index(rng, len(self.kernels))]
+        return _with_channel_axis(cv2.GaussianBlur(image, (k, k), 0), image)
+
+
+@dataclasses.dataclass(frozen=True)
+class MedianBlur:
+    """Median filter with a k x k kernel, k drawn from ``kernels`` (k = 1 leaves the image as is)."""
+
+    kernels: tuple[int, ...] = (1, 3, 5, 7)
+    name: str = "median_blur"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        k = self.kernels[draw_index(rng, len(self.kernels))]
+        if image.shape[2] in _MEDIAN_CHANNELS:
+            if k in _FLOAT_MEDIAN_KERNELS:
+                # Same result (a median of integers is one of them), several times faster on small images.
+                return _with_channel_axis(cv2.medianBlur(image.astype(np.float32), k).astype(np.uint8), image)
+            return _with_channel_axis(cv2.medianBlur(image, k), image)
+        # OpenCV filters 1, 3 or 4 channels at once; other counts go one channel at a time.
+        planes = [cv2.medianBlur(np.ascontiguousarray(image[:, :, c]), k) for c in range(image.shape[2])]
+        return np.stack(planes, axis=2)
+
+
+#: A mutation operator: (image uint8 HWC, generator) -> new image uint8 HWC; has a ``name``.
+Operator = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+
+
+def default_operators() -> tuple[Operator, ...]:
+    """DFlare's seven operators, in the reference's order (the order breaks ties in ranking)."""
+    return (GaussianNoise(), SaltAndPepper(), MultiplicativeNoise(), PixelChange(),
+            AverageBlur(), GaussianBlur(), MedianBlur())
+
+
+def operator_names(operators: Sequence[Operator]) -> list[str]:
+    """The operators' names, checked to be distinct (statistics are keyed by name)."""
+    names = [op.name for op in operators]
+    if len(set(names)) != len(names):
+        raise ValueError(f"mutation operators need distinct names, got {names}")
+    return names

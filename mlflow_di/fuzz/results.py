@@ -1,0 +1,261 @@
+"""What a fuzzing campaign produces: per-seed records, a summary, the triggering inputs.
+
+All are dataclasses that round-trip through JSON (``to_json``/``from_json``); the images
+(triggers and their seeds, uint8) travel as arrays beside the JSON (see
+:mod:`mlflow_di.fuzz.store`).
+
+Metrics follow the DFlare paper: success rate over the seeds the two models agree on, and
+mean/median queries and seconds per triggering input over the successful seeds. Seeds on
+which the models already disagree are counted apart and never fuzzed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+
+import numpy as np
+
+#: Why a seed's search stopped.
+STOPS = ("trigger", "timeout", "max_queries", "already_deviating")
+
+
+@dataclasses.dataclass
+class SeedRecord:
+    """One seed's outcome.
+
+    ``seed_labels``/``seed_probabilities``: (original, compressed) top-1 label and probability
+    on the seed itself; ``trigger_labels``/``trigger_probabilities``: the same on the triggering
+    input (None when none was found). ``operators``: the mutations that turn the seed into the
+    trigger, in order (DFlare: every accepted operator, including ones that happened to leave
+    the image unchanged, then the triggering one; DiffChaser: the first-parent lineage, with
+    'crossover' marking each recombination). ``operator_counts``: per operator, [times
+    selected, times accepted] (DiffChaser accepts no single mutations: always 0).
+    ``seconds`` is the seed's share of the campaign's time (see :mod:`mlflow_di.fuzz.campaign`).
+    """
+
+    index: int
+    label: int
+    success: bool
+    stop: str
+    queries: int
+    seconds: float
+    seed_labels: tuple[int, int]
+    seed_probabilities: tuple[float, float]
+    trigger_labels: tuple[int, int] | None = None
+    trigger_probabilities: tuple[float, float] | None = None
+    operators: list[str] = dataclasses.field(default_factory=list)
+    operator_counts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def already_deviating(self) -> bool:
+        return self.stop == "already_deviating"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "SeedRecord":
+        values = dict(values)
+        for key in ("seed_labels", "seed_probabilities", "trigger_labels", "trigger_probabilities"):
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> "SeedRecord":
+        return cls.from_dict(json.loads(text))
+
+
+@dataclasses.dataclass
+class OperatorSummary:
+    """One operator over a campaign: times selected, accepted (became the new best), and
+    ``triggered``: times it produced the triggering input."""
+
+    selected: int = 0
+    accepted: int = 0
+    triggered: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.selected if self.selected else 0.0
+
+
+@dataclasses.dataclass
+class CampaignSummary:
+    """Campaign-level metrics; per-trigger means are over successful seeds (None without any)."""
+
+    strategy: str
+    seeds: int
+    already_deviating: int
+    fuzzed: int
+    triggers: int
+    success_rate: float
+    mean_queries: float | None
+    median_queries: float | None
+    mean_seconds: float | None
+    total_queries: int
+    total_seconds: float
+    queries_per_second: float
+    operators: dict[str, OperatorSummary]
+
+    @classmethod
+    def from_records(cls, strategy: str, records: list[SeedRecord]) -> "CampaignSummary":
+        fuzzed = [r for r in records if not r.already_deviating]
+        found = [r for r in fuzzed if r.success]
+        total_queries = sum(r.queries for r in fuzzed)
+        total_seconds = sum(r.seconds for r in fuzzed)
+        return cls(
+            strategy=strategy,
+            seeds=len(records),
+            already_deviating=len(records) - len(fuzzed),
+            fuzzed=len(fuzzed),
+            triggers=len(found),
+            success_rate=len(found) / len(fuzzed) if fuzzed else 0.0,
+            mean_queries=statistics.fmean(r.queries for r in found) if found else None,
+            median_queries=float(statistics.median(r.queries for r in found)) if found else None,
+            mean_seconds=statistics.fmean(r.seconds for r in found) if found else None,
+            total_queries=total_queries,
+            total_seconds=total_seconds,
+            queries_per_second=total_queries / total_seconds if total_seconds > 0 else 0.0,
+            operators=_operator_summaries(fuzzed),
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "CampaignSummary":
+        values = dict(values)
+        values["operators"] = {name: OperatorSummary(**counts) for name, counts in values["operators"].items()}
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CampaignSummary":
+        return cls.from_dict(json.loads(text))
+
+
+def _operator_summaries(records: list[SeedRecord]) -> dict[str, OperatorSummary]:
+    summaries: dict[str, OperatorSummary] = {}
+    for record in records:
+        for name, (selected, accepted) in record.operator_counts.items():
+            summary = summaries.setdefault(name, OperatorSummary())
+            summary.selected += selected
+            summary.accepted += accepted
+        if record.success and record.operators:
+            summaries.setdefault(record.operators[-1], OperatorSummary()).triggered += 1
+    return summaries
+
+
+@dataclasses.dataclass
+class CampaignConfig:
+    """Everything that determines a campaign's results, recorded so that ``resume`` can check it."""
+
+    strategy: str
+    strategy_options: dict
+    timeout: float
+    max_queries: int | None
+    seed: int
+    data: str
+    seed_count: int
+    seeds_sha256: str
+    image_shape: tuple[int, int, int]
+    original: str
+    compressed: str
+
+    #: Fields that may differ between an interrupted run and its resumption (names only).
+    INFORMATIONAL = ("original", "compressed", "data")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "CampaignConfig":
+        values = dict(values)
+        values["image_shape"] = tuple(values["image_shape"])
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CampaignConfig":
+        return cls.from_dict(json.loads(text))
+
+    def differences(self, other: "CampaignConfig") -> list[str]:
+        """Names of the result-determining fields whose values differ."""
+        mine, theirs = json.loads(self.to_json()), json.loads(other.to_json())
+        return [key for key in mine if key not in self.INFORMATIONAL and mine[key] != theirs.get(key)]
+
+
+@dataclasses.dataclass
+class RunStats:
+    """How this run spent its time (this process only; not carried over by resume).
+
+    ``model_seconds``: inside the two models' ``predict_proba`` calls; ``search_seconds``: in the
+    searches (mutation, fitness, selection); ``calls``: lockstep iterations (one batched call per
+    model each); ``inputs``: images sent to each model.
+    """
+
+    model_seconds: float = 0.0
+    search_seconds: float = 0.0
+    calls: int = 0
+    inputs: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.inputs / self.calls if self.calls else 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CampaignResult:
+    """A campaign: config, per-seed records (by seed index), summary and the triggering inputs.
+
+    ``triggers[i]`` was found from ``trigger_seeds[i]``, seed number ``trigger_indices[i]``
+    (uint8, (T, H, W, C)). ``complete`` is False when the run was interrupted before every
+    seed finished (resume it with ``resume=True``). ``run_stats``: where this run's time went
+    (None when loaded from disk). ``to_json`` leaves the arrays out.
+    """
+
+    config: CampaignConfig
+    summary: CampaignSummary
+    records: list[SeedRecord]
+    triggers: np.ndarray
+    trigger_seeds: np.ndarray
+    trigger_indices: np.ndarray
+    complete: bool = True
+    run_stats: RunStats | None = None
+
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), "summary": self.summary.to_dict(),
+                "records": [r.to_dict() for r in self.records], "complete": self.complete,
+                "run_stats": self.run_stats.to_dict() if self.run_stats else None}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str, triggers: np.ndarray | None = None, trigger_seeds: np.ndarray | None = None,
+                  trigger_indices: np.ndarray | None = None) -> "CampaignResult":
+        values = json.loads(text)
+        config = CampaignConfig.from_dict(values["config"])
+        empty = np.zeros((0, *config.image_shape), np.uint8)
+        return cls(
+            config=config,
+            summary=CampaignSummary.from_dict(values["summary"]),
+            records=[SeedRecord.from_dict(r) for r in values["records"]],
+            triggers=empty if triggers is None else triggers,
+            trigger_seeds=empty if trigger_seeds is None else trigger_seeds,
+            trigger_indices=np.zeros(0, np.int64) if trigger_indices is None else trigger_indices,
+            complete=values.get("complete", True),
+            run_stats=RunStats(**values["run_stats"]) if values.get("run_stats") else None,
+        )

@@ -1,0 +1,48 @@
+"""The per-seed search interface every strategy implements, in TensorFuzz's spirit.
+
+A search owns one seed, its own ``np.random.Generator`` and its own state. It never calls a
+model: the campaign runner asks it for inputs (:meth:`Search.propose`), runs the inputs of many
+searches through both models in one batched call, and hands each search its rows of the
+probabilities (:meth:`Search.observe`). Because a search's decisions depend only on its own
+generator and the probabilities of its own inputs, running seeds in lockstep gives the same
+per-seed results as running them one at a time.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Sequence
+
+import numpy as np
+
+from mlflow_di.fuzz.selection import OperatorStats
+
+
+class Search(abc.ABC):
+    """State of one seed's search; subclasses implement one strategy's loop body."""
+
+    def __init__(self, operator_names: Sequence[str]):
+        self.operator_names = list(operator_names)
+        self.stats = OperatorStats.zeros(len(self.operator_names))
+        self.queries = 0
+        self.trigger: np.ndarray | None = None
+        self.trigger_probabilities: tuple[np.ndarray, np.ndarray] | None = None
+        self.trigger_operators: list[str] = []
+
+    @property
+    def found(self) -> bool:
+        """True once a triggering input was observed; the search then takes no more queries."""
+        return self.trigger is not None
+
+    @abc.abstractmethod
+    def propose(self, limit: int | None = None) -> np.ndarray:
+        """Next inputs to query, uint8 (k, H, W, C) with 1 <= k <= ``limit`` (when given)."""
+
+    @abc.abstractmethod
+    def observe(self, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
+        """Probabilities (k, C) of both models for the inputs of the last :meth:`propose`."""
+
+    def _record_trigger(self, image: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,
+                        operators: list[str]) -> None:
+        self.trigger = image
+        self.trigger_probabilities = (np.asarray(p_original), np.asarray(p_compressed))
+        self.trigger_operators = operators

@@ -1,0 +1,153 @@
+"""A campaign's output directory, written while the campaign runs.
+
+Layout::
+
+    campaign.json           CampaignConfig (written first; resume checks it)
+    records.jsonl           one SeedRecord per line, appended as each seed finishes
+    triggers/NNNNNN.npz     per triggering seed: ``trigger`` and ``seed`` (uint8 H, W, C)
+    summary.json            CampaignSummary (at the end, or when interrupted)
+    triggers.npz            all triggers: ``triggers``, ``seeds``, ``indices`` (at the end)
+
+A seed's trigger file is complete before its record line is appended, so every record that
+says ``success`` has its images even if the process dies right after. A torn last line (the
+process died mid-write) is ignored and that seed runs again on resume.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+
+from mlflow_di.errors import UserError
+from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, CampaignSummary, SeedRecord
+
+CONFIG = "campaign.json"
+RECORDS = "records.jsonl"
+TRIGGER_DIR = "triggers"
+SUMMARY = "summary.json"
+ALL_TRIGGERS = "triggers.npz"
+
+
+class CampaignStore:
+    """Reads and writes one campaign directory (see the module docstring)."""
+
+    def __init__(self, directory):
+        self.directory = pathlib.Path(directory)
+        self._records_file = None
+
+    @property
+    def exists(self) -> bool:
+        return (self.directory / CONFIG).exists()
+
+    def create(self, config: CampaignConfig) -> None:
+        """Start a new campaign here; refuses a directory that already holds one."""
+        if self.exists:
+            raise UserError(f"'{self.directory}' already holds a fuzzing campaign; "
+                            "resume it (resume=True / --resume) or choose another output directory")
+        (self.directory / TRIGGER_DIR).mkdir(parents=True, exist_ok=True)
+        _write_atomically(self.directory / CONFIG, config.to_json())
+        (self.directory / RECORDS).write_text("")
+
+    def check_resumable(self, config: CampaignConfig) -> None:
+        """Raise unless this directory holds a campaign with the same settings as ``config``."""
+        if not self.exists:
+            raise UserError(f"nothing to resume: '{self.directory}' holds no fuzzing campaign ({CONFIG} missing)")
+        stored = self.read_config()
+        differing = stored.differences(config)
+        if differing:
+            raise UserError(f"cannot resume the campaign in '{self.directory}': its {', '.join(differing)} "
+                            "differ from this run's; use the same settings or another output directory")
+
+    def read_config(self) -> CampaignConfig:
+        try:
+            return CampaignConfig.from_json((self.directory / CONFIG).read_text())
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"'{self.directory / CONFIG}' is not a campaign config: {exc}") from None
+
+    def read_records(self) -> dict[int, SeedRecord]:
+        """Finished seeds by index (a torn last line is skipped)."""
+        path = self.directory / RECORDS
+        records: dict[int, SeedRecord] = {}
+        if not path.exists():
+            return records
+        for line in path.read_text().splitlines():
+            try:
+                record = SeedRecord.from_json(line)
+            except (ValueError, TypeError, KeyError):
+                continue  # interrupted mid-write; the seed runs again
+            if record.success and not self.trigger_path(record.index).exists():
+                continue
+            records[record.index] = record
+        return records
+
+    def trigger_path(self, index: int) -> pathlib.Path:
+        return self.directory / TRIGGER_DIR / f"{index:06d}.npz"
+
+    def append(self, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray) -> None:
+        """Persist one finished seed: its images first (if it triggered), then its record line."""
+        if trigger is not None:
+            path = self.trigger_path(record.index)
+            partial = path.with_suffix(".partial.npz")
+            np.savez(partial, trigger=trigger, seed=seed_image)
+            os.replace(partial, path)
+        if self._records_file is None:
+            self._records_file = open(self.directory / RECORDS, "a", encoding="utf-8")
+        self._records_file.write(record.to_json() + "\n")
+        self._records_file.flush()
+
+    def read_trigger(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(trigger, seed) images of one triggering seed."""
+        with np.load(self.trigger_path(index)) as archive:
+            return archive["trigger"], archive["seed"]
+
+    def finish(self, summary: CampaignSummary, triggers: np.ndarray, seeds: np.ndarray, indices: np.ndarray) -> None:
+        """Write the summary and the consolidated triggers; close the records file."""
+        self.close()
+        _write_atomically(self.directory / SUMMARY, summary.to_json())
+        partial = self.directory / "triggers.partial.npz"
+        np.savez_compressed(partial, triggers=triggers, seeds=seeds, indices=indices)
+        os.replace(partial, self.directory / ALL_TRIGGERS)
+
+    def close(self) -> None:
+        if self._records_file is not None:
+            self._records_file.close()
+            self._records_file = None
+
+    def load(self) -> CampaignResult:
+        """The campaign as it stands on disk (complete or not)."""
+        config = self.read_config()
+        records = sorted(self.read_records().values(), key=lambda r: r.index)
+        return assemble_result(config, records, self, complete=len(records) == config.seed_count)
+
+
+def assemble_result(config: CampaignConfig, records: list[SeedRecord], store: "CampaignStore | None",
+                    complete: bool, images: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> CampaignResult:
+    """A :class:`CampaignResult` from records; trigger images from ``images`` or else the store."""
+    images = images or {}
+    found = [r.index for r in records if r.success]
+    pairs = [images[i] if i in images else store.read_trigger(i) for i in found]
+    shape = (0, *config.image_shape)
+    return CampaignResult(
+        config=config,
+        summary=CampaignSummary.from_records(config.strategy, records),
+        records=records,
+        triggers=np.stack([t for t, _ in pairs]) if pairs else np.zeros(shape, np.uint8),
+        trigger_seeds=np.stack([s for _, s in pairs]) if pairs else np.zeros(shape, np.uint8),
+        trigger_indices=np.asarray(found, np.int64),
+        complete=complete,
+    )
+
+
+def load_campaign(directory) -> CampaignResult:
+    """Load a campaign directory written by :func:`~mlflow_di.fuzz.campaign.run_campaign`."""
+    store = CampaignStore(directory)
+    if not store.exists:
+        raise UserError(f"'{directory}' holds no fuzzing campaign ({CONFIG} missing)")
+    return store.load()
+
+
+def _write_atomically(path: pathlib.Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)

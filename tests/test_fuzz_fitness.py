@@ -1,0 +1,59 @@
+"""Objective, DFlare fitness, novelty memory and DiffChaser's k-uncertainty."""
+import mlflow_di  # noqa: F401
+import numpy as np
+import pytest
+
+from mlflow_di.fuzz.diffchaser import k_uncertainties
+from mlflow_di.fuzz.fitness import (NoveltyMemory, dflare_fitness, k_uncertainty, labels_differ, probability_pair,
+                                    top1_gap)
+
+
+def test_labels_differ_and_top1_gap():
+    f, g = np.array([0.7, 0.2, 0.1]), np.array([0.55, 0.4, 0.05])
+    assert not labels_differ(f, g)
+    assert top1_gap(f, g) == pytest.approx(0.15)
+    assert labels_differ(f, np.array([0.3, 0.6, 0.1]))
+
+
+def test_dflare_fitness_weighs_novelty_as_one_delta():
+    assert dflare_fitness(0.002, False) == pytest.approx(2.0)
+    assert dflare_fitness(0.002, True) == pytest.approx(3.0)
+    # a novel state beats a gap larger by less than delta, not one larger by more
+    assert dflare_fitness(0.0100, True) > dflare_fitness(0.0105, False)
+    assert dflare_fitness(0.0100, True) < dflare_fitness(0.0115, False)
+
+
+def test_novelty_memory_threshold_is_on_squared_distance():
+    memory = NoveltyMemory(threshold=0.5)
+    origin = np.zeros(4)
+    assert memory.observe(origin) and len(memory) == 1
+    assert not memory.observe(origin)
+    assert not memory.observe(np.array([0.7, 0.0, 0.0, 0.0]))  # squared 0.49
+    assert len(memory) == 1                                       # not novel: not remembered
+    assert memory.observe(np.array([0.72, 0.0, 0.0, 0.0]))       # squared 0.5184
+    assert len(memory) == 2
+    # now close to the second point, far from the first
+    assert not memory.observe(np.array([1.1, 0.0, 0.0, 0.0]))
+    assert memory.nearest_squared_distance(np.array([1.1, 0, 0, 0])) == pytest.approx(0.38 ** 2)
+
+
+def test_novelty_memory_grows_past_its_initial_capacity():
+    memory = NoveltyMemory(threshold=0.5, capacity=2)
+    points = np.eye(10) * 3
+    assert all(memory.observe(p) for p in points)
+    assert len(memory) == 10
+    assert not any(memory.observe(p + 0.1) for p in points)
+
+
+def test_probability_pair_concatenates():
+    np.testing.assert_array_equal(probability_pair(np.array([0.1, 0.9]), np.array([0.2, 0.8])), [0.1, 0.9, 0.2, 0.8])
+
+
+def test_k_uncertainty_across_the_pair():
+    f = np.array([0.6, 0.3, 0.1])
+    g = np.array([0.5, 0.35, 0.15])
+    assert k_uncertainty(f, g, k=2) == pytest.approx(0.6 - 0.35)
+    assert k_uncertainty(f, g, k=3) == pytest.approx(0.6 - 0.15)
+    assert k_uncertainty(f, g, k=9) == pytest.approx(0.6 - 0.15)   # k capped at the class count
+    rows = k_uncertainties(np.stack([f, g]), np.stack([g, f]), 2)
+    np.testing.assert_allclose(rows, [k_uncertainty(f, g), k_uncertainty(g, f)])

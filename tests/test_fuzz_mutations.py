@@ -1,0 +1,121 @@
+"""Mutation operators: shape, dtype, range (no wrap-around), determinism, parameter ranges."""
+import math
+
+import mlflow_di  # noqa: F401  (torchvision guard first)
+import numpy as np
+import pytest
+
+from mlflow_di.fuzz.mutations import (AverageBlur, GaussianBlur, GaussianNoise, MedianBlur, MultiplicativeNoise,
+                                      PixelChange, SaltAndPepper, default_operators, operator_names)
+
+OPERATORS = default_operators()
+SHAPES = [(28, 28, 1), (8, 8, 3), (5, 7, 2)]
+
+
+def _images(shape):
+    rng = np.random.default_rng(1)
+    return {"random": rng.integers(0, 256, shape, dtype=np.uint8),
+            "black": np.zeros(shape, np.uint8), "white": np.full(shape, 255, np.uint8)}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("operator", OPERATORS, ids=lambda op: op.name)
+def test_operator_keeps_shape_dtype_and_leaves_input_alone(operator, shape):
+    rng = np.random.default_rng(0)
+    for image in _images(shape).values():
+        before = image.copy()
+        for _ in range(20):
+            out = operator(image, rng)
+            assert out.shape == shape and out.dtype == np.uint8
+        np.testing.assert_array_equal(image, before)
+
+
+@pytest.mark.parametrize("operator", OPERATORS, ids=lambda op: op.name)
+def test_operator_is_deterministic_for_a_seed(operator):
+    image = _images((28, 28, 1))["random"]
+    first = [operator(image, rng) for rng in [np.random.default_rng(7)] for _ in range(5)]
+    again = [operator(image, rng) for rng in [np.random.default_rng(7)] for _ in range(5)]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_noise_saturates_instead_of_wrapping():
+    rng = np.random.default_rng(0)
+    white, black = np.full((28, 28, 1), 255, np.uint8), np.zeros((28, 28, 1), np.uint8)
+    for _ in range(50):
+        # wrap-around would turn 255 + noise into values near 0 and 0 - noise into values near 255
+        assert GaussianNoise()(white, rng).min() >= 250
+        assert GaussianNoise()(black, rng).max() <= 5
+        assert MultiplicativeNoise(mean_low=0.4, mean_high=0.5, var_max=0.001)(white, rng).min() == 255
+    mid = np.full((28, 28, 1), 200, np.uint8)
+    brightened = MultiplicativeNoise(mean_low=0.49, mean_high=0.5, var_max=0.0)(mid, rng)
+    assert brightened.min() == 255  # 200 * 1.49 = 298 clips to 255
+
+
+def test_gaussian_noise_is_unbiased_and_small():
+    rng = np.random.default_rng(0)
+    image = np.full((64, 64, 1), 128, np.uint8)
+    out = np.stack([GaussianNoise()(image, rng) for _ in range(20)]).astype(int) - 128
+    assert abs(out.mean()) < 0.01                      # rounding, not truncation: no darkening
+    changed = np.mean(out != 0)                        # P(|N(0, 0.316)| > 0.5) = 0.114
+    assert 0.10 < changed < 0.13
+    assert np.abs(out).max() <= 2
+
+
+def test_pixel_change_changes_at_most_nine_values_and_sometimes_none():
+    rng = np.random.default_rng(0)
+    image = np.full((28, 28, 1), 77, np.uint8)  # 77 is rarely drawn, so changes are visible
+    counts = [int(np.sum(PixelChange()(image, rng) != image)) for _ in range(400)]
+    assert max(counts) <= 9 and min(counts) == 0 and max(counts) >= 8
+
+
+def test_salt_and_pepper_amount():
+    rng = np.random.default_rng(0)
+    image = np.full((28, 28, 1), 128, np.uint8)
+    per_kind = math.ceil(0.004 * image.size * 0.5)  # 2 of 784 values each
+    for _ in range(100):
+        out = SaltAndPepper()(image, rng)
+        assert 1 <= np.sum(out == 255) <= per_kind and 1 <= np.sum(out == 0) <= per_kind
+        assert np.sum(out != image) <= 2 * per_kind
+
+
+@pytest.mark.parametrize("operator", [AverageBlur(kernels=(1,)), GaussianBlur(kernels=(1,)), MedianBlur(kernels=(1,))],
+                         ids=lambda op: op.name)
+def test_blur_with_kernel_one_is_identity(operator):
+    image = _images((9, 9, 3))["random"]
+    np.testing.assert_array_equal(operator(image, np.random.default_rng(0)), image)
+
+
+def test_blurs_smooth_a_single_bright_pixel():
+    image = np.zeros((15, 15, 1), np.uint8)
+    image[7, 7] = 255
+    rng = np.random.default_rng(0)
+    assert AverageBlur(kernels=(3,))(image, rng)[7, 7, 0] == round(255 / 9)
+    assert GaussianBlur(kernels=(3,))(image, rng)[7, 7, 0] < 255
+    assert MedianBlur(kernels=(3,))(image, rng).max() == 0  # a lone pixel is an outlier
+
+
+def test_kernel_sizes_follow_the_reference_ranges():
+    image = np.zeros((15, 15, 1), np.uint8)
+    image[7, 7] = 255
+    rng = np.random.default_rng(0)
+    # the blurred peak identifies the kernel: 255 / k^2 for the box filter
+    peaks = {int(AverageBlur()(image, rng)[7, 7, 0]) for _ in range(200)}
+    assert peaks == {round(255 / k ** 2) for k in (1, 2, 3, 4, 5)}
+
+
+def test_default_operators_are_the_seven_of_the_reference():
+    assert operator_names(OPERATORS) == ["gaussian_noise", "salt_and_pepper", "multiplicative_noise",
+                                         "pixel_change", "average_blur", "gaussian_blur", "median_blur"]
+    with pytest.raises(ValueError):
+        operator_names([GaussianNoise(), GaussianNoise()])
+
+
+@pytest.mark.parametrize("shape", [(28, 28, 1), (9, 9, 3), (6, 6, 2)])
+@pytest.mark.parametrize("k", [3, 5, 7])
+def test_median_blur_equals_opencv_on_uint8(shape, k):
+    import cv2
+
+    image = _images(shape)["random"]
+    expected = np.stack([cv2.medianBlur(np.ascontiguousarray(image[:, :, c]), k) for c in range(shape[2])], axis=2)
+    np.testing.assert_array_equal(MedianBlur(kernels=(k,))(image, np.random.default_rng(0)), expected)

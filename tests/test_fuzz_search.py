@@ -1,0 +1,145 @@
+"""The per-seed searches, driven by hand: DFlare's acceptance rule and DiffChaser's generations."""
+import dataclasses
+
+import mlflow_di  # noqa: F401
+import numpy as np
+import pytest
+
+from mlflow_di.fuzz import DFlare, DiffChaser
+from mlflow_di.fuzz.dflare import DFlareSearch
+
+
+@dataclasses.dataclass(frozen=True)
+class Brighten:
+    """Test operator: adds one level to the first pixel (so every mutant is a new image)."""
+
+    name: str = "brighten"
+
+    def __call__(self, image, rng):
+        out = image.copy()
+        out.flat[0] += 1
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Keep:
+    """Test operator: returns the image unchanged (like a 1x1 blur)."""
+
+    name: str = "keep"
+
+    def __call__(self, image, rng):
+        return image.copy()
+
+
+SEED = np.zeros((4, 4, 1), np.uint8)
+
+
+def _probabilities(top_original: float, top_compressed: float, flip: bool = False):
+    """Two-class probability rows; label 0 for both unless ``flip`` (then the compressed says 1)."""
+    f = np.array([[top_original, 1 - top_original]])
+    g = np.array([[1 - top_compressed, top_compressed]]) if flip else np.array([[top_compressed, 1 - top_compressed]])
+    return f, g
+
+
+def _search(strategy=None, operators=(Brighten(),), gap=0.1):
+    strategy = dataclasses.replace(strategy or DFlare(), operators=operators)
+    f, g = _probabilities(0.9, 0.9 - gap)
+    return DFlareSearch(strategy, SEED, f[0], g[0], np.random.default_rng(0))
+
+
+def _step(search, top_original, top_compressed, flip=False):
+    candidate = search.propose()
+    assert candidate.shape == (1, *SEED.shape)
+    search.observe(*_probabilities(top_original, top_compressed, flip))
+    return candidate[0]
+
+
+def test_larger_gap_is_accepted_smaller_rejected():
+    search = _search(gap=0.1)
+    _step(search, 0.9, 0.79)           # D = 0.11 >= 0.10
+    assert search.best_gap == pytest.approx(0.11) and search.best.flat[0] == 1
+    _step(search, 0.9, 0.795)          # D = 0.105 < 0.11, same neighbourhood: rejected
+    assert search.best_gap == pytest.approx(0.11) and search.best.flat[0] == 1
+    assert list(search.stats.selected) == [2] and list(search.stats.accepted) == [1]
+
+
+def test_novel_state_buys_one_delta_of_gap():
+    search = _search(gap=0.1)
+    # far from the seed's pair ([0.9, 0.1, 0.8, 0.2]) in squared L2: novel, D = 0.0995 >= 0.1 - 0.001
+    _step(search, 0.4, 0.3005)
+    assert search.best.flat[0] == 1 and search.best_gap == pytest.approx(0.0995)
+    # the same state again is no longer novel: D = 0.0990 < 0.0995 is rejected
+    _step(search, 0.4, 0.301)
+    assert search.best.flat[0] == 1
+
+
+def test_without_novelty_the_same_state_is_rejected():
+    search = _search(DFlare(novelty=False), gap=0.1)
+    _step(search, 0.4, 0.3005)
+    assert search.best.flat[0] == 0 and search.best_gap == pytest.approx(0.1)
+
+
+def test_unchanged_image_is_accepted_whatever_the_floats_say():
+    search = _search(operators=(Keep(),), gap=0.1)
+    _step(search, 0.9, 0.9, flip=True)  # noise in re-computed floats must not matter for the same image
+    assert not search.found and list(search.stats.accepted) == [1]
+
+
+def test_trigger_stops_the_search_and_records_the_chain():
+    search = _search(gap=0.1)
+    _step(search, 0.9, 0.79)
+    trigger = _step(search, 0.6, 0.55, flip=True)
+    assert search.found and search.queries == 2
+    np.testing.assert_array_equal(search.trigger, trigger)
+    assert search.trigger_operators == ["brighten", "brighten"]
+    labels = [p.argmax() for p in search.trigger_probabilities]
+    assert labels == [0, 1]
+
+
+class Threshold:
+    """Two classes; the compressed model flips to class 1 when pixel (0, 0) reaches ``level``."""
+
+    def __init__(self, level):
+        self.level = level
+
+    def pair(self, images):
+        x = images[:, 0, 0, 0].astype(float) / 255
+        f = np.stack([0.6 - 0.1 * x, 0.4 + 0.1 * x], axis=1)
+        g = f.copy()
+        flipped = images[:, 0, 0, 0] >= self.level
+        g[flipped] = [0.3, 0.7]
+        return f, g
+
+
+def test_diffchaser_generations_and_query_count():
+    strategy = DiffChaser(population_size=6, operators=(Brighten(),))
+    search = strategy.start(SEED, *_probabilities(0.6, 0.6), np.random.default_rng(0))
+    models = Threshold(level=3)
+    first = search.propose()
+    assert first.shape == (6, 4, 4, 1) and np.all(first[:, 0, 0, 0] == 1)
+    search.observe(*models.pair(first))
+    assert search.queries == 6 and not search.found
+    best = search.population[np.argmax(search.fitness)].copy()
+    generation = 0
+    while not search.found:
+        children = search.propose(limit=100)
+        assert len(children) == 5  # the fittest chromosome is kept, not re-queried
+        queries_before = search.queries
+        p_original, p_compressed = models.pair(children)
+        search.observe(p_original, p_compressed)
+        generation += 1
+        if search.found:
+            first_trigger = int(np.flatnonzero(p_compressed.argmax(1) == 1)[0])
+            assert search.queries == queries_before + first_trigger + 1
+        else:
+            assert any(np.array_equal(best, member) for member in search.population)
+            best = search.population[np.argmax(search.fitness)].copy()
+        assert generation < 50
+    assert search.trigger[0, 0, 0] >= 3
+    assert search.trigger_operators[0] == "brighten"
+    assert set(search.trigger_operators) <= {"brighten", "crossover"}
+
+
+def test_diffchaser_respects_the_query_limit():
+    search = DiffChaser(population_size=10).start(SEED, *_probabilities(0.6, 0.6), np.random.default_rng(0))
+    assert len(search.propose(limit=4)) == 4
