@@ -41,9 +41,9 @@ def _quiet_mlflow_logs() -> None:
 
 
 def _register_commands() -> None:
-    from mlflow_di.commands import compress, coverage, demo, describe, fuzz, import_keras
+    from mlflow_di.commands import compress, coverage, demo, describe, fuzz, gate, import_keras
 
-    for module in (demo, describe, import_keras, coverage, compress, fuzz):
+    for module in (demo, describe, import_keras, coverage, compress, fuzz, gate):
         cli.add_command(module.command)
 
 
@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     from mlflow.exceptions import MlflowException
 
     try:
-        cli.main(args=argv, prog_name="mlflow-di", standalone_mode=False)
+        # without standalone mode click returns ctx.exit()'s code (e.g. the gate's 1) or the command's value
+        result = cli.main(args=argv, prog_name="mlflow-di", standalone_mode=False)
     except click.exceptions.Exit as stop:
         return stop.exit_code
     except click.ClickException as exc:  # usage errors: click prints usage and the problem
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, click.Abort):
         click.echo("mlflow-di: interrupted", err=True)
         return 130
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 def console_main() -> None:

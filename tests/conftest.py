@@ -3,6 +3,9 @@ which skips with a reason when it is absent (a user's fresh clone has no ../shar
 import os
 import pathlib
 
+# `import mlflow` would otherwise report telemetry to an outside host; tests talk to 127.0.0.1 only
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 import numpy as np
 import pytest
 

@@ -44,8 +44,10 @@ def parse_methods(text: str) -> list[str]:
               help="Pruning fraction (prune-l1: of all weights; prune-structured: of each layer's channels).")
 @click.option("--register-as", default=None, help="Registered model name (default: <source>-<method>).")
 @click.option("--preprocessing", default=None, metavar="KEY=VALUE,...", help="Override the source's preprocessing.")
-def command(model_uri, methods, calib_data, eval_data, amount, register_as, preprocessing) -> None:
-    """Export MODEL-URI as compressed ONNX models, register each, and record lineage."""
+def command(model_uri, methods, calib_data, eval_data, amount, register_as, preprocessing) -> list[str]:
+    """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
+
+    Returns the registered versions' URIs (for callers such as the demo)."""
     methods = parse_methods(methods)
     if "int8-static" in methods and not calib_data:
         raise UserError("int8-static needs calibration data: pass --calib-data SPEC (e.g. mnist:DIR[0:500])")
@@ -55,9 +57,11 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, prep
     calib = load_images(calib_data) if calib_data else None
     evaluation = load_images(eval_data) if eval_data else calib
     lineage_base = {"mlflow_di.source_uri": model_uri, **_source_tags(model_uri)}
+    registered = []
     for method in methods:
         name = register_as or f"{source_model_name(model_uri)}-{method}"
-        _compress_one(source, model_uri, method, calib, evaluation, amount, name, lineage_base)
+        registered.append(_compress_one(source, model_uri, method, calib, evaluation, amount, name, lineage_base))
+    return registered
 
 
 def source_model_name(uri: str) -> str:
@@ -76,7 +80,7 @@ def _source_tags(uri: str) -> dict:
 
 
 def _compress_one(source, model_uri, method, calib: ImageSet | None, evaluation: ImageSet | None,
-                  amount, name, lineage_base) -> None:
+                  amount, name, lineage_base) -> str:
     from mlflow_di.compress import compress
 
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
@@ -102,6 +106,7 @@ def _compress_one(source, model_uri, method, calib: ImageSet | None, evaluation:
             for key, value in lineage.items():
                 mlflow.MlflowClient().set_model_version_tag(name, info.registered_model_version, key, value)
         _print_summary(method, name, info.registered_model_version, metrics, result)
+    return f"models:/{name}/{info.registered_model_version}"
 
 
 def _compare(source, compressed: OnnxClassifier, evaluation: ImageSet | None) -> dict:

@@ -1,0 +1,87 @@
+"""The MLflow UI shows a fuzz run's artifacts: headless Chromium on the run's Artifacts tab lists
+``fuzz/trigger_grid.png`` and ``fuzz/report.html``, and the grid image loads.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (``apt-get install -y chromium chromium-driver``)
+and ``selenium``; skips without them. Selenium is pointed at /usr/bin/chromedriver and
+/usr/bin/chromium, so Selenium Manager never downloads a browser, and Chromium resolves no host
+but 127.0.0.1.
+"""
+import pathlib
+import uuid
+
+import numpy as np
+import pytest
+
+from mlflow_server import mlflow_server, record_run, use_server  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = pathlib.Path("/usr/bin/chromium")
+CHROMEDRIVER = pathlib.Path("/usr/bin/chromedriver")
+GRID_COLUMNS, GRID_ROWS, TILE = 3, 2, 32  # the trigger grid made below is 96 x 64 pixels
+WAIT = 90  # seconds for the single-page app to render on a busy machine
+TREE_NODE = '[data-testid="artifact-tree-node"]'  # one file or folder in the Artifacts tab's tree
+
+
+@pytest.fixture()
+def browser(tmp_path):
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip(f"needs {CHROMIUM} and {CHROMEDRIVER}: apt-get install -y chromium chromium-driver")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1400,1000",
+                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",  # nothing but the local server
+                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    yield driver
+    driver.quit()
+
+
+def trigger_grid(path: pathlib.Path) -> None:
+    """A PNG grid of six digits scaled 4x, standing in for the fuzz command's trigger grid."""
+    from PIL import Image
+
+    from mlflow_di.data import load_images
+
+    digits = load_images("digits[0:6]").images[..., 0]
+    tiles = [np.kron(d, np.ones((TILE // 8, TILE // 8), dtype=np.uint8)) for d in digits]
+    rows = [np.hstack(tiles[r * GRID_COLUMNS:(r + 1) * GRID_COLUMNS]) for r in range(GRID_ROWS)]
+    Image.fromarray(np.vstack(rows)).save(path)
+
+
+def test_fuzz_run_page_lists_the_report_and_shows_the_trigger_grid(mlflow_server, use_server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    client = use_server(mlflow_server)
+    experiment = client.create_experiment(f"browser-{uuid.uuid4().hex[:8]}")
+    run_id = record_run(client, experiment, "fuzz", metrics={"success_rate": 0.5, "triggers": 6},
+                        tags={"mlflow.runName": "fuzz digits"})
+    artifacts = tmp_path / "fuzz"
+    artifacts.mkdir()
+    trigger_grid(artifacts / "trigger_grid.png")
+    (artifacts / "report.html").write_text("<html><body><h1>DFlare campaign</h1></body></html>")
+    client.log_artifacts(run_id, str(artifacts), "fuzz")
+
+    browser.get(f"{mlflow_server.url}/#/experiments/{experiment}/runs/{run_id}/artifacts")
+    wait = WebDriverWait(browser, WAIT)
+    node = TREE_NODE + '[artifact-name="{}"]'
+    wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, node.format("fuzz")))).click()
+
+    def listed(driver) -> set:
+        return {e.get_attribute("artifact-name") for e in driver.find_elements(By.CSS_SELECTOR, TREE_NODE)}
+
+    wait.until(lambda d: {"report.html", "trigger_grid.png"} <= listed(d))
+    assert listed(browser) == {"fuzz", "report.html", "trigger_grid.png"}
+    wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, node.format("trigger_grid.png")))).click()
+    size = wait.until(lambda d: d.execute_script(
+        "const img = document.querySelector('img[alt=\"fuzz/trigger_grid.png\"]');"
+        "return img && img.complete ? [img.naturalWidth, img.naturalHeight] : null;"))
+    assert size == [GRID_COLUMNS * TILE, GRID_ROWS * TILE]

@@ -1,0 +1,247 @@
+"""The quality gate: decision logic (pure), reading recorded runs, and the ``mlflow-di gate`` command
+against a local sqlite tracking store (the real-server variants are in test_server.py)."""
+import itertools
+import math
+
+import pytest
+
+from mlflow_di.errors import UserError
+from mlflow_di.gate import CRITERION, Measurement, Thresholds, Verdict, decide
+
+from mlflow_server import empty_store_file, mlflow_client, record_history, record_run, register_version  # noqa: F401
+
+URI = "models:/lenet/1"
+
+
+# ------------------------------------------------------------------------------ decision logic
+def test_values_on_the_threshold_pass_and_values_beyond_it_fail():
+    thresholds = Thresholds(min_idc=0.5, max_success_rate=0.3, min_mean_queries=100, max_accuracy_drop=0.01)
+    on_threshold = [Measurement("idc", 0.5), Measurement("success_rate", 0.3, "c"),
+                    Measurement("mean_queries", 100.0, "c"), Measurement("accuracy_drop", 0.01, "c")]
+    assert decide(URI, thresholds, on_threshold).passed
+    beyond = {"idc": 0.49, "success_rate": 0.31, "mean_queries": 99.0, "accuracy_drop": 0.011}
+    for metric, value in beyond.items():
+        measured = [m if m.metric != metric else Measurement(metric, value, m.compressed) for m in on_threshold]
+        verdict = decide(URI, thresholds, measured)
+        assert not verdict.passed
+        assert [c.metric for c in verdict.failures] == [metric]
+        assert verdict.summary() == f"fail: 3/4 checks passed; failed: {verdict.failures[0].label}"
+
+
+def test_a_missing_measurement_fails_and_says_which_command_records_it():
+    verdict = decide(URI, Thresholds(min_idc=0.1, max_accuracy_drop=0.5), [])
+    assert not verdict.passed
+    assert [c.measured for c in verdict.checks] == [None, None]
+    assert verdict.checks[0].message == (
+        "no coverage run recorded for models:/lenet/1; run `mlflow-di coverage --model-uri models:/lenet/1 ...` first")
+    assert "mlflow-di compress --model-uri models:/lenet/1" in verdict.checks[1].message
+
+
+def test_every_compressed_model_is_checked_and_the_worst_value_is_reported():
+    measured = [Measurement("success_rate", 0.1, "models:/a/1"), Measurement("success_rate", 0.6, "models:/b/1"),
+                Measurement("mean_queries", 300.0, "models:/a/1"), Measurement("mean_queries", 80.0, "models:/b/1")]
+    verdict = decide(URI, Thresholds(max_success_rate=0.5, min_mean_queries=100), measured)
+    assert [(c.label, c.passed) for c in verdict.checks] == [
+        ("success_rate [models:/a/1]", True), ("success_rate [models:/b/1]", False),
+        ("mean_queries [models:/a/1]", True), ("mean_queries [models:/b/1]", False)]
+    assert verdict.worst("success_rate") == 0.6 and verdict.worst("mean_queries") == 80.0
+    assert verdict.worst("idc") is None
+
+
+def test_a_campaign_without_deviations_passes_any_minimum_of_queries():
+    verdict = decide(URI, Thresholds(min_mean_queries=1e9), [Measurement("mean_queries", math.inf, "c")])
+    assert verdict.passed
+    assert Verdict.from_json(verdict.to_json()).checks[0].measured == math.inf
+
+
+def test_verdict_round_trips_through_json():
+    verdict = decide(URI, Thresholds(min_idc=0.5, max_success_rate=0.2),
+                     [Measurement("idc", 0.7, run_id="r1"), Measurement("success_rate", None, "c", missing="run fuzz")])
+    again = Verdict.from_json(verdict.to_json())
+    assert again == verdict and again.passed is False and again.to_dict()["passed"] is False
+
+
+@pytest.mark.parametrize("thresholds, problem", [
+    (Thresholds(), "no threshold given"), ({"min_idc": 1.5}, "between 0 and 1"),
+    ({"max_success_rate": -0.1}, "between 0 and 1"), ({"min_mean_queries": math.nan}, "finite")])
+def test_bad_thresholds_are_user_errors(thresholds, problem):
+    with pytest.raises(UserError, match=problem):
+        decide(URI, thresholds if isinstance(thresholds, Thresholds) else Thresholds(**thresholds), [])
+
+
+def test_checks_agree_with_mlflow_metric_threshold():
+    """Each check is the comparison mlflow.validate_evaluation_results makes for a MetricThreshold."""
+    from mlflow.models import MetricThreshold
+    from mlflow.models.evaluation import EvaluationResult
+    from mlflow.models.evaluation.validation import ModelValidationFailedException
+    import mlflow
+
+    values = [0.0, 0.25, 0.5, 0.5000001, 0.75, 1.0]
+    for (metric, criterion), threshold, value in itertools.product(CRITERION.items(), values, values):
+        check = decide(URI, Thresholds(**{criterion.threshold_name: threshold}),
+                       [Measurement(metric, value, None if metric == "idc" else "c")]).checks[0]
+        try:
+            mlflow.validate_evaluation_results({metric: MetricThreshold(**check.metric_threshold_args())},
+                                               EvaluationResult({metric: value}, {}))
+            mlflow_passed = True
+        except ModelValidationFailedException:
+            mlflow_passed = False
+        assert check.passed == mlflow_passed, (metric, threshold, value)
+
+
+# ------------------------------------------------------------------------ recorded runs (sqlite)
+@pytest.fixture()
+def client(mlflow_client):
+    return mlflow_client
+
+
+@pytest.fixture()
+def history(client):
+    return record_history(client, client.create_experiment("recorded"), "lenet")
+
+
+def _values(found):
+    return {(m.metric, m.compressed): m.value for m in found}
+
+
+def test_measurements_are_the_newest_finished_runs_of_that_version(client, history):
+    from mlflow_di import registry
+
+    found = registry.measurements(history.uri)
+    assert _values(found) == {
+        ("idc", None): 0.62,
+        ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
+        ("accuracy_drop", "models:/lenet-int8/1"): 0.004,
+        ("success_rate", "models:/lenet-prune/1"): 0.8, ("mean_queries", "models:/lenet-prune/1"): 40.0,
+        ("accuracy_drop", "models:/lenet-prune/1"): 0.05}
+    idc = next(m for m in found if m.metric == "idc")
+    assert client.get_run(idc.run_id).data.metrics["idc"] == 0.62
+    accuracy = next(m for m in found if m.metric == "accuracy_drop" and m.compressed == "models:/lenet-int8/1")
+    assert accuracy.run_id == history.compressed.run_id
+
+
+def test_measurements_only_for_the_compressed_models_asked_for(client, history):
+    from mlflow_di import registry
+
+    client.set_registered_model_alias("lenet-int8", "edge", "1")
+    found = registry.measurements(history.uri, ["models:/lenet-int8@edge"])
+    assert {m.compressed for m in found if m.compressed} == {"models:/lenet-int8/1"}
+    assert _values(found)[("success_rate", "models:/lenet-int8/1")] == 0.30
+
+
+def test_a_compressed_model_never_fuzzed_is_reported_missing(client, history):
+    from mlflow_di import registry
+
+    lonely = register_version(client, "lenet-onnx")
+    found = {m.metric: m for m in registry.measurements(history.uri, ["models:/lenet-onnx/1", "local.tflite"])
+             if m.compressed == "models:/lenet-onnx/1"}
+    assert found["success_rate"].value is None and found["accuracy_drop"].value is None
+    assert found["success_rate"].missing == (
+        f"no fuzz run recorded for {history.uri} against models:/lenet-onnx/{lonely.version}; run "
+        f"`mlflow-di fuzz --original {history.uri} --compressed models:/lenet-onnx/1 ...` first")
+
+
+def test_a_fuzz_run_without_deviations_measures_infinite_queries(client, history):
+    from mlflow_di import registry
+    from mlflow_server import fuzz_tags
+
+    experiment = client.get_experiment_by_name("recorded").experiment_id
+    record_run(client, experiment, "fuzz", history.subject, {"success_rate": 0.0, "triggers": 0},
+               tags=fuzz_tags(history.compressed), start_time=1_800_000_000_000)
+    found = _values(registry.measurements(history.uri, ["models:/lenet-int8/1"]))
+    assert found[("success_rate", "models:/lenet-int8/1")] == 0.0
+    assert found[("mean_queries", "models:/lenet-int8/1")] == math.inf
+
+
+def test_model_version_tags_resolve_aliases(client, history):
+    from mlflow_di import registry
+
+    client.set_registered_model_alias("lenet", "champion", "2")
+    assert registry.model_version_tags("models:/lenet@champion") == {
+        "mlflow_di.model_name": "lenet", "mlflow_di.model_version": "2", "mlflow_di.model_uri": "models:/lenet@champion"}
+    assert registry.model_version_tags("model.onnx") == {}
+    with pytest.raises(UserError, match="cannot find models:/lenet/9"):
+        registry.model_version_tags("models:/lenet/9")
+
+
+# ------------------------------------------------------------------------------ the command
+def gate(capsys, *args) -> tuple[int, str, str]:
+    from mlflow_di import cli
+    from mlflow_di.commands import gate as gate_command
+
+    if "gate" not in cli.cli.commands:  # until the lead registers it in cli.py
+        cli.cli.add_command(gate_command.command)
+    code = cli.main(["gate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+PASSING = ["--min-idc", "0.6", "--max-success-rate", "0.85", "--min-mean-queries", "30", "--max-accuracy-drop", "0.06"]
+
+
+def test_gate_pass_writes_tags_moves_the_alias_and_logs_a_gate_run(client, history, capsys, tmp_path):
+    import json
+
+    client.set_registered_model_alias("lenet", "champion", "2")
+    code, out, err = gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion",
+                          "--json-out", str(tmp_path / "verdict.json"))
+    assert code == 0, out + err
+    assert str(client.get_model_version_by_alias("lenet", "champion").version) == "1"
+    tags = client.get_model_version("lenet", "1").tags
+    assert {k: tags[k] for k in ("mlflow_di.gate", "mlflow_di.idc", "mlflow_di.success_rate", "mlflow_di.mean_queries",
+                                 "mlflow_di.accuracy_drop")} == {
+        "mlflow_di.gate": "pass", "mlflow_di.idc": "0.62", "mlflow_di.success_rate": "0.8",
+        "mlflow_di.mean_queries": "40", "mlflow_di.accuracy_drop": "0.05"}
+    assert json.loads(tags["mlflow_di.gate_thresholds"]) == {
+        "min_idc": 0.6, "max_success_rate": 0.85, "min_mean_queries": 30, "max_accuracy_drop": 0.06}
+    run = client.get_run(tags["mlflow_di.gate_run_id"])
+    assert run.data.tags["mlflow_di.command"] == "gate" and run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_di.model_version"] == "1" and run.data.metrics["passed"] == 1.0
+    assert run.data.metrics["checks"] == 7.0  # idc + 3 criteria x 2 compressed models
+    assert json.loads((tmp_path / "verdict.json").read_text())["passed"] is True
+    assert "verdict: PASS (7/7 checks passed)" in out
+    assert "alias 'champion' now points to models:/lenet/1" in out
+
+
+def test_gate_fail_exits_1_and_leaves_the_alias_alone(client, history, capsys):
+    client.set_registered_model_alias("lenet", "champion", "2")
+    code, out, err = gate(capsys, "--model-uri", history.uri, "--min-idc", "0.6", "--max-success-rate", "0.5",
+                          "--promote-alias", "champion")
+    assert code == 1, out + err
+    assert str(client.get_model_version_by_alias("lenet", "champion").version) == "2"
+    assert client.get_model_version("lenet", "1").tags["mlflow_di.gate"] == "fail"
+    failed = [line.split() for line in out.splitlines() if line.endswith("FAIL")]
+    assert failed == [["success_rate", "[models:/lenet-prune/1]", "0.8", "<=", "0.5", "FAIL"]]
+    assert "alias 'champion' not moved" in out
+
+
+def test_gate_without_recorded_coverage_fails_and_says_what_to_run(client, capsys):
+    register_version(client, "fresh")
+    code, out, _ = gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")
+    assert code == 1
+    assert [line.split() for line in out.splitlines() if line.startswith("idc")] == [["idc", "missing", ">=", "0.5", "FAIL"]]
+    assert "no coverage run recorded for models:/fresh/1; run `mlflow-di coverage --model-uri models:/fresh/1 ...` first" in out
+    assert client.get_model_version("fresh", "1").tags["mlflow_di.gate"] == "fail"
+
+
+def test_a_new_check_overwrites_every_gate_tag(client, history, capsys):
+    import json
+
+    assert gate(capsys, "--model-uri", history.uri, *PASSING)[0] == 0
+    assert gate(capsys, "--model-uri", history.uri, "--compressed", "models:/lenet-int8/1", "--min-idc", "0.6")[0] == 0
+    tags = client.get_model_version("lenet", "1").tags
+    assert json.loads(tags["mlflow_di.gate_thresholds"]) == {"min_idc": 0.6}
+    assert tags["mlflow_di.success_rate"] == "0.3"  # only int8 counted this time
+    register_version(client, "fresh")
+    assert gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")[0] == 1
+    assert client.get_model_version("fresh", "1").tags["mlflow_di.idc"] == "missing"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model-uri", "models:/nothing/1", "--min-idc", "0.5"], "cannot find models:/nothing/1"),
+    (["--model-uri", "models:/lenet/1"], "no threshold given"),
+    (["--model-uri", "model.onnx", "--min-idc", "0.5"], "not a registered model version")])
+def test_gate_errors_exit_2_with_one_line(client, history, capsys, args, message):
+    code, out, err = gate(capsys, *args)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
