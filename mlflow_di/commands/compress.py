@@ -139,7 +139,7 @@ def _print_summary(method: str, name: str, version, metrics: dict, result) -> No
     click.echo(f"{method:<17} -> models:/{name}/{version}")
     if "source_accuracy" in metrics:
         click.echo(f"  accuracy {metrics['source_accuracy']:.2%} -> {metrics['compressed_accuracy']:.2%} "
-                   f"({-metrics['accuracy_drop'] * 100:+.2f} points), top-1 differs on {metrics['disagreements']} "
+                   f"({-metrics['accuracy_drop'] * 100 + 0.0:+.2f} points), top-1 differs on {metrics['disagreements']} "
                    f"of {metrics['eval_images']} images")
     click.echo(f"  size {result.source_size_bytes / 1024:.1f} KiB -> {result.size_bytes / 1024:.1f} KiB"
                + (f", sparsity {result.sparsity:.1%}" if result.sparsity is not None else ""))

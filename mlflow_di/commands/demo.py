@@ -1,11 +1,15 @@
 """``mlflow-di demo``: the whole product on the embedded default, with no flags and no server.
 
-Trains the small digits CNN on scikit-learn's bundled 8x8 digits, logs it (pickle format, with
-its preprocessing) and registers it in the current tracking store (by default
-``sqlite:///mlflow.db`` in this folder), then says what was created and where to look.
+On scikit-learn's bundled 8x8 digits, in the current tracking store (by default
+``sqlite:///mlflow.db`` in this folder): train the small digits CNN and register it; compress it
+(int8-static and prune-l1 ONNX exports, registered with lineage); measure its coverage (IDC and
+the classic criteria); fuzz it against each export (DFlare); run the quality gate, which moves
+the ``champion`` alias on pass; then say where to look in the MLflow UI. Each step is the same
+command a user would run, so every step leaves its own MLflow run.
 """
 from __future__ import annotations
 
+import shutil
 import time
 
 import click
@@ -19,29 +23,80 @@ from mlflow_di.models.torch_model import TorchModel
 
 TRAIN_SPEC = "digits[0:1300]"
 TEST_SPEC = "digits[1300:]"
+CALIB_SPEC = "digits[0:300]"
+DEMO_METHODS = "int8-static,prune-l1"
+#: The demo's gate policy: coverage and accuracy must hold, and deviations must not come cheap.
+GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "min_mean_queries": 20.0}
 
 
 @click.command("demo")
 @click.option("--register-as", default="digits-cnn", show_default=True, help="Registered model name for the trained CNN.")
 @click.option("--epochs", type=click.IntRange(1, 500), default=40, show_default=True, help="Training epochs.")
+@click.option("--train-only", is_flag=True, help="Only train and register the CNN (skip compression, coverage, fuzzing, gate).")
+@click.option("--fuzz-seeds", type=click.IntRange(1), default=100, show_default=True, help="Seeds per fuzzing campaign.")
 @seed_option
-def command(register_as: str, epochs: int, seed: int) -> None:
-    """Train the digits CNN, log it and register it in the MLflow model registry."""
+@click.pass_context
+def command(ctx: click.Context, register_as: str, epochs: int, train_only: bool, fuzz_seeds: int, seed: int) -> None:
+    """Run the whole pipeline on the bundled digits: train, register, compress, coverage, fuzz, gate."""
     started = time.perf_counter()
     train, test = load_images(TRAIN_SPEC), load_images(TEST_SPEC)
     click.echo(f"tracking store: {mlflow.get_tracking_uri()}")
-    with tracking.tracked_run("demo", tags={"mlflow_di.command": "demo"}) as run:
+    _step("1/5 train and register the digits CNN")
+    with tracking.tracked_run("demo-train", tags={"mlflow_di.command": "demo"}) as run:
         model, accuracy = train_digits_cnn(train, test, epochs, seed)
         info = tracking.log_torch_model(model, registered_model_name=register_as)
-    version = info.registered_model_version
+    model_uri = f"models:/{register_as}/{info.registered_model_version}"
     click.echo(f"trained digits-cnn on {TRAIN_SPEC}: test accuracy {accuracy:.2%} on {TEST_SPEC} ({len(test)} images)")
-    click.echo(f"run:              {run.info.run_id} (experiment '{tracking.DEFAULT_EXPERIMENT}')")
-    click.echo(f"registered model: models:/{register_as}/{version}")
-    click.echo(f"done in {time.perf_counter() - started:.1f} s")
+    click.echo(f"registered {model_uri} (run {run.info.run_id})")
+    gate_code = None
+    if not train_only:
+        gate_code = _pipeline(ctx, model_uri, fuzz_seeds, seed)
     click.echo("")
-    click.echo("next:")
-    click.echo(f"  mlflow-di describe models:/{register_as}/{version}")
+    click.echo(f"done in {time.perf_counter() - started:.0f} s")
+    _where_to_look(model_uri, register_as, gate_code)
+
+
+def _step(title: str) -> None:
+    click.echo("")
+    click.secho(f"== {title}", bold=True)
+
+
+def _pipeline(ctx: click.Context, model_uri: str, fuzz_seeds: int, seed: int) -> int:
+    """Steps 2-5 through the real commands; returns the gate's exit code (0 pass, 1 fail)."""
+    from mlflow_di.commands import compress, coverage, fuzz, gate
+
+    _step(f"2/5 compress: {DEMO_METHODS}")
+    exports = ctx.invoke(compress.command, model_uri=model_uri, methods=DEMO_METHODS, calib_data=CALIB_SPEC,
+                         eval_data=TEST_SPEC)
+    _step("3/5 coverage: IDC and the classic criteria")
+    ctx.invoke(coverage.command, model_uri=model_uri, train_data=TRAIN_SPEC, test_data=(TEST_SPEC,), seed=seed)
+    for number, export in enumerate(exports, start=1):
+        _step(f"4/5 fuzz ({number}/{len(exports)}): {model_uri} vs {export}")
+        out_dir = fuzz.default_out_dir(model_uri, export, "dflare", seed)
+        if out_dir.exists():  # a fresh campaign each demo run
+            shutil.rmtree(out_dir)
+        ctx.invoke(fuzz.command, original=model_uri, compressed=export, seeds_spec=TEST_SPEC, num_seeds=fuzz_seeds,
+                   timeout=30.0, seed=seed, out_dir=str(out_dir))
+    _step("5/5 quality gate")
+    try:
+        ctx.invoke(gate.command, model_uri=model_uri, compressed=tuple(exports), promote_alias="champion", **GATE)
+    except click.exceptions.Exit as stop:
+        return stop.exit_code
+    return 0
+
+
+def _where_to_look(model_uri: str, name: str, gate_code: int | None) -> None:
+    if gate_code is not None:
+        verdict = "passed: alias 'champion' points to it" if gate_code == 0 else "failed: alias 'champion' untouched"
+        click.echo(f"gate {verdict}")
+    click.echo("")
+    click.echo("where to look:")
     click.echo(f"  mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}   # then open http://127.0.0.1:5000")
+    click.echo(f"  Models > {name}: versions with their mlflow_di.* gate tags; {name}-int8-static and "
+               f"{name}-prune-l1 carry lineage tags (mlflow_di.source_uri, mlflow_di.method)")
+    click.echo("  Experiments > mlflow-di: one run per step; open a run's Artifacts for coverage/report.html or "
+               "fuzz/report.html, fuzz/trigger_grid.png and the tables")
+    click.echo(f"  mlflow-di describe {model_uri}")
 
 
 def train_digits_cnn(train, test, epochs: int, seed: int) -> tuple[TorchModel, float]:
