@@ -19,6 +19,29 @@ from mlflow_di.models.torch_model import TorchModel
 DEFAULT_EXPERIMENT = "mlflow-di"
 
 
+#: Inside ``mlflow run``: the experiment of the run it created, for the later runs of a pipeline.
+_project_experiment: str | None = None
+
+
+def _start_run(run_name: str, experiment: str | None, tags: dict):
+    """The first run inside ``mlflow run`` is the one it created (``MLFLOW_RUN_ID``); later runs of
+    the same process (the demo's steps) are new runs beside it; outside, runs go to ``experiment``."""
+    global _project_experiment
+    project_run = os.environ.pop("MLFLOW_RUN_ID", None)
+    if project_run:
+        run = mlflow.start_run(run_id=project_run, tags=tags)
+        _project_experiment = run.info.experiment_id
+        return run
+    if _project_experiment is not None:
+        return mlflow.start_run(experiment_id=_project_experiment, run_name=run_name, tags=tags)
+    try:
+        mlflow.set_experiment(experiment or DEFAULT_EXPERIMENT)
+    except MlflowException as exc:
+        raise UserError(f"cannot use experiment '{experiment or DEFAULT_EXPERIMENT}' at "
+                        f"{mlflow.get_tracking_uri()}: {exc.message.splitlines()[0]}") from None
+    return mlflow.start_run(run_name=run_name, tags=tags)
+
+
 @contextlib.contextmanager
 def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None = None):
     """Start an MLflow run that ends FINISHED on success, FAILED on any error and KILLED on Ctrl-C.
@@ -26,15 +49,7 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
     Whatever the command logged before the failure stays logged: nothing is lost, and no run
     is ever left RUNNING.
     """
-    resuming = os.environ.get("MLFLOW_RUN_ID")  # inside `mlflow run`: log into the run it created
-    if mlflow.active_run() is None and not resuming:
-        try:
-            mlflow.set_experiment(experiment or DEFAULT_EXPERIMENT)
-        except MlflowException as exc:
-            raise UserError(f"cannot use experiment '{experiment or DEFAULT_EXPERIMENT}' at "
-                            f"{mlflow.get_tracking_uri()}: {exc.message.splitlines()[0]}") from None
-    run = mlflow.start_run(run_name=None if resuming else run_name,
-                           tags={"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
+    run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
     try:
         yield run
     except KeyboardInterrupt:
@@ -45,6 +60,19 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
         raise
     else:
         mlflow.end_run(status="FINISHED")
+
+
+def log_params(params: dict) -> None:
+    """Log params, leaving out keys the run already has.
+
+    Inside ``mlflow run`` the project's entry-point parameters are logged before the command
+    starts (shell-quoted), and MLflow refuses to change a logged param: those stay as they are.
+    """
+    run = mlflow.active_run()
+    existing = mlflow.get_run(run.info.run_id).data.params if run else {}
+    fresh = {key: value for key, value in params.items() if key not in existing}
+    if fresh:
+        mlflow.log_params(fresh)
 
 
 def model_metadata(model: TorchModel, **extra) -> dict:

@@ -91,7 +91,7 @@ def _compress_one(source, model_uri, method, calib: ImageSet | None, evaluation:
             params = {"amount": amount} if method.startswith("prune") else {}
             if method == "int8-static":
                 params["calib_data"] = calib.name
-            mlflow.log_params({"model_uri": model_uri, "method": method, **params,
+            tracking.log_params({"model_uri": model_uri, "method": method, **params,
                                "eval_data": evaluation.name if evaluation is not None else "none"})
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})")
             metrics = _compare(source, compressed, evaluation)

@@ -71,7 +71,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     tests = [load_images(spec) for spec in test_data]
     tags = {"mlflow_di.command": "coverage", **model_version_tags(model_uri)}
     with tracking.tracked_run("coverage", tags=tags):
-        mlflow.log_params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
+        tracking.log_params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
                            "layers": layers or layer or "default", "top_m": top_m, "clusters": clusters, "rule": rule,
                            "criteria": ",".join(criteria), "only_correct": not all_inputs,
                            "reference_quirks": reference_quirks, "seed": seed})

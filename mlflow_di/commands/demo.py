@@ -9,7 +9,7 @@ command a user would run, so every step leaves its own MLflow run.
 """
 from __future__ import annotations
 
-import shutil
+import tempfile
 import time
 
 import click
@@ -70,13 +70,11 @@ def _pipeline(ctx: click.Context, model_uri: str, fuzz_seeds: int, seed: int) ->
                          eval_data=TEST_SPEC)
     _step("3/5 coverage: IDC and the classic criteria")
     ctx.invoke(coverage.command, model_uri=model_uri, train_data=TRAIN_SPEC, test_data=(TEST_SPEC,), seed=seed)
-    for number, export in enumerate(exports, start=1):
-        _step(f"4/5 fuzz ({number}/{len(exports)}): {model_uri} vs {export}")
-        out_dir = fuzz.default_out_dir(model_uri, export, "dflare", seed)
-        if out_dir.exists():  # a fresh campaign each demo run
-            shutil.rmtree(out_dir)
-        ctx.invoke(fuzz.command, original=model_uri, compressed=export, seeds_spec=TEST_SPEC, num_seeds=fuzz_seeds,
-                   timeout=30.0, seed=seed, out_dir=str(out_dir))
+    with tempfile.TemporaryDirectory(prefix="mlflow-di-demo-") as campaigns:  # each run logs its campaign
+        for number, export in enumerate(exports, start=1):
+            _step(f"4/5 fuzz ({number}/{len(exports)}): {model_uri} vs {export}")
+            ctx.invoke(fuzz.command, original=model_uri, compressed=export, seeds_spec=TEST_SPEC,
+                       num_seeds=fuzz_seeds, timeout=30.0, seed=seed, out_dir=f"{campaigns}/{number}")
     _step("5/5 quality gate")
     try:
         ctx.invoke(gate.command, model_uri=model_uri, compressed=tuple(exports), promote_alias="champion", **GATE)
@@ -109,7 +107,7 @@ def train_digits_cnn(train, test, epochs: int, seed: int) -> tuple[TorchModel, f
     spec = zoo.architecture("digits-cnn")
     model = TorchModel(zoo.build("digits-cnn", seed=seed), spec.preprocessing, name="digits-cnn",
                        metadata={"arch": "digits-cnn", "train_data": TRAIN_SPEC})
-    mlflow.log_params({"arch": "digits-cnn", "train_data": TRAIN_SPEC, "test_data": TEST_SPEC,
+    tracking.log_params({"arch": "digits-cnn", "train_data": TRAIN_SPEC, "test_data": TEST_SPEC,
                        "epochs": epochs, "seed": seed})
     losses = train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels),
                               epochs=epochs, seed=seed)

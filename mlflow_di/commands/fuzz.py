@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import time
 
 import click
 import mlflow
@@ -26,10 +27,25 @@ SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_secon
                    "already_deviating")
 
 
-def default_out_dir(original: str, compressed: str, strategy: str, seed: int) -> pathlib.Path:
-    """A stable folder per (models, strategy, seed), so rerunning with --resume finds the campaign."""
+CAMPAIGNS = pathlib.Path("mlflow-di-campaigns")
+
+
+def _campaign_prefix(original: str, compressed: str, strategy: str, seed: int) -> str:
     slug = re.sub(r"[^A-Za-z0-9.@-]+", "_", f"{original}__vs__{compressed}").strip("_")[-120:]
-    return pathlib.Path("mlflow-di-campaigns") / f"{slug}__{strategy}__seed{seed}"
+    return f"{slug}__{strategy}__seed{seed}__"
+
+
+def default_out_dir(original: str, compressed: str, strategy: str, seed: int, resume: bool = False) -> pathlib.Path:
+    """A new timestamped folder under mlflow-di-campaigns/; with ``resume``, the newest one of
+    the same models, strategy and seed (a :class:`UserError` when there is none)."""
+    prefix = _campaign_prefix(original, compressed, strategy, seed)
+    if resume:
+        earlier = sorted(CAMPAIGNS.glob(prefix + "*"))
+        if not earlier:
+            raise UserError(f"nothing to resume: no campaign of these models, strategy and seed under {CAMPAIGNS}/; "
+                            "give its folder with --out-dir")
+        return earlier[-1]
+    return CAMPAIGNS / (prefix + time.strftime("%Y%m%d-%H%M%S"))
 
 
 @click.command("fuzz")
@@ -45,8 +61,9 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int) ->
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it).")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Campaign folder, written as seeds finish (default: mlflow-di-campaigns/<models>__<strategy>__seed<N>).")
-@click.option("--resume", is_flag=True, help="Continue the campaign in --out-dir instead of starting a new one.")
+              help="Campaign folder, written as seeds finish (default: a new folder under mlflow-di-campaigns/).")
+@click.option("--resume", is_flag=True,
+              help="Continue the campaign in --out-dir (default: the newest one of the same models, strategy and seed).")
 @click.option("--preprocessing-original", default=None, metavar="KEY=VALUE,...", help="Override the original's preprocessing.")
 @click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...", help="Override the compressed model's preprocessing.")
 @seed_option
@@ -60,12 +77,12 @@ def command(original, compressed, seeds_spec, num_seeds, timeout, max_queries, s
     compressed_model = load_classifier(compressed, preprocessing_compressed)
     seeds = load_images(seeds_spec)
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
-    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, compressed, strategy, seed)
+    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, compressed, strategy, seed, resume)
     if folder.exists() and any(folder.iterdir()) and not resume:
         raise UserError(f"'{folder}' already holds a campaign; pass --resume to continue it, or --out-dir for a new one")
     tags = {"mlflow_di.command": "fuzz", **model_version_tags(original), **compressed_model_tags(compressed)}
     with tracking.tracked_run(f"fuzz-{strategy}", tags=tags):
-        mlflow.log_params({"original": original, "compressed": compressed, "seeds": seeds_spec, "num_seeds": len(seeds),
+        tracking.log_params({"original": original, "compressed": compressed, "seeds": seeds_spec, "num_seeds": len(seeds),
                            "timeout": timeout, "max_queries": max_queries, "strategy": strategy, "batch": batch,
                            "seed": seed, "out_dir": str(folder), "resume": resume})
         click.echo(f"fuzzing {len(seeds)} seeds with {strategy}; campaign folder {folder}")
@@ -143,4 +160,4 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
     if summary["mean_queries"] is not None:
         click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}, median {summary['median_queries']:.0f}; "
                    f"seconds per trigger: mean {summary['mean_seconds']:.3f}")
-    click.echo(f"  triggers and per-seed records: {folder}")
+    click.echo(f"  triggers and per-seed records: {folder} (and the run's fuzz/campaign artifacts)")

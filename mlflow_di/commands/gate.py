@@ -61,7 +61,7 @@ def _log_verdict(verdict: Verdict, compressed, promote_alias: str | None) -> Non
     params["compressed"] = ",".join(compressed) or "all recorded"
     if promote_alias:
         params["promote_alias"] = promote_alias
-    mlflow.log_params(params)
+    tracking.log_params(params)
     metrics = {"passed": float(verdict.passed), "checks": len(verdict.checks), "failed_checks": len(verdict.failures)}
     for metric in CRITERION:
         value = verdict.worst(metric)

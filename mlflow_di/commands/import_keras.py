@@ -20,7 +20,7 @@ def command(arch: str, weights: str, register_as: str, eval_data: str | None) ->
     model = import_keras(arch, weights)
     data = load_images(eval_data) if eval_data else None
     with tracking.tracked_run(f"import-keras-{arch}", tags={"mlflow_di.command": "import-keras"}) as run:
-        mlflow.log_params({"arch": arch, "weights": weights})
+        tracking.log_params({"arch": arch, "weights": weights})
         if data is not None:
             accuracy = float((model.classifier().predict(data.images) == data.labels).mean())
             mlflow.log_metrics({"accuracy": accuracy, "eval_images": len(data)})

@@ -1,0 +1,53 @@
+"""Every MLproject entry point runs through `mlflow run . -e NAME --env-manager local`, as the
+README shows, and records its results in the run that `mlflow run` created."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import mlflow
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def mlflow_run(entry: str, store: pathlib.Path, **params) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", entry, "--env-manager", "local"]
+    for key, value in params.items():
+        command += ["-P", f"{key}={value}"]
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{store / 'mlflow.db'}",
+               PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(command, capture_output=True, text=True, cwd=store, env=env, timeout=900)
+
+
+def finished_commands(store: pathlib.Path) -> list[str]:
+    client = mlflow.MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return sorted(run.data.tags.get("mlflow_di.command", "?") for run in runs if run.info.status == "FINISHED")
+
+
+def test_each_entry_point_runs_with_mlflow_run(tmp_path):
+    steps = [
+        ("demo", dict(epochs=10, fuzz_seeds=5)),
+        ("coverage", dict(model_uri="models:/digits-cnn/1", top_m=4)),
+        ("compress", dict(model_uri="models:/digits-cnn/1", method="int8-dynamic")),
+        ("fuzz", dict(original="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
+                      num_seeds=10, timeout=5, out_dir=tmp_path / "campaign")),
+        ("gate", dict(model_uri="models:/digits-cnn/1", min_idc=0, max_accuracy_drop=1, min_mean_queries=0)),
+    ]
+    for entry, params in steps:
+        result = mlflow_run(entry, tmp_path, **params)
+        assert result.returncode == 0, f"{entry}: {result.stderr[-2000:]}"
+    # the demo's own five runs, then one run per entry point (demo's runs included once each)
+    assert finished_commands(tmp_path).count("coverage") == 2
+    assert finished_commands(tmp_path).count("gate") == 2
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert client.get_model_version_by_alias("digits-cnn", "champion").version == 1
+
+
+def test_import_keras_entry_point(tmp_path, shared_dir):
+    weights = shared_dir / "models" / "deepimportance" / "LeNet1.h5"
+    result = mlflow_run("import_keras", tmp_path, arch="lenet1", weights=weights, register_as="lenet1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert finished_commands(tmp_path) == ["import-keras"]
