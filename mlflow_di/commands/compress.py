@@ -100,6 +100,7 @@ def _compress_one(source, model_uri, method, calib: ImageSet | None, evaluation:
                 metrics["sparsity"] = result.sparsity
             mlflow.log_metrics(metrics)
             mlflow.log_dict(result.to_dict(), "compress/result.json")
+            mlflow.log_text(_report(model_uri, name, result, metrics), "compress/report.html")
             lineage = {**lineage_base, "mlflow_di.method": method, "mlflow_di.params": json.dumps(result.params, sort_keys=True),
                        "mlflow_di.version": mlflow_di.__version__}
             info = _log_onnx(result.path, compressed, name, lineage)
@@ -120,6 +121,20 @@ def _compare(source, compressed: OnnxClassifier, evaluation: ImageSet | None) ->
     return {"source_accuracy": source_accuracy, "compressed_accuracy": compressed_accuracy,
             "accuracy_drop": source_accuracy - compressed_accuracy,
             "disagreements": int(np.sum(original != exported)), "eval_images": len(evaluation)}
+
+
+def _report(model_uri: str, name: str, result, metrics: dict) -> str:
+    """Accuracy, agreement, size and what was quantized or pruned, as one self-contained page."""
+    from mlflow_di.report import HtmlReport
+
+    html = HtmlReport(f"{result.method} export of {model_uri}", subtitle=f"registered as {name}")
+    html.section("Metrics").metrics(metrics, percent_keys=[k for k in ("source_accuracy", "compressed_accuracy",
+                                                                       "accuracy_drop", "sparsity") if k in metrics])
+    html.section("Parameters").code(json.dumps(result.params, indent=2, sort_keys=True))
+    if result.quantized_ops:
+        html.section("Quantized layers").table([{"layer": layer, "how": how} for layer, how in
+                                                result.quantized_ops["quantized_layers"].items()])
+    return html.render()
 
 
 def _log_onnx(path: str, compressed: OnnxClassifier, name: str, lineage: dict):

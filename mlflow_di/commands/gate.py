@@ -69,6 +69,20 @@ def _log_verdict(verdict: Verdict, compressed, promote_alias: str | None) -> Non
             metrics[metric] = value
     mlflow.log_metrics(metrics)
     tracking.log_json(verdict.to_dict(), "gate/verdict.json")
+    mlflow.log_text(_report(verdict, promote_alias), "gate/report.html")
+
+
+def _report(verdict: Verdict, promote_alias: str | None) -> str:
+    """The verdict as a self-contained page for the MLflow UI's artifact view."""
+    from mlflow_di.report import HtmlReport
+
+    html = HtmlReport(f"Quality gate: {verdict.model_uri}")
+    html.verdict(verdict.passed, verdict.summary())
+    html.section("Checks").table([{"check": c.label, "measured": _measured(c), "threshold": f"{c.comparison} {c.threshold:g}",
+                                   "result": "PASS" if c.passed else "FAIL"} for c in verdict.checks])
+    if promote_alias:
+        html.paragraph(f"Alias '{promote_alias}' " + ("moved to this version." if verdict.passed else "left untouched."))
+    return html.render()
 
 
 def _print_verdict(verdict: Verdict, version, promote_alias: str | None, run_id: str) -> None:
