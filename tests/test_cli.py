@@ -79,6 +79,16 @@ def test_demo_runs_the_whole_pipeline_in_a_fresh_store(tmp_path):
         mlflow.set_tracking_uri(None)
 
 
+def test_describe_onnx_and_torch_files(tmp_path):
+    from test_models import tiny_onnx, tiny_torch
+
+    onnx_file = tiny_onnx(tiny_torch(), tmp_path / "tiny.onnx")
+    described = run_cli("describe", str(onnx_file), cwd=tmp_path)
+    assert described.returncode == 0, described.stderr
+    assert "onnxruntime (black box)" in described.stdout and "Gemm" in described.stdout
+    assert "classes:        3" in described.stdout and "4x4x1" in described.stdout
+
+
 def test_describe_each_backend(tmp_path, shared_dir):
     dflare = shared_dir / "models" / "dflare"
     lite = run_cli("describe", str(dflare / "lenet5-quan.lite"), cwd=tmp_path)
