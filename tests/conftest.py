@@ -31,13 +31,38 @@ def mnist_spec(shared_dir) -> str:
     return f"mnist:{shared_dir / 'data' / 'mnist'}"
 
 
-@pytest.fixture()
-def tracking_uri(tmp_path, monkeypatch) -> str:
-    """A fresh, empty local MLflow tracking store for one test (sqlite in tmp_path)."""
-    import mlflow
+@pytest.fixture(autouse=True)
+def no_leaked_mlflow_context():
+    """mlflow.set_experiment() exports MLFLOW_EXPERIMENT_ID to os.environ; without this, later tests
+    and the `mlflow run` subprocesses they start would inherit an experiment of another store."""
+    yield
+    for name in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
+        os.environ.pop(name, None)
 
+
+@pytest.fixture(scope="session")
+def empty_store_file(tmp_path_factory) -> pathlib.Path:
+    """An initialised, empty sqlite tracking store, created once per session and copied by
+    :func:`tracking_uri` (creating a store runs MLflow's migrations: seconds each time)."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.getbasetemp() / "mlflow-template" / "mlflow.db"
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture()
+def tracking_uri(empty_store_file, tmp_path, monkeypatch) -> str:
+    """A fresh, empty sqlite tracking store in ``tmp_path`` (also the current folder and
+    $MLFLOW_TRACKING_URI) for one test."""
+    import shutil
+
+    import mlflow
     import mlflow.tracking.fluent as fluent
 
+    shutil.copy(empty_store_file, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
@@ -49,6 +74,14 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
         mlflow.end_run()
     fluent._active_experiment_id = None
     mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture()
+def mlflow_client(tracking_uri):
+    """The client of the fresh store of :func:`tracking_uri`."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri)
 
 
 @pytest.fixture()

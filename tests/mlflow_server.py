@@ -169,43 +169,6 @@ def use_server(monkeypatch):
     mlflow.set_tracking_uri(None)
 
 
-# ------------------------------------------------------------------------ local sqlite stores
-@pytest.fixture(scope="session")
-def empty_store_file(tmp_path_factory) -> pathlib.Path:
-    """An initialised, empty sqlite tracking store, created once per session and copied by
-    :func:`mlflow_client` (creating a store runs MLflow's migrations: seconds each time)."""
-    from mlflow import MlflowClient
-
-    path = tmp_path_factory.getbasetemp() / "mlflow-template" / "mlflow.db"
-    if not path.exists():
-        path.parent.mkdir(exist_ok=True)
-        MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
-
-
-@pytest.fixture()
-def mlflow_client(empty_store_file, tmp_path, monkeypatch):
-    """A fresh sqlite tracking store in ``tmp_path`` (current folder and $MLFLOW_TRACKING_URI); its client."""
-    import shutil
-
-    import mlflow
-    import mlflow.tracking.fluent as fluent
-    from mlflow import MlflowClient
-
-    shutil.copy(empty_store_file, tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    monkeypatch.chdir(tmp_path)
-    mlflow.set_tracking_uri(uri)
-    fluent._active_experiment_id = None  # MLflow caches the experiment of the previous store
-    yield MlflowClient(uri)
-    while mlflow.active_run():
-        mlflow.end_run()
-    fluent._active_experiment_id = None
-    mlflow.set_tracking_uri(None)
-
-
 # ------------------------------------------------------------------------ recorded runs
 def record_run(client, experiment_id: str, command: str, subject=None, metrics: dict | None = None,
                tags: dict | None = None, status: str = "FINISHED", start_time: int | None = None) -> str:
@@ -276,3 +239,18 @@ def record_history(client, experiment_id: str, name: str, t0: int = 1_700_000_00
                            tags=fuzz_tags(version), start_time=t0 + 200 + 10 * offset + step)
         compressed[method] = version
     return RecordedModel(subject, compressed["int8"], compressed["prune"], f"models:/{name}/1")
+
+
+# ------------------------------------------------------------------------------ the gate command
+#: Thresholds that the history of :func:`record_history` passes.
+PASSING = ["--min-idc", "0.6", "--max-success-rate", "0.85", "--min-mean-queries", "30", "--max-accuracy-drop", "0.06"]
+
+
+def run_gate(capsys, *args) -> tuple[int, str, str]:
+    """``mlflow-di gate ARGS`` in process: (exit code, stdout, stderr)."""
+    from mlflow_di import cli
+
+    code = cli.main(["gate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+

@@ -9,7 +9,6 @@ from mlflow_di.data import load_images
 from mlflow_di.evaluator import DeepImportanceEvaluator
 from mlflow_di.models.torch_model import TorchModel
 
-from mlflow_server import empty_store_file, mlflow_client  # noqa: F401  (fixtures)
 
 CONFIG = {"input_shape": (8, 8, 1), "top_m": 4, "clusters": (2, 3)}
 

@@ -8,7 +8,7 @@ import pytest
 from mlflow_di.errors import UserError
 from mlflow_di.gate import CRITERION, Measurement, Thresholds, Verdict, decide
 
-from mlflow_server import empty_store_file, mlflow_client, record_history, record_run, register_version  # noqa: F401
+from mlflow_server import PASSING, record_history, record_run, register_version, run_gate
 
 URI = "models:/lenet/1"
 
@@ -165,25 +165,11 @@ def test_model_version_tags_resolve_aliases(client, history):
 
 
 # ------------------------------------------------------------------------------ the command
-def gate(capsys, *args) -> tuple[int, str, str]:
-    from mlflow_di import cli
-    from mlflow_di.commands import gate as gate_command
-
-    if "gate" not in cli.cli.commands:  # until the lead registers it in cli.py
-        cli.cli.add_command(gate_command.command)
-    code = cli.main(["gate", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-PASSING = ["--min-idc", "0.6", "--max-success-rate", "0.85", "--min-mean-queries", "30", "--max-accuracy-drop", "0.06"]
-
-
 def test_gate_pass_writes_tags_moves_the_alias_and_logs_a_gate_run(client, history, capsys, tmp_path):
     import json
 
     client.set_registered_model_alias("lenet", "champion", "2")
-    code, out, err = gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion",
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion",
                           "--json-out", str(tmp_path / "verdict.json"))
     assert code == 0, out + err
     assert str(client.get_model_version_by_alias("lenet", "champion").version) == "1"
@@ -205,7 +191,7 @@ def test_gate_pass_writes_tags_moves_the_alias_and_logs_a_gate_run(client, histo
 
 def test_gate_fail_exits_1_and_leaves_the_alias_alone(client, history, capsys):
     client.set_registered_model_alias("lenet", "champion", "2")
-    code, out, err = gate(capsys, "--model-uri", history.uri, "--min-idc", "0.6", "--max-success-rate", "0.5",
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, "--min-idc", "0.6", "--max-success-rate", "0.5",
                           "--promote-alias", "champion")
     assert code == 1, out + err
     assert str(client.get_model_version_by_alias("lenet", "champion").version) == "2"
@@ -217,7 +203,7 @@ def test_gate_fail_exits_1_and_leaves_the_alias_alone(client, history, capsys):
 
 def test_gate_without_recorded_coverage_fails_and_says_what_to_run(client, capsys):
     register_version(client, "fresh")
-    code, out, _ = gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")
     assert code == 1
     assert [line.split() for line in out.splitlines() if line.startswith("idc")] == [["idc", "missing", ">=", "0.5", "FAIL"]]
     assert "no coverage run recorded for models:/fresh/1; run `mlflow-di coverage --model-uri models:/fresh/1 ...` first" in out
@@ -227,13 +213,13 @@ def test_gate_without_recorded_coverage_fails_and_says_what_to_run(client, capsy
 def test_a_new_check_overwrites_every_gate_tag(client, history, capsys):
     import json
 
-    assert gate(capsys, "--model-uri", history.uri, *PASSING)[0] == 0
-    assert gate(capsys, "--model-uri", history.uri, "--compressed", "models:/lenet-int8/1", "--min-idc", "0.6")[0] == 0
+    assert run_gate(capsys, "--model-uri", history.uri, *PASSING)[0] == 0
+    assert run_gate(capsys, "--model-uri", history.uri, "--compressed", "models:/lenet-int8/1", "--min-idc", "0.6")[0] == 0
     tags = client.get_model_version("lenet", "1").tags
     assert json.loads(tags["mlflow_di.gate_thresholds"]) == {"min_idc": 0.6}
     assert tags["mlflow_di.success_rate"] == "0.3"  # only int8 counted this time
     register_version(client, "fresh")
-    assert gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")[0] == 1
+    assert run_gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")[0] == 1
     assert client.get_model_version("fresh", "1").tags["mlflow_di.idc"] == "missing"
 
 
@@ -242,6 +228,6 @@ def test_a_new_check_overwrites_every_gate_tag(client, history, capsys):
     (["--model-uri", "models:/lenet/1"], "no threshold given"),
     (["--model-uri", "model.onnx", "--min-idc", "0.5"], "not a registered model version")])
 def test_gate_errors_exit_2_with_one_line(client, history, capsys, args, message):
-    code, out, err = gate(capsys, *args)
+    code, out, err = run_gate(capsys, *args)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1

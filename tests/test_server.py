@@ -9,23 +9,9 @@ import pytest
 import mlflow_di  # noqa: F401  (torchvision guard)
 
 from mlflow_server import (  # noqa: F401  (fixtures)
-    mlflow_server, record_history, start_server, use_server)
+    PASSING, mlflow_server, record_history, run_gate, start_server, use_server)
 
 pytestmark = pytest.mark.slow  # each server takes ~15-25 s to start
-
-PASSING = ["--min-idc", "0.6", "--max-success-rate", "0.85", "--min-mean-queries", "30", "--max-accuracy-drop", "0.06"]
-
-
-def gate(capsys, *args) -> tuple[int, str, str]:
-    from mlflow_di import cli
-    from mlflow_di.commands import gate as gate_command
-
-    if "gate" not in cli.cli.commands:  # until the lead registers it in cli.py
-        cli.cli.add_command(gate_command.command)
-    code = cli.main(["gate", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 def unique(prefix: str) -> str:
     """Registered model names differ per test: the plain server is shared by the whole session."""
@@ -38,12 +24,12 @@ def test_gate_pass_promotes_and_fail_leaves_the_alias(mlflow_server, use_server,
     history = record_history(client, client.create_experiment(unique("recorded")), name)
     client.set_registered_model_alias(name, "champion", "2")
 
-    code, out, err = gate(capsys, "--model-uri", history.uri, "--max-success-rate", "0.5", "--promote-alias", "champion")
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, "--max-success-rate", "0.5", "--promote-alias", "champion")
     assert code == 1, out + err
     assert str(client.get_model_version_by_alias(name, "champion").version) == "2"
     assert client.get_model_version(name, "1").tags["mlflow_di.gate"] == "fail"
 
-    code, out, err = gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion")
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion")
     assert code == 0, out + err
     assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
     tags = client.get_model_version(name, "1").tags
@@ -115,7 +101,7 @@ def test_gate_needs_edit_permission_on_the_registered_model(auth_server, use_ser
 
     use_server(auth_server, "reader", passwords["reader"])
     capsys.readouterr()  # drop MLflow's set-up logging
-    code, out, err = gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion")
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion")
     assert code == 2, out + err
     assert err.strip() == ("mlflow-di: error: user reader may not write tags on models:/guarded/1 "
                            "(needs EDIT permission on the registered model)")
@@ -123,7 +109,7 @@ def test_gate_needs_edit_permission_on_the_registered_model(auth_server, use_ser
     assert admin.get_registered_model("guarded").aliases == {}
 
     editor = use_server(auth_server, "editor", passwords["editor"])
-    code, out, err = gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion")
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion")
     assert code == 0, out + err
     assert editor.get_model_version("guarded", "1").tags["mlflow_di.gate"] == "pass"
     assert str(editor.get_model_version_by_alias("guarded", "champion").version) == "1"
