@@ -7,7 +7,6 @@ import pytest
 
 from mlflow_di.fuzz import DFlare, DiffChaser
 from mlflow_di.fuzz.dflare import DFlareSearch
-from mlflow_di.fuzz.diffchaser import PixelNoise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,25 +96,6 @@ def test_trigger_stops_the_search_and_records_the_chain():
     assert labels == [0, 1]
 
 
-def test_pixel_noise_respects_rate_step_and_bound():
-    mutation = PixelNoise(rate=0.25, step=5, linf_bound=7)
-    seed = np.resize(np.array([3, 128, 250], np.uint8), (10, 10, 1))
-    limits = mutation.limits(seed)
-    rng = np.random.default_rng(0)
-    batch = np.repeat(seed[None], 400, axis=0)
-    step = mutation(batch.copy(), limits, rng).astype(int) - seed
-    assert np.abs(step).max() == 5
-    # a value moves with probability rate * 10/11 (a zero draw leaves it where it is)
-    assert (step != 0)[:, seed[..., 0] == 128].mean() == pytest.approx(0.25 * 10 / 11, abs=0.02)
-    drifted = batch.copy()
-    for _ in range(200):
-        drifted = mutation(drifted, limits, rng)
-    drift = drifted.astype(int) - seed
-    middle, dark, bright = (drift[:, seed[..., 0] == level] for level in (128, 3, 250))
-    assert middle.max() == 7 and middle.min() == -7  # the bound is reached and held
-    assert dark.min() == -3 and bright.max() == 5    # and so are 0 and 255
-
-
 class Threshold:
     """Two classes; the compressed model flips to class 1 when pixel (0, 0) reaches ``level``."""
 
@@ -132,11 +112,11 @@ class Threshold:
 
 
 def test_diffchaser_generations_and_query_count():
-    strategy = DiffChaser(population_size=6, mutation=PixelNoise(rate=1.0, step=1, linf_bound=None))
+    strategy = DiffChaser(population_size=6, operators=(Brighten(),))
     search = strategy.start(SEED, *_probabilities(0.6, 0.6), np.random.default_rng(0))
     models = Threshold(level=3)
     first = search.propose()
-    assert first.shape == (6, 4, 4, 1) and first.max() <= 1
+    assert first.shape == (6, 4, 4, 1) and np.all(first[:, 0, 0, 0] == 1)
     search.observe(*models.pair(first))
     assert search.queries == 6 and not search.found
     best = search.population[np.argmax(search.fitness)].copy()
@@ -155,11 +135,9 @@ def test_diffchaser_generations_and_query_count():
             assert any(np.array_equal(best, member) for member in search.population)
             best = search.population[np.argmax(search.fitness)].copy()
         assert generation < 50
-    assert generation >= 2  # one level per mutation: three levels need three generations
     assert search.trigger[0, 0, 0] >= 3
-    lineage = search.trigger_operators
-    assert lineage[0] == "pixel_noise" and lineage[1:3] == ["crossover", "pixel_noise"]
-    assert len(lineage) == 1 + 2 * generation
+    assert search.trigger_operators[0] == "brighten"
+    assert set(search.trigger_operators) <= {"brighten", "crossover"}
 
 
 def test_diffchaser_respects_the_query_limit():
