@@ -69,6 +69,8 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     model = load_torch_model(model_uri, preprocessing)
     train = load_images(train_data)
     tests = [load_images(spec) for spec in test_data]
+    for data in (train, *tests):  # fail before any run starts when the data does not fit the model
+        model.preprocessing.check_images(data.images[:1])
     tags = {"mlflow_di.command": "coverage", **model_version_tags(model_uri)}
     with tracking.tracked_run("coverage", tags=tags):
         tracking.log_params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),

@@ -77,6 +77,11 @@ def command(original, compressed, seeds_spec, num_seeds, timeout, max_queries, s
     compressed_model = load_classifier(compressed, preprocessing_compressed)
     seeds = load_images(seeds_spec)
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
+    for role, model in (("original", original_model), ("compressed", compressed_model)):
+        try:  # fail before any run starts when the seeds do not fit a model
+            model.preprocessing.check_images(seeds.images[:1])
+        except UserError as exc:
+            raise UserError(f"{role} model: {exc}") from None
     folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, compressed, strategy, seed, resume)
     if folder.exists() and any(folder.iterdir()) and not resume:
         raise UserError(f"'{folder}' already holds a campaign; pass --resume to continue it, or --out-dir for a new one")
