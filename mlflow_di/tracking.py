@@ -96,11 +96,6 @@ def log_torch_model(model: TorchModel, name: str = "model", registered_model_nam
         raise UserError(f"cannot log model '{name}' to {mlflow.get_tracking_uri()}: {exc.message.splitlines()[0]}") from None
 
 
-def log_json(payload: dict, artifact_file: str) -> None:
-    """Log a JSON artifact (kept as an artifact so the MLflow UI shows it)."""
-    mlflow.log_dict(payload, artifact_file)
-
-
 def write_json(payload: dict, path: str | None) -> None:
     """Write ``payload`` to ``path`` (the ``--json-out`` option), creating parent folders."""
     if not path:

@@ -68,7 +68,7 @@ def _log_verdict(verdict: Verdict, compressed, promote_alias: str | None) -> Non
         if value is not None and value != float("inf"):
             metrics[metric] = value
     mlflow.log_metrics(metrics)
-    tracking.log_json(verdict.to_dict(), "gate/verdict.json")
+    mlflow.log_dict(verdict.to_dict(), "gate/verdict.json")
     mlflow.log_text(_report(verdict, promote_alias), "gate/report.html")
 
 
