@@ -60,7 +60,8 @@ def _comparable(result: CampaignResult) -> list[dict]:
 
 @pytest.mark.parametrize("strategy", ["dflare", "dflare-d", "dflare-r", "diffchaser"])
 def test_every_strategy_finds_the_disagreement_band(pair, seeds, strategy):
-    result = run_campaign(*pair, seeds, strategy=strategy, max_queries=3000, timeout=60, progress=False)
+    # DiffChaser's small pixel steps need thousands of queries to climb into the band
+    result = run_campaign(*pair, seeds, strategy=strategy, max_queries=20000, timeout=60, progress=False)
     summary = result.summary
     assert summary.seeds == 12 and summary.already_deviating == 0
     assert summary.success_rate == 1.0 and summary.triggers == 12
@@ -69,7 +70,7 @@ def test_every_strategy_finds_the_disagreement_band(pair, seeds, strategy):
     assert np.all((brightness > LOW) & (brightness < HIGH))
     np.testing.assert_array_equal(result.trigger_seeds, seeds.images[result.trigger_indices])
     for record in result.records:
-        assert record.success and record.stop == "trigger" and 1 <= record.queries <= 3000
+        assert record.success and record.stop == "trigger" and 1 <= record.queries <= 20000
         assert record.trigger_labels == (1, 0) and record.seed_labels == (0, 0)
         assert record.operators, "the trigger's operator sequence is recorded"
     assert summary.mean_queries == pytest.approx(np.mean([r.queries for r in result.records]))
@@ -77,10 +78,11 @@ def test_every_strategy_finds_the_disagreement_band(pair, seeds, strategy):
 
 
 def test_dflare_needs_far_fewer_queries_than_diffchaser(pair, seeds):
-    dflare = run_campaign(*pair, seeds, strategy="dflare", max_queries=5000, progress=False).summary
-    diffchaser = run_campaign(*pair, seeds, strategy="diffchaser", max_queries=5000, progress=False).summary
-    # DiffChaser's first generation alone costs 100 queries
-    assert diffchaser.mean_queries > 2 * dflare.mean_queries
+    dflare = run_campaign(*pair, seeds, strategy="dflare", max_queries=20000, progress=False).summary
+    diffchaser = run_campaign(*pair, seeds, strategy="diffchaser", max_queries=20000, progress=False).summary
+    assert dflare.success_rate == diffchaser.success_rate == 1.0
+    # DiffChaser moves pixels by at most 11 levels per mutation (measured here: ~5,700 vs ~36 queries)
+    assert diffchaser.mean_queries > 10 * dflare.mean_queries
 
 
 @pytest.mark.parametrize("strategy", ["dflare", DFlare(reference_bug=True), "diffchaser",

@@ -1,5 +1,6 @@
 """The per-seed searches, driven by hand: DFlare's acceptance rule and DiffChaser's generations."""
 import dataclasses
+import hashlib
 
 import mlflow_di  # noqa: F401
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 
 from mlflow_di.fuzz import DFlare, DiffChaser
 from mlflow_di.fuzz.dflare import DFlareSearch
+from mlflow_di.fuzz.diffchaser import PixelNoise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,25 @@ def test_trigger_stops_the_search_and_records_the_chain():
     assert labels == [0, 1]
 
 
+def test_pixel_noise_respects_rate_step_and_bound():
+    mutation = PixelNoise(rate=0.25, step=5, linf_bound=7)
+    seed = np.resize(np.array([3, 128, 250], np.uint8), (10, 10, 1))
+    limits = mutation.limits(seed)
+    rng = np.random.default_rng(0)
+    batch = np.repeat(seed[None], 400, axis=0)
+    step = mutation(batch.copy(), limits, rng).astype(int) - seed
+    assert np.abs(step).max() == 5
+    # a value moves with probability rate * 10/11 (a zero draw leaves it where it is)
+    assert (step != 0)[:, seed[..., 0] == 128].mean() == pytest.approx(0.25 * 10 / 11, abs=0.02)
+    drifted = batch.copy()
+    for _ in range(200):
+        drifted = mutation(drifted, limits, rng)
+    drift = drifted.astype(int) - seed
+    middle, dark, bright = (drift[:, seed[..., 0] == level] for level in (128, 3, 250))
+    assert middle.max() == 7 and middle.min() == -7  # the bound is reached and held
+    assert dark.min() == -3 and bright.max() == 5    # and so are 0 and 255
+
+
 class Threshold:
     """Two classes; the compressed model flips to class 1 when pixel (0, 0) reaches ``level``."""
 
@@ -112,11 +133,11 @@ class Threshold:
 
 
 def test_diffchaser_generations_and_query_count():
-    strategy = DiffChaser(population_size=6, operators=(Brighten(),))
+    strategy = DiffChaser(population_size=6, mutation=PixelNoise(rate=1.0, step=1, linf_bound=None))
     search = strategy.start(SEED, *_probabilities(0.6, 0.6), np.random.default_rng(0))
     models = Threshold(level=3)
     first = search.propose()
-    assert first.shape == (6, 4, 4, 1) and np.all(first[:, 0, 0, 0] == 1)
+    assert first.shape == (6, 4, 4, 1) and first.max() <= 1
     search.observe(*models.pair(first))
     assert search.queries == 6 and not search.found
     best = search.population[np.argmax(search.fitness)].copy()
@@ -135,11 +156,62 @@ def test_diffchaser_generations_and_query_count():
             assert any(np.array_equal(best, member) for member in search.population)
             best = search.population[np.argmax(search.fitness)].copy()
         assert generation < 50
+    assert generation >= 2  # one level per mutation: three levels need three generations
     assert search.trigger[0, 0, 0] >= 3
-    assert search.trigger_operators[0] == "brighten"
-    assert set(search.trigger_operators) <= {"brighten", "crossover"}
+    lineage = search.trigger_operators
+    assert lineage[0] == "pixel_noise" and lineage[1:3] == ["crossover", "pixel_noise"]
+    assert len(lineage) == 1 + 2 * generation
 
 
 def test_diffchaser_respects_the_query_limit():
     search = DiffChaser(population_size=10).start(SEED, *_probabilities(0.6, 0.6), np.random.default_rng(0))
     assert len(search.propose(limit=4)) == 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Nudge:
+    """Test operator: moves one random pixel by a random amount in -3..3 (0 leaves the image as is)."""
+
+    name: str = "nudge"
+
+    def __call__(self, image, rng):
+        out = image.copy()
+        index = int(rng.integers(out.size))
+        out.flat[index] = np.clip(int(out.flat[index]) + int(rng.integers(-3, 4)), 0, 255)
+        return out
+
+
+def _hashed_pair(images):
+    """Two classes; the gap D and the disagreement are pseudo-random functions of the image bytes,
+    so most mutants are rejected once a high D is reached, and about one image in 53 triggers."""
+    f, g = [], []
+    for image in images:
+        h = int.from_bytes(hashlib.blake2b(image.tobytes(), digest_size=8).digest(), "little")
+        gap = (h % 1000) / 10000
+        f.append([0.9, 0.1])
+        g.append([0.3, 0.7] if h % 53 == 0 else [0.9 - gap, 0.1 + gap])
+    return np.array(f), np.array(g)
+
+
+@pytest.mark.parametrize("depth", [2, 5, 16])
+def test_speculative_proposals_change_nothing_but_the_batch(depth):
+    def run(depth):
+        strategy = DFlare(operators=(Nudge(), Keep(), Brighten()))
+        seed = np.zeros((8, 8, 1), np.uint8)
+        f, g = _hashed_pair(seed[None])
+        search = strategy.start(seed, f[0], g[0], np.random.default_rng(7))
+        calls, inputs = 0, 0
+        while not search.found and search.queries < 5000:
+            proposal = search.propose(depth=depth)
+            calls, inputs = calls + 1, inputs + len(proposal)
+            search.observe(*_hashed_pair(proposal))
+        state = (search.queries, search.stats.selected.tolist(), search.stats.accepted.tolist(),
+                 search.trigger_operators, search.best_gap)
+        return state, search.trigger, calls, inputs
+
+    one_state, one_trigger, one_calls, _ = run(1)
+    state, trigger, calls, inputs = run(depth)
+    assert one_state[0] > 50 and one_trigger is not None
+    assert state == one_state
+    np.testing.assert_array_equal(trigger, one_trigger)
+    assert calls < one_calls and inputs >= one_state[0]  # fewer, bigger calls; dropped inputs are not queries

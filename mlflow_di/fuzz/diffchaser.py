@@ -1,19 +1,44 @@
-"""DiffChaser (Xie et al., IJCAI 2019), the genetic-algorithm baseline of the DFlare paper.
+"""DiffChaser (Xie, Ma, Wang, Li, Liu, Li: "DiffChaser: Detecting Disagreements for Deep Neural
+Networks", IJCAI 2019), the genetic-algorithm baseline of the DFlare paper.
 
-No official code was released; this follows the paper's Algorithm 1:
+No official code was released (the paper says it was implemented on Keras 2.1.3 / TensorFlow
+1.5.0 and gives no link; the DFlare repository ships only DiffChaser's *models*, not its code).
 
-    X <- population of m mutants of the seed
-    repeat until the budget is spent:
-        evaluate X (one query per new chromosome); if some x in X is a triggering input, return it
-        for every chromosome except the fittest (kept as is):
-            X[i] <- mutate(crossover(select(X), select(X)), rate)
+What the paper's Algorithm 1 says (verified from the paper's pseudocode), and how it maps here::
 
-with the k-uncertainty fitness (:func:`~mlflow_di.fuzz.fitness.k_uncertainty`, minimised),
-binary tournament selection, uniform pixel-wise crossover and, with probability
-``mutation_rate``, one of DFlare's mutation operators as the mutation step (the same
-operators, so the two strategies differ only in how they search). Children are bred from the
-previous generation (generational replacement). When a generation holds several triggering
-inputs, the first counts, and queries are counted up to it, as if evaluated one by one.
+    construct an initial population X of m chromosomes from the input x
+    while True:
+        if timeout or too many iterations: return failed      -> the campaign's timeout / max_queries
+        compute the fitness of the chromosomes in X            -> one query per new chromosome
+        if some x_d in X is a disagreement: return x_d
+        for i in 0..m-1:
+            if X[i] has the best fitness: continue               -> elitism: the fittest is kept
+            select two chromosomes x1, x2 from X
+            X[i] := crossover(x1, x2)
+            X[i] := mutate(X[i], r2)                            -> r2: the mutation rate
+
+A chromosome is an image; crossover and mutation act on its pixels; the fitness is the
+k-uncertainty across the two models, which the search minimises.
+
+What could not be verified (the paper's body was not retrievable here) and is therefore a
+documented guess, chosen before measuring and not tuned:
+
+* **fitness** (:func:`k_uncertainties`): ``|p_f[top-1 of f] - p_g[k-th most likely of g]|``,
+  ``k = 2``; the paper names k-uncertainty, a basic and a t-targeted fitness, all of which
+  make the input *uncertain* by shrinking a gap between predicted probabilities.
+* **mutation** (:class:`PixelNoise`): each pixel value is perturbed with probability ``r2`` by a
+  uniform integer in ``[-step, step]`` and kept within ``linf_bound`` of the seed (and 0..255).
+  The numbers (r2 = 0.05, step = 0.15 x 0.3 x 255 ~ 11, bound = 0.3 x 255 ~ 77 levels) are those
+  of GenAttack (Alzantot et al., GECCO 2019) on MNIST, the closest published black-box image GA
+  of the same year; DiffChaser's own values are unknown.
+* **initial population**: ``m`` mutants of the seed (mutate(x, r2) each); **m = 100**.
+* **selection**: binary tournament on the fitness; **crossover**: uniform, each pixel from
+  either parent with probability 1/2. Children are bred from the evaluated generation (the
+  pseudocode overwrites X[i] in place, which would let later selections see unevaluated
+  children).
+* **queries**: only new chromosomes are sent to the models (the elite's outputs are known);
+  when a generation holds several disagreements, the first counts, and queries are counted up
+  to it, as if the chromosomes were evaluated one by one. Both choices favour DiffChaser.
 """
 from __future__ import annotations
 
@@ -21,35 +46,74 @@ import dataclasses
 
 import numpy as np
 
-from mlflow_di.fuzz._random import draw_index
-from mlflow_di.fuzz.mutations import Operator, default_operators, operator_names
+from mlflow_di.fuzz.fitness import GAP_RESOLUTION_DIGITS
 from mlflow_di.fuzz.search import Search
 
 CROSSOVER = "crossover"
 
 
 @dataclasses.dataclass(frozen=True)
+class PixelNoise:
+    """DiffChaser's mutation: each pixel value, with probability ``rate``, moves by a uniform
+    integer in [-step, step]; values stay in 0..255 and within ``linf_bound`` levels of the seed
+    (``None``: no bound)."""
+
+    rate: float = 0.05
+    step: int = 11
+    linf_bound: int | None = 77
+    name: str = "pixel_noise"
+
+    def __post_init__(self):
+        if not 0.0 < self.rate <= 1.0:
+            raise ValueError(f"mutation rate must be in (0, 1], got {self.rate}")
+        if self.step < 1:
+            raise ValueError(f"mutation step must be at least 1 pixel level, got {self.step}")
+        if self.linf_bound is not None and self.linf_bound < 1:
+            raise ValueError(f"linf_bound must be at least 1 pixel level (or None), got {self.linf_bound}")
+
+    def limits(self, seed_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Lowest and highest value each pixel may take (int16, the seed's shape)."""
+        seed = seed_image.astype(np.int16)
+        if self.linf_bound is None:
+            return np.zeros_like(seed), np.full_like(seed, 255)
+        return np.maximum(seed - self.linf_bound, 0), np.minimum(seed + self.linf_bound, 255)
+
+    def __call__(self, images: np.ndarray, limits: tuple[np.ndarray, np.ndarray],
+                 rng: np.random.Generator) -> np.ndarray:
+        """Mutate a batch (n, H, W, C) of chromosomes in place and return it."""
+        chosen = np.flatnonzero(rng.random(images.size) < self.rate)
+        if len(chosen) == 0:
+            return images
+        flat = images.reshape(-1)
+        noise = (rng.random(len(chosen)) * (2 * self.step + 1)).astype(np.int16) - self.step
+        position = chosen % limits[0].size  # the pixel within one image, for the seed's limits
+        values = flat[chosen].astype(np.int16) + noise
+        flat[chosen] = np.clip(values, limits[0].reshape(-1)[position], limits[1].reshape(-1)[position])
+        return images
+
+
+@dataclasses.dataclass(frozen=True)
 class DiffChaser:
-    """The DiffChaser strategy: population size, mutation rate, tournament size, k."""
+    """The DiffChaser strategy: population size, tournament size, k, and the pixel mutation."""
 
     name: str = "diffchaser"
     population_size: int = 100
-    mutation_rate: float = 0.5
     tournament_size: int = 2
     k: int = 2
-    operators: tuple[Operator, ...] = dataclasses.field(default_factory=default_operators)
+    mutation: PixelNoise = dataclasses.field(default_factory=PixelNoise)
 
     def __post_init__(self):
         if self.population_size < 2:
             raise ValueError("DiffChaser needs a population of at least 2")
-        if not 0.0 <= self.mutation_rate <= 1.0:
-            raise ValueError("mutation_rate must be in [0, 1]")
-        operator_names(self.operators)
+        if self.tournament_size < 1:
+            raise ValueError("tournament_size must be at least 1")
+        if self.k < 1:
+            raise ValueError("k must be at least 1")
 
     def options(self) -> dict:
-        return {"population_size": self.population_size, "mutation_rate": self.mutation_rate,
-                "tournament_size": self.tournament_size, "k": self.k,
-                "operators": [repr(op) for op in self.operators]}
+        """The settings that change results, for the campaign's config record."""
+        return {"population_size": self.population_size, "tournament_size": self.tournament_size, "k": self.k,
+                "mutation": repr(self.mutation)}
 
     def start(self, seed_image: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,
               rng: np.random.Generator) -> "DiffChaserSearch":
@@ -57,19 +121,27 @@ class DiffChaser:
 
 
 def k_uncertainties(p_original: np.ndarray, p_compressed: np.ndarray, k: int) -> np.ndarray:
-    """Row-wise :func:`~mlflow_di.fuzz.fitness.k_uncertainty` for (n, C) probability arrays."""
+    """Row-wise :func:`~mlflow_di.fuzz.fitness.k_uncertainty` for (n, C) probability arrays,
+    rounded to 1e-6 like DFlare's gaps, so that float noise between batch compositions cannot
+    decide a tournament (a seed's search stays independent of the seeds it shares a call with)."""
     k = min(k, p_compressed.shape[1])
     kth = np.partition(p_compressed, -k, axis=1)[:, -k]
-    return np.abs(p_original.max(axis=1) - kth)
+    return np.round(np.abs(p_original.max(axis=1).astype(np.float64) - kth), GAP_RESOLUTION_DIGITS)
 
 
 class DiffChaserSearch(Search):
-    """One seed's genetic search; proposes a whole generation at a time."""
+    """One seed's genetic search; proposes a whole generation at a time.
+
+    Operator statistics: 'pixel_noise' counts mutated chromosomes (selected) and never accepts
+    a single mutation; a trigger's operator list is its first-parent lineage from the seed,
+    'crossover' and 'pixel_noise' per generation.
+    """
 
     def __init__(self, strategy: DiffChaser, seed_image: np.ndarray, rng: np.random.Generator):
-        super().__init__(operator_names(strategy.operators))
+        super().__init__([strategy.mutation.name])
         self._strategy = strategy
-        self._operators = strategy.operators
+        self._mutation = strategy.mutation
+        self._limits = strategy.mutation.limits(seed_image)
         self._rng = rng
         self._seed = seed_image
         self.population: np.ndarray | None = None   # (m, H, W, C)
@@ -80,7 +152,8 @@ class DiffChaserSearch(Search):
         self._candidates: np.ndarray | None = None
         self._candidate_lineage: list = []
 
-    def propose(self, limit: int | None = None) -> np.ndarray:
+    def propose(self, limit: int | None = None, depth: int = 1) -> np.ndarray:
+        # a generation is already a batch: no speculation (``depth`` is ignored)
         if self.population is None:
             images, lineage = self._initial_population()
             slots = np.arange(len(images))
@@ -92,14 +165,11 @@ class DiffChaserSearch(Search):
         self._candidates, self._candidate_lineage, self._slots = images, lineage, slots
         return images
 
-    def _mutate(self, image: np.ndarray, lineage):
-        index = draw_index(self._rng, len(self._operators))
-        self.stats.selected[index] += 1
-        return self._operators[index](image, self._rng), (self.operator_names[index], lineage)
-
     def _initial_population(self):
-        mutants = [self._mutate(self._seed, None) for _ in range(self._strategy.population_size)]
-        return np.stack([image for image, _ in mutants]), [lineage for _, lineage in mutants]
+        count = self._strategy.population_size
+        images = self._mutation(np.repeat(self._seed[None], count, axis=0), self._limits, self._rng)
+        self.stats.selected[0] += count
+        return images, [(self._mutation.name, None)] * count
 
     def _tournament(self, count: int) -> np.ndarray:
         entrants = self._rng.integers(0, len(self.population), (count, self._strategy.tournament_size))
@@ -109,14 +179,11 @@ class DiffChaserSearch(Search):
         first, second = self._tournament(count), self._tournament(count)
         height, width = self.population.shape[1:3]
         take_first = self._rng.random((count, height, width, 1)) < 0.5
-        children = np.where(take_first, self.population[first], self.population[second])
-        mutate = self._rng.random(count) < self._strategy.mutation_rate
-        lineage = []
-        for i in range(count):
-            crossed = (CROSSOVER, self._lineage[first[i]])
-            if mutate[i]:
-                children[i], crossed = self._mutate(children[i], crossed)
-            lineage.append(crossed)
+        children = self._mutation(np.where(take_first, self.population[first], self.population[second]),
+                                  self._limits, self._rng)
+        self.stats.selected[0] += count
+        name = self._mutation.name
+        lineage = [(name, (CROSSOVER, self._lineage[parent])) for parent in first]
         return children, lineage
 
     def observe(self, p_original: np.ndarray, p_compressed: np.ndarray) -> None:

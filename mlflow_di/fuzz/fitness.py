@@ -91,7 +91,9 @@ def k_uncertainty(p_original: np.ndarray, p_compressed: np.ndarray, k: int = 2) 
 
     Small values mean the original's confidence in its label is matched by the compressed
     model's k-th class, i.e. the input sits near a boundary where the two can part ways;
-    DiffChaser's genetic search minimises it.
+    DiffChaser's genetic search minimises it. The paper names the k-uncertainty fitness but its
+    formula could not be checked here: this reading is a documented guess (see
+    :mod:`mlflow_di.fuzz.diffchaser`).
     """
     k = min(k, len(p_compressed))
     kth = np.partition(np.asarray(p_compressed), -k)[-k]

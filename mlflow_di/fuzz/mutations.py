@@ -43,9 +43,13 @@ _MEDIAN_CHANNELS = (1, 3, 4)
 _FLOAT_MEDIAN_KERNELS = (3, 5)
 
 
-def _saturate(values: np.ndarray) -> np.ndarray:
-    """Float pixel values -> uint8 by rounding and clipping (never wrapping)."""
-    return np.clip(np.rint(values), 0, 255).astype(np.uint8)
+def _saturate_in_place(values: np.ndarray) -> np.ndarray:
+    """Float pixel values -> uint8 by rounding and clipping (never wrapping); ``values`` is a
+    scratch array the caller no longer needs."""
+    np.rint(values, out=values)
+    np.maximum(values, 0, out=values)  # np.clip's wrapper costs more than both on 784 values
+    np.minimum(values, 255, out=values)
+    return values.astype(np.uint8)
 
 
 def _with_channel_axis(filtered: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -61,8 +65,10 @@ class GaussianNoise:
     name: str = "gaussian_noise"
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        noise = rng.standard_normal(image.shape, dtype=np.float32) * np.float32(self.sigma)
-        return _saturate(image + noise)
+        values = rng.standard_normal(image.shape, dtype=np.float32)
+        values *= np.float32(self.sigma)
+        values += image  # in place: the same float32 sums as image + noise, without temporaries
+        return _saturate_in_place(values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +104,11 @@ class MultiplicativeNoise:
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         mean = self.mean_low + (self.mean_high - self.mean_low) * rng.random()
         sigma = math.sqrt(self.var_max * rng.random())
-        factor = rng.standard_normal(image.shape, dtype=np.float32) * np.float32(sigma) + np.float32(1.0 + mean)
-        return _saturate(image * factor)
+        values = rng.standard_normal(image.shape, dtype=np.float32)
+        values *= np.float32(sigma)
+        values += np.float32(1.0 + mean)
+        values *= image  # in place: the same float32 products as image * factor
+        return _saturate_in_place(values)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,9 +28,10 @@ class SeedRecord:
     on the seed itself; ``trigger_labels``/``trigger_probabilities``: the same on the triggering
     input (None when none was found). ``operators``: the mutations that turn the seed into the
     trigger, in order (DFlare: every accepted operator, including ones that happened to leave
-    the image unchanged, then the triggering one; DiffChaser: the first-parent lineage, with
-    'crossover' marking each recombination). ``operator_counts``: per operator, [times
-    selected, times accepted] (DiffChaser accepts no single mutations: always 0).
+    the image unchanged, then the triggering one; DiffChaser: the first-parent lineage from the
+    seed, 'pixel_noise' for each mutation and 'crossover' for each recombination).
+    ``operator_counts``: per operator, [times selected, times accepted] (DiffChaser: mutated
+    chromosomes, and 0 accepted, as it accepts no single mutations).
     ``seconds`` is the seed's share of the campaign's time (see :mod:`mlflow_di.fuzz.campaign`).
     """
 
@@ -200,7 +201,8 @@ class RunStats:
 
     ``model_seconds``: inside the two models' ``predict_proba`` calls; ``search_seconds``: in the
     searches (mutation, fitness, selection); ``calls``: lockstep iterations (one batched call per
-    model each); ``inputs``: images sent to each model.
+    model each); ``inputs``: images sent to each model (queries plus speculative inputs that
+    were dropped unused).
     """
 
     model_seconds: float = 0.0

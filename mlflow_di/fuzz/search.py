@@ -34,12 +34,21 @@ class Search(abc.ABC):
         return self.trigger is not None
 
     @abc.abstractmethod
-    def propose(self, limit: int | None = None) -> np.ndarray:
-        """Next inputs to query, uint8 (k, H, W, C) with 1 <= k <= ``limit`` (when given)."""
+    def propose(self, limit: int | None = None, depth: int = 1) -> np.ndarray:
+        """Next inputs to query, uint8 (k, H, W, C) with 1 <= k <= ``limit`` (when given).
+
+        ``depth`` is a hint: the runner could use up to that many inputs from this search in
+        its next batched call. A search may propose more than its algorithm needs right now
+        (speculatively), as long as its queries, decisions and results do not depend on
+        ``depth``.
+        """
 
     @abc.abstractmethod
     def observe(self, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
-        """Probabilities (k, C) of both models for the inputs of the last :meth:`propose`."""
+        """Probabilities (k, C) of both models for the inputs of the last :meth:`propose`.
+
+        ``queries`` grows by the inputs the algorithm actually used, which can be fewer than k.
+        """
 
     def _record_trigger(self, image: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,
                         operators: list[str]) -> None:

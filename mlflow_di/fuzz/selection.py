@@ -85,7 +85,8 @@ class MetropolisHastingsSelector:
         # Plain Python on 7 operators: numpy's per-call overhead would dominate (this runs per query).
         count = self.count
         draws = rng.random(count + 2 * _PROPOSALS_PER_ROUND).tolist()
-        order = _ranked(stats.rank_values().tolist(), draws[:count])
+        values = [a / (s + RANK_EPSILON) for a, s in zip(stats.accepted.tolist(), stats.selected.tolist())]
+        order = _ranked(values, draws[:count])  # the same floats as stats.rank_values()
         previous_rank = -1 if self.reference_bug else order.index(previous)
         acceptance = self._acceptance[previous_rank + 1]
         proposals = draws[count:]

@@ -38,13 +38,17 @@ class Classifier:
             raise UserError(f"{self.name}: images must be raw uint8 pixels, got {images.dtype}")
         self.preprocessing.check_images(images)
         size = batch_size or self.default_batch_size
-        outputs = [
-            self.preprocessing.to_probabilities(self._forward(self.preprocessing.apply(images[i:i + size])))
-            for i in range(0, len(images), size)
-        ]
-        probabilities = np.concatenate(outputs)
+        if len(images) <= size:  # the common case (fuzzing calls): no chunk list, no concatenation
+            probabilities = self._predict_batch(images)
+        else:
+            probabilities = np.concatenate([self._predict_batch(images[i:i + size])
+                                            for i in range(0, len(images), size)])
         self._num_classes = probabilities.shape[1]
         return probabilities
+
+    def _predict_batch(self, images: np.ndarray) -> np.ndarray:
+        """Probabilities for one batch of already-checked raw images."""
+        return self.preprocessing.to_probabilities(self._forward(self.preprocessing.apply(images)))
 
     def predict(self, images: np.ndarray, batch_size: int | None = None) -> np.ndarray:
         """Top-1 labels for raw uint8 NHWC images."""
@@ -64,21 +68,31 @@ class Classifier:
 
 
 class TorchClassifier(Classifier):
-    """A PyTorch ``nn.Module`` used as a black box (eval mode, no gradients)."""
+    """A PyTorch ``nn.Module`` used as a black box (eval mode, no gradients).
+
+    ``MLFLOW_DI_THREADS``, when set, also sets torch's intra-op thread count (a process-wide
+    setting), as it does for ONNX Runtime and TFLite sessions.
+    """
 
     backend = "pytorch"
 
     def __init__(self, module, preprocessing: Preprocessing, name: str = "pytorch-model"):
+        import torch
+
         super().__init__(preprocessing, name)
         if not isinstance(module, torch_fx_graph_module()):  # exported (pt2) graphs refuse .eval()
             module.eval()
         self.module = module
+        self._torch = torch  # imported once: the forward pass runs per fuzzing query
+        threads = os.environ.get("MLFLOW_DI_THREADS")
+        if threads:
+            torch.set_num_threads(int(threads))
 
     def _forward(self, batch: np.ndarray) -> np.ndarray:
-        import torch
-
+        torch = self._torch
         with torch.inference_mode():
-            return self.module(torch.from_numpy(batch)).float().numpy()
+            outputs = self.module(torch.from_numpy(batch))
+        return (outputs if outputs.dtype == torch.float32 else outputs.float()).numpy()
 
 
 def torch_fx_graph_module():
