@@ -1,0 +1,19 @@
+"""Reproduce the key experiments of the IDC (ICSE 2020) and DFlare (TOSEM) papers with mlflow-di.
+
+One module per experiment, each ``run(config, subjects, log) -> ExperimentResult``:
+
+=====================  =====================================================================
+``idc_rq1``            importance: activation change of important vs random neurons (Table 2)
+``idc_rq2``            diversity: U_O, U_O+S, U_O+DI for IDC_m and the classic criteria (Table 3)
+``idc_sensitivity``    why IDC_6 differs from the paper: LRP rule, clustering quirks, |U_O|
+``idc_rq3``            adversarial: U_O plus FGSM/BIM/JSMA/C&W (ART) and Gaussian sets (Table 4)
+``idc_rq5``            layers: IDC of every hidden layer (Table 5)
+``dflare_table4``      DFlare, DFlare_D, DFlare_R and DiffChaser on four model pairs (Table 4)
+``dflare_rq4``         dissemination: queries/time to a deviation vs % of mutated weights (RQ4)
+=====================  =====================================================================
+
+``python -m benchmarks.reproduce [--quick | --tiny] [--out DIR]`` runs them and writes the
+markdown report (see :mod:`benchmarks.reproduce.__main__`).
+"""
+
+EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_sensitivity", "idc_rq3", "idc_rq5", "dflare_table4", "dflare_rq4")

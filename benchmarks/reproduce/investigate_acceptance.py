@@ -1,0 +1,91 @@
+"""Investigation behind the DFlare Table 4 notes: does the novelty term matter under the
+reference code's acceptance rule?
+
+mlflow-di's DFlare follows the paper: a mutant x replaces x_max when H(x) >= H(x_max), with
+H = D / delta + O (delta = 1e-3, O = 1 for a novel probability pair). The reference code instead
+accepts x when |D(x) - D(x_max)| > delta (an increase *or* a decrease), and otherwise only when
+the pair is novel. This script runs DFlare and DFlare_D (no novelty) under both rules on a DFlare
+TFLite pair and prints one JSON line per campaign.
+
+Not part of the reproduction command: it subclasses the package's *private* DFlare search
+(``DFlareSearch._decide``), so it may need updating when :mod:`mlflow_di.fuzz` changes.
+
+    python -m benchmarks.reproduce.investigate_acceptance --arch lenet5 --seeds 100 --timeout 30
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+
+import mlflow_di  # noqa: F401  (torchvision guard)
+from mlflow_di.data import load_images
+from mlflow_di.fuzz.campaign import run_campaign
+from mlflow_di.fuzz.dflare import DFlare, DFlareSearch
+from mlflow_di.fuzz.fitness import labels_differ
+from mlflow_di.models.loading import load_classifier
+
+from benchmarks.reproduce.config import default_shared
+
+
+class ReferenceAcceptanceSearch(DFlareSearch):
+    """DFlare's loop with the reference code's acceptance: |D(x) - D(x_max)| > delta, or novel."""
+
+    def _decide(self, p_original, p_compressed) -> str:
+        self.queries += 1
+        if labels_differ(p_original, p_compressed):
+            chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
+            self._record_trigger(self._candidate, p_original, p_compressed, chain)
+            return "trigger"
+        gap, novel = self._score(p_original, p_compressed)
+        if abs(gap - self.best_gap) > self._delta or novel:
+            self._accept(gap)
+            return "accepted"
+        return "rejected"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceAcceptance(DFlare):
+    def start(self, seed_image, p_original, p_compressed, rng):
+        return ReferenceAcceptanceSearch(self, seed_image, p_original, p_compressed, rng)
+
+    def options(self) -> dict:
+        return {**super().options(), "acceptance": "reference: |dD| > delta or novel"}
+
+
+STRATEGIES = {
+    "paper rule, dflare": lambda: DFlare(),
+    "paper rule, dflare-d": lambda: DFlare(name="dflare-d", novelty=False),
+    "reference rule, dflare": lambda: ReferenceAcceptance(name="dflare-reference-acceptance"),
+    "reference rule, dflare-d": lambda: ReferenceAcceptance(name="dflare-d-reference-acceptance", novelty=False),
+}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="lenet5", choices=("lenet1", "lenet5"))
+    parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--variants", default=";".join(STRATEGIES), help="';'-separated keys of STRATEGIES")
+    args = parser.parse_args(argv)
+    shared = default_shared()
+    folder = shared / "models" / "dflare"
+    original = load_classifier(f"keras:{args.arch}-same:{folder / f'{args.arch}.h5'}")
+    compressed = load_classifier(str(folder / f"{args.arch}-quan.lite"))
+    seeds = load_images(f"mnist:{shared / 'data' / 'mnist'}[0:{args.seeds}]")
+    for label in args.variants.split(";"):
+        for run in range(args.runs):
+            result = run_campaign(original, compressed, seeds, strategy=STRATEGIES[label](), timeout=args.timeout,
+                                  seed=run, progress=False)
+            summary = result.summary
+            stops = collections.Counter(r.stop for r in result.records)
+            print(json.dumps({"pair": args.arch, "variant": label, "run": run, "seeds": args.seeds,
+                              "timeout": args.timeout, "success": summary.success_rate,
+                              "mean_queries": summary.mean_queries, "median_queries": summary.median_queries,
+                              "stops": dict(stops)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The papers' figures the report compares with, and where each came from.
+
+Only figures found in the papers' text (via the project's notes in ../shared/notes) are given as
+numbers; where a table's figures could not be found, the paper's stated trend is given instead
+and the report says so. DeepImportance's attack hyperparameters come from its project page
+(DeepImportance/deepimportance.github.io, index.md) and its released code.
+"""
+from __future__ import annotations
+
+IDC_SOURCE = ("Gerasimou, Eniser, Sen, Cakan: Importance-Driven Deep Learning System Testing, ICSE 2020; "
+              "figures as quoted in ../shared/notes/deepimportance.md")
+DFLARE_SOURCE = ("Tian et al.: Finding Deviated Behaviors of the Compressed DNN Models for Image Classifications, "
+                 "TOSEM; figures as quoted in ../shared/notes/dflare.md")
+
+#: IDC on the original test set U_O (MNIST, penultimate layer), percent. Paper Table 3.
+IDC_UO = {
+    ("LeNet1", "idc_6"): 34.6, ("LeNet4", "idc_6"): 58.8, ("LeNet5", "idc_6"): 47.0,
+    ("LeNet5", "idc_8"): 28.0, ("LeNet5", "idc_10"): 9.5, ("LeNet5", "idc_12"): 4.4,
+}
+
+IDC_TRENDS = {
+    "idc_rq1": "perturbing the most relevant pixels changes the important neurons' activations more than "
+               "those of random neurons of the same layer (Table 2; its per-model figures were not found)",
+    "idc_rq2": "U_O+DI raises IDC more than U_O+S; IDC falls steeply as m grows (LeNet-5: 47.0% -> 28.0% -> "
+               "9.5% -> 4.4% for m = 6, 8, 10, 12). The other criteria's Table 3 figures were not found",
+    "idc_rq3": "adding adversarial inputs (FGSM, BIM, JSMA, C&W) raises IDC more than adding Gaussian-noise inputs "
+               "(Table 4; its figures were not found)",
+    "idc_rq5": "deeper layers give higher IDC than shallow ones (Table 5; its figures were not found)",
+}
+
+#: DFlare Table 4: per-pair figures where the paper gives them, else its averages over the 21 pairs.
+DFLARE_TABLE4 = {
+    ("lenet1-tflite", "dflare"): "100%, 83.97 queries, 0.513 s",
+    ("lenet5-tflite", "dflare"): "100%, 117.02 queries, 0.706 s",
+}
+DFLARE_AVERAGES = {
+    "dflare": "100% on all 21 pairs; 24.99 queries, 0.518 s on average",
+    "dflare-d": "83% success on average; ~55x DFlare's queries",
+    "dflare-r": "~1.05x DFlare's queries",
+    "diffchaser": "74%-99.9% success; 3,642 queries, 52 s on average",
+}
+DFLARE_RQ4 = ("time and queries to the first deviation fall as more weights are mutated; "
+              "Pearson's r about -0.97 (per-x figures not found)")

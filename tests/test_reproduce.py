@@ -1,0 +1,95 @@
+"""The reproduction harness (benchmarks/reproduce) end to end in its tiny mode, so it cannot rot.
+
+The tiny mode runs every experiment on the demo's digits CNN (no ../shared needed) through the
+same code paths as ``--quick``/full: importance and relevance, ART attacks, the criteria, ONNX
+compression, DFlare campaigns and the report writer.
+"""
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_sensitivity", "idc_rq3", "idc_rq5", "dflare_table4", "dflare_rq4")
+TITLES = ("IDC RQ1", "IDC RQ2", "IDC sensitivity", "IDC RQ3", "IDC RQ5", "DFlare Table 4", "DFlare RQ4")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    pytest.importorskip("art", reason="adversarial-robustness-toolbox (the 'attacks' extra) is not installed")
+    out = tmp_path_factory.mktemp("reproduce")
+    completed = subprocess.run([sys.executable, "-m", "benchmarks.reproduce", "--tiny", "--out", str(out), "--quiet"],
+                               cwd=REPO, capture_output=True, text=True, timeout=180)
+    return out, completed
+
+
+def _section(markdown: str, title: str) -> str:
+    start = markdown.index(f"## {title}")
+    following = markdown.find("\n## ", start + 1)
+    return markdown[start:following if following > 0 else len(markdown)]
+
+
+def _table_numbers(section: str) -> list[float]:
+    """Numbers in the table cells of a section (rows starting with '|', header and rule excluded)."""
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]
+    return [float(n.replace(",", "")) for row in rows for n in re.findall(r"(?<![\w.])-?\d[\d,]*\.?\d*", row)]
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_every_table_with_numbers(tiny_run):
+    out, completed = tiny_run
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    markdown = (out / "REPRODUCTION.md").read_text()
+    for name, title in zip(EXPERIMENTS, TITLES):
+        assert (out / f"{name}.json").is_file(), name
+        section = _section(markdown, title)
+        assert "Not run yet" not in section
+        assert "**Trend check" in section
+        numbers = _table_numbers(section)
+        assert len(numbers) >= 5, (title, section)
+    assert (out / "dflare_rq4.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_tiny_results_hold_measured_values(tiny_run):
+    out, completed = tiny_run
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rq1 = json.loads((out / "idc_rq1.json").read_text())["rows"][0]
+    assert rq1["important_mean"] > 0 and rq1["random_mean"] > 0 and rq1["pixels_flipped"] > 0
+    rq2 = json.loads((out / "idc_rq2.json").read_text())["rows"]
+    for row in rq2:  # adding inputs never lowers coverage
+        assert all(s >= o - 1e-12 and d >= o - 1e-12 for o, s, d in zip(row["U_O"], row["U_O+S"], row["U_O+DI"]))
+    rq3 = json.loads((out / "idc_rq3.json").read_text())["rows"]
+    assert [r["set"] for r in rq3] == ["U_O", "U_O+fgsm", "U_O+bim", "U_O+jsma", "U_O+cw", "U_O+gauss"]
+    assert all(0.0 <= r["success"] <= 1.0 for r in rq3[1:])
+    table4 = json.loads((out / "dflare_table4.json").read_text())["rows"]
+    assert {(r["pair"], r["strategy"]) for r in table4} == {
+        (p, s) for p in ("digits-int8-static", "digits-prune-l1") for s in ("dflare", "dflare-d", "dflare-r", "diffchaser")}
+    assert all(r["fuzzed"] + r["already_deviating"] == r["seeds"] for r in table4)
+    rq4 = json.loads((out / "dflare_rq4.json").read_text())
+    assert sorted({r["percent"] for r in rq4["rows"]}) == [10, 30, 50]
+
+
+@pytest.mark.slow
+def test_saved_campaigns_are_reused_when_run_again(tiny_run):
+    out, completed = tiny_run
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    before = json.loads((out / "dflare_table4.json").read_text())["rows"]
+    again = subprocess.run([sys.executable, "-m", "benchmarks.reproduce", "--tiny", "--out", str(out), "--quiet",
+                            "--only", "dflare_table4"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = json.loads((out / "dflare_table4.json").read_text())["rows"]
+    assert [r["wall_seconds"] for r in after] == [r["wall_seconds"] for r in before]  # not re-run: same records
+
+
+def test_overrides_are_typed_and_checked():
+    sys.path.insert(0, str(REPO))
+    from benchmarks.reproduce.__main__ import parse_overrides
+
+    assert parse_overrides(["fuzz_runs=2", "rq2_top_m=6,8", "fuzz_max_queries=none", "fuzz_timeout=60"]) == {
+        "fuzz_runs": 2, "rq2_top_m": (6, 8), "fuzz_max_queries": None, "fuzz_timeout": 60.0}
+    with pytest.raises(SystemExit, match="unknown setting"):
+        parse_overrides(["no_such_setting=1"])
