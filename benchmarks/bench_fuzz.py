@@ -9,7 +9,7 @@ TFLite version. Seeds: the first N images of the MNIST test split. Measures, in 
   query ~100x faster than the paper's setup, so a time budget alone would give the searches
   far more queries than the paper's 180 s did;
 * DFlare with the reference code's behaviours (acceptance rule, uint8 wrap-around in two
-  noise operators, Metropolis-Hastings bug; see :class:`ReferenceDFlare`), to show how much of
+  noise operators, Metropolis-Hastings bug; see :func:`reference_dflare`), to show how much of
   the gap to the paper's query count they explain;
 * lockstep (``--batch`` seeds at once) against one seed at a time, same seeds and settings:
   queries per second and their ratio, and how many seeds gave identical results;
@@ -39,7 +39,7 @@ import mlflow_di  # noqa: F401  (torchvision guard before anything imports torch
 import numpy as np
 
 from benchmarks.results import RESULTS, write_section
-from mlflow_di.fuzz.dflare import DFlare, DFlareSearch
+from mlflow_di.fuzz.dflare import DFlare
 from mlflow_di.fuzz.mutations import default_operators
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -92,38 +92,12 @@ def reference_operators() -> tuple:
     return tuple(operators)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReferenceDFlare(DFlare):
-    """DFlare as the reference code (yqtianust/DFlare, test_gen_main.py) runs it: a mutant replaces
-    x_max when | |D(x)| - |D(x_max)| | > 1e-3 (a drop counts too) or when it is novel, starting from
-    D(x_max) = 0; operators cast with wrap-around; Metropolis-Hastings ignores the previous operator."""
-
-    name: str = REFERENCE
-    reference_bug: bool = True
-    operators: tuple = dataclasses.field(default_factory=reference_operators)
-
-    def start(self, seed_image, p_original, p_compressed, rng):
-        return ReferenceDFlareSearch(self, seed_image, p_original, p_compressed, rng)
-
-
-class ReferenceDFlareSearch(DFlareSearch):
-    ACCEPTS_UNCHANGED = False  # an unchanged mutant changes |D| by ~0 and is not novel: rejected
-
-    def __init__(self, strategy, seed_image, p_original, p_compressed, rng):
-        super().__init__(strategy, seed_image, p_original, p_compressed, rng)
-        self.best_gap = 0.0  # the reference starts from StateFitnessValue(False, 0)
-
-    def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray) -> str:
-        self.queries += 1
-        if p_original.argmax() != p_compressed.argmax():
-            chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
-            self._record_trigger(self._candidate, p_original, p_compressed, chain)
-            return "trigger"
-        gap, novel = self._score(p_original, p_compressed)
-        if abs(gap - self.best_gap) > self._delta or novel:
-            self._accept(gap)
-            return "accepted"
-        return "rejected"
+def reference_dflare() -> DFlare:
+    """DFlare as the reference code (yqtianust/DFlare, test_gen_main.py) runs it: its acceptance rule
+    (a mutant replaces x_max when | |D(x)| - |D(x_max)| | > 1e-3 (a drop counts too) or when it is
+    novel, starting from D(x_max) = 0), operators that cast with wrap-around, and
+    Metropolis-Hastings ignoring the previous operator."""
+    return DFlare(name=REFERENCE, acceptance="reference", reference_bug=True, operators=reference_operators())
 
 
 # --- the benchmark ---
@@ -233,7 +207,7 @@ def main(argv=None) -> int:
               f"{after * 1e6:.1f} us per input, campaign {rounds[-1].per_query * 1e6:.1f} us per query)", flush=True)
 
     runs = {}
-    strategies = list(args.strategies) + ([] if args.no_reference else [ReferenceDFlare()])
+    strategies = list(args.strategies) + ([] if args.no_reference else [reference_dflare()])
     for strategy in strategies:
         name = strategy if isinstance(strategy, str) else strategy.name
         if name == "dflare":

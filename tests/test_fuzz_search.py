@@ -87,6 +87,32 @@ def test_unchanged_image_is_accepted_whatever_the_floats_say():
     assert not search.found and list(search.stats.accepted) == [1]
 
 
+def test_reference_acceptance_keeps_any_change_of_the_gap_beyond_delta():
+    reference = DFlare(novelty=False, acceptance="reference")
+    search = _search(reference, gap=0.1)
+    assert search.best_gap == 0.0  # the reference code starts from D(x_max) = 0, not the seed's D
+    _step(search, 0.9, 0.79)           # |0.11 - 0| > 0.001: kept
+    _step(search, 0.9, 0.85)           # D drops to 0.05: the paper's rule rejects it, the reference keeps it
+    assert search.best_gap == pytest.approx(0.05) and search.best.flat[0] == 2
+    _step(search, 0.9, 0.8505)         # |0.0495 - 0.05| <= 0.001 and not novel: rejected
+    assert search.best_gap == pytest.approx(0.05) and search.best.flat[0] == 2
+    paper = _search(DFlare(novelty=False), gap=0.1)
+    _step(paper, 0.9, 0.79)
+    _step(paper, 0.9, 0.85)
+    assert paper.best_gap == pytest.approx(0.11)
+
+
+def test_reference_acceptance_judges_an_unchanged_image_by_the_models():
+    search = _search(DFlare(novelty=False, acceptance="reference"), operators=(Keep(),), gap=0.1)
+    _step(search, 0.9, 0.9)            # |0 - 0| is no change: rejected, unlike under the paper's rule
+    assert list(search.stats.accepted) == [0]
+
+
+def test_unknown_acceptance_is_refused():
+    with pytest.raises(ValueError, match="acceptance"):
+        DFlare(acceptance="greedy")
+
+
 def test_trigger_stops_the_search_and_records_the_chain():
     search = _search(gap=0.1)
     _step(search, 0.9, 0.79)
@@ -193,10 +219,11 @@ def _hashed_pair(images):
     return np.array(f), np.array(g)
 
 
+@pytest.mark.parametrize("acceptance", ["paper", "reference"])
 @pytest.mark.parametrize("depth", [2, 5, 16])
-def test_speculative_proposals_change_nothing_but_the_batch(depth):
+def test_speculative_proposals_change_nothing_but_the_batch(depth, acceptance):
     def run(depth):
-        strategy = DFlare(operators=(Nudge(), Keep(), Brighten()))
+        strategy = DFlare(operators=(Nudge(), Keep(), Brighten()), acceptance=acceptance)
         seed = np.zeros((8, 8, 1), np.uint8)
         f, g = _hashed_pair(seed[None])
         search = strategy.start(seed, f[0], g[0], np.random.default_rng(7))

@@ -7,8 +7,8 @@ accepts x when |D(x) - D(x_max)| > delta (an increase *or* a decrease), and othe
 the pair is novel. This script runs DFlare and DFlare_D (no novelty) under both rules on a DFlare
 TFLite pair and prints one JSON line per campaign.
 
-Not part of the reproduction command: it subclasses the package's *private* DFlare search
-(``DFlareSearch._decide``), so it may need updating when :mod:`mlflow_di.fuzz` changes.
+Not part of the reproduction command. The reference rule is the engine's
+``DFlare(acceptance="reference")``.
 
     python -m benchmarks.reproduce.investigate_acceptance --arch lenet5 --seeds 100 --timeout 30
 """
@@ -16,49 +16,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 
 import mlflow_di  # noqa: F401  (torchvision guard)
 from mlflow_di.data import load_images
 from mlflow_di.fuzz.campaign import run_campaign
-from mlflow_di.fuzz.dflare import DFlare, DFlareSearch
-from mlflow_di.fuzz.fitness import labels_differ
+from mlflow_di.fuzz.dflare import DFlare
 from mlflow_di.models.loading import load_classifier
 
 from benchmarks.reproduce.config import default_shared
 
 
-class ReferenceAcceptanceSearch(DFlareSearch):
-    """DFlare's loop with the reference code's acceptance: |D(x) - D(x_max)| > delta, or novel."""
-
-    def _decide(self, p_original, p_compressed) -> str:
-        self.queries += 1
-        if labels_differ(p_original, p_compressed):
-            chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
-            self._record_trigger(self._candidate, p_original, p_compressed, chain)
-            return "trigger"
-        gap, novel = self._score(p_original, p_compressed)
-        if abs(gap - self.best_gap) > self._delta or novel:
-            self._accept(gap)
-            return "accepted"
-        return "rejected"
-
-
-@dataclasses.dataclass(frozen=True)
-class ReferenceAcceptance(DFlare):
-    def start(self, seed_image, p_original, p_compressed, rng):
-        return ReferenceAcceptanceSearch(self, seed_image, p_original, p_compressed, rng)
-
-    def options(self) -> dict:
-        return {**super().options(), "acceptance": "reference: |dD| > delta or novel"}
-
-
 STRATEGIES = {
     "paper rule, dflare": lambda: DFlare(),
     "paper rule, dflare-d": lambda: DFlare(name="dflare-d", novelty=False),
-    "reference rule, dflare": lambda: ReferenceAcceptance(name="dflare-reference-acceptance"),
-    "reference rule, dflare-d": lambda: ReferenceAcceptance(name="dflare-d-reference-acceptance", novelty=False),
+    "reference rule, dflare": lambda: DFlare(name="dflare-reference-acceptance", acceptance="reference"),
+    "reference rule, dflare-d": lambda: DFlare(name="dflare-d-reference-acceptance", novelty=False,
+                                               acceptance="reference"),
 }
 
 

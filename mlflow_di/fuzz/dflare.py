@@ -51,6 +51,9 @@ from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.selection import MetropolisHastingsSelector, UniformSelector
 
 SELECTIONS = ("metropolis-hastings", "uniform")
+#: ``paper``: x replaces x_max when H(x) >= H(x_max). ``reference``: as yqtianust/DFlare's code, when
+#: |D(x) - D(x_max)| > delta (a drop counts too) or when x is novel, starting from D(x_max) = 0.
+ACCEPTANCES = ("paper", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,13 +61,15 @@ class DFlare:
     """The DFlare strategy and its ablations, as settings of the same loop.
 
     ``novelty=False`` is DFlare_D, ``selection='uniform'`` is DFlare_R; ``reference_bug=True``
-    makes Metropolis-Hastings ignore the previous operator as the reference code does.
+    makes Metropolis-Hastings ignore the previous operator as the reference code does, and
+    ``acceptance='reference'`` keeps mutants by the reference code's rule (see :data:`ACCEPTANCES`).
     """
 
     name: str = "dflare"
     novelty: bool = True
     selection: str = "metropolis-hastings"
     reference_bug: bool = False
+    acceptance: str = "paper"
     delta: float = DEFAULT_DELTA
     novelty_threshold: float = DEFAULT_NOVELTY_THRESHOLD
     operators: tuple[Operator, ...] = dataclasses.field(default_factory=default_operators)
@@ -72,12 +77,14 @@ class DFlare:
     def __post_init__(self):
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        if self.acceptance not in ACCEPTANCES:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCES}, got {self.acceptance!r}")
         operator_names(self.operators)
 
     def options(self) -> dict:
         """The settings that change results, for the campaign's config record."""
         return {"novelty": self.novelty, "selection": self.selection, "reference_bug": self.reference_bug,
-                "delta": self.delta, "novelty_threshold": self.novelty_threshold,
+                "acceptance": self.acceptance, "delta": self.delta, "novelty_threshold": self.novelty_threshold,
                 "operators": [repr(op) for op in self.operators]}
 
     def start(self, seed_image: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,
@@ -107,19 +114,20 @@ class DFlareSearch(Search):
     replays the results in order; at the first accepted or triggering input the rest are
     dropped unseen, their operator selections are undone and the generator is rewound to where
     the one-at-a-time loop would be. Queries, decisions and results are therefore identical
-    for every ``depth``; only the dropped model evaluations are extra work. An unchanged mutant
-    is known to be accepted (``ACCEPTS_UNCHANGED``), so speculation assumes that for it.
+    for every ``depth``; only the dropped model evaluations are extra work. Under the paper's
+    acceptance an unchanged mutant is known to be accepted (``_accepts_unchanged``), so
+    speculation assumes that for it.
     """
-
-    #: Whether a mutant equal to x_max is accepted without looking at the models' outputs (true
-    #: for H(x) >= H(x_max)); a subclass with another acceptance rule sets it to False.
-    ACCEPTS_UNCHANGED = True
 
     def __init__(self, strategy: DFlare, seed_image: np.ndarray, p_original: np.ndarray,
                  p_compressed: np.ndarray, rng: np.random.Generator):
         super().__init__(operator_names(strategy.operators))
         self._operators: Sequence[Operator] = strategy.operators
         self._delta = strategy.delta
+        self._reference_acceptance = strategy.acceptance == "reference"
+        # Whether a mutant equal to x_max is accepted without looking at the models' outputs: true
+        # for H(x) >= H(x_max); under the reference rule it changes |D| by ~0, is not novel, is rejected.
+        self._accepts_unchanged = not self._reference_acceptance
         self._rng = rng
         count = len(self._operators)
         self._selector = (UniformSelector(count) if strategy.selection == "uniform"
@@ -127,7 +135,9 @@ class DFlareSearch(Search):
         self._memory = NoveltyMemory(strategy.novelty_threshold) if strategy.novelty else None
         self.best = seed_image
         self._best_bytes = seed_image.tobytes()
-        self.best_gap = self._score(p_original, p_compressed)[0]
+        seed_gap = self._score(p_original, p_compressed)[0]  # also remembers the seed's own pair
+        # the reference code starts from StateFitnessValue(False, 0); the paper from the seed's own D
+        self.best_gap = 0.0 if self._reference_acceptance else seed_gap
         self._accepted_chain: list[int] = []
         self._operator = self._selector.first(rng)
         self._candidate: np.ndarray | None = None
@@ -163,7 +173,7 @@ class DFlareSearch(Search):
                 break
             # Assume the outcome the search can foresee: an unchanged image is accepted whatever the
             # models say (see _decide), anything else is assumed rejected.
-            entry.unchanged = self.ACCEPTS_UNCHANGED and candidate.tobytes() == self._best_bytes
+            entry.unchanged = self._accepts_unchanged and candidate.tobytes() == self._best_bytes
             if entry.unchanged:
                 self.stats.accepted[operator] += 1
             entry.state = self._rng.bit_generator.state
@@ -199,7 +209,7 @@ class DFlareSearch(Search):
     def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray) -> str:
         """One query of Algorithm 1 for the current candidate: 'trigger', 'accepted' or 'rejected'."""
         self.queries += 1
-        if self._candidate.tobytes() == self._best_bytes:
+        if self._accepts_unchanged and self._candidate.tobytes() == self._best_bytes:
             # An unchanged image (e.g. a 1x1 blur) behaves exactly like x_max: no trigger, H(x) = H(x_max),
             # so it is accepted. Deciding this from the image rather than from re-computed floats keeps
             # the decision independent of the batch the input was computed in (floats can differ in
@@ -213,10 +223,16 @@ class DFlareSearch(Search):
             self._record_trigger(self._candidate, p_original, p_compressed, chain)
             return "trigger"
         gap, novel = self._score_lists(original, compressed, top_original, top_compressed)
-        if dflare_fitness(gap, novel, self._delta) >= dflare_fitness(self.best_gap, False, self._delta):
+        if self._keeps(gap, novel):
             self._accept(gap)
             return "accepted"
         return "rejected"
+
+    def _keeps(self, gap: float, novel: bool) -> bool:
+        """Whether a non-triggering mutant with top-1 gap ``gap`` replaces x_max (see :data:`ACCEPTANCES`)."""
+        if self._reference_acceptance:
+            return abs(gap - self.best_gap) > self._delta or novel
+        return dflare_fitness(gap, novel, self._delta) >= dflare_fitness(self.best_gap, False, self._delta)
 
     def _accept(self, gap: float) -> None:
         """The candidate becomes x_max; its operator scores a success."""
