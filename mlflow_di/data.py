@@ -14,6 +14,9 @@ parameters and in Python:
 =====================  =====================================================================
 
 Any spec may end with ``[start:stop]`` to keep a slice, e.g. ``mnist:../shared/data/mnist[0:5000]``.
+The slice means what it means in Python: either bound may be left out and negative bounds count
+from the end, so ``digits[-50:]`` is the last 50 images and ``digits[:-100]`` all but the last 100.
+A step (``[0:10:2]``) is refused: seeds are taken as one contiguous window.
 Images are never preprocessed here: models carry their own preprocessing.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ import gzip
 import pathlib
 import pickle
 import re
+import zlib
 
 import numpy as np
 
@@ -101,8 +105,11 @@ def load_images(spec: str) -> ImageSet:
 def _split_slice(spec: str) -> tuple[str, tuple[int | None, int | None] | None]:
     match = re.fullmatch(r"(.*)\[\s*(-?\d*)\s*:\s*(-?\d*)\s*\]", spec)
     if not match:
+        if re.fullmatch(r".*\[\s*-?\d*\s*:\s*-?\d*\s*:\s*-?\d*\s*\]", spec):
+            raise UserError(f"data spec '{spec}' has a step in its slice, which is not supported; "
+                            "write [start:stop] (e.g. [0:5000] or [-50:] for the last 50)")
         if "[" in spec:
-            raise UserError(f"bad slice in data spec '{spec}'; write it as [start:stop], e.g. [0:5000]")
+            raise UserError(f"bad slice in data spec '{spec}'; write it as [start:stop], e.g. [0:5000] or [-50:]")
         return spec, None
     base, start, stop = match.groups()
     return base, (int(start) if start else None, int(stop) if stop else None)
@@ -126,15 +133,21 @@ def _load_digits(_arg: str):
 def read_idx(path: pathlib.Path) -> np.ndarray:
     """Read one IDX file (optionally gzipped) into a uint8 array of its declared shape."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        raw = handle.read()
+    try:
+        with opener(path, "rb") as handle:
+            raw = handle.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise UserError(f"'{path}' is a corrupt or truncated gzip file ({_reason(exc)}); "
+                        "download it again or replace it with the unpacked IDX file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read '{path}': {_reason(exc)}; check the file and its permissions") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise UserError(f"'{path}' is not an unsigned-byte IDX file")
+        raise UserError(f"'{path}' is not an unsigned-byte IDX file; download the MNIST IDX files again")
     ndim = raw[3]
     shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(shape)):
-        raise UserError(f"IDX file '{path}' is truncated: header says {shape}")
+        raise UserError(f"IDX file '{path}' is truncated: header says {shape}; download it again")
     return data.reshape(shape)
 
 
@@ -203,8 +216,7 @@ def _load_folder(arg: str):
     for label, class_dir in enumerate(classes):
         for file in sorted(class_dir.iterdir()):
             if file.suffix.lower() in _IMAGE_SUFFIXES:
-                with Image.open(file) as img:
-                    images.append(np.asarray(img.convert("L" if img.mode in ("L", "1") else "RGB")))
+                images.append(_read_image(file))
                 labels.append(label)
     if not images:
         raise UserError(f"image folder '{arg}' holds no image files ({', '.join(sorted(_IMAGE_SUFFIXES))})")
@@ -214,6 +226,25 @@ def _load_folder(arg: str):
     return np.stack(images), np.array(labels)
 
 
+def _read_image(file: pathlib.Path) -> np.ndarray:
+    """One image file as uint8 (H, W) grey or (H, W, 3) RGB; a UserError naming the file if it is unreadable."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(file) as img:
+            return np.asarray(img.convert("L" if img.mode in ("L", "1") else "RGB"))
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        # SyntaxError: Pillow's parsers raise it for some malformed headers (e.g. broken PNG chunks)
+        raise UserError(f"image file '{file}' is corrupt or not an image ({_reason(exc)}); "
+                        "delete or replace it, or move it out of the folder") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 def _load_cifar10(arg: str):
     folder = _existing(arg, "CIFAR-10 folder")
     batches = [folder / "test_batch"] if (folder / "test_batch").exists() else sorted(folder.glob("data_batch_*"))
@@ -221,8 +252,29 @@ def _load_cifar10(arg: str):
         raise UserError(f"no CIFAR-10 python batches (test_batch or data_batch_*) in '{arg}'")
     images, labels = [], []
     for batch in batches:
+        images_part, labels_part = _read_cifar10_batch(batch)
+        images.append(images_part)
+        labels.append(labels_part)
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def _read_cifar10_batch(batch: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
+    """(images N×32×32×3, labels N) of one CIFAR-10 python batch; a UserError if it is corrupt or truncated."""
+    fix = "download and unpack cifar-10-python.tar.gz again"
+    try:
         with open(batch, "rb") as handle:
             content = pickle.load(handle, encoding="bytes")
-        images.append(np.asarray(content[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-        labels.append(np.asarray(content[b"labels"]))
-    return np.concatenate(images), np.concatenate(labels)
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+            IndexError, KeyError, MemoryError, UnicodeDecodeError) as exc:
+        raise UserError(f"CIFAR-10 batch '{batch}' is corrupt or truncated ({type(exc).__name__}: "
+                        f"{_reason(exc)}); {fix}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read CIFAR-10 batch '{batch}': {_reason(exc)}; check the file") from None
+    if not isinstance(content, dict) or b"data" not in content or b"labels" not in content:
+        raise UserError(f"CIFAR-10 batch '{batch}' lacks its data or labels; {fix}")
+    data = np.asarray(content[b"data"])
+    labels = np.asarray(content[b"labels"])
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) != len(labels):
+        raise UserError(f"CIFAR-10 batch '{batch}' holds {data.shape} data for {len(labels)} labels, "
+                        f"not N×3072 for N labels; {fix}")
+    return data.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels

@@ -109,3 +109,81 @@ def test_imageset_checks_lengths_and_dtype():
     with pytest.raises(UserError, match="uint8"):
         ImageSet(np.zeros((2, 4, 4, 1), np.float32), np.zeros(2), "x")
     assert to_uint8(np.array([0.0, 0.5, 1.0]), "x").tolist() == [0, 128, 255]
+
+
+def _one_line_user_error(spec, *fragments):
+    with pytest.raises(UserError) as caught:
+        load_images(spec)
+    message = str(caught.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_negative_slices_are_python_slices():
+    full = load_images("digits")
+    np.testing.assert_array_equal(load_images("digits[-50:]").images, full.images[-50:])
+    np.testing.assert_array_equal(load_images("digits[:-1790]").labels, full.labels[:-1790])
+    np.testing.assert_array_equal(load_images("digits[-10:-5]").images, full.images[-10:-5])
+    np.testing.assert_array_equal(load_images("digits[ -3 : ]").labels, full.labels[-3:])
+
+
+def test_a_slice_step_is_refused_clearly():
+    _one_line_user_error("digits[0:10:2]", "step", "[start:stop]")
+    _one_line_user_error("digits[::2]", "step")
+
+
+def test_corrupt_image_in_a_folder_names_the_file(tmp_path):
+    from PIL import Image
+
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / name / "ok.png")
+    (tmp_path / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    message = _one_line_user_error(f"folder:{tmp_path}", "broken.png", "corrupt")
+    assert "delete or replace" in message
+
+
+def test_truncated_png_in_a_folder_is_a_user_error(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "a").mkdir()
+    Image.fromarray(np.arange(64 * 64, dtype=np.uint32).reshape(64, 64).astype(np.uint8)).save(tmp_path / "a" / "x.png")
+    whole = (tmp_path / "a" / "x.png").read_bytes()
+    (tmp_path / "a" / "x.png").write_bytes(whole[: len(whole) // 2])
+    _one_line_user_error(f"folder:{tmp_path}", "x.png")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupt_cifar10_batch_is_a_user_error(tmp_path, damage):
+    raw = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    with open(tmp_path / "test_batch", "wb") as handle:
+        pickle.dump({b"data": raw, b"labels": [1, 2]}, handle)
+    whole = (tmp_path / "test_batch").read_bytes()
+    (tmp_path / "test_batch").write_bytes(whole[: len(whole) // 2] if damage == "truncate" else b"garbage" * 10)
+    message = _one_line_user_error(f"cifar10:{tmp_path}", "test_batch", "corrupt or truncated")
+    assert "download" in message
+
+
+def test_cifar10_batch_of_the_wrong_shape_is_a_user_error(tmp_path):
+    with open(tmp_path / "test_batch", "wb") as handle:
+        pickle.dump({b"data": np.zeros((2, 100), np.uint8), b"labels": [1, 2]}, handle)
+    _one_line_user_error(f"cifar10:{tmp_path}", "test_batch", "3072")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "corrupt_body"])
+def test_corrupt_gzip_idx_is_a_user_error(tmp_path, rng, damage):
+    images = rng.integers(0, 256, (6, 28, 28), dtype=np.uint8)
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", images)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.arange(6))
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    whole = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(whole[: len(whole) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"this is not gzip at all")
+    else:
+        path.write_bytes(whole[:20] + bytes(255 - b for b in whole[20:]))
+    message = _one_line_user_error(f"mnist:{tmp_path}", "t10k-images-idx3-ubyte.gz")
+    assert "download" in message
