@@ -28,10 +28,10 @@ greater_is_better=...)`` (``>=`` when greater is better, else ``<=``), and
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 from mlflow_di.errors import UserError
+from mlflow_di.results_json import JsonRoundTrip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ CRITERION = {c.metric: c for c in CRITERIA}
 
 
 @dataclasses.dataclass
-class Thresholds:
+class Thresholds(JsonRoundTrip):
     """The limits a model version must meet; None = not checked."""
 
     min_idc: float | None = None
@@ -68,20 +68,13 @@ class Thresholds:
     max_accuracy_drop: float | None = None
 
     def __post_init__(self):
-        for name, value in self.to_dict().items():
+        for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
             if value is not None and not math.isfinite(value):
                 raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
         for name in ("min_idc", "max_success_rate"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise UserError(f"--{name.replace('_', '-')} is a fraction between 0 and 1, got {value}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "Thresholds":
-        return cls(**values)
 
     def require_any(self) -> "Thresholds":
         """Raise a UserError when no threshold is set (a gate that checks nothing must not pass)."""
@@ -96,7 +89,7 @@ class Thresholds:
 
 
 @dataclasses.dataclass
-class Measurement:
+class Measurement(JsonRoundTrip):
     """One recorded value (``value`` None: not recorded, ``missing`` says what to run).
 
     ``compressed`` names the compressed model for per-compressed criteria (None otherwise);
@@ -113,20 +106,9 @@ class Measurement:
     def found(self) -> bool:
         return self.value is not None
 
-    def to_dict(self) -> dict:
-        values = dataclasses.asdict(self)
-        values["value"] = _json_number(self.value)
-        return values
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "Measurement":
-        values = dict(values)
-        values["value"] = _from_json_number(values["value"])
-        return cls(**values)
-
 
 @dataclasses.dataclass
-class Check:
+class Check(JsonRoundTrip):
     """One threshold applied to one measurement."""
 
     metric: str
@@ -151,26 +133,17 @@ class Check:
         """Keyword arguments of the equivalent ``mlflow.models.MetricThreshold``."""
         return {"threshold": self.threshold, "greater_is_better": self.greater_is_better}
 
-    def to_dict(self) -> dict:
-        values = dataclasses.asdict(self)
-        values["measured"] = _json_number(self.measured)
-        return values
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "Check":
-        values = dict(values)
-        values["measured"] = _from_json_number(values["measured"])
-        return cls(**values)
-
 
 @dataclasses.dataclass
-class Verdict:
-    """Every check and every measured value of one gate decision."""
+class Verdict(JsonRoundTrip):
+    """Every check and every measured value of one gate decision (its JSON also holds ``passed``)."""
 
     model_uri: str
     thresholds: Thresholds
     checks: list[Check]
     measurements: list[Measurement]
+
+    JSON_DUMPS = {"indent": 2}
 
     @property
     def passed(self) -> bool:
@@ -196,22 +169,14 @@ class Verdict:
         return text
 
     def to_dict(self) -> dict:
-        return {"model_uri": self.model_uri, "passed": self.passed, "thresholds": self.thresholds.to_dict(),
-                "checks": [c.to_dict() for c in self.checks],
-                "measurements": [m.to_dict() for m in self.measurements]}
+        values = super().to_dict()
+        return {"model_uri": values.pop("model_uri"), "passed": self.passed, **values}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Verdict":
-        return cls(model_uri=values["model_uri"], thresholds=Thresholds.from_dict(values["thresholds"]),
-                   checks=[Check.from_dict(c) for c in values["checks"]],
-                   measurements=[Measurement.from_dict(m) for m in values["measurements"]])
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Verdict":
-        return cls.from_dict(json.loads(text))
+        values = dict(values)
+        values.pop("passed", None)  # derived from the checks
+        return super().from_dict(values)
 
 
 def decide(model_uri: str, thresholds: Thresholds, measurements: list[Measurement]) -> Verdict:
@@ -254,14 +219,3 @@ def missing_message(criterion: Criterion, model_uri: str, compressed: str | None
     against = f" producing {compressed}" if compressed else ""
     return (f"no compress run recorded for {model_uri}{against}; "
             f"run `mlflow-di compress --model-uri {model_uri} ...` first")
-
-
-def _json_number(value: float | None):
-    """JSON has no infinity: write it as the string 'inf'."""
-    if value is not None and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
-
-
-def _from_json_number(value):
-    return float(value) if isinstance(value, str) else value

@@ -5,7 +5,7 @@ import pytest
 
 from mlflow_di.fuzz.diffchaser import k_uncertainties
 from mlflow_di.fuzz.fitness import (NoveltyMemory, dflare_fitness, k_uncertainty, labels_differ, probability_pair,
-                                    top1_gap)
+                                    top1_gap, top1_labels)
 
 
 def test_labels_differ_and_top1_gap():
@@ -13,6 +13,19 @@ def test_labels_differ_and_top1_gap():
     assert not labels_differ(f, g)
     assert top1_gap(f, g) == pytest.approx(0.15)
     assert labels_differ(f, np.array([0.3, 0.6, 0.1]))
+
+
+def test_labels_differ_is_one_definition_for_single_inputs_and_batches():
+    rng = np.random.default_rng(0)
+    p_original, p_compressed = rng.dirichlet(np.ones(4), 200), rng.dirichlet(np.ones(4), 200)
+    p_compressed[:5] = p_original[:5]
+    batch = labels_differ(p_original, p_compressed)
+    assert batch.shape == (200,) and batch.dtype == bool and not batch[:5].any() and batch.any()
+    single = [labels_differ(a, b) for a, b in zip(p_original, p_compressed)]
+    assert all(type(d) is bool for d in single) and single == batch.tolist()
+    assert single == [a.tolist().index(max(a)) != b.tolist().index(max(b)) for a, b in zip(p_original, p_compressed)]
+    tie = np.array([0.5, 0.5])
+    assert not labels_differ(tie, np.array([0.6, 0.4])) and top1_labels(tie, np.array([0.4, 0.6])) == (0, 1)
 
 
 def test_dflare_fitness_weighs_novelty_as_one_delta():

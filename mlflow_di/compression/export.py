@@ -7,7 +7,7 @@ than the traced one and comparing with the module: that proves the batch axis is
 catches tracer exports that silently froze Python-side values into constants.
 
 The preprocessing spec is stored in the ONNX ``metadata_props`` under
-:data:`PREPROCESSING_METADATA_KEY`, where :class:`~mlflow_di.models.classifier.OnnxClassifier`
+:data:`mlflow_di.models.metadata.ONNX_PREPROCESSING_KEY`, where :class:`~mlflow_di.models.classifier.OnnxClassifier`
 reads it, so the file alone is enough to classify raw images.
 """
 from __future__ import annotations
@@ -25,9 +25,10 @@ from torch import nn
 
 from mlflow_di.compression import export_diagnosis
 from mlflow_di.errors import UserError
+from mlflow_di.results_json import JsonRoundTrip
+from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.preprocessing import Preprocessing
 
-PREPROCESSING_METADATA_KEY = "mlflow_di.preprocessing"
 COMPRESSION_METADATA_KEY = "mlflow_di.compression"
 INPUT_NAME = "input"
 BATCH_AXIS = "batch"
@@ -37,7 +38,7 @@ CHECK_TOLERANCE = 1e-3  # relative to the largest output magnitude; fp32 re-orde
 
 
 @dataclasses.dataclass
-class OnnxExport:
+class OnnxExport(JsonRoundTrip):
     """What an export produced: the file, which exporter made it and how well it matches the module."""
 
     path: str
@@ -46,13 +47,6 @@ class OnnxExport:
     seconds: float
     max_abs_diff: float  # ONNX Runtime vs PyTorch outputs on the check batch
     fallback_reason: str | None = None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "OnnxExport":
-        return cls(**values)
 
 
 def output_name(preprocessing: Preprocessing) -> str:
@@ -91,7 +85,7 @@ def export_onnx(module: nn.Module, preprocessing: Preprocessing, path, opset: in
         start = time.perf_counter()
         exporter, fallback_reason = _export_with_fallback(module, trace_input, path, preprocessing, opset)
         seconds = time.perf_counter() - start
-        set_metadata(path, {PREPROCESSING_METADATA_KEY: preprocessing.to_json()})
+        set_metadata(path, ModelMetadata(preprocessing).to_onnx_props())
         max_abs_diff = _check_against_module(module, check_input, path)
     finally:
         module.train(was_training)
@@ -191,8 +185,7 @@ def copy_mlflow_di_metadata(source, target, extra: dict | None = None) -> None:
 
 def read_preprocessing(path) -> Preprocessing | None:
     """The preprocessing spec stored in an ONNX file, or None when it has none."""
-    stored = metadata(path).get(PREPROCESSING_METADATA_KEY)
-    return Preprocessing.from_json(stored) if stored else None
+    return ModelMetadata.from_onnx_props(metadata(path)).preprocessing
 
 
 def compression_metadata(method: str, params: dict) -> dict[str, str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import pathlib
 import tempfile
 import time
@@ -26,6 +25,7 @@ from mlflow_di.compression.onnx_ops import assert_linear_layers_quantized
 from mlflow_di.compression.prune import prunable_layers, prune_l1, prune_structured
 from mlflow_di.compression.quantize import quantize_int8_dynamic, quantize_int8_static, require_calibration_inputs
 from mlflow_di.errors import UserError
+from mlflow_di.results_json import JsonRoundTrip
 from mlflow_di.models.preprocessing import Preprocessing
 
 METHODS = ("fp32", "int8-static", "int8-dynamic", "prune-l1", "prune-structured")
@@ -33,7 +33,7 @@ PRUNE_L1_SCOPE = "global"
 
 
 @dataclasses.dataclass
-class CompressionResult:
+class CompressionResult(JsonRoundTrip):
     """A compressed model file and how it was made.
 
     ``sparsity`` is set for pruning methods, ``quantized_ops`` (see
@@ -51,19 +51,7 @@ class CompressionResult:
     sparsity: float | None = None
     quantized_ops: dict | None = None
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "CompressionResult":
-        return cls(**values)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "CompressionResult":
-        return cls.from_dict(json.loads(text))
+    JSON_DUMPS = {"indent": 2, "sort_keys": True}
 
 
 def torch_model_size_bytes(module: nn.Module) -> int:

@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord
+from mlflow_di.fuzz.fitness import labels_differ, top1_labels
+from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
 from mlflow_di.fuzz.strategies import make_strategy
@@ -136,7 +137,7 @@ def _check_seeds(original, compressed, seeds: ImageSet, todo: np.ndarray, fuzzed
         raise UserError(f"the models disagree on the number of classes: original '{_name(original, 'original')}' "
                         f"has {p_original.shape[1]}, compressed '{_name(compressed, 'compressed')}' has "
                         f"{p_compressed.shape[1]}; compare a model with its own compressed version")
-    deviating = p_original.argmax(axis=1) != p_compressed.argmax(axis=1)
+    deviating = labels_differ(p_original, p_compressed)
     if deviating.all() and not fuzzed_before:
         raise UserError(f"the two models already disagree on all {len(todo)} seeds, so there is nothing to fuzz; "
                         "check that the compressed model belongs to the original and that both use the "
@@ -177,7 +178,7 @@ class _Lockstep:
                               desc=f"fuzz {self.strategy.name}", unit="seed", dynamic_ncols=True)
         pending = collections.deque()
         for row, index in enumerate(todo):
-            if p_original[row].argmax() != p_compressed[row].argmax():
+            if labels_differ(p_original[row], p_compressed[row]):
                 self._finish_deviating(int(index), p_original[row], p_compressed[row])
             else:
                 pending.append((int(index), p_original[row], p_compressed[row]))
@@ -238,36 +239,36 @@ class _Lockstep:
     def _maybe_finish(self, a: _Active) -> bool:
         search = a.search
         if search.found:
-            stop = "trigger"
+            stop = Stop.TRIGGER
         elif self.config.max_queries is not None and search.queries >= self.config.max_queries:
-            stop = "max_queries"
+            stop = Stop.MAX_QUERIES
         elif a.seconds >= self.config.timeout:
-            stop = "timeout"
+            stop = Stop.TIMEOUT
         else:
             return False
         self._save(self._record(a, stop), search.trigger, self.seeds.images[a.index])
         self.stats.search_seconds += a.seconds - a.model_seconds
         return True
 
-    def _record(self, a: _Active, stop: str) -> SeedRecord:
+    def _record(self, a: _Active, stop: Stop) -> SeedRecord:
         search = a.search
         p_seed = a.seed_probabilities
         record = SeedRecord(
             index=a.index, label=int(self.seeds.labels[a.index]), success=search.found, stop=stop,
             queries=search.queries, seconds=a.seconds,
-            seed_labels=_labels(*p_seed), seed_probabilities=_top1(*p_seed),
+            seed_labels=top1_labels(*p_seed), seed_probabilities=_top1(*p_seed),
             operators=list(search.trigger_operators),
             operator_counts={name: [int(s), int(c)] for name, s, c in
                              zip(search.operator_names, search.stats.selected, search.stats.accepted)})
         if search.found:
-            record.trigger_labels = _labels(*search.trigger_probabilities)
+            record.trigger_labels = top1_labels(*search.trigger_probabilities)
             record.trigger_probabilities = _top1(*search.trigger_probabilities)
         return record
 
     def _finish_deviating(self, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
         record = SeedRecord(index=index, label=int(self.seeds.labels[index]), success=False,
-                            stop="already_deviating", queries=0, seconds=0.0,
-                            seed_labels=_labels(p_original, p_compressed),
+                            stop=Stop.ALREADY_DEVIATING, queries=0, seconds=0.0,
+                            seed_labels=top1_labels(p_original, p_compressed),
                             seed_probabilities=_top1(p_original, p_compressed))
         self._save(record, None, self.seeds.images[index])
 
@@ -299,10 +300,6 @@ MAX_SPECULATION = 16
 def _speculation_depth(active: int, batch: int) -> int:
     """Inputs per search in this call: 1 while ``batch`` seeds fill the call, more as they finish."""
     return 1 if active >= batch else min(MAX_SPECULATION, -(-batch // active))
-
-
-def _labels(p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[int, int]:
-    return int(np.argmax(p_original)), int(np.argmax(p_compressed))
 
 
 def _top1(p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, float]:

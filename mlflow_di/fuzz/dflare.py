@@ -40,12 +40,13 @@ So that a seed's search does not depend on which other seeds share its batched m
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Sequence
 
 import numpy as np
 
 from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS, NoveltyMemory,
-                                    dflare_fitness, probability_pair, top1_gap)
+                                    dflare_fitness, labels_differ, probability_pair, top1_gap)
 from mlflow_di.fuzz.mutations import Operator, default_operators, operator_names
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.selection import MetropolisHastingsSelector, UniformSelector
@@ -54,6 +55,14 @@ SELECTIONS = ("metropolis-hastings", "uniform")
 #: ``paper``: x replaces x_max when H(x) >= H(x_max). ``reference``: as yqtianust/DFlare's code, when
 #: |D(x) - D(x_max)| > delta (a drop counts too) or when x is novel, starting from D(x_max) = 0.
 ACCEPTANCES = ("paper", "reference")
+
+
+class Outcome(enum.Enum):
+    """What one query of Algorithm 1 did with the current candidate."""
+
+    TRIGGER = "trigger"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +193,7 @@ class DFlareSearch(Search):
         pending, self._pending = self._pending, []
         if len(pending) == 1:  # Algorithm 1 as written (the common case): one result, then the next choice
             self._candidate, self._operator = pending[0].candidate, pending[0].operator
-            if self._decide(p_original[0], p_compressed[0]) != "trigger":
+            if self._decide(p_original[0], p_compressed[0]) is not Outcome.TRIGGER:
                 self._operator = self._selector.next(self._operator, self.stats, self._rng)
             return
         for row, entry in enumerate(pending):
@@ -194,20 +203,20 @@ class DFlareSearch(Search):
                 self._accepted_chain.append(entry.operator)
                 continue
             outcome = self._decide(p_original[row], p_compressed[row])
-            if outcome == "rejected" and entry.state is not None:
+            if outcome is Outcome.REJECTED and entry.state is not None:
                 continue  # the speculative choice after it was made from exactly this state
             for dropped in pending[row + 1:]:  # unseen: undo what proposing them assumed
                 self.stats.selected[dropped.operator] -= 1
                 if dropped.unchanged:
                     self.stats.accepted[dropped.operator] -= 1
-            if outcome != "trigger":
+            if outcome is not Outcome.TRIGGER:
                 if entry.state is not None:
                     self._rng.bit_generator.state = entry.state
                 self._operator = self._selector.next(entry.operator, self.stats, self._rng)
             return
 
-    def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray) -> str:
-        """One query of Algorithm 1 for the current candidate: 'trigger', 'accepted' or 'rejected'."""
+    def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray) -> Outcome:
+        """One query of Algorithm 1 for the current candidate."""
         self.queries += 1
         if self._accepts_unchanged and self._candidate.tobytes() == self._best_bytes:
             # An unchanged image (e.g. a 1x1 blur) behaves exactly like x_max: no trigger, H(x) = H(x_max),
@@ -215,18 +224,18 @@ class DFlareSearch(Search):
             # the decision independent of the batch the input was computed in (floats can differ in
             # the last bits between batch compositions, which would flip this tie).
             self._accept(self.best_gap)
-            return "accepted"
-        original, compressed = p_original.tolist(), p_compressed.tolist()
-        top_original, top_compressed = max(original), max(compressed)
-        if original.index(top_original) != compressed.index(top_compressed):  # labels_differ
+            return Outcome.ACCEPTED
+        if labels_differ(p_original, p_compressed):
             chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
             self._record_trigger(self._candidate, p_original, p_compressed, chain)
-            return "trigger"
+            return Outcome.TRIGGER
+        original, compressed = p_original.tolist(), p_compressed.tolist()
+        top_original, top_compressed = max(original), max(compressed)
         gap, novel = self._score_lists(original, compressed, top_original, top_compressed)
         if self._keeps(gap, novel):
             self._accept(gap)
-            return "accepted"
-        return "rejected"
+            return Outcome.ACCEPTED
+        return Outcome.REJECTED
 
     def _keeps(self, gap: float, novel: bool) -> bool:
         """Whether a non-triggering mutant with top-1 gap ``gap`` replaces x_max (see :data:`ACCEPTANCES`)."""

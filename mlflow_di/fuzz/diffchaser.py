@@ -46,7 +46,7 @@ import dataclasses
 
 import numpy as np
 
-from mlflow_di.fuzz.fitness import GAP_RESOLUTION_DIGITS
+from mlflow_di.fuzz.fitness import GAP_RESOLUTION_DIGITS, labels_differ
 from mlflow_di.fuzz.search import Search
 
 CROSSOVER = "crossover"
@@ -187,7 +187,7 @@ class DiffChaserSearch(Search):
         return children, lineage
 
     def observe(self, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
-        differ = np.flatnonzero(p_original.argmax(axis=1) != p_compressed.argmax(axis=1))
+        differ = np.flatnonzero(labels_differ(p_original, p_compressed))
         if len(differ):
             first = int(differ[0])
             self.queries += first + 1

@@ -19,9 +19,21 @@ GAP_RESOLUTION_DIGITS = 6
 DEFAULT_NOVELTY_THRESHOLD = 0.5
 
 
-def labels_differ(p_original: np.ndarray, p_compressed: np.ndarray) -> bool:
-    """The objective: the two models' top-1 labels differ (a triggering input)."""
-    return p_original.argmax() != p_compressed.argmax()
+def top1_labels(p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[int, int]:
+    """(original, compressed) top-1 labels of one input (the first class on ties, as ``argmax``)."""
+    return int(np.argmax(p_original)), int(np.argmax(p_compressed))
+
+
+def labels_differ(p_original: np.ndarray, p_compressed: np.ndarray):
+    """The objective, defined here once: the two models' top-1 labels differ (a triggering input).
+
+    Takes numpy arrays: for one input (probability vectors of shape (C,)) a bool; for a batch
+    ((N, C) each) a bool array of shape (N,). Ties go to the first class, as ``argmax`` (and ``list.index(max(...))``)
+    break them.
+    """
+    if p_original.ndim == 1:  # the per-query path of the searches: no axis handling, a plain bool
+        return bool(p_original.argmax() != p_compressed.argmax())
+    return p_original.argmax(axis=-1) != p_compressed.argmax(axis=-1)
 
 
 def top1_gap(p_original: np.ndarray, p_compressed: np.ndarray) -> float:

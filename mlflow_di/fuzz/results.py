@@ -1,6 +1,7 @@
 """What a fuzzing campaign produces: per-seed records, a summary, the triggering inputs.
 
-All are dataclasses that round-trip through JSON (``to_json``/``from_json``); the images
+All are dataclasses that round-trip through JSON (``to_json``/``from_json``, from
+:mod:`mlflow_di.results_json`); the images
 (triggers and their seeds, uint8) travel as arrays beside the JSON (see
 :mod:`mlflow_di.fuzz.store`).
 
@@ -11,17 +12,37 @@ which the models already disagree are counted apart and never fuzzed.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import statistics
 
 import numpy as np
 
-#: Why a seed's search stopped.
-STOPS = ("trigger", "timeout", "max_queries", "already_deviating")
+from mlflow_di.results_json import JsonRoundTrip
+
+
+class Stop(str, enum.Enum):
+    """Why a seed's search stopped. A ``str`` whose value is what the JSON files and tables hold,
+    so ``record.stop == "trigger"`` and ``f"{record.stop}"`` give the plain word."""
+
+    TRIGGER = "trigger"
+    TIMEOUT = "timeout"
+    MAX_QUERIES = "max_queries"
+    ALREADY_DEVIATING = "already_deviating"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+#: Why a seed's search stopped, as the words the files hold.
+STOPS = tuple(stop.value for stop in Stop)
 
 
 @dataclasses.dataclass
-class SeedRecord:
+class SeedRecord(JsonRoundTrip):
     """One seed's outcome.
 
     ``seed_labels``/``seed_probabilities``: (original, compressed) top-1 label and probability
@@ -38,7 +59,7 @@ class SeedRecord:
     index: int
     label: int
     success: bool
-    stop: str
+    stop: Stop
     queries: int
     seconds: float
     seed_labels: tuple[int, int]
@@ -48,31 +69,16 @@ class SeedRecord:
     operators: list[str] = dataclasses.field(default_factory=list)
     operator_counts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        self.stop = Stop(self.stop)
+
     @property
     def already_deviating(self) -> bool:
-        return self.stop == "already_deviating"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "SeedRecord":
-        values = dict(values)
-        for key in ("seed_labels", "seed_probabilities", "trigger_labels", "trigger_probabilities"):
-            if values.get(key) is not None:
-                values[key] = tuple(values[key])
-        return cls(**values)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, text: str) -> "SeedRecord":
-        return cls.from_dict(json.loads(text))
+        return self.stop is Stop.ALREADY_DEVIATING
 
 
 @dataclasses.dataclass
-class OperatorSummary:
+class OperatorSummary(JsonRoundTrip):
     """One operator over a campaign: times selected, accepted (became the new best), and
     ``triggered``: times it produced the triggering input."""
 
@@ -86,7 +92,7 @@ class OperatorSummary:
 
 
 @dataclasses.dataclass
-class CampaignSummary:
+class CampaignSummary(JsonRoundTrip):
     """Campaign-level metrics; per-trigger means are over successful seeds (None without any)."""
 
     strategy: str
@@ -102,6 +108,8 @@ class CampaignSummary:
     total_seconds: float
     queries_per_second: float
     operators: dict[str, OperatorSummary]
+
+    JSON_DUMPS = {"indent": 2}
 
     @classmethod
     def from_records(cls, strategy: str, records: list[SeedRecord]) -> "CampaignSummary":
@@ -125,22 +133,6 @@ class CampaignSummary:
             operators=_operator_summaries(fuzzed),
         )
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "CampaignSummary":
-        values = dict(values)
-        values["operators"] = {name: OperatorSummary(**counts) for name, counts in values["operators"].items()}
-        return cls(**values)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> "CampaignSummary":
-        return cls.from_dict(json.loads(text))
-
 
 def _operator_summaries(records: list[SeedRecord]) -> dict[str, OperatorSummary]:
     summaries: dict[str, OperatorSummary] = {}
@@ -155,7 +147,7 @@ def _operator_summaries(records: list[SeedRecord]) -> dict[str, OperatorSummary]
 
 
 @dataclasses.dataclass
-class CampaignConfig:
+class CampaignConfig(JsonRoundTrip):
     """Everything that determines a campaign's results, recorded so that ``resume`` can check it."""
 
     strategy: str
@@ -172,22 +164,7 @@ class CampaignConfig:
 
     #: Fields that may differ between an interrupted run and its resumption (names only).
     INFORMATIONAL = ("original", "compressed", "data")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "CampaignConfig":
-        values = dict(values)
-        values["image_shape"] = tuple(values["image_shape"])
-        return cls(**values)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> "CampaignConfig":
-        return cls.from_dict(json.loads(text))
+    JSON_DUMPS = {"indent": 2}
 
     def differences(self, other: "CampaignConfig") -> list[str]:
         """Names of the result-determining fields whose values differ."""
@@ -196,7 +173,7 @@ class CampaignConfig:
 
 
 @dataclasses.dataclass
-class RunStats:
+class RunStats(JsonRoundTrip):
     """How this run spent its time (this process only; not carried over by resume).
 
     ``model_seconds``: inside the two models' ``predict_proba`` calls; ``search_seconds``: in the
@@ -213,9 +190,6 @@ class RunStats:
     @property
     def mean_batch(self) -> float:
         return self.inputs / self.calls if self.calls else 0.0
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -238,6 +212,7 @@ class CampaignResult:
     run_stats: RunStats | None = None
 
     def to_dict(self) -> dict:
+        """Everything but the arrays (which travel beside the JSON, see :mod:`mlflow_di.fuzz.store`)."""
         return {"config": self.config.to_dict(), "summary": self.summary.to_dict(),
                 "records": [r.to_dict() for r in self.records], "complete": self.complete,
                 "run_stats": self.run_stats.to_dict() if self.run_stats else None}
@@ -259,5 +234,5 @@ class CampaignResult:
             trigger_seeds=empty if trigger_seeds is None else trigger_seeds,
             trigger_indices=np.zeros(0, np.int64) if trigger_indices is None else trigger_indices,
             complete=values.get("complete", True),
-            run_stats=RunStats(**values["run_stats"]) if values.get("run_stats") else None,
+            run_stats=RunStats.from_dict(values["run_stats"]) if values.get("run_stats") else None,
         )
