@@ -25,8 +25,8 @@ import torch
 from scipy.stats import gaussian_kde
 
 from mlflow_di.data import ImageSet, load_images
-from mlflow_di.importance.criteria import CRITERIA, ClassicCoverage
-from mlflow_di.importance.criteria_surprise import distance_surprise_naive
+from mlflow_di.coverage.criteria import CRITERIA, ClassicCoverage
+from mlflow_di.coverage.criteria_surprise import distance_surprise_naive
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench_criteria -->", "<!-- /bench_criteria -->"

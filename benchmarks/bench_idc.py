@@ -33,8 +33,8 @@ import torch  # noqa: E402
 from sklearn.metrics import silhouette_score  # noqa: E402
 
 from mlflow_di.data import load_images  # noqa: E402
-from mlflow_di.importance.idc import ImportanceDrivenCoverage  # noqa: E402
-from mlflow_di.importance.quantize import kmeans_1d, silhouette_1d  # noqa: E402
+from mlflow_di.coverage.idc import ImportanceDrivenCoverage  # noqa: E402
+from mlflow_di.coverage.quantize import kmeans_1d, silhouette_1d  # noqa: E402
 
 BEGIN, END = "<!-- bench_idc -->", "<!-- /bench_idc -->"
 PAPER_IDC_LENET5 = {6: 47.0, 8: 28.0, 10: 9.5}  # % (ICSE 2020, MNIST, penultimate layer, U_O)
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     for _ in range(args.repeats):
         fit_times.append(best_time(lambda: ImportanceDrivenCoverage(top_m=6, progress=False).fit(model, analysis), 1)[0])
         deep_times.append(best_time(
-            lambda: ImportanceDrivenCoverage(layer="conv1", top_m=6, progress=False).fit(model, analysis), 1)[0])
+            lambda: ImportanceDrivenCoverage(layers="conv1", top_m=6, progress=False).fit(model, analysis), 1)[0])
         plain_times.append(best_time(lambda: plain_forward_backward(model, analysis.images), 1)[0])
     fit_time, plain_time = min(fit_times), min(plain_times)
     fit_times = (fit_time, min(deep_times))

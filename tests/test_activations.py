@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mlflow_di.errors import UserError
-from mlflow_di.importance.activations import collect_activations, default_layer, hidden_layers
+from mlflow_di.coverage.activations import collect_activations, default_layer, hidden_layers
 from mlflow_di.models import zoo
 
 

@@ -14,8 +14,8 @@ from torch import nn
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.importance.criteria import CRITERIA, ClassicCoverage, CriteriaReport
-from mlflow_di.importance.criteria_neuron import (
+from mlflow_di.coverage.criteria import CRITERIA, ClassicCoverage, CriteriaReport
+from mlflow_di.coverage.criteria_neuron import (
     boundary_cells,
     multisection_cells,
     nc_scaled_means,
@@ -23,7 +23,7 @@ from mlflow_di.importance.criteria_neuron import (
     neuron_coverage_cells,
     top_k_cells,
 )
-from mlflow_di.importance.criteria_surprise import (
+from mlflow_di.coverage.criteria_surprise import (
     DistanceSurprise,
     LikelihoodSurprise,
     distance_surprise_naive,
@@ -273,7 +273,7 @@ def tiny_fit(rng):
 
 
 def test_estimator_equals_the_pure_functions_on_collected_activations(tiny_fit, rng):
-    from mlflow_di.importance.activations import collect_activations
+    from mlflow_di.coverage.activations import collect_activations
 
     model, train, coverage = tiny_fit
     test = _random_images(rng, 120, "test")

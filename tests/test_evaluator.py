@@ -41,7 +41,7 @@ def evaluation_rows() -> pd.DataFrame:
 def expected_idc(model: TorchModel, rows: pd.DataFrame, fit_rows: int) -> float:
     """IDC the engine gives directly for the same split (first ``fit_rows`` fit, the rest scored)."""
     from mlflow_di.data import ImageSet
-    from mlflow_di.importance.idc import ImportanceDrivenCoverage
+    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 
     images = rows.drop(columns="label").to_numpy().astype(np.uint8).reshape(-1, 8, 8, 1)
     data = ImageSet(images, rows["label"].to_numpy(), "rows")

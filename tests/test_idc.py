@@ -9,7 +9,7 @@ from torch import nn
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.importance.idc import CoverageReport, ImportanceDrivenCoverage, fit_layers, score_layers
+from mlflow_di.coverage.idc import CoverageReport, ImportanceDrivenCoverage
 from mlflow_di.models import zoo
 from mlflow_di.models.preprocessing import Preprocessing
 from mlflow_di.models.torch_model import TorchModel
@@ -111,7 +111,7 @@ def test_accumulating_onto_another_models_report_is_refused(fitted):
 
 def test_unknown_layer_lists_the_available_ones():
     with pytest.raises(UserError, match=r"unknown layer 'fc9'; available layers: flatten, hidden"):
-        ImportanceDrivenCoverage(layer="fc9", progress=False).fit(_hand_made_model(), _training_set())
+        ImportanceDrivenCoverage(layers="fc9", progress=False).fit(_hand_made_model(), _training_set())
 
 
 def test_top_m_above_the_layer_width_is_a_user_error():
@@ -137,21 +137,21 @@ def _random_mnist_like(n: int, seed: int) -> ImageSet:
 def test_same_seed_same_fit_and_layers_fit_together_match_single_fits():
     train, test = _random_mnist_like(120, 0), _random_mnist_like(50, 1)
     settings = dict(top_m=4, only_correct=False, progress=False, seed=3)
-    first = ImportanceDrivenCoverage(layer="fc1", **settings).fit(_random_lenet(), train)
-    second = ImportanceDrivenCoverage(layer="fc1", **settings).fit(_random_lenet(), train)
+    first = ImportanceDrivenCoverage(layers="fc1", **settings).fit(_random_lenet(), train)
+    second = ImportanceDrivenCoverage(layers="fc1", **settings).fit(_random_lenet(), train)
     assert first.to_json() == second.to_json()
-    together = fit_layers(_random_lenet(), train, ["conv2", "fc1"], **settings)
-    assert together["fc1"].to_dict()["centroids"] == first.to_dict()["centroids"]
-    reports = score_layers(together, test)
+    together = ImportanceDrivenCoverage(layers=["conv2", "fc1"], **settings).fit(_random_lenet(), train)
+    assert together.fitted_layers_["fc1"].to_dict()["centroids"] == first.fitted_layers_["fc1"].to_dict()["centroids"]
+    reports = together.score(test)
     assert reports["fc1"].combination.tolist() == first.score(test).combination.tolist()
-    assert reports["conv2"].total == together["conv2"].total_combinations_
+    assert reports["conv2"].total == together.fitted_layers_["conv2"].total_combinations
 
 
 def test_all_layers_use_at_most_each_layers_width():
-    models = fit_layers(_random_lenet(), _random_mnist_like(60, 2), "all", top_m=8, only_correct=False,
-                        progress=False)
-    assert list(models) == ["conv1", "conv2", "fc1", "fc2"]
-    assert [m.top_m_ for m in models.values()] == [6, 8, 8, 8]  # conv1 has 6 channels
+    models = ImportanceDrivenCoverage(layers="all", top_m=8, only_correct=False, progress=False).fit(
+        _random_lenet(), _random_mnist_like(60, 2))
+    assert list(models.fitted_layers_) == ["conv1", "conv2", "fc1", "fc2"]
+    assert [m.top_m for m in models.fitted_layers_.values()] == [6, 8, 8, 8]  # conv1 has 6 channels
 
 
 @pytest.mark.slow

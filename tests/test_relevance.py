@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mlflow_di.errors import UserError
-from mlflow_di.importance.relevance import input_relevance, layer_relevance
+from mlflow_di.coverage.relevance import input_relevance, layer_relevance
 from mlflow_di.models import zoo
 
 

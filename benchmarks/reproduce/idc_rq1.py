@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlflow_di.importance.activations import PreprocessedImages, collect_activations
+from mlflow_di.coverage.activations import PreprocessedImages, collect_activations
 
 from benchmarks.reproduce.config import Config
 from benchmarks.reproduce.perturb import flip_pixels, relevant_pixel_mask

@@ -1,6 +1,6 @@
 """IDC RQ5 (paper Table 5): IDC of every hidden layer (conv1, conv2, fc1, fc2) of the LeNets.
 
-One IDC model per hidden layer from a single relevance pass (``fit_layers``), scored on U_O and
+One multi-layer IDC model (``ImportanceDrivenCoverage(layers="all")``, a single relevance pass), scored on U_O and
 on U_O+DI (the RQ2 relevance-guided noise set, as DeepImportance's layer-sensitivity script does).
 A layer narrower than m (LeNet-1's conv1 has 4 channels) uses all of its neurons.
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlflow_di.importance.activations import PreprocessedImages, collect_activations
-from mlflow_di.importance.idc import fit_layers, score_layers
+from mlflow_di.coverage.activations import PreprocessedImages, collect_activations
+from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 
 from benchmarks.reproduce.config import Config
 from benchmarks.reproduce.idc_rq2 import noisy_sets
@@ -43,18 +43,19 @@ def measure_model(config: Config, subjects, name: str, model_index: int, log: Lo
     test = subjects.test
     for run in range(config.rq5_runs):
         log(f"idc_rq5: {name} run {run + 1}/{config.rq5_runs}")
-        models = fit_layers(model, subjects.analysis, "all", top_m=config.rq5_top_m, seed=run, progress=False)
-        original = score_layers(models, test)
-        with_di = score_layers(models, noisy_sets(config, subjects, name, model_index, run)["DI"], accumulate=original)
+        idc = ImportanceDrivenCoverage(layers="all", top_m=config.rq5_top_m, seed=run, progress=False).fit(
+            model, subjects.analysis)
+        original = idc.score(test)
+        with_di = idc.score(noisy_sets(config, subjects, name, model_index, run)["DI"], accumulate=original)
         activations = collect_activations(model.module, PreprocessedImages(test.images, model.preprocessing),
-                                          list(models))
-        for layer, fitted in models.items():
-            row = by_layer.setdefault(layer, {"model": name, "layer": layer, "m": fitted.top_m_, "combinations": [],
+                                          idc.layers_)
+        for layer, fitted in idc.fitted_layers_.items():
+            row = by_layer.setdefault(layer, {"model": name, "layer": layer, "m": fitted.top_m, "combinations": [],
                                               "U_O": [], "U_O+DI": [], "correlation": [], "ink_correlation": []})
             row["combinations"].append(original[layer].total)
             row["U_O"].append(original[layer].idc)
             row["U_O+DI"].append(with_di[layer].idc)
-            important = activations[layer][:, fitted.important_neurons_]
+            important = activations[layer][:, fitted.important_neurons]
             row["correlation"].append(mean_abs_correlation(important))
             row["ink_correlation"].append(ink_correlation(important, test.images))
     return list(by_layer.values())

@@ -10,7 +10,7 @@ varied here.)
 """
 from __future__ import annotations
 
-from mlflow_di.importance.idc import ImportanceDrivenCoverage
+from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 
 from benchmarks.reproduce.config import Config
 from benchmarks.reproduce.results import ExperimentResult, Log

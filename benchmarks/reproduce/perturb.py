@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlflow_di.importance.activations import PreprocessedImages
-from mlflow_di.importance.relevance import input_relevance
+from mlflow_di.coverage.activations import PreprocessedImages
+from mlflow_di.coverage.relevance import input_relevance
 
 
 def relevant_pixel_mask(torch_model, images: np.ndarray, fraction: float, batch_size: int = 256) -> np.ndarray:

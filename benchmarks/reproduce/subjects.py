@@ -21,8 +21,8 @@ import torch
 
 from mlflow_di.data import ImageSet, load_images
 from mlflow_di.errors import UserError
-from mlflow_di.importance.criteria import ClassicCoverage
-from mlflow_di.importance.idc import ImportanceDrivenCoverage
+from mlflow_di.coverage.criteria import ClassicCoverage
+from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 from mlflow_di.models.classifier import Classifier, OnnxClassifier
 from mlflow_di.models.keras_import import import_keras
 from mlflow_di.models.loading import load_classifier

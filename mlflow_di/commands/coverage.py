@@ -18,7 +18,7 @@ from mlflow_di import tracking
 from mlflow_di.commands.options import json_out_option, preprocessing_option, seed_option
 from mlflow_di.data import ImageSet, load_images
 from mlflow_di.errors import UserError
-from mlflow_di.importance.suite import ALL_CRITERIA, CoverageResult, CoverageSuite, growth_curve, parse_criteria
+from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageResult, CoverageSuite, growth_curve, parse_criteria
 from mlflow_di.models.loading import load_torch_model
 from mlflow_di.registry import model_version_tags
 
@@ -94,7 +94,7 @@ def _score_all(suite: CoverageSuite, model, tests: list[ImageSet]) -> list[Cover
     results: list[CoverageResult] = []
     for test in tests:
         click.echo(f"scoring {test.name} ({len(test)} images) ...")
-        results.append(suite.score(model, test, accumulate=results[-1] if results else None))
+        results.append(suite.score(test, accumulate=results[-1] if results else None))
     return results
 
 
@@ -143,10 +143,10 @@ def _headline(result: CoverageResult) -> str:
 
 
 def _heatmaps(suite: CoverageSuite, model, test: ImageSet) -> np.ndarray:
-    from mlflow_di.importance.relevance import input_relevance
+    from mlflow_di.coverage.relevance import input_relevance
 
     images = test.images[:HEATMAP_INPUTS]
-    rule = suite.idc_params["rule"]
+    rule = suite.rule
     relevance = input_relevance(model.module, model.to_tensor(images), rule=rule, progress=False)
     predicted = model.classifier().predict(images)
     return rp.relevance_heatmaps(images, relevance, labels=predicted)

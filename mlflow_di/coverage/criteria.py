@@ -1,11 +1,11 @@
 """The classic coverage criteria beside IDC: NC, KMNC, NBC, SNAC, TKNC, LSC and DSC.
 
-:class:`ClassicCoverage` is an estimator in the scikit-learn manner: every setting is an
-``__init__`` argument; ``fit(model, train)`` runs one activation pass over the training set and
-keeps what each criterion needs (per-neuron bounds, surprise-adequacy traces); ``score(test)``
-runs one pass over a test set and returns a :class:`CriteriaReport` with all criteria at once.
-``save``/``load`` keep the fitted statistics (a JSON file beside an ``.npz``), so scoring a new
-test set needs the model but no training data.
+:class:`ClassicCoverage` is a scikit-learn estimator (see :mod:`mlflow_di.coverage.base`): every
+setting is an ``__init__`` argument; ``fit(model, train)`` runs one activation pass over the
+training set and keeps what each criterion needs (per-neuron bounds, surprise-adequacy traces);
+``score(test)`` runs one pass over a test set and returns a :class:`CriteriaReport` with all
+criteria at once. ``save``/``load`` keep the fitted statistics (a JSON file beside an ``.npz``),
+so scoring a new test set needs the model but no training data.
 
 A report keeps the *cells* each criterion's inputs covered (neurons, sections, buckets), so
 reports of several test sets merge into the report of their union (:meth:`CriteriaReport.merge`):
@@ -13,7 +13,7 @@ e.g. the original test set plus its augmented copies.
 
 Defaults follow DeepImportance's ``run.py`` (Gerasimou et al., ICSE 2020) and Kim et al.'s SA
 code; the details and every difference from them are in the docstrings of
-:mod:`mlflow_di.importance.criteria_neuron` and :mod:`mlflow_di.importance.criteria_surprise`.
+:mod:`mlflow_di.coverage.criteria_neuron` and :mod:`mlflow_di.coverage.criteria_surprise`.
 Differences in *which* neurons are counted:
 
 - Layers: by default the hidden layers with parameters (:func:`activations.hidden_layers`,
@@ -34,11 +34,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator
 from torch import nn
 
-from mlflow_di.errors import UserError
-from mlflow_di.importance import activations as act
-from mlflow_di.importance.criteria_neuron import (
+from mlflow_di.coverage import activations as act
+from mlflow_di.coverage.base import check_fitted, check_saved, images_of, stamped
+from mlflow_di.coverage.criteria_neuron import (
     boundary_cells,
     multisection_cells,
     nc_scaled_means,
@@ -46,12 +47,13 @@ from mlflow_di.importance.criteria_neuron import (
     neuron_coverage_cells,
     top_k_cells,
 )
-from mlflow_di.importance.criteria_surprise import (
+from mlflow_di.coverage.criteria_surprise import (
     VAR_THRESHOLD,
     DistanceSurprise,
     LikelihoodSurprise,
     surprise_cells,
 )
+from mlflow_di.errors import UserError
 
 CRITERIA = ("nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc")
 _BOUNDED = {"kmnc", "nbc", "snac"}  # criteria that need the training bounds
@@ -59,6 +61,7 @@ _SURPRISE = {"lsc", "dsc"}
 _NC_KEY = "nc"  # reduction name: collect_activations returns f"{layer}:nc"
 _OUTPUT = "output"  # name of the tap on the model's output (see _OutputTap)
 FILE_STEM = "classic_criteria"
+KIND = "classic-criteria"
 
 
 @dataclasses.dataclass
@@ -199,7 +202,7 @@ class CriteriaReport:
         return cls.from_dict(json.loads(text))
 
 
-class ClassicCoverage:
+class ClassicCoverage(BaseEstimator):
     """NC, KMNC, NBC, SNAC, TKNC, LSC and DSC from one activation pass per data set.
 
     Parameters (defaults as in DeepImportance's ``run.py`` / Kim et al.):
@@ -213,8 +216,9 @@ class ClassicCoverage:
     Fitted attributes: ``layers_``, ``layer_sizes_``, ``low_``/``high_`` (per-neuron training
     bounds), ``sa_layers_``, ``sa_traces_``/``sa_classes_`` (training SA traces and predicted
     classes), ``likelihood_`` (:class:`LikelihoodSurprise`), ``distance_``
-    (:class:`DistanceSurprise`), ``train_name_``, ``num_train_``, and ``seconds_`` (time per
-    stage of the last fit/score, for benchmarks).
+    (:class:`DistanceSurprise`), ``train_name_``, ``num_train_``, ``model_`` (the TorchModel
+    scored with; None when fitted from activations or loaded without one), and ``seconds_``
+    (time per stage of the last fit/score, for benchmarks).
     """
 
     def __init__(
@@ -250,8 +254,6 @@ class ClassicCoverage:
         self.var_threshold = var_threshold
         self.batch_size = batch_size
         self.progress = progress
-        self.model_ = None
-        self.seconds_: dict[str, float] = {}
 
     # ----------------------------------------------------------------- settings
     def settings(self) -> dict:
@@ -315,12 +317,13 @@ class ClassicCoverage:
         return self
 
     def collect(self, model, data) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """One forward pass over ``data`` (an ImageSet): ({layer: (N, neurons)} for the required layers
+        """One forward pass over ``data`` (ImageSet or raw uint8 images): ({layer: (N, neurons)} for the required layers
         plus NC's ``f"{layer}:nc"`` scaled means, predicted classes (N,)) -- what
         :meth:`fit_activations` and :meth:`score_activations` take."""
         tap = _OutputTap(model.module)
         layers = [f"model.{layer}" for layer in self.required_layers()] + [_OUTPUT]
-        values = act.collect_activations(tap, act.PreprocessedImages(data.images, model.preprocessing), layers, self.batch_size,
+        images, _ = images_of(data)
+        values = act.collect_activations(tap, act.PreprocessedImages(images, model.preprocessing), layers, self.batch_size,
                                          self.reductions, self.progress)
         outputs = values.pop(_OUTPUT)
         values.pop(f"{_OUTPUT}:{_NC_KEY}", None)
@@ -328,16 +331,16 @@ class ClassicCoverage:
         return values, outputs.argmax(axis=1)
 
     # ---------------------------------------------------------------------- fit
-    def fit(self, model, train) -> "ClassicCoverage":
-        """One activation pass over ``train`` (an ImageSet) through ``model`` (a TorchModel)."""
+    def fit(self, model, images) -> "ClassicCoverage":
+        """One activation pass over ``images`` (ImageSet or raw uint8 images) through ``model`` (a TorchModel)."""
         self._check_settings()
         self.resolve_layers(model.module)
-        self.model_ = model
         started = time.perf_counter()
-        values, predictions = self.collect(model, train)
+        values, predictions = self.collect(model, images)
         seconds = time.perf_counter() - started
-        self.fit_activations(values, predictions, train_name=train.name)
+        self.fit_activations(values, predictions, train_name=images_of(images)[1])
         self.seconds_["activations"] = seconds
+        self.model_ = model
         return self
 
     def fit_activations(self, activations: Mapping[str, np.ndarray], predictions: np.ndarray,
@@ -358,6 +361,7 @@ class ClassicCoverage:
         if len(neuron_values) != len(predictions):
             raise UserError(f"{len(neuron_values)} activation rows but {len(predictions)} predictions")
         self.train_name_, self.num_train_ = train_name, len(predictions)
+        self.model_ = None
         self.low_, self.high_ = (neuron_bounds(neuron_values) if _BOUNDED & set(criteria) else (None, None))
         self.likelihood_ = self.distance_ = None
         self.sa_traces_, self.sa_classes_ = None, None
@@ -373,19 +377,16 @@ class ClassicCoverage:
         return self
 
     # -------------------------------------------------------------------- score
-    def score(self, test, model=None) -> CriteriaReport:
-        """One activation pass over ``test`` (an ImageSet); all criteria in one :class:`CriteriaReport`.
-
-        ``model`` defaults to the one given to :meth:`fit` (needed after :meth:`load` without one).
-        """
+    def score(self, images) -> CriteriaReport:
+        """One activation pass over ``images`` (ImageSet or raw uint8 images); all criteria in one
+        :class:`CriteriaReport`, through the model given to :meth:`fit` or :meth:`load`."""
         self._check_fitted()
-        model = model or self.model_
-        if model is None:
-            raise UserError("scoring needs the model: pass model= to score() or load()")
+        if self.model_ is None:
+            raise UserError("scoring needs the model: fit(model, images), or load(directory, model=...)")
         started = time.perf_counter()
-        values, predictions = self.collect(model, test)
+        values, predictions = self.collect(self.model_, images)
         seconds = time.perf_counter() - started
-        report = self.score_activations(values, predictions, data_name=test.name)
+        report = self.score_activations(values, predictions, data_name=images_of(images)[1])
         self.seconds_["activations"] = seconds
         return report
 
@@ -436,7 +437,7 @@ class ClassicCoverage:
         folder.mkdir(parents=True, exist_ok=True)
         meta = {**self.settings(), "batch_size": int(self.batch_size), "layer_sizes": self.layer_sizes_,
                 "train_name": self.train_name_, "num_train": self.num_train_}
-        (folder / f"{FILE_STEM}.json").write_text(json.dumps(meta, indent=1))
+        (folder / f"{FILE_STEM}.json").write_text(json.dumps(stamped(KIND, meta), indent=1))
         arrays = {"low": self.low_, "high": self.high_, "sa_traces": self.sa_traces_,
                   "sa_classes": self.sa_classes_,
                   "nearest_other": None if self.distance_ is None else self.distance_.nearest_other_}
@@ -451,7 +452,11 @@ class ClassicCoverage:
         missing = [str(p) for p in paths if not p.exists()]
         if missing:
             raise UserError(f"no saved classic criteria: missing {', '.join(missing)}")
-        meta = json.loads(paths[0].read_text())
+        try:
+            meta = json.loads(paths[0].read_text())
+        except json.JSONDecodeError as exc:
+            raise UserError(f"'{paths[0]}' is not valid JSON ({exc}); it holds no saved {KIND}") from None
+        check_saved(meta, KIND, f"'{paths[0]}'")
         with np.load(paths[1]) as archive:
             arrays = {name: archive[name] for name in archive.files}
         coverage = cls(
@@ -482,9 +487,11 @@ class ClassicCoverage:
             self.distance_ = DistanceSurprise().fit(self.sa_traces_, self.sa_classes_, arrays.get("nearest_other"))
 
     # ------------------------------------------------------------------ helpers
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "layer_sizes_")
+
     def _check_fitted(self) -> None:
-        if not hasattr(self, "layer_sizes_"):
-            raise UserError("ClassicCoverage is not fitted yet; call fit(model, train) or ClassicCoverage.load(dir)")
+        check_fitted(self, "fit(model, images) or ClassicCoverage.load(directory)")
 
     def _timed(self, stage: str):
         return _Stopwatch(self.seconds_, stage)

@@ -35,7 +35,7 @@ from zennit.rules import AlphaBeta, Epsilon, Norm, Pass, ZPlus
 from zennit.types import Activation, AvgPool, BatchNorm, Linear as LinearOrConv, MaxPool
 
 from mlflow_di.errors import UserError
-from mlflow_di.importance.activations import LayerRecorder, check_layers, eval_mode, iter_batches, neuron_values
+from mlflow_di.coverage.activations import LayerRecorder, check_layers, eval_mode, iter_batches, neuron_values
 
 RULES = ("epsilon", "z", "zplus", "alpha1beta0")
 DEFAULT_EPSILON = 1e-6

@@ -13,14 +13,18 @@ import pathlib
 from typing import Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator
 
+from mlflow_di.coverage.activations import default_layer
+from mlflow_di.coverage.base import check_fitted, images_of, parse_saved, stamped
+from mlflow_di.coverage.criteria import CRITERIA, ClassicCoverage, CriteriaReport
+from mlflow_di.coverage.idc import CoverageReport, ImportanceDrivenCoverage
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.importance.activations import default_layer
-from mlflow_di.importance.criteria import CRITERIA, ClassicCoverage, CriteriaReport
-from mlflow_di.importance.idc import CoverageReport, ImportanceDrivenCoverage, fit_layers, score_layers
 
 ALL_CRITERIA = ("idc", *CRITERIA)
+KIND = "coverage-suite"
+SUITE_FILE, IDC_FILE, CRITERIA_DIR = "suite.json", "idc.json", "criteria"
 
 
 def parse_criteria(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -70,105 +74,116 @@ class CoverageResult:
         return summary
 
 
-class CoverageSuite:
+class CoverageSuite(BaseEstimator):
     """Fit IDC (one or more layers) and the classic criteria on a training set; score test sets.
 
-    ``layers``: None (the default subject layer: last hidden layer before the logits), ``"all"``
+    ``criteria``: any of :data:`ALL_CRITERIA` (a list or ``"idc,nc"``). ``layers``: the IDC
+    layers, None (the default subject layer: last hidden layer before the logits), ``"all"``
     (every hidden layer; a layer narrower than ``top_m`` uses all its neurons) or a list of names.
-    ``criteria``: any of :data:`ALL_CRITERIA`. Other arguments go to
-    :class:`~mlflow_di.importance.idc.ImportanceDrivenCoverage`.
+    The other arguments go to :class:`~mlflow_di.coverage.idc.ImportanceDrivenCoverage`;
+    ``batch_size`` and ``progress`` to :class:`~mlflow_di.coverage.criteria.ClassicCoverage` too.
+
+    Fitted attributes: ``criteria_`` (the checked criteria, canonical order), ``idc_``
+    (a multi-layer ImportanceDrivenCoverage, or None without ``idc``), ``classic_``
+    (ClassicCoverage, or None without classic criteria), ``primary_`` (the IDC layer reported
+    as ``idc``), ``model_``.
     """
 
-    def __init__(self, criteria: Sequence[str] = ALL_CRITERIA, layers: str | Sequence[str] | None = None,
+    def __init__(self, criteria: str | Sequence[str] = ALL_CRITERIA, layers: str | Sequence[str] | None = None,
                  top_m: int = 6, clusters: Sequence[int] = (2, 3, 4), rule: str = "epsilon",
                  only_correct: bool = True, seed: int = 0, reference_quirks: bool = False,
                  batch_size: int = 256, progress: bool = True):
-        self.criteria = parse_criteria(criteria)
+        self.criteria = criteria
         self.layers = layers
-        self.idc_params = dict(top_m=top_m, clusters=tuple(clusters), rule=rule, only_correct=only_correct, seed=seed,
-                               reference_quirks=reference_quirks, batch_size=batch_size, progress=progress)
-        self.classic = [c for c in self.criteria if c != "idc"]
-        self.batch_size, self.progress = batch_size, progress
-        self.idc_models_: dict[str, ImportanceDrivenCoverage] = {}
-        self.classic_: ClassicCoverage | None = None
-        self.primary_: str | None = None
+        self.top_m = top_m
+        self.clusters = clusters
+        self.rule = rule
+        self.only_correct = only_correct
+        self.seed = seed
+        self.reference_quirks = reference_quirks
+        self.batch_size = batch_size
+        self.progress = progress
 
-    def fit(self, model, train: ImageSet) -> "CoverageSuite":
-        """Importance analysis + quantisation (IDC) and the criteria's statistics from ``train``."""
-        if "idc" in self.criteria:
-            self.primary_ = default_layer(model.module)
-            if self.layers is None:
-                self.idc_models_ = {self.primary_: ImportanceDrivenCoverage(**self.idc_params).fit(model, train)}
-            else:
-                self.idc_models_ = fit_layers(model, train, self.layers, **self.idc_params)
-                if self.primary_ not in self.idc_models_:
-                    self.primary_ = next(iter(self.idc_models_))
-        if self.classic:
-            self.classic_ = ClassicCoverage(self.classic, batch_size=self.batch_size, progress=self.progress)
-            self.classic_.fit(model, train)
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "criteria_")
+
+    def fit(self, model, images: ImageSet) -> "CoverageSuite":
+        """Importance analysis + quantisation (IDC) and the criteria's statistics from ``images``."""
+        criteria = parse_criteria(self.criteria)
+        idc = classic = primary = None
+        if "idc" in criteria:
+            default = default_layer(model.module)
+            layers = [default] if self.layers is None else self.layers
+            idc = ImportanceDrivenCoverage(
+                layers=layers, top_m=self.top_m, clusters=self.clusters, rule=self.rule,
+                only_correct=self.only_correct, seed=self.seed, reference_quirks=self.reference_quirks,
+                batch_size=self.batch_size, progress=self.progress).fit(model, images)
+            primary = default if default in idc.layers_ else idc.layers_[0]
+        names = [c for c in criteria if c != "idc"]
+        if names:
+            classic = ClassicCoverage(names, batch_size=self.batch_size, progress=self.progress).fit(model, images)
+        self.criteria_, self.idc_, self.classic_, self.primary_, self.model_ = criteria, idc, classic, primary, model
         return self
 
-    def score(self, model, test: ImageSet, accumulate: CoverageResult | None = None) -> CoverageResult:
-        """All criteria on ``test``; with ``accumulate``, coverage of the earlier sets plus this one."""
+    def score(self, images: ImageSet, accumulate: CoverageResult | None = None) -> CoverageResult:
+        """All criteria on ``images``; with ``accumulate``, coverage of the earlier sets plus this one."""
+        check_fitted(self, "fit(model, images) or CoverageSuite.load(directory, model)")
+        _, name = images_of(images)
         criteria_report, activations = None, {}
         if self.classic_ is not None:
-            activations, predictions = self.classic_.collect(model, test)
-            criteria_report = self.classic_.score_activations(activations, predictions, data_name=test.name)
+            activations, predictions = self.classic_.collect(self.model_, images)
+            criteria_report = self.classic_.score_activations(activations, predictions, data_name=name)
             if accumulate is not None and accumulate.criteria is not None:
-                criteria_report = accumulate.criteria.merge(criteria_report, name=f"{accumulate.data} + {test.name}")
-        earlier = accumulate.idc if accumulate is not None else {}
-        idc_reports = self._score_idc(test, activations, earlier)
-        data = f"{accumulate.data} + {test.name}" if accumulate is not None else test.name
+                criteria_report = accumulate.criteria.merge(criteria_report, name=f"{accumulate.data} + {name}")
+        idc_reports = {}
+        if self.idc_ is not None:
+            earlier = accumulate.idc if accumulate is not None else None
+            if all(layer in activations for layer in self.idc_.layers_):  # reuse the criteria's pass
+                idc_reports = self.idc_.score_activations(activations, accumulate=earlier, data=name)
+            else:
+                idc_reports = self.idc_.score(images, accumulate=earlier)
+        data = f"{accumulate.data} + {name}" if accumulate is not None else name
         return CoverageResult(idc_reports, self.primary_, criteria_report, data)
-
-    def _score_idc(self, test: ImageSet, activations: dict, earlier: dict) -> dict[str, CoverageReport]:
-        if not self.idc_models_:
-            return {}
-        if all(model.layer_ in activations for model in self.idc_models_.values()):  # reuse the criteria's pass
-            return {layer: model.report(model.combinations_of_activations(activations[model.layer_]),
-                                        accumulate=earlier.get(layer), data=test.name)
-                    for layer, model in self.idc_models_.items()}
-        return score_layers(self.idc_models_, test, accumulate=earlier)
 
     def important_neurons_table(self) -> list[dict]:
         """One row per important neuron of every IDC layer: rank, index, importance, clusters."""
-        rows = []
-        for layer, model in self.idc_models_.items():
-            for rank, (neuron, centroids, silhouette) in enumerate(
-                    zip(model.important_neurons_, model.centroids_, model.silhouettes_), start=1):
-                rows.append({"layer": layer, "rank": rank, "neuron": int(neuron),
-                             "importance": float(model.importance_[neuron]), "clusters": len(centroids),
-                             "silhouette": float(silhouette),
-                             "centroids": ", ".join(f"{c:.3g}" for c in centroids)})
-        return rows
+        check_fitted(self)
+        return self.idc_.important_neurons_table() if self.idc_ is not None else []
 
     def save(self, directory) -> pathlib.Path:
-        """``idc_<layer>.json`` per layer, the criteria's statistics and ``suite.json``, in ``directory``."""
+        """``suite.json`` (settings, primary layer), ``idc.json`` and the criteria's statistics, in ``directory``."""
+        check_fitted(self)
         directory = pathlib.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        files = {}
-        for layer, model in self.idc_models_.items():
-            files[layer] = f"idc_{layer.replace('/', '_')}.json"
-            model.save(directory / files[layer])
+        if self.idc_ is not None:
+            self.idc_.save(directory / IDC_FILE)
         if self.classic_ is not None:
-            self.classic_.save(directory / "criteria")
-        (directory / "suite.json").write_text(json.dumps(
-            {"criteria": list(self.criteria), "primary": self.primary_, "idc_files": files}, indent=2))
+            self.classic_.save(directory / CRITERIA_DIR)
+        params = self.get_params()
+        params.update(criteria=list(self.criteria_), clusters=list(self.clusters))
+        if params["layers"] is not None and not isinstance(params["layers"], str):
+            params["layers"] = list(params["layers"])
+        (directory / SUITE_FILE).write_text(json.dumps(stamped(KIND, {"params": params, "primary": self.primary_}),
+                                                       indent=2))
         return directory
 
     @classmethod
     def load(cls, directory, model) -> "CoverageSuite":
         """A fitted suite saved by :meth:`save`, attached to ``model`` (scores without training data)."""
         directory = pathlib.Path(directory)
-        if not (directory / "suite.json").is_file():
-            raise UserError(f"'{directory}' holds no saved coverage model (suite.json missing)")
-        saved = json.loads((directory / "suite.json").read_text())
-        suite = cls(saved["criteria"], progress=False)
+        if not (directory / SUITE_FILE).is_file():
+            raise UserError(f"'{directory}' holds no saved coverage model ({SUITE_FILE} missing)")
+        saved = parse_saved((directory / SUITE_FILE).read_text(), KIND, f"'{directory / SUITE_FILE}'")
+        suite = cls(**dict(saved["params"], progress=False))
+        suite.criteria_ = parse_criteria(suite.criteria)
         suite.primary_ = saved["primary"]
-        suite.idc_models_ = {layer: ImportanceDrivenCoverage.load(directory / file, model)
-                             for layer, file in saved["idc_files"].items()}
-        if suite.classic:
-            suite.classic_ = ClassicCoverage.load(directory / "criteria", model=model, progress=False)
+        suite.idc_ = ImportanceDrivenCoverage.load(directory / IDC_FILE, model) if "idc" in suite.criteria_ else None
+        if suite.idc_ is not None:
+            suite.idc_.progress = False
+        suite.classic_ = None
+        if any(c != "idc" for c in suite.criteria_):
+            suite.classic_ = ClassicCoverage.load(directory / CRITERIA_DIR, model=model, progress=False)
+        suite.model_ = model
         return suite
 
 

@@ -103,12 +103,12 @@ class DeepImportanceEvaluator(ModelEvaluator):
 
 def evaluate_images(model, dataset, config: EvaluatorConfig) -> tuple[dict, dict]:
     """The metrics (``mlflow_di/...``) and JSON artifacts (path -> text) of one evaluation."""
-    from mlflow_di.importance.idc import ImportanceDrivenCoverage
+    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 
     torch_model = white_box_model(model, config)
     data = image_set(dataset, config.input_shape or torch_model.preprocessing.input_shape)
     train, test = _analysis_split(data, config)
-    coverage = ImportanceDrivenCoverage(layer=config.layer, top_m=config.top_m, clusters=config.clusters,
+    coverage = ImportanceDrivenCoverage(layers=config.layer, top_m=config.top_m, clusters=config.clusters,
                                         rule=config.rule, seed=config.seed, progress=False).fit(torch_model, train)
     report = coverage.score(test)
     metrics = {"idc": report.idc, "idc_covered": report.covered, "idc_total": report.total,
