@@ -1,5 +1,6 @@
 """Reports are single self-contained HTML files with escaped text, and the pictures put pixels where they belong."""
 import base64
+import html
 import io
 import re
 
@@ -8,18 +9,22 @@ import pytest
 from PIL import Image
 
 import mlflow_di  # noqa: F401  (import guard first, as in every test)
-from mlflow_di.report import (
+from mlflow_di.reporting import (
     HtmlReport,
     bar_plot,
     coverage_growth_plot,
     format_value,
+    operator_summary,
+    perturbation_sizes,
     png_data_uri,
     relevance_heatmaps,
     save_png,
     to_png,
     trigger_grid,
     trigger_grid_layout,
+    trigger_grid_pages,
 )
+from mlflow_di.reporting.html import MAX_CELL_CHARS
 
 
 def _digits(n: int, size: int = 28, channels: int = 1, seed: int = 0) -> np.ndarray:
@@ -205,3 +210,108 @@ def test_plots_are_reasonable_pngs(tmp_path):
         assert image.size == (growth.shape[1], growth.shape[0])
     with pytest.raises(ValueError):
         coverage_growth_plot({})
+
+
+OPERATORS = ("gaussian_noise", "salt_and_pepper", "multiplicative_noise", "pixel_change", "average_blur",
+             "gaussian_blur", "median_blur")
+
+
+def _seed_rows(n: int, chain_length: int = 40) -> list[dict]:
+    """Rows as the fuzz command builds them, with a long 'a > b > c > ...' operator chain."""
+    rng = np.random.default_rng(1)
+    return [{"seed": i, "label": i % 10, "success": True, "stop": "trigger", "queries": int(rng.integers(1, 900)),
+             "seconds": 0.0123, "original_label": 3, "compressed_label": 5, "original_top1": 0.5123,
+             "compressed_top1": 0.6012,
+             "operators": " > ".join(OPERATORS[j % 7] for j in rng.integers(0, 7, chain_length))}
+            for i in range(n)]
+
+
+def _cells(page: str) -> list[str]:
+    """Text of every table cell as the reader sees it (tags stripped, entities decoded)."""
+    return [html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<td[^>]*>(.*?)</td>", page, re.S)]
+
+
+def test_a_100_seed_table_is_compact_one_short_line_per_row():
+    rows = _seed_rows(100)
+    page = HtmlReport("fuzz").table(rows).render()
+    body = page.split("<tbody>")[1].split("</tbody>")[0]
+    assert body.count("<tr>") == 100
+    cells = _cells(body)
+    assert len(cells) == 100 * 11
+    assert max(len(cell) for cell in cells) <= MAX_CELL_CHARS
+    assert all(len(r["operators"]) > 200 for r in rows)  # what made each row ~200 px tall before
+    # The whole chain is still there, in the cut cell's tooltip.
+    titles = re.findall(r'<td class="cut" title="([^"]*)">', body)
+    assert len(titles) == 100 and titles[0] == rows[0]["operators"].replace(">", "&gt;")
+    assert "white-space: nowrap" in page and '<div class="table-wrap">' in page and "overflow-x: auto" in page
+
+
+def test_table_cells_are_cut_at_the_given_length_and_short_ones_kept():
+    page = HtmlReport("t").table([{"a": "x" * 30, "b": "short", "n": 123456789012}], max_cell_chars=10).render()
+    assert _cells(page) == ["x" * 9 + "…", "short", "123,456,789,012"]  # numbers are never cut
+    assert 'title="' + "x" * 30 + '"' in page
+
+
+def test_operator_summary_counts_the_chain():
+    chain = ["gaussian_noise", "average_blur", "gaussian_noise", "pixel_change", "average_blur", "gaussian_noise"]
+    assert operator_summary(chain) == "gaussian_noise×3, average_blur×2, pixel_change×1"
+    assert operator_summary([]) == "—"
+    long_chain = [OPERATORS[i % 7] for i in range(300)]
+    assert len(operator_summary(long_chain)) < 150  # one entry per operator, however long the chain
+
+
+def test_perturbation_sizes_are_l2_and_linf_of_trigger_minus_seed():
+    seeds = np.zeros((2, 4, 4, 1), np.uint8)
+    triggers = seeds.copy()
+    triggers[0, 0, 0, 0], triggers[0, 1, 1, 0] = 3, 4
+    (moved, same) = perturbation_sizes(seeds, triggers)
+    assert (moved.changed_pixels, moved.l2, moved.linf) == (2, 5.0, 4)
+    assert (same.changed_pixels, same.l2, same.linf) == (0, 0.0, 0) and same.text() == "identical to the seed"
+    assert moved.text() == "2 px changed, L∞ 4, L2 5.0"
+    rgb = np.zeros((1, 2, 2, 3), np.uint8)
+    assert perturbation_sizes(rgb, rgb + 255)[0].linf == 255
+    assert perturbation_sizes(rgb, rgb + 1)[0].l2 == pytest.approx(np.sqrt(12))  # every channel counts once
+    assert perturbation_sizes(seeds[..., 0], triggers[..., 0])[0].l2 == 5.0  # grey given as N×H×W
+
+
+@pytest.mark.parametrize("total, per_page, pages", [(1, 16, 1), (16, 16, 1), (17, 16, 2), (40, 16, 3), (5, 2, 3)])
+def test_trigger_grid_pages_cover_every_trigger(total, per_page, pages):
+    seeds, triggers = _digits(total), _digits(total, seed=1)
+    chains = [operator_summary(OPERATORS[: 1 + i % 2]) for i in range(total)]  # one caption line: rows keep their pitch
+    result = trigger_grid_pages(seeds, triggers, [0] * total, [1] * total, true_labels=[2] * total,
+                                per_page=per_page, notes=[f"{i} queries" for i in range(total)], operators=chains)
+    assert len(result) == pages
+    rows = [min(per_page, total - start) for start in range(0, total, per_page)]
+    assert sum(rows) == total
+    for picture, count in zip(result, rows):
+        # Each page is exactly as tall as a grid of its rows (plus the page footer when there are several).
+        pitch = trigger_grid_layout(2, 28, 28).row_top(1) - trigger_grid_layout(2, 28, 28).row_top(0)
+        one = trigger_grid_layout(1, 28, 28, truncated=pages > 1).height
+        assert picture.dtype == np.uint8 and picture.shape[0] == one + (count - 1) * pitch
+    # A page's rows show exactly its triggers: the seed cell of page 2's first row is trigger per_page + 1's seed.
+    if pages > 1:
+        layout = trigger_grid_layout(per_page, 28, 28)
+        top, left, bottom, right = layout.cell_box(0, 0)
+        s = layout.scale
+        np.testing.assert_array_equal(result[1][top:bottom:s, left:right:s, 0], seeds[per_page, ..., 0])
+
+
+def test_trigger_grid_rows_grow_to_fit_a_wrapped_operator_summary():
+    seeds = _digits(2, size=8)
+    long = operator_summary([OPERATORS[i % 7] for i in range(20)])
+    plain = trigger_grid(seeds, seeds, [0, 0], [1, 1], true_labels=[1, 1], notes=["1 queries"] * 2)
+    wrapped = trigger_grid(seeds, seeds, [0, 0], [1, 1], true_labels=[1, 1], notes=["1 queries"] * 2,
+                           operators=[long] * 2)
+    assert wrapped.shape[0] > plain.shape[0]
+    with pytest.raises(ValueError, match="operators has 1 entries"):
+        trigger_grid(seeds, seeds, [0, 0], [1, 1], operators=[long])
+
+
+def test_gallery_embeds_every_page_in_one_scrolling_box():
+    pages = trigger_grid_pages(_digits(5), _digits(5, seed=2), [0] * 5, [1] * 5, per_page=2)
+    page = HtmlReport("t").gallery(pages, "all 5 triggers").render()
+    gallery = page.split('<div class="gallery">')[1].split("</div>")[0]
+    assert len(_embedded_pngs(gallery)) == 3 and "overflow: auto" in page
+    assert [image.size[1] for image in _embedded_pngs(gallery)] == [p.shape[0] for p in pages]
+    with pytest.raises(ValueError):
+        HtmlReport("t").gallery([])

@@ -6,6 +6,7 @@ resources. Every piece of caller text is HTML-escaped; callers never pass markup
 """
 from __future__ import annotations
 
+import collections
 import html
 import math
 import numbers
@@ -39,7 +40,12 @@ p { margin: 8px 0 12px; }
 .verdict.info { background: var(--info-bg); border-color: var(--info); } .verdict.info .word { color: var(--info); }
 .table-wrap { overflow-x: auto; margin: 8px 0 16px; }
 table { border-collapse: collapse; font-size: 14px; font-variant-numeric: tabular-nums; }
-table.data { min-width: 60%; }
+table.data { min-width: 60%; font: 12px/1.35 ui-monospace, Menlo, Consolas, "DejaVu Sans Mono", monospace; }
+table.data th, table.data td { padding: 3px 8px; white-space: nowrap; }
+td.cut { cursor: help; text-decoration: underline dotted var(--muted); }
+.gallery { max-height: 1200px; overflow: auto; margin: 12px 0 20px; border: 1px solid var(--rule); border-radius: 4px; }
+.gallery figure { margin: 6px; }
+.gallery figure img { max-width: none; border: 0; }
 caption { caption-side: top; text-align: left; color: var(--muted); font-size: 13px; padding: 0 0 6px; }
 th, td { padding: 5px 10px; border-bottom: 1px solid var(--rule); text-align: left; vertical-align: top; }
 th { background: var(--stripe); font-weight: 600; border-bottom: 2px solid var(--rule); white-space: nowrap; }
@@ -59,7 +65,7 @@ footer { margin-top: 36px; padding-top: 8px; border-top: 1px solid var(--rule); 
 @media print {
   body { font-size: 11pt; } main { max-width: none; padding: 0; }
   .verdict, figure, table, pre { break-inside: avoid; } h2 { break-after: avoid; }
-  .table-wrap { overflow: visible; }
+  .table-wrap, .gallery { overflow: visible; max-height: none; }
 }
 """
 
@@ -82,6 +88,19 @@ def format_value(value, percent: bool = False) -> str:
             return f"{number:.4g}"
         return f"{number:,.0f}"
     return str(value)
+
+
+#: Longest text a table cell shows; longer text is cut with "…" and kept whole in the cell's tooltip.
+MAX_CELL_CHARS = 48
+
+
+def operator_summary(operators: Iterable[str]) -> str:
+    """A chain of operator names as counts, most used first (ties: first used first), e.g.
+    ``gaussian_noise×3, median_blur×2, pixel_change×1``; ``—`` for an empty chain."""
+    counts = collections.Counter(str(name) for name in operators)  # Counter keeps first-seen order
+    if not counts:
+        return "—"
+    return ", ".join(f"{name}×{count}" for name, count in sorted(counts.items(), key=lambda nc: -nc[1]))
 
 
 def _is_number(value) -> bool:
@@ -145,11 +164,15 @@ class HtmlReport:
         return self
 
     def table(self, rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None,
-              caption: str | None = None, max_rows: int = 200, percent_columns: Iterable[str] = ()) -> "HtmlReport":
-        """A table of records (one dict per row); shows the first ``max_rows`` and notes how many were left out.
+              caption: str | None = None, max_rows: int = 200, percent_columns: Iterable[str] = (),
+              max_cell_chars: int = MAX_CELL_CHARS) -> "HtmlReport":
+        """A compact table of records (one dict per row, one line each, small fixed-width font,
+        scrolling sideways when wide); shows the first ``max_rows`` and notes how many were left out.
 
         ``columns`` picks and orders the columns (default: every key, in first-seen order);
-        numbers in ``percent_columns`` (fractions 0..1) are shown as percentages.
+        numbers in ``percent_columns`` (fractions 0..1) are shown as percentages. A text cell
+        longer than ``max_cell_chars`` characters shows its start and "…", with the whole text in
+        its ``title`` (the tooltip); numbers are never cut.
         """
         rows = list(rows)
         columns = list(columns) if columns is not None else list(dict.fromkeys(k for row in rows for k in row))
@@ -158,7 +181,7 @@ class HtmlReport:
         numeric = {c: all(_is_number(row.get(c)) for row in shown if row.get(c) is not None) and
                    any(row.get(c) is not None for row in shown) for c in columns}
         head = "".join(f'<th scope="col"{_num(numeric[c])}>{_escape(c)}</th>' for c in columns)
-        body = "".join("<tr>" + "".join(f"<td{_num(numeric[c])}>{_escape(format_value(row.get(c), c in percent))}</td>"
+        body = "".join("<tr>" + "".join(_cell(format_value(row.get(c), c in percent), numeric[c], max_cell_chars)
                                         for c in columns) + "</tr>" for row in shown)
         if not rows:
             body = f'<tr><td colspan="{max(len(columns), 1)}">(no rows)</td></tr>'
@@ -176,6 +199,22 @@ class HtmlReport:
         alt_text = alt if alt is not None else (caption or "")
         figcaption = f"<figcaption>{_escape(caption)}</figcaption>" if caption else ""
         self._parts.append(f'<figure><img src="{uri}" alt="{_escape(alt_text)}">{figcaption}</figure>')
+        return self
+
+    def gallery(self, pictures: Sequence[bytes | np.ndarray], caption: str | None = None,
+                alt: str | None = None) -> "HtmlReport":
+        """Several pictures (e.g. the pages of :func:`~mlflow_di.reporting.images.trigger_grid_pages`),
+        each at full size, one under the other in one box that scrolls when they are taller or
+        wider than the page; ``caption`` goes under the box."""
+        pictures = list(pictures)
+        if not pictures:
+            raise ValueError("no pictures for the gallery")
+        alt_text = alt if alt is not None else (caption or "")
+        figures = "".join(f'<figure><img src="{png_data_uri(as_png(picture))}" '
+                          f'alt="{_escape(f"{alt_text} ({number} of {len(pictures)})")}"></figure>'
+                          for number, picture in enumerate(pictures, 1))
+        note = f'<p class="note">{_escape(caption)}</p>' if caption else ""
+        self._parts.append(f'<div class="gallery">{figures}</div>{note}')
         return self
 
     def render(self) -> str:
@@ -216,3 +255,12 @@ def _caption(caption: str | None) -> str:
 
 def _num(numeric: bool) -> str:
     return ' class="num"' if numeric else ""
+
+
+def _cell(text: str, numeric: bool, max_chars: int) -> str:
+    """One ``<td>``: the text, or (never for a number) its first ``max_chars`` - 1 characters and "…"
+    with the whole text as title."""
+    limit = max(2, int(max_chars))
+    if numeric or len(text) <= limit:
+        return f"<td{_num(numeric)}>{_escape(text)}</td>"
+    return f'<td class="cut" title="{_escape(text)}">{_escape(text[:limit - 1])}…</td>'

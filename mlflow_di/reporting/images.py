@@ -7,6 +7,7 @@ image is enlarged by an integer nearest-neighbour factor (8×8 digits and 28×28
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from typing import Sequence
 
 import matplotlib
@@ -31,6 +32,12 @@ HEADER_HEIGHT = 22
 LINE_HEIGHT = 17
 FOOTER_HEIGHT = 22
 CAPTION_WIDTH = 210
+#: Caption lines a trigger row has room for without growing (title, true label, change, note).
+CAPTION_LINES = 4
+#: Characters per caption line before an operator summary wraps onto the next line.
+CAPTION_WRAP = 44
+#: Triggers per picture of :func:`trigger_grid_pages` (a 28×28 page is then about 2,100 px tall).
+TRIGGERS_PER_PAGE = 16
 #: Widest picture an HTML report page shows at full size (its content column is 880 px minus borders).
 MAX_PICTURE_WIDTH = 860
 
@@ -45,10 +52,11 @@ class TriggerGridLayout:
     scale: int
     truncated: bool = False
     caption_width: int = CAPTION_WIDTH
+    caption_lines: int = CAPTION_LINES
 
     @property
     def row_height(self) -> int:
-        return max(self.cell_height, 4 * LINE_HEIGHT)
+        return max(self.cell_height, max(CAPTION_LINES, self.caption_lines) * LINE_HEIGHT)
 
     @property
     def width(self) -> int:
@@ -74,10 +82,46 @@ class TriggerGridLayout:
 
 
 def trigger_grid_layout(rows: int, image_height: int, image_width: int, truncated: bool = False,
-                        caption_width: int = CAPTION_WIDTH) -> TriggerGridLayout:
-    """Layout of a trigger grid of ``rows`` rows of image_height×image_width images."""
+                        caption_width: int = CAPTION_WIDTH, caption_lines: int = CAPTION_LINES) -> TriggerGridLayout:
+    """Layout of a trigger grid of ``rows`` rows of image_height×image_width images; ``truncated``
+    reserves a footer line, ``caption_lines`` the most caption lines of a row."""
     scale = upscale_factor(image_height, image_width)
-    return TriggerGridLayout(rows, image_height * scale, image_width * scale, scale, truncated, caption_width)
+    return TriggerGridLayout(rows, image_height * scale, image_width * scale, scale, truncated, caption_width,
+                             caption_lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Perturbation:
+    """How far a trigger is from its seed, in raw pixel values (0..255).
+
+    ``changed_pixels``: pixels with any channel changed; ``l2``: Euclidean norm of
+    trigger − seed over every pixel and channel; ``linf``: the largest absolute change.
+    """
+
+    changed_pixels: int
+    l2: float
+    linf: int
+
+    def text(self) -> str:
+        """e.g. ``12 px changed, L∞ 37, L2 81.2`` (or ``identical to the seed``)."""
+        if not self.changed_pixels:
+            return "identical to the seed"
+        return f"{self.changed_pixels} px changed, L∞ {self.linf}, L2 {self.l2:.1f}"
+
+
+def perturbation_sizes(seeds: np.ndarray, triggers: np.ndarray) -> list[Perturbation]:
+    """One :class:`Perturbation` per (seed, trigger) pair; uint8 N×H×W×C or N×H×W arrays of one shape."""
+    seeds, triggers = np.asarray(seeds), np.asarray(triggers)
+    if seeds.shape != triggers.shape:
+        raise ValueError(f"seeds {seeds.shape} and triggers {triggers.shape} must have the same shape")
+    if seeds.ndim == 3:
+        seeds, triggers = seeds[..., None], triggers[..., None]
+    change = triggers.astype(np.int32) - seeds.astype(np.int32)
+    flat = change.reshape(len(change), -1)
+    per_pixel = np.abs(change).max(axis=3).reshape(len(change), -1)
+    return [Perturbation(int(np.count_nonzero(pixels)), float(np.sqrt(np.dot(row, row))),
+                         int(np.abs(row).max()) if row.size else 0)
+            for row, pixels in zip(flat, per_pixel)]
 
 
 def amplified_difference(seed: np.ndarray, trigger: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -114,30 +158,85 @@ def trigger_grid(
     max_rows: int = 16,
     class_names: Sequence[str] | None = None,
     notes: Sequence[str] | None = None,
+    operators: Sequence[str] | None = None,
 ) -> np.ndarray:
     """RGB uint8 picture with one row per trigger: seed | trigger | amplified difference | labels.
 
     ``seeds`` and ``triggers`` are uint8 N×H×W×C (C = 1 or 3) or N×H×W; the labels are both models'
     decisions on the trigger (shown as "orig 7 / comp 3", red when they differ) and optionally the
-    true label of the seed; ``notes`` adds one short line per row (e.g. "85 queries"). Only the
-    first ``max_rows`` rows are drawn, and the picture then says how many there were.
+    true label of the seed; each row also gives the perturbation size (changed pixels, L∞ and L2
+    of trigger − seed, see :func:`perturbation_sizes`). ``notes`` adds one short line per row
+    (e.g. "85 queries"), ``operators`` one text per row (e.g. :func:`~mlflow_di.reporting.html.operator_summary`
+    of the operator chain), wrapped onto as many lines as it needs. Only the first ``max_rows``
+    rows are drawn, and the picture then says how many there were; :func:`trigger_grid_pages`
+    draws them all.
     """
-    seeds, triggers = to_rgb_batch(seeds, "seeds"), to_rgb_batch(triggers, "triggers")
-    if seeds.shape != triggers.shape:
-        raise ValueError(f"seeds {seeds.shape} and triggers {triggers.shape} must have the same shape")
+    seeds, triggers, sizes = _checked_pairs(seeds, triggers, original_labels, compressed_labels, true_labels, notes,
+                                            operators)
     total = len(seeds)
-    _check_lengths(total, original_labels=original_labels, compressed_labels=compressed_labels,
-                   true_labels=true_labels, notes=notes)
-    if total == 0:
-        raise ValueError("no triggers to draw")
     rows = min(total, max(1, int(max_rows)))
+    footer = f"showing the first {rows} of {total} triggers" if rows < total else None
+    return _draw_trigger_grid(seeds[:rows], triggers[:rows], sizes, original_labels, compressed_labels, true_labels,
+                              class_names, notes, operators, first=0, footer=footer)
+
+
+def trigger_grid_pages(
+    seeds: np.ndarray,
+    triggers: np.ndarray,
+    original_labels: Sequence,
+    compressed_labels: Sequence,
+    true_labels: Sequence | None = None,
+    per_page: int = TRIGGERS_PER_PAGE,
+    class_names: Sequence[str] | None = None,
+    notes: Sequence[str] | None = None,
+    operators: Sequence[str] | None = None,
+) -> list[np.ndarray]:
+    """Every trigger, as :func:`trigger_grid` pictures of at most ``per_page`` rows each.
+
+    Same arguments as :func:`trigger_grid`; rows are numbered across pages (#17 opens page 2 of
+    16 per page), and each page of several says which triggers it holds ("triggers 17–32 of 40").
+    """
+    seeds, triggers, sizes = _checked_pairs(seeds, triggers, original_labels, compressed_labels, true_labels, notes,
+                                            operators)
+    total, per_page = len(seeds), max(1, int(per_page))
+    starts = range(0, total, per_page)
+    pages = []
+    for number, start in enumerate(starts, 1):
+        stop = min(start + per_page, total)
+        footer = (f"triggers {start + 1}–{stop} of {total} (page {number} of {len(starts)})"
+                  if len(starts) > 1 else None)
+        pages.append(_draw_trigger_grid(seeds[start:stop], triggers[start:stop], sizes, original_labels, compressed_labels,
+                                        true_labels, class_names, notes, operators, first=start, footer=footer))
+    return pages
+
+
+def _checked_pairs(seeds, triggers, original_labels, compressed_labels, true_labels, notes, operators):
+    """RGB seeds and triggers and the perturbation sizes (of the images as given, before any grey is
+    repeated into three channels), after checking every sequence has one entry per trigger."""
+    rgb_seeds, rgb_triggers = to_rgb_batch(seeds, "seeds"), to_rgb_batch(triggers, "triggers")
+    if rgb_seeds.shape != rgb_triggers.shape:
+        raise ValueError(f"seeds {rgb_seeds.shape} and triggers {rgb_triggers.shape} must have the same shape")
+    _check_lengths(len(rgb_seeds), original_labels=original_labels, compressed_labels=compressed_labels,
+                   true_labels=true_labels, notes=notes, operators=operators)
+    if len(rgb_seeds) == 0:
+        raise ValueError("no triggers to draw")
+    return rgb_seeds, rgb_triggers, perturbation_sizes(seeds, triggers)
+
+
+def _draw_trigger_grid(seeds, triggers, sizes, original_labels, compressed_labels, true_labels, class_names, notes,
+                       operators, first: int, footer: str | None) -> np.ndarray:
+    """The picture of rows ``first``.. (``seeds``/``triggers`` hold just those rows; ``sizes`` and
+    the other sequences cover every trigger and are indexed from ``first``)."""
+    rows = len(seeds)
     differences = [amplified_difference(seeds[row], triggers[row]) for row in range(rows)]
-    captions = [_trigger_caption(row, original_labels[row], compressed_labels[row],
-                                 None if true_labels is None else true_labels[row], changed, largest,
-                                 class_names, None if notes is None else notes[row])
-                for row, (_, changed, largest) in enumerate(differences)]
-    layout = trigger_grid_layout(rows, seeds.shape[1], seeds.shape[2], truncated=rows < total,
-                                 caption_width=max(CAPTION_WIDTH, _caption_width(captions)))
+    captions = [_trigger_caption(first + row, original_labels[first + row], compressed_labels[first + row],
+                                 None if true_labels is None else true_labels[first + row], sizes[first + row],
+                                 class_names, None if notes is None else notes[first + row],
+                                 None if operators is None else operators[first + row])
+                for row in range(rows)]
+    layout = trigger_grid_layout(rows, seeds.shape[1], seeds.shape[2], truncated=footer is not None,
+                                 caption_width=max(CAPTION_WIDTH, _caption_width(captions)),
+                                 caption_lines=max(len(lines) for lines in captions))
     canvas = Image.new("RGB", (layout.width, layout.height), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     _draw_grid_header(draw, layout)
@@ -149,9 +248,8 @@ def trigger_grid(
         if row:
             y = layout.row_top(row) - GAP // 2 - 1
             draw.line([(PAD, y), (layout.width - PAD, y)], fill=RULE)
-    if layout.truncated:
-        draw.text((PAD, layout.height - PAD - FOOTER_HEIGHT + 4), f"showing the first {rows} of {total} triggers",
-                  font=font(12), fill=MUTED)
+    if footer:
+        draw.text((PAD, layout.height - PAD - FOOTER_HEIGHT + 4), footer, font=font(12), fill=MUTED)
     return np.asarray(canvas)
 
 
@@ -162,16 +260,18 @@ def _draw_grid_header(draw: ImageDraw.ImageDraw, layout: TriggerGridLayout) -> N
         draw.text((left, PAD), title, font=font(12, bold=True), fill=MUTED)
 
 
-def _trigger_caption(row, original, compressed, true, changed, largest, class_names, note):
+def _trigger_caption(row, original, compressed, true, size: Perturbation, class_names, note, operators):
     """(text, colour, bold) lines describing one trigger."""
     deviates = original != compressed
     decision = f"orig {_label_text(original, class_names)} / comp {_label_text(compressed, class_names)}"
     lines = [(f"#{row + 1}  {decision}", DEVIATION if deviates else TEXT, True)]
     if true is not None:
         lines.append((f"true label {_label_text(true, class_names)}", TEXT, False))
-    lines.append((f"{changed} px changed, max Δ {largest}" if changed else "identical to the seed", MUTED, False))
+    lines.append((size.text(), MUTED, False))
     if note:
         lines.append((str(note), MUTED, False))
+    if operators:
+        lines.extend((text, MUTED, False) for text in textwrap.wrap(str(operators), CAPTION_WRAP))
     return lines
 
 
