@@ -91,7 +91,7 @@ def format_value(value, percent: bool = False) -> str:
 
 
 #: Longest text a table cell shows; longer text is cut with "…" and kept whole in the cell's tooltip.
-MAX_CELL_CHARS = 48
+MAX_CELL_CHARS = 64
 
 
 def operator_summary(operators: Iterable[str]) -> str:
