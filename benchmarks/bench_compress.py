@@ -26,7 +26,7 @@ import mlflow_di  # noqa: F401  (torchvision guard first)
 import numpy as np
 import torch
 
-from mlflow_di.compress import METHODS, compress, prune_l1, prune_structured
+from mlflow_di.compression import METHODS, compress, prune_l1, prune_structured
 from mlflow_di.data import load_images
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

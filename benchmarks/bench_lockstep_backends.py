@@ -17,7 +17,7 @@ import time
 
 import mlflow_di  # noqa: F401  (torchvision guard first)
 from benchmarks.results import write_section
-from mlflow_di.compress import compress, prune_l1
+from mlflow_di.compression import compress, prune_l1
 from mlflow_di.data import load_images
 from mlflow_di.fuzz.campaign import run_campaign
 from mlflow_di.models.classifier import OnnxClassifier, TorchClassifier

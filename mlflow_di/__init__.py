@@ -2,16 +2,23 @@
 
 Public API (stable): :func:`load_images` gives an :class:`ImageSet`; :func:`load_classifier`
 gives a black-box classifier with ``predict_proba(images)`` on raw uint8 NHWC images;
-:func:`load_torch_model` gives white-box access to a PyTorch model.
+:func:`load_torch_model` gives white-box access to a PyTorch model. They are imported on first
+use, so ``import mlflow_di`` (and the command line's ``--help``) stays fast.
 """
+import importlib
+
 from mlflow_di import _compat
 
-_compat.ensure_torchvision()  # before anything can import torchvision (zennit does)
+_compat.install_torchvision_guard()  # before anything can import torchvision (zennit does)
 
 __version__ = "0.1.0"
 
-from mlflow_di.data import ImageSet, load_images  # noqa: E402
-from mlflow_di.errors import UserError  # noqa: E402
-from mlflow_di.models.loading import load_classifier, load_torch_model  # noqa: E402
+_PUBLIC = {"ImageSet": "mlflow_di.data", "load_images": "mlflow_di.data", "UserError": "mlflow_di.errors",
+           "load_classifier": "mlflow_di.models.loading", "load_torch_model": "mlflow_di.models.loading"}
+__all__ = [*_PUBLIC, "__version__"]
 
-__all__ = ["ImageSet", "UserError", "load_classifier", "load_images", "load_torch_model", "__version__"]
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'mlflow_di' has no attribute {name!r}")

@@ -7,8 +7,9 @@ its operators (it skips them), but registers fake kernels for ``torchvision::nms
 ``operator torchvision::nms does not exist``. zennit imports torchvision too, so the whole
 white-box side would be unusable.
 
-What: :func:`ensure_torchvision` runs before the first torchvision import (``mlflow_di/__init__``
-calls it). If torchvision's extension loads, it does nothing more: torchvision works as shipped.
+What: :func:`ensure_torchvision` runs before the first torchvision import: ``mlflow_di/__init__``
+installs :class:`_TorchvisionGuard`, an import hook that calls it when something first imports
+torchvision (so importing mlflow_di itself stays cheap: no torch until it is needed). If torchvision's extension loads, it does nothing more: torchvision works as shipped.
 If the extension cannot load, it declares those two operator schemas (no kernels), so the import
 succeeds and torchvision's pure-Python parts (models, datasets, transforms, utils) work. The
 compiled ops themselves (nms, roi_align, ...) stay unavailable and raise torchvision's own
@@ -19,8 +20,6 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import sys
-
-import torch
 
 #: Operators torchvision registers fake kernels for at import time, whatever its extension did.
 _UNCONDITIONAL_OPS = ("nms", "qnms")
@@ -36,6 +35,8 @@ def _native_extension_loads() -> bool | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     package_dir = pathlib.Path(list(spec.submodule_search_locations)[0])
+    import torch
+
     for candidate in sorted(package_dir.glob("_C*.so")) + sorted(package_dir.glob("_C*.pyd")):
         try:
             torch.ops.load_library(str(candidate))
@@ -47,6 +48,8 @@ def _native_extension_loads() -> bool | None:
 
 def _declare_operator_schemas() -> None:
     global _library, FALLBACK_ACTIVE
+    import torch
+
     _library = torch.library.Library("torchvision", "DEF")
     for name in _UNCONDITIONAL_OPS:
         _library.define(f"{name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
@@ -63,3 +66,22 @@ def ensure_torchvision() -> None:
         return
     if _native_extension_loads() is False:
         _declare_operator_schemas()
+
+
+class _TorchvisionGuard:
+    """A ``sys.meta_path`` finder that runs :func:`ensure_torchvision` just before torchvision's
+    first import, then steps aside (it finds nothing itself)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision":
+            sys.meta_path.remove(self)
+            ensure_torchvision()
+        return None
+
+
+def install_torchvision_guard() -> None:
+    """Arrange for :func:`ensure_torchvision` to run before torchvision is first imported."""
+    if "torchvision" in sys.modules:
+        return
+    if not any(isinstance(finder, _TorchvisionGuard) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _TorchvisionGuard())

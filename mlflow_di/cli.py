@@ -1,30 +1,67 @@
 """The ``mlflow-di`` command line: parse, call the engines, log, exit.
 
 Exit codes: 0 success, 1 a quality gate failed, 2 bad input (one line on stderr, no
-traceback), 130 interrupted. Each subcommand lives in :mod:`mlflow_di.commands`.
+traceback), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM). Each subcommand lives in
+:mod:`mlflow_di.commands`; a subcommand's module is imported only when it runs or its help is
+shown, and heavy libraries (torch, mlflow, onnxruntime) only inside the work, so ``--help`` and
+usage errors answer at once.
 """
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+import signal
 import sys
 
 import click
 
 from mlflow_di import __version__
-from mlflow_di.errors import UserError
+from mlflow_di.errors import Terminated, UserError, note_sigterm, received_sigterm
+
+#: Subcommand name -> module in mlflow_di.commands (each defines ``command``), in help order.
+COMMANDS = {"demo": "demo", "describe": "describe", "import-keras": "import_keras", "coverage": "coverage",
+            "compress": "compress", "fuzz": "fuzz", "gate": "gate"}
+#: Model references that need the tracking store (the other commands always use it).
+_MLFLOW_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A click group that imports a subcommand's module only when that subcommand is needed."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        module = COMMANDS.get(name)
+        if module is None:
+            return None
+        return importlib.import_module(f"mlflow_di.commands.{module}").command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mlflow-di")
 @click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", default=None,
               help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here).")
-def cli(tracking_uri: str | None) -> None:
+@click.pass_context
+def cli(ctx: click.Context, tracking_uri: str | None) -> None:
     """Coverage (IDC) and differential fuzzing (DFlare) for image classifiers in MLflow."""
-    _quiet_mlflow_logs()
-    if tracking_uri:
-        import mlflow
+    from mlflow_di.mlflow_edge import connection
 
-        mlflow.set_tracking_uri(tracking_uri)
+    rest = [*getattr(ctx, "_protected_args", []), *ctx.args]  # the subcommand and its arguments
+    if any(arg in ("-h", "--help") for arg in rest):
+        return
+    _quiet_library_logs()
+    connection.bound_http_retries()
+    connection.use_tracking_uri(tracking_uri)
+    if tracking_uri and _needs_store(ctx.invoked_subcommand, rest):
+        connection.check_reachable(tracking_uri)
+
+
+def _needs_store(command: str | None, args: list[str]) -> bool:
+    if command == "describe":
+        return any(arg.startswith(_MLFLOW_PREFIXES) for arg in args)
+    return True
 
 
 class _DropPickleAdvice(logging.Filter):
@@ -34,41 +71,63 @@ class _DropPickleAdvice(logging.Filter):
         return "Pickle or CloudPickle" not in record.getMessage()
 
 
-def _quiet_mlflow_logs() -> None:
-    """Keep MLflow's INFO chatter (database set-up, experiment creation) off the terminal."""
+def _quiet_library_logs() -> None:
+    """Keep MLflow's INFO chatter (database set-up, 'Successfully registered model') off the terminal."""
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("mlflow.pytorch").addFilter(_DropPickleAdvice())
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # LiteRT's "Created TensorFlow Lite ... delegate" INFO
 
 
-def _register_commands() -> None:
-    from mlflow_di.commands import compress, coverage, demo, describe, fuzz, gate, import_keras
-
-    for module in (demo, describe, import_keras, coverage, compress, fuzz, gate):
-        cli.add_command(module.command)
+def _on_sigterm(signum, frame):
+    note_sigterm()
+    raise Terminated()
 
 
-_register_commands()
+def _error(message: str) -> None:
+    click.echo(f"mlflow-di: error: {message}", err=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: run the CLI and turn bad input into one line and exit code 2."""
-    from mlflow.exceptions import MlflowException
+    """Console-script entry: run the CLI and turn every failure that is the user's into one line."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # users turn it on by setting it to false
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        code = _run(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code not in (0, 1) and os.environ.get("MLFLOW_RUN_ID"):  # failed before its run started
+        from mlflow_di.mlflow_edge.runs import end_project_run
 
+        end_project_run("KILLED" if code in (130, 143) else "FAILED")
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         # without standalone mode click returns ctx.exit()'s code (e.g. the gate's 1) or the command's value
         result = cli.main(args=argv, prog_name="mlflow-di", standalone_mode=False)
     except click.exceptions.Exit as stop:
         return stop.exit_code
-    except click.ClickException as exc:  # usage errors: click prints usage and the problem
-        exc.show()
+    except click.ClickException as exc:  # usage errors: one line, with where to read more
+        command = exc.ctx.command_path if getattr(exc, "ctx", None) else "mlflow-di"
+        _error(f"{exc.format_message()} (see `{command} --help`)")
         return 2
-    except (UserError, MlflowException) as exc:
-        message = exc.message if isinstance(exc, MlflowException) else str(exc)
-        click.echo(f"mlflow-di: error: {message.strip().splitlines()[0]}", err=True)
+    except UserError as exc:
+        _error(str(exc).strip().splitlines()[0] if str(exc).strip() else "bad input")
         return 2
-    except (KeyboardInterrupt, click.Abort):
-        click.echo("mlflow-di: interrupted", err=True)
+    except (KeyboardInterrupt, click.Abort) as stop:
+        if isinstance(stop, Terminated) or received_sigterm():
+            _error("terminated (SIGTERM); finished work is kept")
+            return 143
+        _error("interrupted; finished work is kept")
         return 130
+    except Exception as exc:  # noqa: BLE001 - MLflow's own errors about the user's input
+        from mlflow.exceptions import MlflowException
+
+        if isinstance(exc, MlflowException):
+            _error(exc.message.strip().splitlines()[0])
+            return 2
+        raise
     return result if isinstance(result, int) else 0
 
 

@@ -7,7 +7,7 @@ import sys
 import mlflow
 import pytest
 
-from mlflow_di import tracking
+from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
 from mlflow_di.cli import main
 from mlflow_di.errors import UserError
 

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import mlflow_di  # noqa: F401  (torchvision guard before anything imports it)
-from mlflow_di.compress import (
+from mlflow_di.models.metadata import ONNX_PREPROCESSING_KEY
+from mlflow_di.compression import (
     METHODS,
-    PREPROCESSING_METADATA_KEY,
     CompressionResult,
     assert_linear_layers_quantized,
     compress,
@@ -141,7 +141,7 @@ def test_every_method_carries_the_preprocessing_and_how_it_was_made(compressed, 
     _, preprocessing = trained_cnn
     result = compressed(method)
     props = {p.key: p.value for p in onnx.load(result.path).metadata_props}
-    assert Preprocessing.from_json(props[PREPROCESSING_METADATA_KEY]) == preprocessing
+    assert Preprocessing.from_json(props[ONNX_PREPROCESSING_KEY]) == preprocessing
     assert read_preprocessing(result.path) == preprocessing
     assert f'"method": "{method}"' in props["mlflow_di.compression"]
     assert result.size_bytes == len(open(result.path, "rb").read())

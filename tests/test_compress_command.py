@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlflow_di import tracking
+from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
 from mlflow_di.cli import main
 from mlflow_di.data import load_images
 from mlflow_di.models import zoo
@@ -26,7 +26,7 @@ def registered_cnn(tracking_uri):
     train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
                      progress=False)
     with tracking.tracked_run("train"):
-        tracking.log_torch_model(model, registered_model_name="cnn")
+        edge_models.log_torch_model(model, registered_model_name="cnn")
     return "models:/cnn/1"
 
 
@@ -49,7 +49,7 @@ def test_every_method_registers_an_export_with_lineage_that_fuzz_accepts(registe
         assert metrics["compressed_size_bytes"] > 0
         out = tmp_path / f"fuzz-{method}.json"
         assert main(["fuzz", "--original", registered_cnn, "--compressed", f"models:/cnn-{method}/1",
-                     "--seeds", "digits[1300:1305]", "--max-queries", "30", "--out-dir", str(tmp_path / method),
+                     "--seed-data", "digits[1300:1305]", "--max-queries", "30", "--out-dir", str(tmp_path / method),
                      "--json-out", str(out)]) == 0
         assert json.loads(out.read_text())["seeds"] == 5
     sparsity = client.get_run(client.get_model_version("cnn-prune-l1", "1").run_id).data.metrics["sparsity"]

@@ -6,7 +6,7 @@ import pytest
 
 import mlflow_di  # noqa: F401  (torchvision guard before torch/zennit imports)
 from mlflow_di.data import load_images
-from mlflow_di.evaluator import DeepImportanceEvaluator
+from mlflow_di.mlflow_edge.evaluator import DeepImportanceEvaluator
 from mlflow_di.models.torch_model import TorchModel
 
 
@@ -70,21 +70,21 @@ def test_registered_under_its_entry_point():
 
 
 def test_logged_pytorch_model_gets_idc_logged_once(mlflow_client, digits_model, evaluation_rows, monkeypatch):
-    from mlflow_di import tracking
+    from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
 
     monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")  # mlflow-di logs pickled modules
     with mlflow.start_run():
-        info = tracking.log_torch_model(digits_model)
+        info = edge_models.log_torch_model(digits_model)
     with mlflow.start_run() as run:
         result = mlflow.models.evaluate(info.model_uri, evaluation_rows, targets="label", model_type="classifier",
                                         evaluators=["mlflow_di"], evaluator_config={"mlflow_di": CONFIG})
     assert result.metrics["mlflow_di/idc"] == pytest.approx(expected_idc(digits_model, evaluation_rows, 200))
     assert result.metrics["mlflow_di/idc_fit_images"] == 200 and result.metrics["mlflow_di/idc_scored_images"] == 200
-    centroids = result.artifacts["mlflow_di/coverage_model"].content["centroids"]
+    centroids = result.artifacts["mlflow_di/coverage_model"].content["layers"][0]["centroids"]
     assert result.metrics["mlflow_di/idc_total"] == np.prod([len(c) for c in centroids])
     assert history_length(run.info.run_id, "mlflow_di/idc") == 1  # evaluate() logs it (it knows the model id)
     assert "mlflow_di/coverage_model" in result.artifacts
-    assert result.artifacts["mlflow_di/coverage_model"].content["top_m"] == 4
+    assert result.artifacts["mlflow_di/coverage_model"].content["params"]["top_m"] == 4
 
 
 @pytest.fixture()

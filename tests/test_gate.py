@@ -105,9 +105,9 @@ def _values(found):
 
 
 def test_measurements_are_the_newest_finished_runs_of_that_version(client, history):
-    from mlflow_di import registry
+    from mlflow_di.mlflow_edge import recorded, registry
 
-    found = registry.measurements(history.uri)
+    found = recorded.measurements(history.uri)
     assert _values(found) == {
         ("idc", None): 0.62,
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
@@ -120,20 +120,34 @@ def test_measurements_are_the_newest_finished_runs_of_that_version(client, histo
     assert accuracy.run_id == history.compressed.run_id
 
 
+def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client, history):
+    """Coverage cannot be measured on an ONNX export: the gate follows the export's source tags."""
+    from mlflow_di.mlflow_edge import recorded
+
+    client.set_model_version_tag("lenet-int8", "1", "mlflow_di.source_name", "lenet")
+    client.set_model_version_tag("lenet-int8", "1", "mlflow_di.source_version", "1")
+    found = recorded.measurements("models:/lenet-int8/1")
+    assert _values(found) == {
+        ("idc", None): 0.62,  # the source's coverage, not a 'run coverage on the export' message
+        ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
+        ("accuracy_drop", "models:/lenet-int8/1"): 0.004}
+    assert not any(m.missing for m in found)
+
+
 def test_measurements_only_for_the_compressed_models_asked_for(client, history):
-    from mlflow_di import registry
+    from mlflow_di.mlflow_edge import recorded, registry
 
     client.set_registered_model_alias("lenet-int8", "edge", "1")
-    found = registry.measurements(history.uri, ["models:/lenet-int8@edge"])
+    found = recorded.measurements(history.uri, ["models:/lenet-int8@edge"])
     assert {m.compressed for m in found if m.compressed} == {"models:/lenet-int8/1"}
     assert _values(found)[("success_rate", "models:/lenet-int8/1")] == 0.30
 
 
 def test_a_compressed_model_never_fuzzed_is_reported_missing(client, history):
-    from mlflow_di import registry
+    from mlflow_di.mlflow_edge import recorded, registry
 
     lonely = register_version(client, "lenet-onnx")
-    found = {m.metric: m for m in registry.measurements(history.uri, ["models:/lenet-onnx/1", "local.tflite"])
+    found = {m.metric: m for m in recorded.measurements(history.uri, ["models:/lenet-onnx/1", "local.tflite"])
              if m.compressed == "models:/lenet-onnx/1"}
     assert found["success_rate"].value is None and found["accuracy_drop"].value is None
     assert found["success_rate"].missing == (
@@ -142,19 +156,19 @@ def test_a_compressed_model_never_fuzzed_is_reported_missing(client, history):
 
 
 def test_a_fuzz_run_without_deviations_measures_infinite_queries(client, history):
-    from mlflow_di import registry
+    from mlflow_di.mlflow_edge import recorded, registry
     from mlflow_server import fuzz_tags
 
     experiment = client.get_experiment_by_name("recorded").experiment_id
     record_run(client, experiment, "fuzz", history.subject, {"success_rate": 0.0, "triggers": 0},
                tags=fuzz_tags(history.compressed), start_time=1_800_000_000_000)
-    found = _values(registry.measurements(history.uri, ["models:/lenet-int8/1"]))
+    found = _values(recorded.measurements(history.uri, ["models:/lenet-int8/1"]))
     assert found[("success_rate", "models:/lenet-int8/1")] == 0.0
     assert found[("mean_queries", "models:/lenet-int8/1")] == math.inf
 
 
 def test_model_version_tags_resolve_aliases(client, history):
-    from mlflow_di import registry
+    from mlflow_di.mlflow_edge import recorded, registry
 
     client.set_registered_model_alias("lenet", "champion", "2")
     assert registry.model_version_tags("models:/lenet@champion") == {

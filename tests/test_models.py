@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import mlflow_di
-from mlflow_di import tracking
+from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
 from mlflow_di.errors import UserError
 from mlflow_di.models.classifier import OnnxClassifier, TFLiteClassifier, TorchClassifier
 from mlflow_di.models.preprocessing import Preprocessing
@@ -83,7 +83,7 @@ def test_mlflow_uris_carry_the_preprocessing(tracking_uri):
 
     model = TorchModel(tiny_torch(), PREP, name="tiny")
     with tracking.tracked_run("t") as run:
-        info = tracking.log_torch_model(model, registered_model_name="tiny")
+        info = edge_models.log_torch_model(model, registered_model_name="tiny")
     mlflow.MlflowClient().set_registered_model_alias("tiny", "champion", info.registered_model_version)
     expected = model.classifier().predict_proba(images())
     for uri in ("models:/tiny/1", "models:/tiny@champion", f"runs:/{run.info.run_id}/model"):

@@ -44,7 +44,7 @@ def test_evaluator_logs_idc_once_on_a_server(mlflow_server, use_server, monkeypa
     import mlflow
     import torch
 
-    from mlflow_di import tracking
+    from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
     from mlflow_di.data import load_images
     from mlflow_di.models import zoo
     from mlflow_di.models.torch_model import TorchModel
@@ -59,7 +59,7 @@ def test_evaluator_logs_idc_once_on_a_server(mlflow_server, use_server, monkeypa
     mlflow.set_experiment(unique("evaluate"))
     name = unique("digits")
     with mlflow.start_run():
-        tracking.log_torch_model(model, registered_model_name=name)
+        edge_models.log_torch_model(model, registered_model_name=name)
     rows = pd.DataFrame(test.images.reshape(len(test), -1).astype(np.int64))
     rows.columns = [f"p{i}" for i in range(64)]
     rows["label"] = test.labels

@@ -158,7 +158,7 @@ class Subjects:
     @functools.lru_cache(maxsize=None)
     def own_compression(self, method: str) -> OnnxClassifier:
         """The package's own compression of :attr:`dflare_original` (int8-static calibrated on the first images)."""
-        from mlflow_di.compress import compress
+        from mlflow_di.compression import compress
 
         source = self.dflare_original
         calibration = self._first_images(self.config.calibration_size).images if method == "int8-static" else None

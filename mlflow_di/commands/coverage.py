@@ -10,37 +10,11 @@ from __future__ import annotations
 import tempfile
 
 import click
-import mlflow
-import numpy as np
 
-from mlflow_di import report as rp
-from mlflow_di import tracking
-from mlflow_di.commands.options import json_out_option, preprocessing_option, seed_option
-from mlflow_di.data import ImageSet, load_images
-from mlflow_di.errors import UserError
-from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageResult, CoverageSuite, growth_curve, parse_criteria
-from mlflow_di.models.loading import load_torch_model
-from mlflow_di.registry import model_version_tags
+from mlflow_di.commands.options import (ClusterCounts, CommaList, LayerNames, LazyChoice, json_out_option,
+                                        preprocessing_option, seed_option, write_json_out)
 
 HEATMAP_INPUTS = 8
-
-
-def parse_clusters(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise UserError(f"--clusters must be integers separated by commas, e.g. 2,3,4 (got '{text}')") from None
-    if not values or min(values) < 1:
-        raise UserError(f"--clusters must be positive integers, e.g. 2,3,4 (got '{text}')")
-    return values
-
-
-def parse_layers(layer: str | None, layers: str | None):
-    if layer and layers:
-        raise UserError("give either --layer NAME or --layers all|NAME,NAME, not both")
-    if layers:
-        return "all" if layers.strip() == "all" else [n.strip() for n in layers.split(",") if n.strip()]
-    return [layer] if layer else None
 
 
 @click.command("coverage")
@@ -49,11 +23,14 @@ def parse_layers(layer: str | None, layers: str | None):
 @click.option("--test-data", required=True, multiple=True,
               help="Data spec of the test set; repeat to accumulate (original, then augmented sets).")
 @click.option("--layer", default=None, help="Subject layer for IDC (default: the last hidden layer before the logits).")
-@click.option("--layers", default=None, metavar="all|NAME,NAME", help="IDC for several layers ('all': every hidden layer).")
+@click.option("--layers", type=LayerNames(), default=None, help="IDC for several layers ('all': every hidden layer).")
 @click.option("--top-m", type=click.IntRange(1), default=6, show_default=True, help="Number of important neurons.")
-@click.option("--clusters", default="2,3,4", show_default=True, help="Candidate cluster counts per neuron.")
-@click.option("--rule", default="epsilon", show_default=True, help="LRP rule: epsilon, z, zplus, alpha1beta0.")
-@click.option("--criteria", default=",".join(ALL_CRITERIA), show_default=True, help="Criteria to measure.")
+@click.option("--clusters", type=ClusterCounts(), default="2,3,4", show_default=True,
+              help="Candidate cluster counts per neuron (each at least 2).")
+@click.option("--rule", type=LazyChoice("mlflow_di.coverage.relevance:RULES", "rule", in_help=False),
+              default="epsilon", show_default=True, help="LRP rule (epsilon, z, zplus or alpha1beta0).")
+@click.option("--criteria", type=CommaList("mlflow_di.coverage.suite:ALL_CRITERIA", "criteria", "CRITERION"),
+              default=None, help="Criteria to measure (default: IDC and every classic criterion).")
 @click.option("--all-inputs", is_flag=True, help="Analyse all training inputs, not only those the model classifies correctly.")
 @click.option("--reference-quirks", is_flag=True,
               help="Cluster as DeepImportance's code does (drop zeros, round centroids) instead of as the paper says.")
@@ -63,52 +40,95 @@ def parse_layers(layer: str | None, layers: str | None):
 def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, rule, criteria, all_inputs,
             reference_quirks, seed, json_out, preprocessing) -> None:
     """Measure how well test data covers MODEL-URI's important neurons (IDC) and the classic criteria."""
-    criteria = parse_criteria(criteria)
-    suite = CoverageSuite(criteria, layers=parse_layers(layer, layers), top_m=top_m, clusters=parse_clusters(clusters),
-                          rule=rule, only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks)
-    model = load_torch_model(model_uri, preprocessing)
+    from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite
+    from mlflow_di.data import load_images
+    from mlflow_di.errors import UserError
+    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.models.loading import load_torch_model
+    from mlflow_di.models.reference import ModelRef
+
+    if layer and layers:
+        raise UserError("give either --layer NAME or --layers all|NAME,NAME, not both")
+    criteria = criteria or ALL_CRITERIA
+    ref = ModelRef.parse(model_uri)
+    model = load_torch_model(ref, preprocessing)
+    subject_layers = layers or ([layer] if layer else None)
+    if "idc" in criteria:
+        check_layers(model, subject_layers, top_m)
+    suite = CoverageSuite(criteria, layers=subject_layers, top_m=top_m, clusters=clusters, rule=rule,
+                          only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks)
     train = load_images(train_data)
     tests = [load_images(spec) for spec in test_data]
     for data in (train, *tests):  # fail before any run starts when the data does not fit the model
         model.preprocessing.check_images(data.images[:1])
-    tags = {"mlflow_di.command": "coverage", **model_version_tags(model_uri)}
-    with tracking.tracked_run("coverage", tags=tags):
-        tracking.log_params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
-                           "layers": layers or layer or "default", "top_m": top_m, "clusters": clusters, "rule": rule,
-                           "criteria": ",".join(criteria), "only_correct": not all_inputs,
-                           "reference_quirks": reference_quirks, "seed": seed})
+    tags = {"mlflow_di.command": "coverage", **registry.model_version_tags(model_uri)}
+    with runs.tracked_run(f"coverage {ref.short}", tags=tags) as log:
+        log.params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
+                    "layers": _layers_param(layers, layer), "top_m": top_m, "clusters": ",".join(map(str, clusters)),
+                    "rule": rule, "criteria": ",".join(suite_criteria(criteria)), "only_correct": not all_inputs,
+                    "reference_quirks": reference_quirks, "seed": seed})
         click.echo(f"fitting on {train.name} ({len(train)} images) ...")
         suite.fit(model, train)
-        _log_fitted(suite)
-        results = _score_all(suite, model, tests)
+        _log_fitted(log, suite)
+        results = _score_all(suite, tests)
         final = results[-1]
-        mlflow.log_metrics(final.metrics())
+        log.metrics(final.metrics())
         summary = dict(final.summary(), sets=[r.summary() for r in results])
-        mlflow.log_dict(summary, "coverage/summary.json")
-        _log_review_artifacts(suite, model, tests[0], results)
-    tracking.write_json(summary, json_out)
+        log.json(summary, "coverage/summary.json")
+        _log_review_artifacts(log, suite, model, tests[0], results)
+    write_json_out(summary, json_out)
     _print_summary(final)
 
 
-def _score_all(suite: CoverageSuite, model, tests: list[ImageSet]) -> list[CoverageResult]:
-    results: list[CoverageResult] = []
+def suite_criteria(criteria) -> tuple[str, ...]:
+    from mlflow_di.coverage.suite import parse_criteria
+
+    return parse_criteria(criteria)
+
+
+def _layers_param(layers, layer) -> str:
+    if isinstance(layers, (list, tuple)):
+        return ",".join(layers)
+    return layers or layer or "default"
+
+
+def check_layers(model, layers, top_m: int) -> None:
+    """Fail before any run starts when a named layer is not in the model or ``top_m`` exceeds its neurons."""
+    from mlflow_di.coverage.activations import default_layer
+    from mlflow_di.errors import UserError
+
+    if layers == "all":
+        return  # every hidden layer; a narrower one uses all its neurons
+    infos = {info.name: info for info in model.describe_layers()}
+    for name in layers or [default_layer(model.module)]:
+        if name not in infos:
+            raise UserError(f"layer '{name}' is not in {model.name}; its layers: {', '.join(n for n in infos if n)} "
+                            f"(see `mlflow-di describe`)")
+        if infos[name].neurons and top_m > infos[name].neurons:
+            raise UserError(f"--top-m {top_m} exceeds the {infos[name].neurons} neurons of layer '{name}'; "
+                            f"give --top-m {infos[name].neurons} or less")
+
+
+def _score_all(suite, tests) -> list:
+    results = []
     for test in tests:
         click.echo(f"scoring {test.name} ({len(test)} images) ...")
         results.append(suite.score(test, accumulate=results[-1] if results else None))
     return results
 
 
-def _log_fitted(suite: CoverageSuite) -> None:
+def _log_fitted(log, suite) -> None:
     with tempfile.TemporaryDirectory(prefix="mlflow-di-coverage-") as folder:
         suite.save(folder)
-        mlflow.log_artifacts(folder, "coverage/model")
-    rows = suite.important_neurons_table()
-    if rows:
-        mlflow.log_table({key: [row[key] for row in rows] for key in rows[0]}, "coverage/important_neurons.json")
+        log.folder(folder, "coverage/model")
+    log.table(suite.important_neurons_table(), "coverage/important_neurons.json")
 
 
-def _log_review_artifacts(suite: CoverageSuite, model, test: ImageSet, results: list[CoverageResult]) -> None:
+def _log_review_artifacts(log, suite, model, test, results: list) -> None:
     """PNGs and tables the MLflow UI previews, and one self-contained HTML report with all of it."""
+    from mlflow_di import reporting as rp
+    from mlflow_di.coverage.suite import growth_curve
+
     final = results[-1]
     html = rp.HtmlReport(f"Coverage of {model.name}", subtitle=f"test data: {final.data}")
     html.verdict(None, _headline(final))
@@ -117,32 +137,33 @@ def _log_review_artifacts(suite: CoverageSuite, model, test: ImageSet, results: 
     if final.primary is not None:
         curves = {r.data: growth_curve(r.idc[final.primary]) for r in results}
         growth = rp.coverage_growth_plot(curves, title=f"IDC growth over the test inputs (layer {final.primary})")
-        mlflow.log_image(growth, "coverage/idc_growth.png")
+        log.image(growth, "coverage/idc_growth.png")
         html.section("IDC growth").image(growth, "covered combinations after each test input")
         if len(final.idc) > 1:
             per_layer = rp.bar_plot({layer: r.idc for layer, r in final.idc.items()}, "IDC per layer")
-            mlflow.log_image(per_layer, "coverage/idc_per_layer.png")
+            log.image(per_layer, "coverage/idc_per_layer.png")
             html.image(per_layer, "IDC per layer")
         html.section("Important neurons").table(suite.important_neurons_table())
         heatmaps = _heatmaps(suite, model, test)
-        mlflow.log_image(heatmaps, "coverage/relevance_heatmaps.png")
+        log.image(heatmaps, "coverage/relevance_heatmaps.png")
         html.section("Relevance heatmaps").image(heatmaps, "input-pixel LRP relevance (red: for, blue: against the decision)")
     if final.criteria is not None:
         bars = rp.bar_plot(final.criteria.coverage, "Classic coverage criteria")
-        mlflow.log_image(bars, "coverage/criteria.png")
+        log.image(bars, "coverage/criteria.png")
         html.section("Classic criteria").image(bars, "fractions of each criterion's cells covered")
-        _log_surprise(final)
-    mlflow.log_text(html.render(), "coverage/report.html")
+        _log_surprise(log, final)
+    log.text(html.render(), "coverage/report.html")
 
 
-def _headline(result: CoverageResult) -> str:
+def _headline(result) -> str:
     if result.primary is None:
         return ", ".join(f"{k.upper()} {v:.1%}" for k, v in result.metrics().items())
     main = result.idc[result.primary]
     return f"IDC {main.idc:.1%}: {main.covered} of {main.total} combinations of layer {main.layer}'s important neurons covered"
 
 
-def _heatmaps(suite: CoverageSuite, model, test: ImageSet) -> np.ndarray:
+def _heatmaps(suite, model, test):
+    from mlflow_di import reporting as rp
     from mlflow_di.coverage.relevance import input_relevance
 
     images = test.images[:HEATMAP_INPUTS]
@@ -152,17 +173,19 @@ def _heatmaps(suite: CoverageSuite, model, test: ImageSet) -> np.ndarray:
     return rp.relevance_heatmaps(images, relevance, labels=predicted)
 
 
-def _log_surprise(result: CoverageResult) -> None:
+def _log_surprise(log, result) -> None:
+    import numpy as np
+
     report = result.criteria
     columns = {"input": list(range(report.num_inputs))}
     for name, values in (("lsa", report.lsa), ("dsa", report.dsa)):
         if values is not None:
             columns[name] = [None if not np.isfinite(v) else float(v) for v in values]
     if len(columns) > 1:
-        mlflow.log_table(columns, "coverage/surprise.json")
+        log.table([dict(zip(columns, row)) for row in zip(*columns.values())], "coverage/surprise.json")
 
 
-def _print_summary(result: CoverageResult) -> None:
+def _print_summary(result) -> None:
     click.echo(f"coverage of {result.data}:")
     if result.primary is not None:
         for layer, report in result.idc.items():

@@ -9,24 +9,20 @@ command a user would run, so every step leaves its own MLflow run.
 """
 from __future__ import annotations
 
-import tempfile
 import time
 
 import click
-import mlflow
-import numpy as np
 
-from mlflow_di import tracking
 from mlflow_di.commands.options import seed_option
-from mlflow_di.data import load_images
-from mlflow_di.models.torch_model import TorchModel
 
 TRAIN_SPEC = "digits[0:1300]"
 TEST_SPEC = "digits[1300:]"
 CALIB_SPEC = "digits[0:300]"
-DEMO_METHODS = "int8-static,prune-l1"
-#: The demo's gate policy: coverage and accuracy must hold, and deviations must not come cheap.
-GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "min_mean_queries": 20.0}
+DEMO_METHODS = ("int8-static", "prune-l1")
+#: The demo's gate policy: the tests must cover at least half of the important behaviours, no
+#: export may lose more than 2 points of accuracy, and fuzzing must need at least 10 queries on
+#: average to find a deviation (a compressed model that deviates at the first mutations fails).
+GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "min_mean_queries": 10.0}
 
 
 @click.command("demo")
@@ -38,16 +34,19 @@ GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "min_mean_queries": 20.0}
 @click.pass_context
 def command(ctx: click.Context, register_as: str, epochs: int, train_only: bool, fuzz_seeds: int, seed: int) -> None:
     """Run the whole pipeline on the bundled digits: train, register, compress, coverage, fuzz, gate."""
+    from mlflow_di.data import load_images
+    from mlflow_di.mlflow_edge import connection, models, runs
+
     started = time.perf_counter()
     train, test = load_images(TRAIN_SPEC), load_images(TEST_SPEC)
-    click.echo(f"tracking store: {mlflow.get_tracking_uri()}")
+    click.echo(f"tracking store: {connection.tracking_uri()}")
     _step("1/5 train and register the digits CNN")
-    with tracking.tracked_run("demo-train", tags={"mlflow_di.command": "demo"}) as run:
-        model, accuracy = train_digits_cnn(train, test, epochs, seed)
-        info = tracking.log_torch_model(model, registered_model_name=register_as)
+    with runs.tracked_run("demo train digits-cnn", tags={"mlflow_di.command": "demo"}) as log:
+        model, accuracy = train_digits_cnn(log, train, test, epochs, seed)
+        info = models.log_torch_model(model, registered_model_name=register_as)
     model_uri = f"models:/{register_as}/{info.registered_model_version}"
     click.echo(f"trained digits-cnn on {TRAIN_SPEC}: test accuracy {accuracy:.2%} on {TEST_SPEC} ({len(test)} images)")
-    click.echo(f"registered {model_uri} (run {run.info.run_id})")
+    click.echo(f"registered {model_uri} (run {log.run_id})")
     gate_code = None
     if not train_only:
         gate_code = _pipeline(ctx, model_uri, fuzz_seeds, seed)
@@ -65,17 +64,16 @@ def _pipeline(ctx: click.Context, model_uri: str, fuzz_seeds: int, seed: int) ->
     """Steps 2-5 through the real commands; returns the gate's exit code (0 pass, 1 fail)."""
     from mlflow_di.commands import compress, coverage, fuzz, gate
 
-    _step(f"2/5 compress: {DEMO_METHODS}")
+    _step(f"2/5 compress: {', '.join(DEMO_METHODS)}")
     exports = ctx.invoke(compress.command, model_uri=model_uri, methods=DEMO_METHODS, calib_data=CALIB_SPEC,
                          eval_data=TEST_SPEC)
     _step("3/5 coverage: IDC and the classic criteria")
     ctx.invoke(coverage.command, model_uri=model_uri, train_data=TRAIN_SPEC, test_data=(TEST_SPEC,), seed=seed)
-    with tempfile.TemporaryDirectory(prefix="mlflow-di-demo-") as campaigns:  # each run logs its campaign
-        for number, export in enumerate(exports, start=1):
-            _step(f"4/5 fuzz ({number}/{len(exports)}): {model_uri} vs {export}")
-            ctx.invoke(fuzz.command, original=model_uri, compressed=export, seeds_spec=TEST_SPEC,
-                       num_seeds=fuzz_seeds, timeout=30.0, seed=seed, out_dir=f"{campaigns}/{number}")
-    _step("5/5 quality gate")
+    for number, export in enumerate(exports, start=1):  # campaign folders stay under mlflow-di-campaigns/
+        _step(f"4/5 fuzz ({number}/{len(exports)}): {model_uri} vs {export}")
+        ctx.invoke(fuzz.command, original=model_uri, compressed=export, seed_data=TEST_SPEC,
+                   num_seeds=fuzz_seeds, timeout=30.0, seed=seed)
+    _step("5/5 quality gate: " + ", ".join(f"{key.replace('_', '-')} {value:g}" for key, value in GATE.items()))
     try:
         ctx.invoke(gate.command, model_uri=model_uri, compressed=tuple(exports), promote_alias="champion", **GATE)
     except click.exceptions.Exit as stop:
@@ -89,7 +87,9 @@ def _where_to_look(model_uri: str, name: str, gate_code: int | None) -> None:
         click.echo(f"gate {verdict}")
     click.echo("")
     click.echo("where to look:")
-    click.echo(f"  mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}   # then open http://127.0.0.1:5000")
+    from mlflow_di.mlflow_edge.connection import tracking_uri
+
+    click.echo(f"  mlflow ui --backend-store-uri {tracking_uri()}   # then open http://127.0.0.1:5000")
     click.echo(f"  Models > {name}: versions with their mlflow_di.* gate tags; {name}-int8-static and "
                f"{name}-prune-l1 carry lineage tags (mlflow_di.source_uri, mlflow_di.method)")
     click.echo("  Experiments > mlflow-di: one run per step; open a run's Artifacts for coverage/report.html or "
@@ -97,23 +97,25 @@ def _where_to_look(model_uri: str, name: str, gate_code: int | None) -> None:
     click.echo(f"  mlflow-di describe {model_uri}")
 
 
-def train_digits_cnn(train, test, epochs: int, seed: int) -> tuple[TorchModel, float]:
-    """Train ``digits-cnn`` from seed ``seed``; log params and metrics to the active run."""
+def train_digits_cnn(log, train, test, epochs: int, seed: int):
+    """Train ``digits-cnn`` from seed ``seed``; log params and metrics to the run's ``log``."""
+    import numpy as np
     import torch
 
     from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
     from mlflow_di.models.training import train_classifier
 
     spec = zoo.architecture("digits-cnn")
     model = TorchModel(zoo.build("digits-cnn", seed=seed), spec.preprocessing, name="digits-cnn",
                        metadata={"arch": "digits-cnn", "train_data": TRAIN_SPEC})
-    tracking.log_params({"arch": "digits-cnn", "train_data": TRAIN_SPEC, "test_data": TEST_SPEC,
+    log.params({"arch": "digits-cnn", "train_data": TRAIN_SPEC, "test_data": TEST_SPEC,
                        "epochs": epochs, "seed": seed})
     losses = train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels),
                               epochs=epochs, seed=seed)
     model.module.eval()
     accuracy = float(np.mean(model.classifier().predict(test.images) == test.labels))
     for epoch, loss in enumerate(losses):
-        mlflow.log_metric("train_loss", float(loss), step=epoch)
-    mlflow.log_metric("test_accuracy", accuracy)
+        log.metrics({"train_loss": float(loss)}, step=epoch)
+    log.metrics({"test_accuracy": accuracy})
     return model, accuracy

@@ -4,7 +4,6 @@ from __future__ import annotations
 import click
 
 from mlflow_di.commands.options import preprocessing_option
-from mlflow_di.models import loading
 
 
 @click.command("describe")
@@ -16,10 +15,12 @@ def command(uri: str, preprocessing: str | None) -> None:
     URI is an MLflow model URI (models:/NAME/VERSION, models:/NAME@ALIAS, runs:/...),
     a .onnx/.tflite/.lite/.pt file, or keras:ARCH:FILE.h5.
     """
+    from mlflow_di.models import loading
+
     source = loading.resolve(uri)
     white_box = source.kind in ("pytorch", "keras")
-    model = loading.load_torch_model(uri, preprocessing) if white_box else None
-    classifier = model.classifier() if white_box else loading.load_classifier(uri, preprocessing)
+    model = loading.load_torch_model(source.ref, preprocessing) if white_box else None
+    classifier = model.classifier() if white_box else loading.load_classifier(source.ref, preprocessing)
     prep = classifier.preprocessing
     click.echo(f"model:          {uri}")
     click.echo(f"backend:        {classifier.backend}" + ("" if white_box else " (black box)"))

@@ -1,8 +1,9 @@
 """``mlflow-di fuzz``: DFlare (or a baseline) on a model and its compressed version, logged to MLflow.
 
-The campaign writes every finished seed to ``--out-dir`` as it goes, so Ctrl-C or a crash keeps
-every trigger found; ``--resume`` continues the campaign in that folder. Whatever was found is
-logged to the MLflow run before it ends (KILLED when interrupted).
+The campaign writes every finished seed to ``--out-dir`` as it goes, so Ctrl-C, SIGTERM or a
+crash keeps every trigger found; ``--resume`` continues the campaign in that folder (and closes
+the run a ``kill -9`` left RUNNING). Whatever was found is logged to the MLflow run before it
+ends (KILLED when interrupted).
 """
 from __future__ import annotations
 
@@ -11,22 +12,11 @@ import re
 import time
 
 import click
-import mlflow
-import numpy as np
 
-from mlflow_di import report as rp
-from mlflow_di import tracking
-from mlflow_di.commands.options import json_out_option, seed_option
-from mlflow_di.data import load_images
-from mlflow_di.errors import UserError
-from mlflow_di.models.loading import load_classifier
-from mlflow_di.registry import compressed_model_tags, model_version_tags
+from mlflow_di.commands.options import LazyChoice, WritablePath, json_out_option, seed_option, write_json_out
 
-STRATEGIES = ("dflare", "dflare-d", "dflare-r", "diffchaser")
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
                    "already_deviating")
-
-
 CAMPAIGNS = pathlib.Path("mlflow-di-campaigns")
 
 
@@ -38,6 +28,8 @@ def _campaign_prefix(original: str, compressed: str, strategy: str, seed: int) -
 def default_out_dir(original: str, compressed: str, strategy: str, seed: int, resume: bool = False) -> pathlib.Path:
     """A new timestamped folder under mlflow-di-campaigns/; with ``resume``, the newest one of
     the same models, strategy and seed (a :class:`UserError` when there is none)."""
+    from mlflow_di.errors import UserError
+
     prefix = _campaign_prefix(original, compressed, strategy, seed)
     if resume:
         earlier = sorted(CAMPAIGNS.glob(prefix + "*"))
@@ -51,16 +43,17 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.command("fuzz")
 @click.option("--original", required=True, help="The original model (any backend: models:/..., .onnx, .tflite, .pt, keras:...).")
 @click.option("--compressed", required=True, help="Its compressed version (any backend).")
-@click.option("--seeds", "seeds_spec", required=True, help="Data spec of the seed images, e.g. mnist:DIR.")
+@click.option("--seed-data", "seed_data", required=True, help="Data spec of the seed images, e.g. mnist:DIR.")
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=180.0, show_default=True,
               help="Seconds per seed before giving up.")
 @click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default="dflare", show_default=True,
-              help="dflare, its ablations dflare-d (no novelty) and dflare-r (random operator), or diffchaser.")
+@click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy"), default="dflare",
+              show_default=True, help="dflare, its ablations dflare-d (no novelty) and dflare-r (random operator), "
+                                      "or diffchaser.")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it).")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--out-dir", type=WritablePath("dir"), default=None,
               help="Campaign folder, written as seeds finish (default: a new folder under mlflow-di-campaigns/).")
 @click.option("--resume", is_flag=True,
               help="Continue the campaign in --out-dir (default: the newest one of the same models, strategy and seed).")
@@ -68,14 +61,20 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...", help="Override the compressed model's preprocessing.")
 @seed_option
 @json_out_option
-def command(original, compressed, seeds_spec, num_seeds, timeout, max_queries, strategy, batch, out_dir, resume,
+def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, batch, out_dir, resume,
             preprocessing_original, preprocessing_compressed, seed, json_out) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
+    from mlflow_di.data import load_images
+    from mlflow_di.errors import Terminated, UserError, received_sigterm
     from mlflow_di.fuzz.campaign import run_campaign
+    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.models.loading import load_classifier
+    from mlflow_di.models.reference import ModelRef
 
-    original_model = load_classifier(original, preprocessing_original)
-    compressed_model = load_classifier(compressed, preprocessing_compressed)
-    seeds = load_images(seeds_spec)
+    original_ref, compressed_ref = ModelRef.parse(original), ModelRef.parse(compressed)
+    original_model = load_classifier(original_ref, preprocessing_original)
+    compressed_model = load_classifier(compressed_ref, preprocessing_compressed)
+    seeds = load_images(seed_data)
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
     for role, model in (("original", original_model), ("compressed", compressed_model)):
         try:  # fail before any run starts when the seeds do not fit a model
@@ -85,21 +84,32 @@ def command(original, compressed, seeds_spec, num_seeds, timeout, max_queries, s
     folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, compressed, strategy, seed, resume)
     if folder.exists() and any(folder.iterdir()) and not resume:
         raise UserError(f"'{folder}' already holds a campaign; pass --resume to continue it, or --out-dir for a new one")
-    tags = {"mlflow_di.command": "fuzz", **model_version_tags(original), **compressed_model_tags(compressed)}
-    with tracking.tracked_run(f"fuzz-{strategy}", tags=tags):
-        tracking.log_params({"original": original, "compressed": compressed, "seeds": seeds_spec, "num_seeds": len(seeds),
-                           "timeout": timeout, "max_queries": max_queries, "strategy": strategy, "batch": batch,
-                           "seed": seed, "out_dir": str(folder), "resume": resume})
-        click.echo(f"fuzzing {len(seeds)} seeds with {strategy}; campaign folder {folder}")
+    campaign_tag = {"mlflow_di.campaign": str(folder.resolve())}
+    if resume:
+        closed = runs.close_orphaned_runs(campaign_tag, "a later --resume of the same campaign")
+        if closed:
+            click.echo(f"closed {len(closed)} run(s) of this campaign left RUNNING by a killed process (now KILLED)")
+    tags = {"mlflow_di.command": "fuzz", **campaign_tag, **registry.model_version_tags(original),
+            **registry.compressed_model_tags(compressed)}
+    run_name = f"fuzz {original_ref.short} vs {compressed_ref.short}"
+    with runs.tracked_run(run_name, tags=tags) as log:
+        log.params({"original": original, "compressed": compressed, "seed_data": seed_data, "num_seeds": len(seeds),
+                    "timeout": timeout, "max_queries": max_queries, "strategy": strategy, "batch": batch,
+                    "seed": seed, "out_dir": str(folder), "resume": resume})
+        click.echo(f"fuzzing {_plural(len(seeds), 'seed')} with {strategy}; campaign folder {folder}")
         result = run_campaign(original_model, compressed_model, seeds, strategy=strategy, timeout=timeout,
                               max_queries=max_queries, batch=batch, seed=seed, out_dir=folder, resume=resume)
         summary = _summary(result)
-        mlflow.log_metrics({k: v for k, v in summary.items() if k in SUMMARY_METRICS and v is not None})
-        _log_artifacts(result, folder, original, compressed, summary)
+        log.metrics({k: v for k, v in summary.items() if k in SUMMARY_METRICS})
+        _log_artifacts(log, result, folder, original, compressed, summary)
         _print_summary(result, summary, folder)
-        if not result.complete:
-            raise KeyboardInterrupt  # the run ends KILLED; everything found so far is logged and on disk
-    tracking.write_json(summary, json_out)
+        if not result.complete:  # the run ends KILLED; everything found so far is logged and on disk
+            raise Terminated() if received_sigterm() else KeyboardInterrupt()
+    write_json_out(summary, json_out)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _summary(result) -> dict:
@@ -113,55 +123,64 @@ def _summary(result) -> dict:
 
 
 def _seed_rows(result) -> list[dict]:
+    from mlflow_di import reporting as rp
+
     rows = []
     for r in result.records:
         labels = r.trigger_labels or r.seed_labels
         probabilities = r.trigger_probabilities or r.seed_probabilities
-        rows.append({"seed": r.index, "label": r.label, "success": r.success, "stop": r.stop, "queries": r.queries,
-                     "seconds": round(r.seconds, 4), "original_label": labels[0], "compressed_label": labels[1],
-                     "original_top1": round(float(probabilities[0]), 4),
-                     "compressed_top1": round(float(probabilities[1]), 4),
-                     "operators": " > ".join(r.operators)})
+        rows.append({"seed": r.index, "label": r.label, "success": r.success, "stop": getattr(r.stop, "value", r.stop),
+                     "queries": r.queries, "seconds": round(r.seconds, 4), "original_label": labels[0],
+                     "compressed_label": labels[1], "original_top1": round(float(probabilities[0]), 4),
+                     "compressed_top1": round(float(probabilities[1]), 4), "operators": rp.operator_summary(r.operators)})
     return rows
 
 
-def _log_artifacts(result, folder: pathlib.Path, original: str, compressed: str, summary: dict) -> None:
+def _log_artifacts(log, result, folder: pathlib.Path, original: str, compressed: str, summary: dict) -> None:
     """Campaign files, per-seed table, trigger grid and the HTML report, for review in the MLflow UI."""
-    mlflow.log_artifacts(str(folder), "fuzz/campaign")
-    mlflow.log_dict(summary, "fuzz/summary.json")
+    from mlflow_di import reporting as rp
+
+    log.folder(folder, "fuzz/campaign")
+    log.json(summary, "fuzz/summary.json")
     rows = _seed_rows(result)
-    if rows:
-        mlflow.log_table({key: [row[key] for row in rows] for key in rows[0]}, "fuzz/seeds.json")
+    log.table(rows, "fuzz/seeds.json")
     html = rp.HtmlReport(f"Differential fuzzing: {original} vs {compressed}",
                          subtitle=f"{summary['strategy']} on {result.config.data}, seed {result.config.seed}")
-    html.verdict(None, f"{summary['triggers']} triggering inputs from {summary['fuzzed']} seeds "
-                       f"(success rate {summary['success_rate']:.1%}); {summary['already_deviating']} seeds already deviated")
+    html.verdict(None, f"{_plural(summary['triggers'], 'triggering input')} from {_plural(summary['fuzzed'], 'seed')} "
+                       f"(success rate {summary['success_rate']:.1%}); "
+                       f"{_plural(summary['already_deviating'], 'seed')} already deviated")
     html.section("Summary").metrics({k: summary[k] for k in SUMMARY_METRICS}, percent_keys=["success_rate"])
     if len(result.triggers):
-        grid = _trigger_grid(result)
-        mlflow.log_image(grid, "fuzz/trigger_grid.png")
-        html.section("Triggers").image(grid, "seed | trigger | amplified difference, with both models' labels")
+        pages = _trigger_grid_pages(result)
+        log.image(pages[0], "fuzz/trigger_grid.png")
+        for number, page in enumerate(pages[1:], start=2):
+            log.image(page, f"fuzz/trigger_grid_{number}.png")
+        html.section("Triggers").gallery(pages, "every trigger: seed | trigger | amplified difference, with both "
+                                                "models' labels, the operators applied and the perturbation size")
     operators = [{"operator": name, **counts} for name, counts in summary["operators"].items()]
     if operators:
         html.section("Operators").table(operators)
     html.section("Per-seed results").table(rows)
-    mlflow.log_text(html.render(), "fuzz/report.html")
+    log.text(html.render(), "fuzz/report.html")
 
 
-def _trigger_grid(result) -> np.ndarray:
+def _trigger_grid_pages(result) -> list:
+    from mlflow_di import reporting as rp
+
     by_index = {r.index: r for r in result.records}
     records = [by_index[int(i)] for i in result.trigger_indices]
-    return rp.trigger_grid(result.trigger_seeds, result.triggers,
-                           original_labels=[r.trigger_labels[0] for r in records],
-                           compressed_labels=[r.trigger_labels[1] for r in records],
-                           true_labels=[r.label for r in records],
-                           notes=[f"{r.queries} queries" for r in records])
+    return rp.trigger_grid_pages(result.trigger_seeds, result.triggers,
+                                 original_labels=[r.trigger_labels[0] for r in records],
+                                 compressed_labels=[r.trigger_labels[1] for r in records],
+                                 true_labels=[r.label for r in records],
+                                 notes=[f"{r.queries} queries" for r in records],
+                                 operators=[rp.operator_summary(r.operators) for r in records])
 
 
 def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
-    state = "done" if result.complete else f"interrupted after {len(result.records)} seeds (resume with --resume)"
-    click.echo(f"{state}: {summary['triggers']} triggers from {summary['fuzzed']} seeds, success rate "
-               f"{summary['success_rate']:.1%}, {summary['already_deviating']} seeds already deviating")
+    state = "done" if result.complete else f"interrupted after {_plural(len(result.records), 'seed')} (resume with --resume)"
+    click.echo(f"{state}: {_plural(summary['triggers'], 'trigger')} from {_plural(summary['fuzzed'], 'seed')}, success "
+               f"rate {summary['success_rate']:.1%}, {_plural(summary['already_deviating'], 'seed')} already deviating")
     if summary["mean_queries"] is not None:
         click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}, median {summary['median_queries']:.0f}; "
                    f"seconds per trigger: mean {summary['mean_seconds']:.3f}")

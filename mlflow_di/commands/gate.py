@@ -10,25 +10,23 @@ from __future__ import annotations
 import datetime
 
 import click
-import mlflow
 
-from mlflow_di import registry, tracking
-from mlflow_di.commands.options import json_out_option
-from mlflow_di.gate import CRITERION, Thresholds, Verdict, decide
+from mlflow_di.commands.options import Fraction, json_out_option, write_json_out
 
 
 @click.command("gate")
 @click.option("--model-uri", required=True, metavar="models:/NAME/VERSION",
-              help="The registered version to check: models:/NAME/VERSION or models:/NAME@ALIAS.")
+              help="The registered version to check: models:/NAME/VERSION or models:/NAME@ALIAS. For an export "
+                   "made by `compress`, coverage is read from its source version.")
 @click.option("--compressed", "compressed", multiple=True, metavar="URI",
               help="A compressed model whose fuzz/compress results count (repeatable; as given to "
                    "`mlflow-di fuzz --compressed`). Default: every compressed model with recorded runs.")
-@click.option("--min-idc", type=float, default=None, help="Fail if IDC (0..1) of the newest coverage run is lower.")
-@click.option("--max-success-rate", type=float, default=None,
+@click.option("--min-idc", type=Fraction(), default=None, help="Fail if IDC (0..1) of the newest coverage run is lower.")
+@click.option("--max-success-rate", type=Fraction(), default=None,
               help="Fail if the fuzzing success rate (0..1) against a compressed model is higher.")
-@click.option("--min-mean-queries", type=float, default=None,
+@click.option("--min-mean-queries", type=click.FloatRange(0), default=None,
               help="Fail if fuzzing needed fewer queries per deviating input on average.")
-@click.option("--max-accuracy-drop", type=float, default=None,
+@click.option("--max-accuracy-drop", type=click.FloatRange(-1, 1), default=None,
               help="Fail if compression lost more accuracy (source - compressed, 0..1).")
 @click.option("--promote-alias", default=None, metavar="ALIAS",
               help="On pass, point this alias of the registered model at the version (never touched on fail).")
@@ -39,42 +37,52 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
     """
+    from mlflow_di.gate import Thresholds, decide
+    from mlflow_di.mlflow_edge import recorded, registry, runs
+
     thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop).require_any()
     version = registry.resolve_version(model_uri)
-    found = registry.measurements(model_uri, list(compressed))
+    source = registry.lineage_source(version)
+    found = recorded.measurements(model_uri, list(compressed))
     verdict = decide(model_uri, thresholds, found)
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    with tracking.tracked_run("gate", tags={"mlflow_di.command": "gate", **registry.version_tags(version, model_uri),
-                                            "mlflow_di.gate": "pass" if verdict.passed else "fail"}) as run:
-        _log_verdict(verdict, compressed, promote_alias)
-        registry.write_version_tags(version, registry.gate_tags(verdict, checked_at, run.info.run_id))
+    tags = {"mlflow_di.command": "gate", **registry.version_tags(version, model_uri),
+            "mlflow_di.gate": "pass" if verdict.passed else "fail"}
+    with runs.tracked_run(f"gate {version.name}/{version.version}", tags=tags) as log:
+        _log_verdict(log, verdict, compressed, promote_alias)
+        version_tags = registry.gate_tags(verdict, checked_at, log.run_id)
+        if source is not None:
+            version_tags["mlflow_di.gate_source"] = registry.version_uri(source)
+        registry.write_version_tags(version, version_tags)
         if verdict.passed and promote_alias:
             registry.set_alias(version, promote_alias)
-    tracking.write_json({**verdict.to_dict(), "checked_at": checked_at, "run_id": run.info.run_id}, json_out)
-    _print_verdict(verdict, version, promote_alias, run.info.run_id)
+    write_json_out({**verdict.to_dict(), "checked_at": checked_at, "run_id": log.run_id}, json_out)
+    _print_verdict(verdict, version, source, promote_alias, log.run_id)
     if not verdict.passed:
         click.get_current_context().exit(1)
 
 
-def _log_verdict(verdict: Verdict, compressed, promote_alias: str | None) -> None:
+def _log_verdict(log, verdict, compressed, promote_alias: str | None) -> None:
+    from mlflow_di.gate import CRITERION
+
     params = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
     params["compressed"] = ",".join(compressed) or "all recorded"
     if promote_alias:
         params["promote_alias"] = promote_alias
-    tracking.log_params(params)
+    log.params(params)
     metrics = {"passed": float(verdict.passed), "checks": len(verdict.checks), "failed_checks": len(verdict.failures)}
     for metric in CRITERION:
         value = verdict.worst(metric)
         if value is not None and value != float("inf"):
             metrics[metric] = value
-    mlflow.log_metrics(metrics)
-    mlflow.log_dict(verdict.to_dict(), "gate/verdict.json")
-    mlflow.log_text(_report(verdict, promote_alias), "gate/report.html")
+    log.metrics(metrics)
+    log.json(verdict.to_dict(), "gate/verdict.json")
+    log.text(_report(verdict, promote_alias), "gate/report.html")
 
 
-def _report(verdict: Verdict, promote_alias: str | None) -> str:
+def _report(verdict, promote_alias: str | None) -> str:
     """The verdict as a self-contained page for the MLflow UI's artifact view."""
-    from mlflow_di.report import HtmlReport
+    from mlflow_di.reporting import HtmlReport
 
     html = HtmlReport(f"Quality gate: {verdict.model_uri}")
     html.verdict(verdict.passed, verdict.summary())
@@ -85,8 +93,13 @@ def _report(verdict: Verdict, promote_alias: str | None) -> str:
     return html.render()
 
 
-def _print_verdict(verdict: Verdict, version, promote_alias: str | None, run_id: str) -> None:
+def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: str) -> None:
+    from mlflow_di.mlflow_edge import registry
+
     click.echo(f"gate for {verdict.model_uri} ({version.name} version {version.version})")
+    if source is not None:
+        click.echo(f"  an export of {registry.version_uri(source)}: coverage is that model's, fuzzing and "
+                   f"compression compare the two")
     rows = [(c.label, _measured(c), f"{c.comparison} {c.threshold:g}", "PASS" if c.passed else "FAIL")
             for c in verdict.checks]
     widths = [max(len(r[i]) for r in rows + [("check", "measured", "threshold", "result")]) for i in range(4)]

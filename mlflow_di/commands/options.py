@@ -1,9 +1,155 @@
-"""Options several subcommands share, defined once so their names and help stay the same."""
+"""Typed command-line options: each converts and validates itself (click ``ParamType``s).
+
+A bad value becomes one line and exit code 2 before any model is loaded or any MLflow run
+starts. Choices come from the engines' own registries (imported when first needed, so
+``--help`` stays fast), never from hand-copied lists. One vocabulary across commands: lists are
+comma-separated everywhere (``2,3,4``, ``idc,nc``, ``int8-static,prune-l1``).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pathlib
+
 import click
+
+
+class LazyChoice(click.ParamType):
+    """One name from a registry ``"module:ATTRIBUTE"`` (a dict or sequence of names).
+
+    ``in_help=False`` for registries whose module imports torch: ``--help`` then shows the
+    option's kind instead of its choices (a wrong value lists them), so help stays instant.
+    """
+
+    def __init__(self, registry: str, what: str, in_help: bool = True):
+        self.registry, self.what, self.in_help = registry, what, in_help
+        self.name = what
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        module, _, attribute = self.registry.partition(":")
+        return tuple(getattr(importlib.import_module(module), attribute))
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "[" + "|".join(self.choices) + "]" if self.in_help else self.what.upper()
+
+    def convert(self, value, param, ctx):
+        if value in self.choices:
+            return value
+        self.fail(f"unknown {self.what} '{value}'; choose one of: {', '.join(self.choices)}", param, ctx)
+
+
+class CommaList(click.ParamType):
+    """Comma-separated names, each from a registry; returned as a tuple in the order given, without repeats."""
+
+    def __init__(self, registry: str, what: str, metavar: str, extra: tuple[str, ...] = ()):
+        self.choice = LazyChoice(registry, what)
+        self.extra, self.what = extra, what
+        self.name = f"{metavar}[,{metavar}...]"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return self.name
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return (*self.extra, *self.choice.choices)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        names = [item.strip() for item in str(value).split(",") if item.strip()]
+        if not names:
+            self.fail(f"no {self.what} given; choose from: {','.join(self.choices)}", param, ctx)
+        unknown = [name for name in names if name not in self.choices]
+        if unknown:
+            self.fail(f"unknown {self.what} {', '.join(repr(n) for n in unknown)}; choose from: "
+                      f"{','.join(self.choices)}", param, ctx)
+        return tuple(dict.fromkeys(names))
+
+
+class ClusterCounts(click.ParamType):
+    """Candidate cluster counts per neuron, e.g. ``2,3,4``: integers >= 2 (one cluster has no silhouette)."""
+
+    name = "K[,K...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            counts = tuple(int(item) for item in str(value).split(",") if item.strip())
+        except ValueError:
+            self.fail(f"must be integers separated by commas, e.g. 2,3,4 (got '{value}')", param, ctx)
+        if not counts or min(counts) < 2:
+            self.fail(f"each cluster count must be at least 2, e.g. 2,3,4 (got '{value}')", param, ctx)
+        return tuple(sorted(set(counts)))
+
+
+class LayerNames(click.ParamType):
+    """``all`` or comma-separated layer names; whether they exist is checked once the model is loaded."""
+
+    name = "all|NAME[,NAME...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)) or value == "all":
+            return value
+        names = [item.strip() for item in str(value).split(",") if item.strip()]
+        if not names:
+            self.fail("give 'all' or layer names separated by commas (see `mlflow-di describe MODEL`)", param, ctx)
+        return names
+
+
+class WritablePath(click.ParamType):
+    """A file (``kind="file"``) or folder (``kind="dir"``) the command will write: its nearest
+    existing parent must be a writable folder, checked before any work starts."""
+
+    def __init__(self, kind: str = "file"):
+        self.kind = kind
+        self.name = "FILE" if kind == "file" else "DIR"
+
+    def convert(self, value, param, ctx):
+        if value is None or str(value).strip() == "":
+            return None  # not given (MLproject passes empty strings for unset paths)
+        path = pathlib.Path(value).expanduser()
+        if self.kind == "file" and path.is_dir():
+            self.fail(f"'{value}' is a folder; give a file name", param, ctx)
+        if self.kind == "dir" and path.exists() and not path.is_dir():
+            self.fail(f"'{value}' is a file; give a folder", param, ctx)
+        existing = path if path.exists() else next((p for p in path.parents if p.exists()), pathlib.Path("."))
+        folder = existing if existing.is_dir() else existing.parent
+        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            self.fail(f"cannot write to '{value}' (no write permission in '{folder}'); pick a writable location",
+                      param, ctx)
+        return str(path)
+
+
+class Fraction(click.ParamType):
+    """A fraction in [0, 1]."""
+
+    name = "FRACTION"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"must be a number between 0 and 1 (got '{value}')", param, ctx)
+        if not 0 <= number <= 1:
+            self.fail(f"is a fraction between 0 and 1 (got {value})", param, ctx)
+        return number
+
 
 preprocessing_option = click.option(
     "--preprocessing", default=None, metavar="KEY=VALUE,...",
     help="Override the model's stored preprocessing, e.g. 'scale=1,layout=NHWC,input_shape=28/28/1'.")
 json_out_option = click.option(
-    "--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the results to this JSON file.")
+    "--json-out", type=WritablePath("file"), default=None, help="Also write the results to this JSON file.")
 seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice.")
+
+
+def write_json_out(payload: dict, path: str | None) -> None:
+    """Write ``payload`` to ``path`` (the ``--json-out`` option, checked writable when parsed)."""
+    if not path:
+        return
+    target = pathlib.Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))

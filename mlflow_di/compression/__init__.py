@@ -7,7 +7,6 @@ Pure PyTorch / ONNX / ONNX Runtime; knows nothing of MLflow. Modules, one concep
 """
 from mlflow_di.compression.export import (
     COMPRESSION_METADATA_KEY,
-    PREPROCESSING_METADATA_KEY,
     OnnxExport,
     export_onnx,
     read_preprocessing,
@@ -18,7 +17,7 @@ from mlflow_di.compression.prune import PrunedModel, layer_sparsity, prune_l1, p
 from mlflow_di.compression.quantize import quantize_int8_dynamic, quantize_int8_static
 
 __all__ = [
-    "COMPRESSION_METADATA_KEY", "PREPROCESSING_METADATA_KEY", "METHODS",
+    "COMPRESSION_METADATA_KEY", "METHODS",
     "CompressionResult", "OnnxExport", "PrunedModel",
     "assert_linear_layers_quantized", "check_method", "compress", "export_onnx", "layer_sparsity", "prune_l1",
     "prune_structured", "quantize_int8_dynamic", "quantize_int8_static", "quantized_ops",

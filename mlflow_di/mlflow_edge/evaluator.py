@@ -73,6 +73,9 @@ class EvaluatorConfig:
             config.input_shape = tuple(int(v) for v in config.input_shape)
             if len(config.input_shape) != 3:
                 raise UserError(f"input_shape must be (H, W, C), got {values['input_shape']!r}")
+        if config.layer is not None and (not isinstance(config.layer, str) or config.layer == "all"):
+            raise UserError(f"layer must name one layer (the evaluator reports one IDC), got {config.layer!r}; "
+                            "use `mlflow-di coverage --layers all` for every layer")
         if not 0 < config.train_fraction < 1:
             raise UserError(f"train_fraction must be between 0 and 1, got {config.train_fraction}")
         config.clusters = tuple(config.clusters)

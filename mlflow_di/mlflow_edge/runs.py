@@ -1,26 +1,48 @@
-"""Everything that talks to MLflow: runs, model logging with mlflow-di metadata, the registry.
+"""MLflow runs: start one in the right experiment, end it honestly, close the ones a crash left open.
 
-Engines never import this module; commands call it at their edges.
+Every command that records results does so inside :func:`tracked_run`. The run ends FINISHED
+on success, FAILED on an error and KILLED on Ctrl-C or SIGTERM (the CLI turns SIGTERM into
+:class:`~mlflow_di.errors.Terminated`, a ``KeyboardInterrupt``); whatever was logged before
+stays logged. A run that a ``kill -9`` left RUNNING is found by its tags and closed by
+:func:`close_orphaned_runs` (the fuzz command does so on ``--resume``).
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import pathlib
 
 import mlflow
 from mlflow.exceptions import MlflowException
 
 import mlflow_di
 from mlflow_di.errors import UserError
-from mlflow_di.models.torch_model import TorchModel
+from mlflow_di.mlflow_edge.connection import first_line, tracking_uri
+from mlflow_di.mlflow_edge.run_log import RunLog
 
 DEFAULT_EXPERIMENT = "mlflow-di"
-
+#: MLflow's experiment-kind tag: a classic-ML experiment opens on its runs, not on GenAI traces.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 #: Inside ``mlflow run``: the experiment of the run it created, for the later runs of a pipeline.
 _project_experiment: str | None = None
+
+
+def use_experiment(name: str) -> str:
+    """The id of experiment ``name``, created as a classic-ML experiment when it does not exist."""
+    client = mlflow.MlflowClient()
+    try:
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            experiment_id = client.create_experiment(name, tags=EXPERIMENT_KIND)
+        else:
+            experiment_id = experiment.experiment_id
+            if experiment.lifecycle_stage == "deleted":
+                raise UserError(f"experiment '{name}' at {tracking_uri()} is deleted; restore it "
+                                f"(mlflow experiments restore --experiment-id {experiment_id}) or pick another")
+    except MlflowException as exc:
+        raise UserError(f"cannot use experiment '{name}' at {tracking_uri()}: {first_line(exc.message)}") from None
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
 
 
 def _start_run(run_name: str, experiment: str | None, tags: dict):
@@ -31,75 +53,61 @@ def _start_run(run_name: str, experiment: str | None, tags: dict):
     if project_run:
         run = mlflow.start_run(run_id=project_run, tags=tags)
         _project_experiment = run.info.experiment_id
+        mlflow.set_tag("mlflow.runName", run_name)
         return run
     if _project_experiment is not None:
         return mlflow.start_run(experiment_id=_project_experiment, run_name=run_name, tags=tags)
-    try:
-        mlflow.set_experiment(experiment or DEFAULT_EXPERIMENT)
-    except MlflowException as exc:
-        raise UserError(f"cannot use experiment '{experiment or DEFAULT_EXPERIMENT}' at "
-                        f"{mlflow.get_tracking_uri()}: {exc.message.splitlines()[0]}") from None
-    return mlflow.start_run(run_name=run_name, tags=tags)
+    experiment_id = use_experiment(experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT)
+    return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
 
 
 @contextlib.contextmanager
 def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None = None):
-    """Start an MLflow run that ends FINISHED on success, FAILED on any error and KILLED on Ctrl-C.
+    """Start an MLflow run and yield its :class:`RunLog`; the run never stays RUNNING.
 
-    Whatever the command logged before the failure stays logged: nothing is lost, and no run
-    is ever left RUNNING.
+    FINISHED on success, FAILED on any error, KILLED on Ctrl-C / SIGTERM. Whatever the command
+    logged before the failure stays logged; whatever could not be logged (the server went away)
+    is kept on disk and the command says where.
     """
-    run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
     try:
-        yield run
+        run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
+    except MlflowException as exc:
+        raise UserError(f"cannot start a run at {tracking_uri()}: {first_line(exc.message)}") from None
+    log = RunLog(run)
+    try:
+        yield log
     except KeyboardInterrupt:
-        mlflow.end_run(status="KILLED")
+        log.end("KILLED")
         raise
     except BaseException:
-        mlflow.end_run(status="FAILED")
+        log.end("FAILED")
         raise
     else:
-        mlflow.end_run(status="FINISHED")
+        log.end("FINISHED")
 
 
-def log_params(params: dict) -> None:
-    """Log params, leaving out keys the run already has.
+def close_orphaned_runs(tags: dict, reason: str) -> list[str]:
+    """End as KILLED every RUNNING run carrying ``tags`` (left by a process that was killed hard).
 
-    Inside ``mlflow run`` the project's entry-point parameters are logged before the command
-    starts (shell-quoted), and MLflow refuses to change a logged param: those stay as they are.
+    Returns their ids. The run keeps everything it logged; the tag ``mlflow_di.closed_by`` says why.
     """
-    run = mlflow.active_run()
-    existing = mlflow.get_run(run.info.run_id).data.params if run else {}
-    fresh = {key: value for key, value in params.items() if key not in existing}
-    if fresh:
-        mlflow.log_params(fresh)
+    from mlflow_di.mlflow_edge.recorded import experiment_ids, tag_filter
+
+    client = mlflow.MlflowClient()
+    ids = experiment_ids(client)
+    if not ids:
+        return []
+    orphans = client.search_runs(ids, f"{tag_filter(tags)} and attributes.status = 'RUNNING'")
+    for run in orphans:
+        client.set_tag(run.info.run_id, "mlflow_di.closed_by", reason)
+        client.set_terminated(run.info.run_id, status="KILLED")
+    return [run.info.run_id for run in orphans]
 
 
-def model_metadata(model: TorchModel, **extra) -> dict:
-    """The ``mlflow_di`` metadata block stored in the MLflow model: preprocessing and facts."""
-    return {"mlflow_di": {"preprocessing": model.preprocessing.to_dict(),
-                          "version": mlflow_di.__version__, **model.metadata, **extra}}
-
-
-def log_torch_model(model: TorchModel, name: str = "model", registered_model_name: str | None = None):
-    """Log a PyTorch model with pickle serialization (white-box analysis needs module hooks,
-    which MLflow's default pt2 format lacks) and its preprocessing in the model metadata."""
-    import torch
-
-    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow-di=={mlflow_di.__version__}"]
-    try:
-        return mlflow.pytorch.log_model(
-            model.module, name=name, serialization_format="pickle", registered_model_name=registered_model_name,
-            metadata=model_metadata(model), pip_requirements=requirements,
-        )
-    except MlflowException as exc:
-        raise UserError(f"cannot log model '{name}' to {mlflow.get_tracking_uri()}: {exc.message.splitlines()[0]}") from None
-
-
-def write_json(payload: dict, path: str | None) -> None:
-    """Write ``payload`` to ``path`` (the ``--json-out`` option), creating parent folders."""
-    if not path:
-        return
-    target = pathlib.Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(payload, indent=2, sort_keys=True))
+def end_project_run(status: str) -> None:
+    """End the run ``mlflow run`` created for this process when the command failed before using it,
+    so that run is never left RUNNING."""
+    run_id = os.environ.pop("MLFLOW_RUN_ID", None)
+    if run_id:
+        with contextlib.suppress(MlflowException, OSError):
+            mlflow.MlflowClient().set_terminated(run_id, status=status)

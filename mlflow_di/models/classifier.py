@@ -128,9 +128,11 @@ class OnnxClassifier(Classifier):
         super().__init__(preprocessing, name or pathlib.Path(path).name)
 
     def _stored_preprocessing(self) -> Preprocessing:
-        stored = self.session.get_modelmeta().custom_metadata_map.get("mlflow_di.preprocessing")
-        if stored:
-            return Preprocessing.from_json(stored)
+        from mlflow_di.models.metadata import ModelMetadata
+
+        stored = ModelMetadata.from_onnx_props(self.session.get_modelmeta().custom_metadata_map).preprocessing
+        if stored is not None:
+            return stored
         shape = self.session.get_inputs()[0].shape  # e.g. ['batch', 1, 28, 28]
         if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]):
             if shape[1] in (1, 3) and shape[3] not in (1, 3):

@@ -1,0 +1,89 @@
+"""Models in the tracking store: fetch one to a local folder, log PyTorch and ONNX models.
+
+Logged models carry the ``mlflow_di`` metadata block (:mod:`mlflow_di.models.metadata`), so a
+later ``models:/`` load knows the preprocessing without being told.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pathlib
+
+import mlflow
+
+import mlflow_di
+from mlflow_di.errors import UserError
+from mlflow_di.mlflow_edge.connection import mlflow_errors
+from mlflow_di.models.metadata import ModelMetadata
+
+
+@dataclasses.dataclass
+class DownloadedModel:
+    """An MLflow model fetched to local disk: the file mlflow-di loads, its kind and metadata."""
+
+    kind: str  # "pytorch", "pytorch-pt2" or "onnx"
+    path: pathlib.Path
+    metadata: dict
+
+
+def download_model(uri: str) -> DownloadedModel:
+    """Fetch the MLflow model ``uri`` (registry, run, artifact URI or local model folder)."""
+    from mlflow.models import Model
+
+    what = f"cannot load model '{uri}' from the tracking store"
+    try:
+        with mlflow_errors(what):
+            local = pathlib.Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+            model = Model.load(str(local))
+    except UserError as exc:
+        raise UserError(f"{exc} (check the name/version, or pass --tracking-uri)") from None
+    except OSError as exc:
+        raise UserError(f"cannot load model '{uri}': {exc}") from None
+    flavors = model.flavors
+    if "pytorch" in flavors:
+        data = local / flavors["pytorch"].get("model_data", "data")
+        if (data / "model.pth").exists():
+            return DownloadedModel("pytorch", data / "model.pth", model.metadata or {})
+        return DownloadedModel("pytorch-pt2", data / "model.pt2", model.metadata or {})
+    if "onnx" in flavors:
+        return DownloadedModel("onnx", local / flavors["onnx"]["data"], model.metadata or {})
+    raise UserError(f"model '{uri}' has flavors {sorted(flavors)}; mlflow-di reads the pytorch and onnx flavors "
+                    "(log the model with mlflow.pytorch or mlflow.onnx)")
+
+
+def log_torch_model(model, name: str = "model", registered_model_name: str | None = None):
+    """Log a :class:`~mlflow_di.models.torch_model.TorchModel` with pickle serialization (white-box
+    analysis needs module hooks, which MLflow's default pt2 format lacks) and its metadata."""
+    import torch
+
+    metadata = ModelMetadata(model.preprocessing, {"version": mlflow_di.__version__, **model.metadata})
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow-di=={mlflow_di.__version__}"]
+    with mlflow_errors(f"cannot log model '{name}'"), _quiet_registration():
+        return mlflow.pytorch.log_model(
+            model.module, name=name, serialization_format="pickle", registered_model_name=registered_model_name,
+            metadata=metadata.to_mlflow(), pip_requirements=requirements)
+
+
+def log_onnx_model(path, preprocessing, registered_model_name: str, lineage: dict):
+    """Log and register an ONNX file with its preprocessing and ``lineage`` (``mlflow_di.*`` tags)."""
+    import onnx
+
+    facts = {key.removeprefix("mlflow_di."): value for key, value in lineage.items()}
+    metadata = ModelMetadata(preprocessing, facts)
+    with mlflow_errors(f"cannot log/register '{registered_model_name}'"), _quiet_registration():
+        return mlflow.onnx.log_model(onnx.load(str(path)), name="model", registered_model_name=registered_model_name,
+                                     metadata=metadata.to_mlflow(), tags=lineage,
+                                     pip_requirements=["onnx", "onnxruntime"], save_as_external_data=False)
+
+
+@contextlib.contextmanager
+def _quiet_registration():
+    """MLflow prints "Successfully registered model ..." and "Created version ..." itself; the
+    commands say what they registered in their own words, so those lines are held back."""
+    from mlflow.utils import logging_utils
+
+    logging_utils.disable_logging()
+    try:
+        yield
+    finally:
+        logging_utils.enable_logging()

@@ -1,0 +1,189 @@
+"""The gate's search: what the ``mlflow-di`` commands recorded about a registry version.
+
+Recorded results are the runs of the ``mlflow-di`` commands, which all follow one contract:
+every run about a registry version carries the tags ``mlflow_di.model_name`` /
+``mlflow_di.model_version``; fuzz runs also name the compressed model
+(``mlflow_di.compressed_uri``, and ``compressed_name``/``compressed_version`` for a registry
+version); a compressed version is registered from its compress run (its ``run_id``) and names
+its source in the version tags ``mlflow_di.source_name`` / ``source_version``. Runs are
+searched across every experiment the user can read, newest first; only FINISHED runs count.
+
+Gating an export (a version with source tags) reads coverage from its source version (coverage
+is a property of the PyTorch model and its tests) and fuzz/compress results of the source
+against this export.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from mlflow_di.errors import UserError
+from mlflow_di.gate import CRITERION, Measurement, missing_message
+from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, registry_ref, resolve_version,
+                                            version_uri)
+
+
+def _quote(value: str) -> str:
+    """A search-filter string literal (MLflow accepts '...' and "..." quoting)."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise UserError(f"cannot search for runs tagged {value!r}: it contains both kinds of quote")
+
+
+def tag_filter(tags: dict) -> str:
+    return " and ".join(f"tags.`{key}` = {_quote(str(value))}" for key, value in tags.items())
+
+
+def experiment_ids(client) -> list[str]:
+    ids, token = [], None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        ids.extend(e.experiment_id for e in page)
+        token = page.token
+        if not token:
+            return ids
+
+
+def search_recorded_runs(command: str, tags: dict, metric: str, client=None, max_results: int = 1000) -> list:
+    """FINISHED runs of ``mlflow-di COMMAND`` with ``tags`` that recorded ``metric``, newest first."""
+    client = client or _client()
+    experiments = experiment_ids(client)
+    if not experiments:
+        return []
+    query = (f"{tag_filter({f'{TAG_PREFIX}command': command, **tags})} and attributes.status = 'FINISHED'"
+             f" and metrics.`{metric}` > -1e300")  # the metric filter keeps only runs that logged it
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiments, query, max_results=max_results, page_token=token,
+                                  order_by=["attributes.start_time DESC"])
+        runs.extend(page)
+        token = page.token
+        if not token or len(runs) >= max_results:
+            return runs
+
+
+def measurements(subject_uri: str, compressed: list[str] | None = None, client=None) -> list[Measurement]:
+    """Every gated value recorded for the version ``subject_uri`` names (see :mod:`mlflow_di.gate`).
+
+    ``compressed``: the compressed models to read fuzz/compress results for (URIs as given to
+    ``mlflow-di fuzz``); None or empty: every compressed model with a recorded fuzz or compress run.
+    When ``subject_uri`` is an export, its source's coverage counts and the only compressed model
+    is the export itself. Missing values come back as measurements with ``value=None`` and a
+    message saying what to run.
+    """
+    client = client or _client()
+    subject = resolve_version(subject_uri, client)
+    source = lineage_source(subject, client)
+    if source is not None:  # an export: coverage belongs to its source, fuzzing compares the two
+        compressed = [version_uri(subject)]
+        subject, subject_uri = source, version_uri(source)
+    subject_tags = {f"{TAG_PREFIX}model_name": subject.name, f"{TAG_PREFIX}model_version": str(subject.version)}
+    found = [_coverage(subject_uri, subject_tags, client)]
+    targets = [_CompressedTarget.of(uri, client) for uri in compressed] if compressed else \
+        _recorded_targets(subject_tags, client)
+    for target in targets:
+        found.extend(_fuzz(subject_uri, subject_tags, target, client))
+        found.append(_compress(subject_uri, subject, target, client))
+    return found
+
+
+def _coverage(subject_uri: str, subject_tags: dict, client) -> Measurement:
+    runs = search_recorded_runs("coverage", subject_tags, "idc", client, max_results=1)
+    if not runs:
+        return Measurement("idc", None, missing=missing_message(CRITERION["idc"], subject_uri))
+    return Measurement("idc", runs[0].data.metrics["idc"], run_id=runs[0].info.run_id)
+
+
+@dataclasses.dataclass
+class _CompressedTarget:
+    """A compressed model the gate reads results for: display key and the fuzz-run tags naming it."""
+
+    key: str
+    fuzz_tags: dict
+    compress_run_id: str | None = None  # the run that registered it, for registry versions
+
+    @classmethod
+    def of(cls, uri: str, client) -> "_CompressedTarget":
+        if registry_ref(uri) is None:
+            return cls(uri, {f"{TAG_PREFIX}compressed_uri": uri})
+        version = resolve_version(uri, client)
+        return cls(version_uri(version), {f"{TAG_PREFIX}compressed_name": version.name,
+                                          f"{TAG_PREFIX}compressed_version": str(version.version)},
+                   version.run_id)
+
+
+def _recorded_targets(subject_tags: dict, client) -> list[_CompressedTarget]:
+    """Every compressed model that has a fuzz run against the subject or was compressed from it."""
+    targets: dict[str, _CompressedTarget] = {}
+    for run in search_recorded_runs("fuzz", subject_tags, "success_rate", client):
+        tags = run.data.tags
+        name, number = tags.get(f"{TAG_PREFIX}compressed_name"), tags.get(f"{TAG_PREFIX}compressed_version")
+        if name and number:
+            key = f"models:/{name}/{number}"
+            target = _CompressedTarget(key, {f"{TAG_PREFIX}compressed_name": name,
+                                             f"{TAG_PREFIX}compressed_version": number})
+        elif tags.get(f"{TAG_PREFIX}compressed_uri"):
+            key = tags[f"{TAG_PREFIX}compressed_uri"]
+            target = _CompressedTarget(key, {f"{TAG_PREFIX}compressed_uri": key})
+        else:
+            continue
+        targets.setdefault(key, target)
+    for run in search_recorded_runs("compress", subject_tags, "accuracy_drop", client):
+        registered = client.search_model_versions(f"run_id = {_quote(run.info.run_id)}")
+        for version in registered:
+            key = version_uri(version)
+            target = targets.setdefault(key, _CompressedTarget(key, {
+                f"{TAG_PREFIX}compressed_name": version.name, f"{TAG_PREFIX}compressed_version": str(version.version)}))
+            target.compress_run_id = run.info.run_id
+    return [targets[key] for key in sorted(targets)]
+
+
+def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, client) -> list[Measurement]:
+    runs = search_recorded_runs("fuzz", {**subject_tags, **target.fuzz_tags}, "success_rate", client, max_results=1)
+    if not runs:
+        message = missing_message(CRITERION["success_rate"], subject_uri, target.key)
+        return [Measurement(metric, None, target.key, missing=message) for metric in ("success_rate", "mean_queries")]
+    run = runs[0]
+    metrics, run_id = run.data.metrics, run.info.run_id
+    mean_queries = metrics.get("mean_queries")
+    if mean_queries is None or math.isnan(mean_queries):
+        # no deviating input found: no mean per deviation, and the hardest outcome for an attacker
+        found_none = metrics.get("triggers") == 0 or metrics.get("success_rate") == 0
+        mean_queries = math.inf if found_none else None
+    missing = "" if mean_queries is not None else f"fuzz run {run_id} recorded no mean_queries"
+    return [Measurement("success_rate", metrics["success_rate"], target.key, run_id),
+            Measurement("mean_queries", mean_queries, target.key, run_id, missing)]
+
+
+def _producing_run(target: _CompressedTarget, client):
+    """The run that created the compressed registry version ``target`` (None when unknown)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if target.compress_run_id is None and registry_ref(target.key) is not None:
+            target.compress_run_id = resolve_version(target.key, client).run_id
+        return client.get_run(target.compress_run_id) if target.compress_run_id else None
+    except (MlflowException, UserError):
+        return None
+
+
+def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> Measurement:
+    """accuracy_drop from the compress run that produced the compressed version."""
+    missing = missing_message(CRITERION["accuracy_drop"], subject_uri, target.key)
+    run = _producing_run(target, client)
+    if run is None:
+        return Measurement("accuracy_drop", None, target.key, missing=missing)
+    tags = run.data.tags
+    if (tags.get(f"{TAG_PREFIX}command") != "compress" or run.info.status != "FINISHED"
+            or "accuracy_drop" not in run.data.metrics):
+        return Measurement("accuracy_drop", None, target.key, missing=missing)
+    source = (tags.get(f"{TAG_PREFIX}model_name"), tags.get(f"{TAG_PREFIX}model_version"))
+    if source != (subject.name, str(subject.version)):
+        origin = f"models:/{source[0]}/{source[1]}" if all(source) else "another model"
+        return Measurement("accuracy_drop", None, target.key, missing=(
+            f"{target.key} was compressed from {origin}, not from {version_uri(subject)}"))
+    return Measurement("accuracy_drop", run.data.metrics["accuracy_drop"], target.key, run.info.run_id)
+
+

@@ -1,0 +1,120 @@
+"""What a command records in its run: params, metrics and artifacts, through one object.
+
+Commands never call ``mlflow.log_*`` themselves: they hand plain values (dicts, rows, images,
+text, folders) to the :class:`RunLog` that :func:`~mlflow_di.mlflow_edge.runs.tracked_run`
+yields. When the tracking server goes away mid-run, nothing is lost: each item that cannot be
+logged is written under ``mlflow-di-unlogged/RUN_ID/`` instead, and the command ends by saying
+how to log that folder later.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import sys
+
+import mlflow
+from mlflow.exceptions import MlflowException
+
+from mlflow_di.mlflow_edge.connection import first_line
+
+UNLOGGED = pathlib.Path("mlflow-di-unlogged")
+#: Errors that mean "the store cannot take this now" (server gone, refused, timed out).
+_STORE_ERRORS = (MlflowException, ConnectionError, OSError)
+
+
+class RunLog:
+    """The active MLflow run of one command, with a local fallback for whatever cannot be logged."""
+
+    def __init__(self, run):
+        self.run = run
+        self.run_id: str = run.info.run_id
+        self.fallback: pathlib.Path | None = None  # set once something could not be logged
+
+    @property
+    def info(self):
+        """The run's :class:`mlflow.entities.RunInfo` (id, experiment, artifact URI)."""
+        return self.run.info
+
+    # ---------------------------------------------------------------- what commands log
+    def params(self, params: dict) -> None:
+        """Log params, leaving out keys the run already has.
+
+        Inside ``mlflow run`` the project's entry-point parameters are logged before the command
+        starts (shell-quoted), and MLflow refuses to change a logged param: those stay as they are.
+        """
+        def write():
+            existing = mlflow.get_run(self.run_id).data.params
+            fresh = {key: value for key, value in params.items() if key not in existing}
+            if fresh:
+                mlflow.log_params(fresh)
+        self._log(write, "params.json", lambda path: _merge_json(path, params))
+
+    def metrics(self, metrics: dict, step: int | None = None) -> None:
+        clean = {key: float(value) for key, value in metrics.items() if value is not None}
+        self._log(lambda: mlflow.log_metrics(clean, step=step), "metrics.json", lambda path: _merge_json(path, clean))
+
+    def tags(self, tags: dict) -> None:
+        self._log(lambda: mlflow.set_tags(tags), "tags.json", lambda path: _merge_json(path, tags))
+
+    def json(self, payload: dict, artifact_path: str) -> None:
+        self._log(lambda: mlflow.log_dict(payload, artifact_path), artifact_path,
+                  lambda path: path.write_text(json.dumps(payload, indent=2, default=str)))
+
+    def table(self, rows: list[dict], artifact_path: str) -> None:
+        """Rows of equal keys as an MLflow table (previewed in the UI); nothing for no rows."""
+        if not rows:
+            return
+        columns = {key: [row[key] for row in rows] for key in rows[0]}
+        self._log(lambda: mlflow.log_table(columns, artifact_path), artifact_path,
+                  lambda path: path.write_text(json.dumps(columns, default=str)))
+
+    def image(self, image, artifact_path: str) -> None:
+        def keep(path):
+            from PIL import Image
+
+            Image.fromarray(image).save(path)
+        self._log(lambda: mlflow.log_image(image, artifact_path), artifact_path, keep)
+
+    def text(self, text: str, artifact_path: str) -> None:
+        self._log(lambda: mlflow.log_text(text, artifact_path), artifact_path, lambda path: path.write_text(text))
+
+    def folder(self, local_dir, artifact_path: str) -> None:
+        self._log(lambda: mlflow.log_artifacts(str(local_dir), artifact_path), artifact_path,
+                  lambda path: shutil.copytree(local_dir, path, dirs_exist_ok=True))
+
+    # ---------------------------------------------------------------- plumbing
+    def _log(self, write, artifact_path: str, keep) -> None:
+        if self.fallback is None:
+            try:
+                write()
+                return
+            except _STORE_ERRORS as exc:
+                self._start_fallback(exc)
+        target = self.fallback / artifact_path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        keep(target)
+
+    def _start_fallback(self, exc: BaseException) -> None:
+        self.fallback = UNLOGGED / self.run_id
+        self.fallback.mkdir(parents=True, exist_ok=True)
+        message = exc.message if isinstance(exc, MlflowException) else exc
+        print(f"mlflow-di: warning: could not log to the tracking store ({first_line(message)}); "
+              f"keeping results in {self.fallback}/", file=sys.stderr)
+
+    def end(self, status: str) -> None:
+        """End the run with ``status``; when the store is gone, say where the results are and how to log them."""
+        try:
+            mlflow.end_run(status=status)
+        except _STORE_ERRORS as exc:
+            if self.fallback is None:  # (MLflow has already dropped the run from this process's stack)
+                self._start_fallback(exc)
+        if self.fallback is not None:
+            print(f"mlflow-di: results that could not be logged are in {self.fallback}/; once the server is back, "
+                  f"log them with: mlflow artifacts log-artifacts --local-dir {self.fallback} --run-id {self.run_id}",
+                  file=sys.stderr)
+
+
+def _merge_json(path: pathlib.Path, values: dict) -> None:
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**existing, **values}, indent=2, default=str))
