@@ -32,6 +32,11 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return list(COMMANDS)
 
+    def resolve_command(self, ctx, args):
+        # click drops the subcommand's arguments from ctx before the group callback runs; keep them
+        ctx.meta["mlflow_di.args"] = list(args)
+        return super().resolve_command(ctx, args)
+
     def get_command(self, ctx, name):
         module = COMMANDS.get(name)
         if module is None:
@@ -48,7 +53,7 @@ def cli(ctx: click.Context, tracking_uri: str | None) -> None:
     """Coverage (IDC) and differential fuzzing (DFlare) for image classifiers in MLflow."""
     from mlflow_di.mlflow_edge import connection
 
-    rest = [*getattr(ctx, "_protected_args", []), *ctx.args]  # the subcommand and its arguments
+    rest = ctx.meta.get("mlflow_di.args", [])  # the subcommand and its arguments
     if any(arg in ("-h", "--help") for arg in rest):
         return
     _quiet_library_logs()
@@ -122,12 +127,13 @@ def _run(argv: list[str] | None) -> int:
         _error("interrupted; finished work is kept")
         return 130
     except Exception as exc:  # noqa: BLE001 - MLflow's own errors about the user's input
-        from mlflow.exceptions import MlflowException
+        from mlflow_di.mlflow_edge.connection import mlflow_error_line
 
-        if isinstance(exc, MlflowException):
-            _error(exc.message.strip().splitlines()[0])
-            return 2
-        raise
+        line = mlflow_error_line(exc)
+        if line is None:
+            raise
+        _error(line)
+        return 2
     return result if isinstance(result, int) else 0
 
 

@@ -116,6 +116,8 @@ class WritablePath(click.ParamType):
         if self.kind == "dir" and path.exists() and not path.is_dir():
             self.fail(f"'{value}' is a file; give a folder", param, ctx)
         existing = path if path.exists() else next((p for p in path.parents if p.exists()), pathlib.Path("."))
+        if existing != path and not existing.is_dir():
+            self.fail(f"cannot create '{value}': '{existing}' is a file, not a folder", param, ctx)
         folder = existing if existing.is_dir() else existing.parent
         if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
             self.fail(f"cannot write to '{value}' (no write permission in '{folder}'); pick a writable location",

@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from mlflow_di.progress import progress_bar as tqdm
 
 from mlflow_di.errors import UserError
 from mlflow_di.models.preprocessing import Preprocessing

@@ -167,7 +167,7 @@ def nearest_neighbours(queries: np.ndarray, references: np.ndarray) -> tuple[np.
 
 def _nearest_other_class_distance(traces: np.ndarray, classes: np.ndarray, progress: bool) -> np.ndarray:
     """Each trace's distance to the nearest trace of a different class (inf if none)."""
-    from tqdm.auto import tqdm
+    from mlflow_di.progress import progress_bar as tqdm
 
     out = np.full(len(traces), np.inf)
     labels = np.unique(classes)

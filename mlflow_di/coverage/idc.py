@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from sklearn.base import BaseEstimator
 from torch import nn
-from tqdm.auto import tqdm
+from mlflow_di.progress import progress_bar as tqdm
 
 from mlflow_di.coverage.activations import (
     PreprocessedImages,

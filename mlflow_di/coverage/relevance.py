@@ -27,7 +27,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from mlflow_di.progress import progress_bar as tqdm
 from zennit.canonizers import AttributeCanonizer, SequentialMergeBatchNorm
 from zennit.core import Composite
 from zennit.layer import Sum

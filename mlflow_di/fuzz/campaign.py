@@ -29,7 +29,7 @@ import dataclasses
 import hashlib
 import time
 import numpy as np
-from tqdm.auto import tqdm
+from mlflow_di.progress import progress_bar as tqdm
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError

@@ -69,6 +69,13 @@ def first_line(text) -> str:
     return text.splitlines()[0] if text else "unknown error"
 
 
+def mlflow_error_line(exc: BaseException) -> str | None:
+    """The one line to show for an MLflow error that escaped a command; None for any other error."""
+    from mlflow.exceptions import MlflowException
+
+    return first_line(exc.message) if isinstance(exc, MlflowException) else None
+
+
 @contextlib.contextmanager
 def mlflow_errors(what: str):
     """Turn an ``MlflowException`` (or a dropped connection) inside the block into one line.

@@ -60,7 +60,10 @@ class Classifier:
         if self._num_classes is None:
             if self.preprocessing.input_shape is None:
                 raise UserError(f"{self.name}: input shape unknown; set it with --preprocessing input_shape=H/W/C")
-            self.predict_proba(np.zeros((1, *self.preprocessing.input_shape), np.uint8))
+            try:
+                self.predict_proba(np.zeros((1, *self.preprocessing.input_shape), np.uint8))
+            except (RuntimeError, ValueError) as exc:  # the framework's own shape error
+                raise self.preprocessing.shape_mismatch(self.name, exc) from None
         return self._num_classes
 
     def __repr__(self) -> str:

@@ -62,6 +62,13 @@ class Preprocessing:
             if len(values) not in (1, channels):
                 raise UserError(f"preprocessing {name} has {len(values)} values but images have {channels} channels")
 
+    def shape_mismatch(self, model_name: str, error: Exception) -> UserError:
+        """The one-line error for a model that cannot run on this preprocessing's input shape."""
+        shape = "x".join(map(str, self.input_shape)) if self.input_shape else "the given"
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return UserError(f"{model_name} cannot run on {shape} (HxWxC) inputs ({detail}); give the model's own input "
+                         "shape with --preprocessing input_shape=H/W/C, or leave the stored preprocessing as it is")
+
     def apply(self, images: np.ndarray) -> np.ndarray:
         """Raw uint8 (N, H, W, C) -> float32 model input in ``layout``."""
         self.check_images(images)

@@ -81,6 +81,8 @@ class TorchModel:
         try:
             with torch.no_grad():
                 self.module(self.to_tensor(np.zeros((1, *self.preprocessing.input_shape), np.uint8)))
+        except RuntimeError as exc:  # torch's own shape error
+            raise self.preprocessing.shape_mismatch(self.name, exc) from None
         finally:
             for hook in hooks:
                 hook.remove()

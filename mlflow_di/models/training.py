@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from mlflow_di.progress import progress_bar as tqdm
 
 from mlflow_di.errors import UserError
 

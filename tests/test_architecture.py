@@ -1,0 +1,75 @@
+"""ARCHITECTURE.md's import rules, checked on every module's imports (top level and inside functions)."""
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mlflow_di"
+ENGINES = ("coverage", "fuzz", "compression", "reporting")
+FOUNDATIONS = ("models", "data.py", "results_json.py", "errors.py", "gate.py", "_compat.py")
+
+
+def imports_of(path: pathlib.Path) -> set[str]:
+    """Every module name ``path`` imports, anywhere in the file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def modules(*parts: str) -> list[pathlib.Path]:
+    found = []
+    for part in parts:
+        target = PACKAGE / part
+        found.extend(sorted(target.rglob("*.py")) if target.is_dir() else [target])
+    return found
+
+
+def _uses(names: set[str], prefix: str) -> list[str]:
+    return sorted(n for n in names if n == prefix or n.startswith(prefix + "."))
+
+
+@pytest.mark.parametrize("path", modules(*ENGINES, *FOUNDATIONS), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_engines_and_foundations_never_import_mlflow_or_the_commands(path):
+    names = imports_of(path)
+    assert not _uses(names, "mlflow"), f"{path.name} imports MLflow; move that code to mlflow_di/mlflow_edge/"
+    assert not _uses(names, "mlflow_di.commands") and not _uses(names, "mlflow_di.cli")
+    allowed_edge = path == PACKAGE / "models" / "loading.py"  # fetches models:/ and runs:/ references
+    if not allowed_edge:
+        assert not _uses(names, "mlflow_di.mlflow_edge"), f"{path.name} reaches into the MLflow edge"
+
+
+@pytest.mark.parametrize("path", modules("commands", "cli.py"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_commands_never_call_mlflow_directly(path):
+    assert not _uses(imports_of(path), "mlflow"), f"{path.name} imports mlflow; go through mlflow_di.mlflow_edge"
+
+
+@pytest.mark.parametrize("path", modules("coverage", "fuzz", "compression"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_engines_do_not_render_or_parse_options(path):
+    names = imports_of(path)
+    assert not _uses(names, "click") and not _uses(names, "mlflow_di.reporting")
+
+
+def test_the_detector_sees_imports_inside_functions(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    import mlflow\n    from mlflow.exceptions import MlflowException\n")
+    assert _uses(imports_of(sample), "mlflow") == ["mlflow", "mlflow.exceptions", "mlflow.exceptions.MlflowException"]
+
+
+def test_help_imports_no_heavy_library():
+    """`mlflow-di COMMAND --help` must answer at once: no torch, mlflow or onnxruntime behind it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from mlflow_di.cli import main\n"
+            "for cmd in ('demo','describe','import-keras','coverage','compress','fuzz','gate'):\n"
+            "    try: main([cmd, '--help'])\n"
+            "    except SystemExit: pass\n"
+            "main(['coverage', '--clusters', '1'])\n"
+            "print(sorted(m for m in ('torch', 'mlflow', 'onnxruntime', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:] + result.stderr[-2000:]
