@@ -14,9 +14,10 @@ install: $(STAMP)
 # several GB of CUDA packages).
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	@echo "installing into $(VENV): pip, then the CPU build of torch 2.13.0, then mlflow-di with its dev extras (1-3 minutes)"
+	$(PY) -m pip install --progress-bar off --upgrade pip
+	$(PY) -m pip install --progress-bar off torch==2.13.0
+	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 demo: install

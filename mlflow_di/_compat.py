@@ -64,7 +64,9 @@ def ensure_torchvision() -> None:
     """
     if FALLBACK_ACTIVE or "torchvision" in sys.modules:
         return
-    if _native_extension_loads() is False:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchvisionGuard)]  # no re-entry
+    # importing torch (inside the probe) may itself look torchvision up: check again before declaring
+    if _native_extension_loads() is False and not FALLBACK_ACTIVE:
         _declare_operator_schemas()
 
 
@@ -74,8 +76,7 @@ class _TorchvisionGuard:
 
     def find_spec(self, name, path=None, target=None):
         if name == "torchvision":
-            sys.meta_path.remove(self)
-            ensure_torchvision()
+            ensure_torchvision()  # removes this finder first
         return None
 
 

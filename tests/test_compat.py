@@ -41,6 +41,7 @@ def test_guard_is_needed_exactly_when_the_native_extension_fails():
 def test_guard_does_nothing_when_the_extension_loads(monkeypatch):
     monkeypatch.setattr(_compat, "FALLBACK_ACTIVE", False)
     monkeypatch.delitem(sys.modules, "torchvision", raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # keep the import guard for later tests
     monkeypatch.setattr(_compat, "_native_extension_loads", lambda: True)
     declared = []
     monkeypatch.setattr(_compat, "_declare_operator_schemas", lambda: declared.append(True))
