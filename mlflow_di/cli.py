@@ -78,6 +78,7 @@ class _DropPickleAdvice(logging.Filter):
 
 def _quiet_library_logs() -> None:
     """Keep MLflow's INFO chatter (database set-up, 'Successfully registered model') off the terminal."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is imported (later, lazily)
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("mlflow.pytorch").addFilter(_DropPickleAdvice())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # LiteRT's "Created TensorFlow Lite ... delegate" INFO

@@ -30,6 +30,16 @@ class _Lines:
         self.stream.flush()
 
 
+class _PlainBar(tqdm):
+    """tqdm off a terminal: postfix and description changes wait for the next periodic line."""
+
+    def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+        super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+    def set_description(self, desc=None, refresh=True):
+        super().set_description(desc, refresh=False)
+
+
 def progress_bar(*args, **kwargs) -> tqdm:
     """``tqdm(*args, **kwargs)`` on a terminal; periodic plain lines elsewhere."""
     stream = kwargs.get("file") or sys.stderr
@@ -38,4 +48,4 @@ def progress_bar(*args, **kwargs) -> tqdm:
     # delay: loops shorter than one interval print nothing at all off a terminal
     kwargs.update(file=_Lines(stream), mininterval=PLAIN_INTERVAL_S, maxinterval=PLAIN_INTERVAL_S, ascii=True,
                   delay=PLAIN_INTERVAL_S)
-    return tqdm(*args, **kwargs)
+    return _PlainBar(*args, **kwargs)

@@ -33,3 +33,13 @@ def test_on_a_terminal_progress_redraws_in_place():
     for _ in progress.progress_bar(range(5), desc="seeds", file=screen):
         pass
     assert "\r" in screen.getvalue()
+
+
+def test_off_a_terminal_postfix_updates_do_not_print_a_line_each():
+    log = io.StringIO()
+    bar = progress.progress_bar(total=40, desc="training", file=log)
+    for epoch in range(40):
+        bar.set_postfix(loss=f"{1 / (epoch + 1):.4f}")
+        bar.update(1)
+    bar.close()
+    assert log.getvalue() == ""  # a loop shorter than the interval prints nothing

@@ -149,3 +149,11 @@ def test_runs_land_in_a_classic_ml_experiment_named_for_what_they_compared(track
     assert run.info.run_name == "fuzz orig.pt vs comp.pt"
     out = capsys.readouterr().out
     assert "fuzzing 3 seeds" in out
+
+
+def test_litert_says_nothing_on_stderr(shared_dir, tmp_path):
+    pytest.importorskip("ai_edge_litert")
+    result = subprocess.run([*CLI, "describe", str(shared_dir / "models" / "dflare" / "lenet5-quan.lite")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and "backend:        tflite" in result.stdout

@@ -97,7 +97,7 @@ def _check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dir, resu
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
     if resume and out_dir is None:
-        raise UserError("resume needs the output directory of the campaign to continue (out_dir / --out)")
+        raise UserError("resume needs the output directory of the campaign to continue (out_dir=..., or --out-dir on the command line)")
 
 
 def _name(model, fallback: str) -> str:

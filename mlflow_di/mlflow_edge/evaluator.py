@@ -37,6 +37,7 @@ from mlflow.models.evaluation.base import EvaluationResult, ModelEvaluator
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
+from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.preprocessing import Preprocessing
 from mlflow_di.models.torch_model import TorchModel
 
@@ -136,10 +137,9 @@ def white_box_model(model, config: EvaluatorConfig) -> TorchModel:
             module = model.get_raw_model()
         except (NotImplementedError, AttributeError):
             module = None
-        stored = ((getattr(model.metadata, "metadata", None) or {}).get("mlflow_di", {})).get("preprocessing")
+        stored = ModelMetadata.from_mlflow(getattr(model.metadata, "metadata", None)).preprocessing
         try:
-            torch_model = TorchModel(module, Preprocessing.from_dict(stored) if stored else Preprocessing(),
-                                     name="evaluated model")
+            torch_model = TorchModel(module, stored or Preprocessing(), name="evaluated model")
         except UserError:
             raise UserError("needs a PyTorch model: log it with mlflow.pytorch.log_model(model, name=..., "
                             "serialization_format='pickle') or give a python model a `torch_model` attribute"

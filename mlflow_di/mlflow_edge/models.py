@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import pathlib
+import re
+import sys
 
 import mlflow
 
@@ -78,12 +81,16 @@ def log_onnx_model(path, preprocessing, registered_model_name: str, lineage: dic
 
 @contextlib.contextmanager
 def _quiet_registration():
-    """MLflow prints "Successfully registered model ..." and "Created version ..." itself; the
-    commands say what they registered in their own words, so those lines are held back."""
-    from mlflow.utils import logging_utils
-
-    logging_utils.disable_logging()
+    """MLflow prints "Successfully registered model ...", "Created version ..." (and "... already
+    exists") to stderr itself; the commands say what they registered in their own words, so those
+    lines are held back and anything else written meanwhile is passed on."""
+    captured = io.StringIO()
     try:
-        yield
+        with contextlib.redirect_stderr(captured):
+            yield
     finally:
-        logging_utils.enable_logging()
+        kept = [line for line in captured.getvalue().splitlines(keepends=True) if not _REGISTRATION_CHATTER.match(line)]
+        sys.stderr.write("".join(kept))
+
+
+_REGISTRATION_CHATTER = re.compile(r"^(Successfully registered model|Created version|Registered model .* already exists)")

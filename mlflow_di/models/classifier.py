@@ -7,6 +7,7 @@ softmax live here once.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 
@@ -155,6 +156,23 @@ class OnnxClassifier(Classifier):
         return self.session.run(None, {self.input_name: batch})[0]
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Silence what native code writes to file descriptor 2 (Python's own sys.stderr is untouched)."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real stderr (embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class TFLiteClassifier(Classifier):
     """A TensorFlow Lite model run by ``ai-edge-litert`` (no TensorFlow needed).
 
@@ -171,7 +189,8 @@ class TFLiteClassifier(Classifier):
         except ImportError:
             raise UserError("TFLite models need the 'tflite' extra: pip install 'mlflow-di[tflite]'") from None
         try:
-            self.interpreter = Interpreter(model_path=str(path), num_threads=_threads())
+            with _native_stderr_silenced():  # LiteRT's C++ "INFO: Created TensorFlow Lite XNNPACK delegate"
+                self.interpreter = Interpreter(model_path=str(path), num_threads=_threads())
         except (ValueError, RuntimeError) as exc:
             raise UserError(f"cannot load TFLite model '{path}': {str(exc).splitlines()[0]}") from None
         details = self.interpreter.get_input_details()[0]
