@@ -189,8 +189,7 @@ class TFLiteClassifier(Classifier):
         except ImportError:
             raise UserError("TFLite models need the 'tflite' extra: pip install 'mlflow-di[tflite]'") from None
         try:
-            with _native_stderr_silenced():  # LiteRT's C++ "INFO: Created TensorFlow Lite XNNPACK delegate"
-                self.interpreter = Interpreter(model_path=str(path), num_threads=_threads())
+            self.interpreter = Interpreter(model_path=str(path), num_threads=_threads())
         except (ValueError, RuntimeError) as exc:
             raise UserError(f"cannot load TFLite model '{path}': {str(exc).splitlines()[0]}") from None
         details = self.interpreter.get_input_details()[0]
@@ -205,8 +204,9 @@ class TFLiteClassifier(Classifier):
 
     def _forward(self, batch: np.ndarray) -> np.ndarray:
         if self._batch != len(batch):  # resizing re-plans the graph: only when the size changes
-            self.interpreter.resize_tensor_input(self.input_index, batch.shape)
-            self.interpreter.allocate_tensors()
+            with _native_stderr_silenced():  # planning creates the XNNPACK delegate, which logs an INFO line
+                self.interpreter.resize_tensor_input(self.input_index, batch.shape)
+                self.interpreter.allocate_tensors()
             self._batch = len(batch)
         self.interpreter.set_tensor(self.input_index, batch)
         self.interpreter.invoke()
