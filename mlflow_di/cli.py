@@ -22,8 +22,6 @@ from mlflow_di.errors import Terminated, UserError, note_sigterm, received_sigte
 #: Subcommand name -> module in mlflow_di.commands (each defines ``command``), in help order.
 COMMANDS = {"demo": "demo", "describe": "describe", "import-keras": "import_keras", "coverage": "coverage",
             "compress": "compress", "fuzz": "fuzz", "gate": "gate"}
-#: Model references that need the tracking store (the other commands always use it).
-_MLFLOW_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
 
 class LazyGroup(click.Group):
@@ -64,8 +62,10 @@ def cli(ctx: click.Context, tracking_uri: str | None) -> None:
 
 
 def _needs_store(command: str | None, args: list[str]) -> bool:
-    if command == "describe":
-        return any(arg.startswith(_MLFLOW_PREFIXES) for arg in args)
+    if command == "describe":  # the only command that can work without the store
+        from mlflow_di.models.reference import MLFLOW_PREFIXES
+
+        return any(arg.startswith(MLFLOW_PREFIXES) for arg in args)
     return True
 
 
@@ -121,8 +121,8 @@ def _run(argv: list[str] | None) -> int:
     except UserError as exc:
         _error(str(exc).strip().splitlines()[0] if str(exc).strip() else "bad input")
         return 2
-    except (KeyboardInterrupt, click.Abort) as stop:
-        if isinstance(stop, Terminated) or received_sigterm():
+    except (KeyboardInterrupt, click.Abort):
+        if received_sigterm():  # also when work swallowed the Terminated and re-raised a plain interrupt
             _error("terminated (SIGTERM); finished work is kept")
             return 143
         _error("interrupted; finished work is kept")

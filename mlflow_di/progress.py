@@ -31,13 +31,10 @@ class _Lines:
 
 
 class _PlainBar(tqdm):
-    """tqdm off a terminal: postfix and description changes wait for the next periodic line."""
+    """tqdm off a terminal: postfix changes wait for the next periodic line."""
 
     def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
         super().set_postfix(ordered_dict, refresh=False, **kwargs)
-
-    def set_description(self, desc=None, refresh=True):
-        super().set_description(desc, refresh=False)
 
 
 def progress_bar(*args, **kwargs) -> tqdm:

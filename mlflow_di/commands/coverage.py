@@ -40,7 +40,7 @@ HEATMAP_INPUTS = 8
 def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, rule, criteria, all_inputs,
             reference_quirks, seed, json_out, preprocessing) -> None:
     """Measure how well test data covers MODEL-URI's important neurons (IDC) and the classic criteria."""
-    from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite
+    from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite, parse_criteria
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import registry, runs
@@ -65,7 +65,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     with runs.tracked_run(f"coverage {ref.short}", tags=tags) as log:
         log.params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
                     "layers": _layers_param(layers, layer), "top_m": top_m, "clusters": ",".join(map(str, clusters)),
-                    "rule": rule, "criteria": ",".join(suite_criteria(criteria)), "only_correct": not all_inputs,
+                    "rule": rule, "criteria": ",".join(parse_criteria(criteria)), "only_correct": not all_inputs,
                     "reference_quirks": reference_quirks, "seed": seed})
         click.echo(f"fitting on {train.name} ({len(train)} images) ...")
         suite.fit(model, train)
@@ -78,12 +78,6 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         _log_review_artifacts(log, suite, model, tests[0], results)
     write_json_out(summary, json_out)
     _print_summary(final)
-
-
-def suite_criteria(criteria) -> tuple[str, ...]:
-    from mlflow_di.coverage.suite import parse_criteria
-
-    return parse_criteria(criteria)
 
 
 def _layers_param(layers, layer) -> str:
@@ -177,12 +171,10 @@ def _log_surprise(log, result) -> None:
     import numpy as np
 
     report = result.criteria
-    columns = {"input": list(range(report.num_inputs))}
-    for name, values in (("lsa", report.lsa), ("dsa", report.dsa)):
-        if values is not None:
-            columns[name] = [None if not np.isfinite(v) else float(v) for v in values]
-    if len(columns) > 1:
-        log.table([dict(zip(columns, row)) for row in zip(*columns.values())], "coverage/surprise.json")
+    series = {name: values for name, values in (("lsa", report.lsa), ("dsa", report.dsa)) if values is not None}
+    if series:
+        log.table([{"input": i, **{name: float(v[i]) if np.isfinite(v[i]) else None for name, v in series.items()}}
+                   for i in range(report.num_inputs)], "coverage/surprise.json")
 
 
 def _print_summary(result) -> None:

@@ -65,7 +65,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             preprocessing_original, preprocessing_compressed, seed, json_out) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     from mlflow_di.data import load_images
-    from mlflow_di.errors import Terminated, UserError, received_sigterm
+    from mlflow_di.errors import UserError
     from mlflow_di.fuzz.campaign import run_campaign
     from mlflow_di.mlflow_edge import registry, runs
     from mlflow_di.models.loading import load_classifier
@@ -104,7 +104,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         _log_artifacts(log, result, folder, original, compressed, summary)
         _print_summary(result, summary, folder)
         if not result.complete:  # the run ends KILLED; everything found so far is logged and on disk
-            raise Terminated() if received_sigterm() else KeyboardInterrupt()
+            raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
     write_json_out(summary, json_out)
 
 

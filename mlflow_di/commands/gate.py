@@ -41,9 +41,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     from mlflow_di.mlflow_edge import recorded, registry, runs
 
     thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop).require_any()
-    version = registry.resolve_version(model_uri)
-    source = registry.lineage_source(version)
-    found = recorded.measurements(model_uri, list(compressed))
+    version, source = recorded.gate_subject(model_uri)
+    found = recorded.measurements(model_uri, list(compressed), resolved=(version, source))
     verdict = decide(model_uri, thresholds, found)
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     tags = {"mlflow_di.command": "gate", **registry.version_tags(version, model_uri),

@@ -64,18 +64,25 @@ def search_recorded_runs(command: str, tags: dict, metric: str, client=None, max
             return runs
 
 
-def measurements(subject_uri: str, compressed: list[str] | None = None, client=None) -> list[Measurement]:
+def gate_subject(uri: str, client=None) -> tuple:
+    """(the version ``uri`` names, the version it was exported from or None)."""
+    client = client or _client()
+    version = resolve_version(uri, client)
+    return version, lineage_source(version, client)
+
+
+def measurements(subject_uri: str, compressed: list[str] | None = None, client=None,
+                 resolved: tuple | None = None) -> list[Measurement]:
     """Every gated value recorded for the version ``subject_uri`` names (see :mod:`mlflow_di.gate`).
 
     ``compressed``: the compressed models to read fuzz/compress results for (URIs as given to
     ``mlflow-di fuzz``); None or empty: every compressed model with a recorded fuzz or compress run.
     When ``subject_uri`` is an export, its source's coverage counts and the only compressed model
     is the export itself. Missing values come back as measurements with ``value=None`` and a
-    message saying what to run.
+    message saying what to run. ``resolved``: :func:`gate_subject`'s answer, when the caller has it.
     """
     client = client or _client()
-    subject = resolve_version(subject_uri, client)
-    source = lineage_source(subject, client)
+    subject, source = resolved or gate_subject(subject_uri, client)
     if source is not None:  # an export: coverage belongs to its source, fuzzing compares the two
         compressed = [version_uri(subject)]
         subject, subject_uri = source, version_uri(source)

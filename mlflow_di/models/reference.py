@@ -24,6 +24,8 @@ URI_HELP = ("models:/NAME/VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH, an MLf
             "a .onnx/.tflite/.lite/.pt file or keras:ARCH:FILE.h5")
 TORCH_SUFFIXES = (".pt", ".pth", ".pkl")
 TFLITE_SUFFIXES = (".tflite", ".lite")
+#: URI schemes that are loaded through MLflow.
+MLFLOW_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:/")
 _REGISTRY = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[^/]+))/?$")
 
 
@@ -68,7 +70,7 @@ class ModelRef:
         if registry:
             return cls(uri, RefKind.REGISTRY, name=registry["name"], version=registry["version"],
                        alias=registry["alias"])
-        if uri.startswith(("models:/", "runs:/", "mlflow-artifacts:/")) or (pathlib.Path(uri) / "MLmodel").is_file():
+        if uri.startswith(MLFLOW_PREFIXES) or (pathlib.Path(uri) / "MLmodel").is_file():
             return cls(uri, RefKind.MLFLOW)
         path = _existing_file(uri)
         suffix = path.suffix.lower()
