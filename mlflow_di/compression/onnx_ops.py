@@ -27,7 +27,8 @@ INTEGER_LAYER_OPS = (
     "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
 )
 QUANTIZATION_OPS = INTEGER_LAYER_OPS + ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
-_WEIGHT_SUFFIXES = ("_quantized", "_DequantizeLinear_Output", "_dequantized", "_TransposeB")
+# ONNX Runtime >= 1.32 dynamic quantization transposes Gemm weights into "<name>_Transposed"
+_WEIGHT_SUFFIXES = ("_quantized", "_DequantizeLinear_Output", "_dequantized", "_TransposeB", "_Transposed")
 
 
 class _Graph:
