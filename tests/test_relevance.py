@@ -146,10 +146,37 @@ def test_unsupported_module_is_named_with_its_type():
         layer_relevance(model, torch.rand(2, 4), "fc", progress=False)
 
 
-def test_softmax_output_is_rejected_with_a_fix():
-    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2), nn.Softmax(dim=1))
-    with pytest.raises(UserError, match="needs a model that returns logits"):
-        layer_relevance(model, torch.rand(2, 4), "1", progress=False)
+def test_a_final_softmax_module_is_skipped_so_relevance_starts_from_the_logits():
+    torch.manual_seed(0)
+    logits = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    with_softmax = nn.Sequential(logits, nn.Softmax(dim=1))
+    inputs = torch.rand(5, 4)
+    plain = layer_relevance(logits, inputs, "1", progress=False)
+    ended = layer_relevance(with_softmax, inputs, "0.1", progress=False)
+    np.testing.assert_allclose(ended.relevance["0.1"], plain.relevance["1"], rtol=1e-6)
+    np.testing.assert_allclose(ended.start_relevance, logits(inputs).max(dim=1).values.detach().numpy(), rtol=1e-6)
+    assert isinstance(with_softmax(inputs).sum(dim=1), torch.Tensor)
+    np.testing.assert_allclose(with_softmax(inputs).sum(dim=1).detach().numpy(), 1.0, rtol=1e-6)  # hook removed
+
+
+def test_a_softmax_inside_the_model_is_rejected():
+    model = nn.Sequential(nn.Linear(4, 3), nn.Softmax(dim=1), nn.Linear(3, 2))
+    with pytest.raises(UserError, match="supports a softmax only as the model's last layer"):
+        layer_relevance(model, torch.rand(2, 4), "0", progress=False)
+
+
+class _FunctionalSoftmax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x), dim=1)
+
+
+def test_probabilities_from_forward_code_are_rejected_with_a_fix():
+    with pytest.raises(UserError, match="returns probabilities .* drop the softmax"):
+        layer_relevance(_FunctionalSoftmax(), torch.rand(2, 4), "fc", progress=False)
 
 
 def test_unknown_rule_is_a_user_error():

@@ -19,6 +19,7 @@ from torch import nn
 from mlflow_di.progress import progress_bar as tqdm
 
 from mlflow_di.errors import UserError
+from mlflow_di.models.device import module_device
 from mlflow_di.models.preprocessing import Preprocessing
 
 #: Leaf module types that only transform a layer's values elementwise (or normalise them): the
@@ -120,11 +121,12 @@ def default_layer(module: nn.Module) -> str:
     return hidden_layers(module)[-1]
 
 
-def iter_batches(inputs, batch_size: int) -> Iterator[torch.Tensor]:
-    """Float32 batches of ``inputs``: a tensor, an array, or any sliceable with ``len`` that yields tensors.
+def iter_batches(inputs, batch_size: int, device=None) -> Iterator[torch.Tensor]:
+    """Float32 batches of ``inputs`` on ``device`` (default: where they are): a tensor, an array, or
+    any sliceable with ``len`` that yields tensors.
 
     A sliceable lets callers convert raw images batch by batch instead of holding the whole
-    preprocessed set in memory.
+    preprocessed set in memory (or on the GPU).
     """
     if batch_size < 1:
         raise UserError(f"batch_size must be at least 1, got {batch_size}")
@@ -132,7 +134,7 @@ def iter_batches(inputs, batch_size: int) -> Iterator[torch.Tensor]:
         batch = inputs[start:start + batch_size]
         if not isinstance(batch, torch.Tensor):
             batch = torch.as_tensor(np.asarray(batch))
-        yield batch.float()
+        yield batch.float() if device is None else batch.to(device).float()
 
 
 class LayerRecorder(contextlib.AbstractContextManager):
@@ -202,7 +204,7 @@ def collect_activations(
     reductions = dict(reductions or {})
     chunks: dict[str, list[np.ndarray]] = {}
     with eval_mode(module), torch.no_grad(), LayerRecorder(module, layers) as recorder:
-        batches = iter_batches(inputs, batch_size)
+        batches = iter_batches(inputs, batch_size, module_device(module))
         for batch in tqdm(batches, total=-(-len(inputs) // batch_size), desc="activations",
                           disable=not progress, leave=False):
             module(batch)

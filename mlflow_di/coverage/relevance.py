@@ -21,6 +21,7 @@ detected: LRP would count the relevance of both operands in full there.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Iterator, Sequence
 
@@ -28,13 +29,14 @@ import numpy as np
 import torch
 from torch import nn
 from mlflow_di.progress import progress_bar as tqdm
-from zennit.canonizers import AttributeCanonizer, SequentialMergeBatchNorm
 from zennit.core import Composite
 from zennit.layer import Sum
 from zennit.rules import AlphaBeta, Epsilon, Norm, Pass, ZPlus
 from zennit.types import Activation, AvgPool, BatchNorm, Linear as LinearOrConv, MaxPool
 
 from mlflow_di.errors import UserError
+from mlflow_di.models.device import module_device
+from mlflow_di.coverage.canonizers import canonizers, out_of_place, unhandled_tensor_arithmetic
 from mlflow_di.coverage.activations import LayerRecorder, check_layers, eval_mode, iter_batches, neuron_values
 
 RULES = ("epsilon", "z", "zplus", "alpha1beta0")
@@ -48,6 +50,14 @@ _GRADIENT_LEAVES = (
     nn.Identity, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
 )
 _RULED_LEAVES = (LinearOrConv, Activation, AvgPool, MaxPool, BatchNorm, Sum)
+_SOFTMAX = (nn.Softmax, nn.LogSoftmax, nn.Softmin)
+
+
+def _identity_in_eval() -> tuple[type, ...]:
+    """Leaves that are the identity in eval mode (where relevance is computed) beyond dropout."""
+    from torchvision.ops import StochasticDepth
+
+    return (StochasticDepth,)
 
 
 def _layer_rule(rule: str, epsilon: float | None):
@@ -59,21 +69,6 @@ def _layer_rule(rule: str, epsilon: float | None):
         return Epsilon(epsilon=Z_RULE_EPSILON if epsilon is None else float(epsilon))
     stabilizer = DEFAULT_EPSILON if epsilon is None else float(epsilon)
     return ZPlus(stabilizer=stabilizer) if rule == "zplus" else AlphaBeta(alpha=1.0, beta=0.0, stabilizer=stabilizer)
-
-
-def _residual_forward(self, x):
-    """The zoo's pre-activation residual block, with the addition done by a hookable zennit ``Sum``."""
-    residual = self.conv_a(self.relu_a(self.bn_a(x)))
-    residual = self.conv_b(self.relu_b(self.bn_b(residual)))
-    return self.canonizer_sum(torch.stack([self.shortcut(x), residual], dim=-1))
-
-
-def _residual_attributes(_name, module):
-    from mlflow_di.models.zoo import PreActResidualBlock
-
-    if isinstance(module, PreActResidualBlock):
-        return {"forward": _residual_forward.__get__(module), "canonizer_sum": Sum()}
-    return None
 
 
 def lrp_composite(rule: str = "epsilon", epsilon: float | None = None) -> Composite:
@@ -96,26 +91,75 @@ def lrp_composite(rule: str = "epsilon", epsilon: float | None = None) -> Compos
             return None
         return next((hook for types, hook in layer_map if isinstance(module, types)), None)
 
-    canonizers = [SequentialMergeBatchNorm(), AttributeCanonizer(_residual_attributes)]
-    return Composite(module_map=module_map, canonizers=canonizers)
+    return Composite(module_map=module_map, canonizers=canonizers())
 
 
 def check_supported(module: nn.Module) -> None:
-    """Raise a :class:`UserError` naming the first leaf module LRP has no rule for."""
+    """Raise a :class:`UserError` naming the first leaf module LRP has no rule for.
+
+    A softmax that ends the model is allowed (:func:`logits_of` removes it while relevance is
+    computed); one anywhere else is refused.
+    """
+    final = _final_softmax(module)
+    passed = _GRADIENT_LEAVES + _identity_in_eval()
     for name, leaf in module.named_modules():
-        if any(True for _ in leaf.children()):
+        if any(True for _ in leaf.children()) or leaf is final:
             continue
-        if isinstance(leaf, (nn.Softmax, nn.LogSoftmax, nn.Softmin)):
+        if isinstance(leaf, _SOFTMAX):
             raise UserError(
-                f"layer '{name or type(module).__name__}' ({type(leaf).__name__}) turns logits into probabilities; "
-                "relevance analysis needs a model that returns logits (drop the final softmax)"
+                f"layer '{name or type(module).__name__}' ({type(leaf).__name__}) turns values into probabilities "
+                "inside the model; relevance analysis supports a softmax only as the model's last layer"
             )
-        if not isinstance(leaf, _RULED_LEAVES + _GRADIENT_LEAVES):
+        if not isinstance(leaf, _RULED_LEAVES + passed):
             raise UserError(
                 f"layer '{name or type(module).__name__}' of type {type(leaf).__name__} is not supported by "
                 "relevance propagation (supported: Linear, Conv, activations, max/avg pooling, batch norm, "
-                "dropout, flatten, padding)"
+                "dropout, stochastic depth, flatten, padding); IDC cannot analyse this model, but the classic "
+                "criteria can (--criteria nc,kmnc,nbc,snac,tknc,lsc,dsc)"
             )
+
+
+def _final_softmax(module: nn.Module) -> nn.Module | None:
+    """The softmax module that ends ``module`` (last child of nested Sequentials), or None."""
+    last = module
+    while isinstance(last, nn.Sequential) and len(last):
+        last = last[-1]
+    return last if isinstance(last, _SOFTMAX) and last is not module else None
+
+
+@contextlib.contextmanager
+def logits_of(module: nn.Module):
+    """``module`` with a final softmax made the identity for the duration (LRP starts from logits)."""
+    final = _final_softmax(module)
+    if final is None:
+        yield module
+        return
+    hook = final.register_forward_hook(_return_input)
+    try:
+        yield module
+    finally:
+        hook.remove()
+
+
+def _return_input(_module, inputs, _output):
+    return inputs[0]
+
+
+def _check_canonized(module: nn.Module, example: torch.Tensor) -> None:
+    """Refuse a model whose forward code still adds/multiplies tensors after canonizing (see canonizers)."""
+    handles = [handle for canonizer in canonizers() for handle in canonizer.apply(module)]
+    try:
+        with torch.no_grad():
+            problem = unhandled_tensor_arithmetic(module, example)
+    finally:
+        for handle in reversed(handles):
+            handle.remove()
+    if problem:
+        raise UserError(
+            f"{problem} in its forward code (e.g. a residual connection or a gate) that relevance propagation has "
+            "no canonizer for, so LRP would count relevance twice; IDC cannot analyse this model, but the classic "
+            "criteria can (--criteria nc,kmnc,nbc,snac,tknc,lsc,dsc)"
+        )
 
 
 @dataclasses.dataclass
@@ -139,9 +183,16 @@ def _batched_relevance(module, inputs, layers, include_input, rule, epsilon, tar
     """Per batch: relevance at each layer's output (and the input), activations, predictions, start relevance."""
     check_supported(module)
     composite = lrp_composite(rule, epsilon)
+    with eval_mode(module), logits_of(module), out_of_place(module):
+        _check_canonized(module, next(iter_batches(inputs[0:1], 1, module_device(module))))
+        yield from _hooked_batches(module, composite, inputs, layers, include_input, rule, targets, batch_size, progress)
+
+
+def _hooked_batches(module, composite, inputs, layers, include_input, rule, targets, batch_size, progress):
+    """The LRP pass proper: zennit's hooks on, one forward+backward per batch."""
     offset = 0
-    with eval_mode(module), composite.context(module) as hooked, LayerRecorder(hooked, layers) as recorder:
-        for batch in tqdm(iter_batches(inputs, batch_size), total=-(-len(inputs) // batch_size),
+    with composite.context(module) as hooked, LayerRecorder(hooked, layers) as recorder:
+        for batch in tqdm(iter_batches(inputs, batch_size, module_device(module)), total=-(-len(inputs) // batch_size),
                           desc=f"relevance ({rule})", disable=not progress, leave=False):
             batch_targets = None if targets is None else targets[offset:offset + len(batch)]
             yield _relevance_of_batch(hooked, recorder, batch, layers, include_input, batch_targets)
@@ -156,6 +207,9 @@ def _relevance_of_batch(hooked, recorder, batch, layers, include_input, targets)
         logits = hooked(batch)
     if logits.ndim != 2:
         raise UserError(f"relevance needs a model that outputs (N, classes) logits; got shape {tuple(logits.shape)}")
+    if _looks_like_probabilities(logits.detach()):
+        raise UserError("the model returns probabilities (a softmax inside its forward code); relevance starts from "
+                        "logits: drop the softmax, or end the model with an nn.Softmax module, which is skipped")
     predicted = logits.argmax(dim=1)
     target = predicted if targets is None else torch.as_tensor(targets).long()
     if target.min() < 0 or target.max() >= logits.shape[1]:
@@ -163,6 +217,7 @@ def _relevance_of_batch(hooked, recorder, batch, layers, include_input, targets)
     missing = [layer for layer in layers if layer not in recorder.outputs]
     if missing:
         raise UserError(f"layer {missing[0]!r} was not run by the model's forward pass; choose another layer")
+    target = target.to(logits.device)
     start = logits.detach().gather(1, target[:, None])
     wrt = [recorder.outputs[layer] for layer in layers] + ([batch] if include_input else [])
     # Asking only for these tensors' gradients stops the backward pass there: layers below are not visited.
@@ -173,18 +228,24 @@ def _relevance_of_batch(hooked, recorder, batch, layers, include_input, targets)
             raise UserError(f"layer '{layer}' does not influence the model's output; choose another layer")
     return {
         "relevance": {layer: _neuron_relevance(grad) for layer, grad in zip(layers, grads)},
-        "activations": {layer: neuron_values(recorder.outputs[layer].detach()).numpy() for layer in layers},
-        "input": grads[-1].numpy() if include_input else None,
-        "predictions": predicted.numpy(),
-        "targets": target.numpy(),
-        "start": start[:, 0].numpy(),
+        "activations": {layer: neuron_values(recorder.outputs[layer].detach()).cpu().numpy() for layer in layers},
+        "input": grads[-1].cpu().numpy() if include_input else None,
+        "predictions": predicted.cpu().numpy(),
+        "targets": target.cpu().numpy(),
+        "start": start[:, 0].cpu().numpy(),
     }
+
+
+def _looks_like_probabilities(outputs: torch.Tensor) -> bool:
+    """Every row non-negative and summing to 1: a softmax output, not logits."""
+    return bool(outputs.min() >= 0) and bool(torch.allclose(outputs.sum(dim=1), torch.ones(len(outputs), device=outputs.device),
+                                                          atol=1e-4))
 
 
 def _neuron_relevance(grad: torch.Tensor) -> np.ndarray:
     """Relevance at a layer's output -> one value per neuron: conv channels sum over their positions."""
     grad = grad.detach()
-    return (grad.flatten(2).sum(dim=2) if grad.ndim > 2 else grad).numpy()
+    return (grad.flatten(2).sum(dim=2) if grad.ndim > 2 else grad).cpu().numpy()
 
 
 def _check_targets(targets, n: int):

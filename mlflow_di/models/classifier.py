@@ -21,6 +21,7 @@ class Classifier:
     """Maps raw uint8 images (N, H, W, C) to float32 probabilities (N, classes) in batches."""
 
     backend = "abstract"
+    provider = "cpu"  #: what runs the model, for logs (a backend names its device or execution provider)
     default_batch_size = 256
 
     def __init__(self, preprocessing: Preprocessing, name: str):
@@ -92,11 +93,24 @@ class TorchClassifier(Classifier):
         if threads:
             torch.set_num_threads(int(threads))
 
+    @property
+    def device(self):
+        """Where the module runs (its parameters' device); batches are sent there, outputs come back."""
+        from mlflow_di.models.device import module_device
+
+        return module_device(self.module)
+
+    @property
+    def provider(self) -> str:
+        """What runs the model, for logs: ``pytorch (cpu)`` or ``pytorch (cuda:0)``."""
+        return f"pytorch ({self.device})"
+
     def _forward(self, batch: np.ndarray) -> np.ndarray:
         torch = self._torch
         with torch.inference_mode():
-            outputs = self.module(torch.from_numpy(batch))
-        return (outputs if outputs.dtype == torch.float32 else outputs.float()).numpy()
+            outputs = self.module(torch.from_numpy(batch).to(self.device))
+        return (outputs if outputs.dtype == torch.float32 else outputs.float()).cpu().numpy()
+
 
 
 def torch_fx_graph_module():
@@ -110,22 +124,30 @@ def _threads() -> int:
 
 
 class OnnxClassifier(Classifier):
-    """An ONNX model run by ONNX Runtime (CPU). Preprocessing is read from the model's
-    ``mlflow_di.preprocessing`` metadata when not given; the input shape from its input."""
+    """An ONNX model run by ONNX Runtime. Preprocessing is read from the model's
+    ``mlflow_di.preprocessing`` metadata when not given; the input shape from its input.
+
+    ``device`` (``auto``, ``cpu``, ``cuda[:N]``) picks the execution provider: CUDA when asked
+    for (or ``auto`` on a machine with a GPU) and the installed onnxruntime build has it, else the
+    CPU; :attr:`provider` says which one the session really uses.
+    """
 
     backend = "onnxruntime"
 
-    def __init__(self, path, preprocessing: Preprocessing | None = None, name: str | None = None):
+    def __init__(self, path, preprocessing: Preprocessing | None = None, name: str | None = None, device=None):
         import onnxruntime as ort
+
+        from mlflow_di.models.device import onnx_providers
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = _threads()
         options.log_severity_level = 3
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(path), options, providers=onnx_providers(device))
         except Exception as exc:  # onnxruntime raises its own exception types
             raise UserError(f"cannot load ONNX model '{path}': {str(exc).splitlines()[0]}") from None
         self.input_name = self.session.get_inputs()[0].name
+        self.provider = f"onnxruntime ({self.session.get_providers()[0]})"
         self.fixed_batch = self._fixed_batch_size()
         if preprocessing is None:
             preprocessing = self._stored_preprocessing()
@@ -182,6 +204,7 @@ class TFLiteClassifier(Classifier):
 
     backend = "tflite"
     default_batch_size = 512
+    provider = "tflite (cpu)"
 
     def __init__(self, path, preprocessing: Preprocessing | None = None, name: str | None = None):
         try:

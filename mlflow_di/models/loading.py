@@ -99,8 +99,21 @@ def _load_torch_module(source: ModelSource):
     return loaded
 
 
-def load_torch_model(uri: str, preprocessing: str | Preprocessing | None = None) -> TorchModel:
-    """A white-box :class:`TorchModel` for ``uri`` (PyTorch and Keras references only)."""
+def load_torch_model(uri: str, preprocessing: str | Preprocessing | None = None, device=None) -> TorchModel:
+    """A white-box :class:`TorchModel` for ``uri`` (PyTorch and Keras references only).
+
+    ``device`` (``auto``, ``cpu``, ``cuda[:N]`` or a ``torch.device``; None keeps the CPU) is where
+    the module is moved; every engine then runs its batches there.
+    """
+    model = _load_torch_model(uri, preprocessing)
+    if device is not None:
+        from mlflow_di.models.device import resolve_device
+
+        model.to(resolve_device(device))
+    return model
+
+
+def _load_torch_model(uri: str, preprocessing) -> TorchModel:
     source = resolve(uri)
     uri = source.uri
     if source.kind == "pytorch-pt2":
@@ -124,15 +137,21 @@ def load_torch_model(uri: str, preprocessing: str | Preprocessing | None = None)
                       metadata=source.metadata.facts)
 
 
-def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None) -> Classifier:
-    """A black-box :class:`Classifier` for ``uri``, whatever the backend."""
+def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None, device=None) -> Classifier:
+    """A black-box :class:`Classifier` for ``uri``, whatever the backend, on ``device`` (see
+    :func:`load_torch_model`; ONNX models choose their execution provider from it, TFLite runs on the CPU)."""
     source = resolve(uri)
     if source.kind in ("pytorch", "keras"):
-        return load_torch_model(uri, preprocessing).classifier()
+        return load_torch_model(uri, preprocessing, device).classifier()
     if source.kind == "pytorch-pt2":
-        return _pt2_classifier(source, preprocessing)
+        classifier = _pt2_classifier(source, preprocessing)
+        if device is not None:
+            from mlflow_di.models.device import resolve_device
+
+            classifier.module.to(resolve_device(device))
+        return classifier
     if source.kind == "onnx":
-        classifier = OnnxClassifier(source.path, name=source.ref.display_name)
+        classifier = OnnxClassifier(source.path, name=source.ref.display_name, device=device)
     else:
         classifier = TFLiteClassifier(source.path, name=source.ref.display_name)
     base = source.preprocessing or classifier.preprocessing

@@ -14,6 +14,7 @@ from torch import nn
 
 from mlflow_di.errors import UserError
 from mlflow_di.models.classifier import TorchClassifier
+from mlflow_di.models.device import module_device
 from mlflow_di.models.preprocessing import Preprocessing
 
 
@@ -50,8 +51,18 @@ class TorchModel:
             )
         self.module.eval()
 
+    def to(self, device) -> "TorchModel":
+        """Move the module to ``device`` (a ``torch.device`` or string); engines follow the module."""
+        self.module.to(device)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        """Where the module's parameters live; every batch is sent there."""
+        return module_device(self.module)
+
     def to_tensor(self, images: np.ndarray) -> torch.Tensor:
-        """Raw uint8 NHWC images -> float32 model input tensor."""
+        """Raw uint8 NHWC images -> float32 model input tensor (on the CPU)."""
         return torch.from_numpy(self.preprocessing.apply(images))
 
     def classifier(self) -> TorchClassifier:
@@ -80,7 +91,7 @@ class TorchModel:
         ]
         try:
             with torch.no_grad():
-                self.module(self.to_tensor(np.zeros((1, *self.preprocessing.input_shape), np.uint8)))
+                self.module(self.to_tensor(np.zeros((1, *self.preprocessing.input_shape), np.uint8)).to(self.device))
         except RuntimeError as exc:  # torch's own shape error
             raise self.preprocessing.shape_mismatch(self.name, exc) from None
         finally:

@@ -18,6 +18,7 @@ from torch import nn
 from mlflow_di.progress import progress_bar as tqdm
 
 from mlflow_di.errors import UserError
+from mlflow_di.models.device import module_device
 
 
 def train_classifier(
@@ -33,6 +34,8 @@ def train_classifier(
 ) -> list[float]:
     """Train ``module`` in place on preprocessed float images (N, C, H, W); return the mean loss per epoch.
 
+    Training runs where the module's parameters are (move it first, e.g. ``module.to("cuda")``);
+    the data stay on the CPU and go to that device one batch at a time.
     The module is left in eval mode. Images must already be the model's input (e.g. from
     ``Preprocessing.apply``); labels are class indices. ``num_threads`` sets torch's CPU threads
     while training (restored afterwards); ``None`` keeps the current setting.
@@ -63,12 +66,14 @@ def train_classifier(
 
 
 def _train_one_epoch(module, inputs, targets, batch_size, optimizer, loss_fn, generator) -> float:
+    """One pass over the data in a seeded random order; each batch goes to the module's device."""
+    device = module_device(module)
     order = torch.randperm(len(inputs), generator=generator)
     total = 0.0
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
         optimizer.zero_grad()
-        loss = loss_fn(module(inputs[batch]), targets[batch])
+        loss = loss_fn(module(inputs[batch].to(device)), targets[batch].to(device))
         loss.backward()
         optimizer.step()
         total += loss.item() * len(batch)
