@@ -13,7 +13,7 @@ import tempfile
 
 import click
 
-from mlflow_di.commands.options import CommaList, preprocessing_option
+from mlflow_di.commands.options import CommaList, device_option, preprocessing_option
 
 
 @click.command("compress")
@@ -26,10 +26,12 @@ from mlflow_di.commands.options import CommaList, preprocessing_option
               help="Pruning fraction (prune-l1: of all weights; prune-structured: of each layer's channels).")
 @click.option("--register-as", default=None, help="Registered model name (default: <source>-<method>).")
 @preprocessing_option
-def command(model_uri, methods, calib_data, eval_data, amount, register_as, preprocessing) -> list[str]:
+@device_option
+def command(model_uri, methods, calib_data, eval_data, amount, register_as, preprocessing, device="cpu") -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
-    Returns the registered versions' URIs (for callers such as the demo)."""
+    Export, quantization and pruning run on the CPU; --device is where the source and the exports
+    are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import registry
@@ -51,11 +53,12 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, prep
     registered = []
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
-        registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags))
+        registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags,
+                                        device))
     return registered
 
 
-def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags) -> str:
+def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device) -> str:
     import mlflow_di
     from mlflow_di.compression import compress
     from mlflow_di.mlflow_edge import models, registry, runs
@@ -71,8 +74,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                 params["calib_data"] = calib.name
             log.params({"model_uri": ref.uri, "method": method, **params,
                         "eval_data": evaluation.name if evaluation is not None else "none"})
-            compressed = OnnxClassifier(result.path, name=f"{name} ({method})")
-            metrics = _compare(source, compressed, evaluation)
+            compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
+            metrics = _compare(source, compressed, evaluation, device)
             metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
                            compressed_gzip_bytes=gzip_size(result.path))
             if result.sparsity is not None:
@@ -95,13 +98,18 @@ def gzip_size(path) -> int:
     return len(gzip.compress(pathlib.Path(path).read_bytes(), compresslevel=6))
 
 
-def _compare(source, compressed, evaluation) -> dict:
+def _compare(source, compressed, evaluation, device) -> dict:
     """Accuracy of source and export on ``evaluation`` and how often their top-1 labels differ."""
     import numpy as np
 
+    from mlflow_di.models.device import resolve_device
+
     if evaluation is None:
         return {}
-    original = source.classifier().predict(evaluation.images)
+    try:  # the source goes back to the CPU afterwards: the next method exports and prunes it there
+        original = source.to(resolve_device(device)).classifier().predict(evaluation.images)
+    finally:
+        source.to("cpu")
     exported = compressed.predict(evaluation.images)
     source_accuracy = float(np.mean(original == evaluation.labels))
     compressed_accuracy = float(np.mean(exported == evaluation.labels))

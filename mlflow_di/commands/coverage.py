@@ -11,8 +11,9 @@ import tempfile
 
 import click
 
-from mlflow_di.commands.options import (ClusterCounts, CommaList, LayerNames, LazyChoice, json_out_option,
-                                        preprocessing_option, seed_option, write_json_out)
+from mlflow_di.commands.options import (ClusterCounts, CommaList, LayerNames, LazyChoice, batch_size_option,
+                                        device_option, json_out_option, preprocessing_option, seed_option,
+                                        write_json_out)
 
 HEATMAP_INPUTS = 8
 
@@ -37,13 +38,16 @@ HEATMAP_INPUTS = 8
 @seed_option
 @json_out_option
 @preprocessing_option
+@device_option
+@batch_size_option
 def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, rule, criteria, all_inputs,
-            reference_quirks, seed, json_out, preprocessing) -> None:
+            reference_quirks, seed, json_out, preprocessing, device, batch_size) -> None:
     """Measure how well test data covers MODEL-URI's important neurons (IDC) and the classic criteria."""
     from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite, parse_criteria
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
     from mlflow_di.models.loading import load_torch_model
     from mlflow_di.models.reference import ModelRef
 
@@ -51,12 +55,13 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         raise UserError("give either --layer NAME or --layers all|NAME,NAME, not both")
     criteria = criteria or ALL_CRITERIA
     ref = ModelRef.parse(model_uri)
-    model = load_torch_model(ref, preprocessing)
+    model = load_torch_model(ref, preprocessing, device)
     subject_layers = layers or ([layer] if layer else None)
     if "idc" in criteria:
         check_layers(model, subject_layers, top_m)
     suite = CoverageSuite(criteria, layers=subject_layers, top_m=top_m, clusters=clusters, rule=rule,
-                          only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks)
+                          only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks,
+                          batch_size=batch_size)
     train = load_images(train_data)
     tests = [load_images(spec) for spec in test_data]
     for data in (train, *tests):  # fail before any run starts when the data does not fit the model
@@ -66,11 +71,13 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         log.params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
                     "layers": _layers_param(layers, layer), "top_m": top_m, "clusters": ",".join(map(str, clusters)),
                     "rule": rule, "criteria": ",".join(parse_criteria(criteria)), "only_correct": not all_inputs,
-                    "reference_quirks": reference_quirks, "seed": seed})
-        click.echo(f"fitting on {train.name} ({len(train)} images) ...")
-        suite.fit(model, train)
-        _log_fitted(log, suite)
-        results = _score_all(suite, tests)
+                    "reference_quirks": reference_quirks, "seed": seed, "device": describe_device(model.device),
+                    "batch_size": batch_size})
+        click.echo(f"fitting on {train.name} ({len(train)} images) on {describe_device(model.device)} ...")
+        with out_of_memory_as_user_error("coverage", batch_size):
+            suite.fit(model, train)
+            _log_fitted(log, suite)
+            results = _score_all(suite, tests)
         final = results[-1]
         log.metrics(final.metrics())
         summary = dict(final.summary(), sets=[r.summary() for r in results])

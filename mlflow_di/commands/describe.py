@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import click
 
-from mlflow_di.commands.options import preprocessing_option
+from mlflow_di.commands.options import device_option, preprocessing_option
 
 
 @click.command("describe")
 @click.argument("uri")
 @preprocessing_option
-def command(uri: str, preprocessing: str | None) -> None:
+@device_option
+def command(uri: str, preprocessing: str | None, device: str = "auto") -> None:
     """Show a model's backend, preprocessing, classes and (for PyTorch) its layers.
 
     URI is an MLflow model URI (models:/NAME/VERSION, models:/NAME@ALIAS, runs:/...),
@@ -19,11 +20,12 @@ def command(uri: str, preprocessing: str | None) -> None:
 
     source = loading.resolve(uri)
     white_box = source.kind in ("pytorch", "keras")
-    model = loading.load_torch_model(source.ref, preprocessing) if white_box else None
-    classifier = model.classifier() if white_box else loading.load_classifier(source.ref, preprocessing)
+    model = loading.load_torch_model(source.ref, preprocessing, device) if white_box else None
+    classifier = model.classifier() if white_box else loading.load_classifier(source.ref, preprocessing, device)
     prep = classifier.preprocessing
     click.echo(f"model:          {uri}")
     click.echo(f"backend:        {classifier.backend}" + ("" if white_box else " (black box)"))
+    click.echo(f"runs on:        {classifier.provider}")
     click.echo(f"input (HxWxC):  {'x'.join(map(str, prep.input_shape)) if prep.input_shape else 'unknown'}")
     click.echo(f"preprocessing:  x = (raw * {prep.scale:g} - mean {list(prep.mean)}) / std {list(prep.std)}, "
                f"layout {prep.layout}, model outputs {prep.output}")

@@ -13,7 +13,8 @@ import time
 
 import click
 
-from mlflow_di.commands.options import LazyChoice, WritablePath, json_out_option, seed_option, write_json_out
+from mlflow_di.commands.options import (LazyChoice, WritablePath, device_option, json_out_option, seed_option,
+                                        write_json_out)
 
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
                    "already_deviating")
@@ -61,19 +62,21 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...", help="Override the compressed model's preprocessing.")
 @seed_option
 @json_out_option
+@device_option
 def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, batch, out_dir, resume,
-            preprocessing_original, preprocessing_compressed, seed, json_out) -> None:
+            preprocessing_original, preprocessing_compressed, seed, json_out, device) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.fuzz.campaign import run_campaign
     from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.models.device import out_of_memory_as_user_error
     from mlflow_di.models.loading import load_classifier
     from mlflow_di.models.reference import ModelRef
 
     original_ref, compressed_ref = ModelRef.parse(original), ModelRef.parse(compressed)
-    original_model = load_classifier(original_ref, preprocessing_original)
-    compressed_model = load_classifier(compressed_ref, preprocessing_compressed)
+    original_model = load_classifier(original_ref, preprocessing_original, device)
+    compressed_model = load_classifier(compressed_ref, preprocessing_compressed, device)
     seeds = load_images(seed_data)
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
     for role, model in (("original", original_model), ("compressed", compressed_model)):
@@ -95,10 +98,13 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     with runs.tracked_run(run_name, tags=tags) as log:
         log.params({"original": original, "compressed": compressed, "seed_data": seed_data, "num_seeds": len(seeds),
                     "timeout": timeout, "max_queries": max_queries, "strategy": strategy, "batch": batch,
-                    "seed": seed, "out_dir": str(folder), "resume": resume})
+                    "seed": seed, "out_dir": str(folder), "resume": resume,
+                    "original_runs_on": original_model.provider, "compressed_runs_on": compressed_model.provider})
         click.echo(f"fuzzing {_plural(len(seeds), 'seed')} with {strategy}; campaign folder {folder}")
-        result = run_campaign(original_model, compressed_model, seeds, strategy=strategy, timeout=timeout,
-                              max_queries=max_queries, batch=batch, seed=seed, out_dir=folder, resume=resume)
+        click.echo(f"original runs on {original_model.provider}, compressed on {compressed_model.provider}")
+        with out_of_memory_as_user_error("fuzzing", batch):
+            result = run_campaign(original_model, compressed_model, seeds, strategy=strategy, timeout=timeout,
+                                  max_queries=max_queries, batch=batch, seed=seed, out_dir=folder, resume=resume)
         summary = _summary(result)
         log.metrics({k: v for k, v in summary.items() if k in SUMMARY_METRICS})
         _log_artifacts(log, result, folder, original, compressed, summary)

@@ -140,11 +140,32 @@ class Fraction(click.ParamType):
         return number
 
 
+class DeviceSpec(click.ParamType):
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (checked here; whether CUDA exists is checked when used)."""
+
+    name = "DEVICE"
+
+    def convert(self, value, param, ctx):
+        from mlflow_di.errors import UserError
+        from mlflow_di.models.device import check_device_spec
+
+        try:
+            return check_device_spec(value)
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 preprocessing_option = click.option(
     "--preprocessing", default=None, metavar="KEY=VALUE,...",
     help="Override the model's stored preprocessing, e.g. 'scale=1,layout=NHWC,input_shape=28/28/1'.")
 json_out_option = click.option(
     "--json-out", type=WritablePath("file"), default=None, help="Also write the results to this JSON file.")
+device_option = click.option(
+    "--device", type=DeviceSpec(), default="auto", show_default=True,
+    help="Where PyTorch models run: auto (CUDA when available), cpu, cuda or cuda:N.")
+batch_size_option = click.option(
+    "--batch-size", type=click.IntRange(1), default=256, show_default=True,
+    help="Images per forward pass; lower it if the GPU runs out of memory.")
 seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice.")
 
 

@@ -39,6 +39,7 @@ from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.preprocessing import Preprocessing
+from mlflow_di.models.device import check_device_spec, resolve_device
 from mlflow_di.models.torch_model import TorchModel
 
 _logger = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class EvaluatorConfig:
     fuzz_strategy: str = "dflare"
     fuzz_timeout: float = 10.0  # seconds per seed
     fuzz_max_queries: int | None = 1000
+    device: str = "auto"  # where the PyTorch model runs: auto (CUDA when available), cpu, cuda, cuda:N
+    batch_size: int = 256  # images per forward pass; lower it if the GPU runs out of memory
 
     @classmethod
     def from_dict(cls, values: dict) -> "EvaluatorConfig":
@@ -80,6 +83,7 @@ class EvaluatorConfig:
         if not 0 < config.train_fraction < 1:
             raise UserError(f"train_fraction must be between 0 and 1, got {config.train_fraction}")
         config.clusters = tuple(config.clusters)
+        config.device = check_device_spec(config.device)
         return config
 
 
@@ -109,11 +113,12 @@ def evaluate_images(model, dataset, config: EvaluatorConfig) -> tuple[dict, dict
     """The metrics (``mlflow_di/...``) and JSON artifacts (path -> text) of one evaluation."""
     from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 
-    torch_model = white_box_model(model, config)
+    torch_model = white_box_model(model, config).to(resolve_device(config.device))
     data = image_set(dataset, config.input_shape or torch_model.preprocessing.input_shape)
     train, test = _analysis_split(data, config)
     coverage = ImportanceDrivenCoverage(layers=config.layer, top_m=config.top_m, clusters=config.clusters,
-                                        rule=config.rule, seed=config.seed, progress=False).fit(torch_model, train)
+                                        rule=config.rule, seed=config.seed, batch_size=config.batch_size,
+                                        progress=False).fit(torch_model, train)
     report = coverage.score(test)
     metrics = {"idc": report.idc, "idc_covered": report.covered, "idc_total": report.total,
                "idc_fit_images": len(train), "idc_scored_images": len(test)}
@@ -191,7 +196,7 @@ def _fuzz(torch_model: TorchModel, test: ImageSet, config: EvaluatorConfig) -> t
     from mlflow_di.models.loading import load_classifier
 
     original = torch_model.classifier()
-    compressed = load_classifier(config.compressed_model_uri)
+    compressed = load_classifier(config.compressed_model_uri, device=config.device)
     disagreements = int(np.sum(original.predict(test.images) != compressed.predict(test.images)))
     seeds = test.subset(slice(0, config.fuzz_seeds), f"{test.name}[:{config.fuzz_seeds}]")
     result = run_campaign(original, compressed, seeds, strategy=config.fuzz_strategy, timeout=config.fuzz_timeout,
