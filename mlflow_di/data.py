@@ -18,6 +18,30 @@ The slice means what it means in Python: either bound may be left out and negati
 from the end, so ``digits[-50:]`` is the last 50 images and ``digits[:-100]`` all but the last 100.
 A step (``[0:10:2]``) is refused: seeds are taken as one contiguous window.
 Images are never preprocessed here: models carry their own preprocessing.
+
+Data bigger than memory: ``folder:`` and ``npz:`` sets are read lazily. Their ``ImageSet.images``
+is a :class:`LazyImages`, an array-like (``len``, ``shape``, ``dtype``, ``ndim``) whose indexing
+(an int, a slice, an index array or a bool mask) reads and decodes just those images and returns
+a uint8 NHWC numpy array, so code that slices ``data.images[a:b]`` works unchanged while nothing
+holds the whole set; ``ImageSet.subset`` and spec slices stay lazy (they keep a list of
+positions); ``ImageSet.batches(n)`` walks the set n images at a time. Only the labels and, for a
+folder, the file list are held in memory. Reading a whole lazy set at once (``np.asarray``) is
+possible but is what the engines avoid.
+
+- ``folder:DIR`` decodes each batch's files when it is read; an unreadable file is a one-line
+  :class:`UserError` naming it at the moment it is reached. Files may differ in size: a model whose
+  preprocessing has a raw-image step (``resize``/``center_crop``, see
+  :mod:`mlflow_di.models.preprocessing`) resizes each decoded image to its input size
+  (``Preprocessing.prepare``); without one, images of another size than the first are refused when
+  their batch is read.
+- ``npz:FILE`` written by ``np.savez`` (members stored uncompressed) is read per batch at each
+  row's byte offset in the file. ``np.load(mmap_mode='r')`` is not used: numpy ignores
+  ``mmap_mode`` for ``.npz`` archives, and a memory map would count every page it touched in the
+  process's resident memory. ``np.savez_compressed`` members are decompressed as a stream: reading
+  forward (batches in order) costs one pass in all, but a read behind the stream's position
+  restarts that member's decompression from its start, so random access is slow there; write big
+  sets with ``np.savez``. Float pixels (0..1 or 0..255) are checked in one streaming pass at load.
+- ``digits``, ``mnist:`` and ``cifar10:`` are small and stay plain in-memory arrays.
 """
 from __future__ import annotations
 
@@ -26,7 +50,10 @@ import gzip
 import pathlib
 import pickle
 import re
+import struct
+import zipfile
 import zlib
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -36,22 +63,143 @@ SPEC_HELP = "digits, mnist:DIR, npz:FILE, folder:DIR or cifar10:DIR, optionally 
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
 
+#: Images per read when a caller walks a set without naming a batch size.
+BATCH_SIZE = 256
+#: Bytes of raw values per read when a whole npz array is scanned (float pixels' range check).
+_SCAN_BYTES = 64 * 2**20
+MIXED_SIZES_FIX = ("resize the files to one size, or give the model a raw-image step "
+                   "(--preprocessing resize=256,center_crop=224)")
+
+
+class LazyImages:
+    """uint8 (N, H, W, C) images read from their source only when indexed.
+
+    Array-like: ``len``, ``shape``, ``dtype`` (uint8), ``ndim`` (4). Indexing with an int, a slice,
+    an index array or a bool mask reads (decodes) just those images and returns a numpy array;
+    :meth:`select` is the lazy counterpart (a view on some positions, nothing read), and
+    :meth:`map` applies a per-image function (e.g. the model's resize) to every image as it is
+    read. All images must come out of the same size as the first one.
+    """
+
+    dtype = np.dtype(np.uint8)
+    ndim = 4
+
+    def __init__(self, source, positions: np.ndarray | None = None, transform: Callable | None = None,
+                 image_shape: tuple[int, int, int] | None = None):
+        self._source = source
+        self._positions = np.arange(len(source), dtype=np.int64) if positions is None else positions
+        self._transform = transform
+        self._image_shape = image_shape
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(H, W, C) of every image: that of the first one (read once) unless a transform declared it."""
+        if self._image_shape is None:
+            if len(self) == 0:
+                raise UserError(f"{self._source.name} selects no images")
+            self._image_shape = tuple(self._read(self._positions[:1])[0].shape)
+        return self._image_shape
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self), *self.image_shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def _one(self, index) -> np.ndarray:
+        return self._positions[[index]] if isinstance(index, (int, np.integer)) else self._positions[index]
+
+    def __getitem__(self, index) -> np.ndarray:
+        """The images at ``index`` (int: one (H, W, C) image; slice, index array, bool mask: (n, H, W, C)).
+
+        A tuple index reads the images its first element picks and indexes them with the rest
+        (``images[2, 0, 0]``); a leading ``...`` reads every image.
+        """
+        if isinstance(index, tuple):
+            if not index or index[0] is Ellipsis:
+                return np.asarray(self)[index]
+            picked = self[index[0]]
+            return picked[index[1:]] if isinstance(index[0], (int, np.integer)) else picked[(slice(None), *index[1:])]
+        images = self._decode(self._one(index))
+        return images[0] if isinstance(index, (int, np.integer)) else images
+
+    def select(self, index) -> "LazyImages":
+        """The images at ``index`` as another lazy view (nothing is read)."""
+        return LazyImages(self._source, self._one(index), self._transform, self._image_shape)
+
+    def map(self, transform: Callable[[np.ndarray], np.ndarray],
+            image_shape: tuple[int, int, int] | None = None) -> "LazyImages":
+        """These images with ``transform`` (one uint8 (H, W, C) image -> another) applied as each is read."""
+        before = self._transform
+        composed = transform if before is None else (lambda image: transform(before(image)))
+        return LazyImages(self._source, self._positions, composed, image_shape)
+
+    def batches(self, batch_size: int = BATCH_SIZE) -> Iterator[np.ndarray]:
+        """The images in order, ``batch_size`` at a time (the last batch may be shorter)."""
+        if batch_size < 1:
+            raise UserError(f"batch_size must be at least 1, got {batch_size}")
+        for start in range(0, len(self), batch_size):
+            yield self[start:start + batch_size]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for batch in self.batches():
+            yield from batch
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """Every image in one array: the whole set in memory (the engines read batches instead)."""
+        out = np.empty(self.shape, np.uint8)
+        for start, batch in zip(range(0, len(self), BATCH_SIZE), self.batches(BATCH_SIZE)):
+            out[start:start + len(batch)] = batch
+        return out if dtype is None else out.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"LazyImages({self._source.name}, {len(self)} images)"
+
+    def _read(self, positions: np.ndarray) -> np.ndarray | list[np.ndarray]:
+        images = self._source.read(positions)
+        if self._transform is not None:
+            images = [self._transform(image) for image in images]
+        return images
+
+    def _decode(self, positions: np.ndarray) -> np.ndarray:
+        images = self._read(positions)
+        if isinstance(images, np.ndarray):  # a block of rows, all of one shape already
+            return images
+        shape = self.image_shape
+        for image, position in zip(images, positions):
+            if image.shape != shape:
+                size = "x".join(map(str, image.shape))
+                raise UserError(f"{self._source.describe(position)} is {size} (HxWxC) but the images before it are "
+                                f"{'x'.join(map(str, shape))}; {MIXED_SIZES_FIX}")
+        return np.stack(images) if images else np.zeros((0, *shape), np.uint8)
+
+
 @dataclasses.dataclass
 class ImageSet:
-    """A labelled set of raw images: ``images`` uint8 (N, H, W, C), ``labels`` int64 (N,)."""
+    """A labelled set of raw images: ``images`` uint8 (N, H, W, C), ``labels`` int64 (N,).
 
-    images: np.ndarray
+    ``images`` is a numpy array or, for sets read lazily (``folder:``, ``npz:``), a
+    :class:`LazyImages`; both slice the same way.
+    """
+
+    images: np.ndarray | LazyImages
     labels: np.ndarray
     name: str
 
     def __post_init__(self):
-        if self.images.ndim == 3:
-            self.images = self.images[..., None]
-        if self.images.ndim != 4 or self.images.dtype != np.uint8:
-            raise UserError(
-                f"data '{self.name}' must be uint8 images of shape (N, H, W, C); "
-                f"got {self.images.dtype} {self.images.shape}"
-            )
+        if not isinstance(self.images, LazyImages):
+            if self.images.ndim == 3:
+                self.images = self.images[..., None]
+            if self.images.ndim != 4 or self.images.dtype != np.uint8:
+                raise UserError(
+                    f"data '{self.name}' must be uint8 images of shape (N, H, W, C); "
+                    f"got {self.images.dtype} {self.images.shape}"
+                )
         self.labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
         if len(self.labels) != len(self.images):
             raise UserError(
@@ -67,8 +215,9 @@ class ImageSet:
         return tuple(self.images.shape[1:])
 
     def subset(self, index, name: str | None = None) -> "ImageSet":
-        """Images at ``index`` (slice, int array or bool mask) as a new set."""
-        return ImageSet(self.images[index], self.labels[index], name or self.name)
+        """Images at ``index`` (slice, int array or bool mask) as a new set (lazy sets stay lazy)."""
+        images = self.images.select(index) if isinstance(self.images, LazyImages) else self.images[index]
+        return ImageSet(images, self.labels[index], name or self.name)
 
     def split(self, n_first: int) -> tuple["ImageSet", "ImageSet"]:
         """The first ``n_first`` images and the rest, for a deterministic analysis/test split."""
@@ -76,6 +225,129 @@ class ImageSet:
             self.subset(slice(0, n_first), f"{self.name}[0:{n_first}]"),
             self.subset(slice(n_first, None), f"{self.name}[{n_first}:]"),
         )
+
+    def batches(self, batch_size: int = BATCH_SIZE) -> Iterator[np.ndarray]:
+        """The images in order as uint8 arrays of ``batch_size`` (the last may be shorter)."""
+        if batch_size < 1:
+            raise UserError(f"batch_size must be at least 1, got {batch_size}")
+        for start in range(0, len(self), batch_size):
+            yield self.images[start:start + batch_size]
+
+    def map_images(self, transform: Callable[[np.ndarray], np.ndarray],
+                   image_shape: tuple[int, int, int] | None = None) -> "ImageSet":
+        """This set with ``transform`` applied to each image as it is read (lazily, also for in-memory sets)."""
+        images = self.images if isinstance(self.images, LazyImages) else LazyImages(_ArrayRows(self.images, self.name))
+        return ImageSet(images.map(transform, image_shape), self.labels, self.name)
+
+
+class _ArrayRows:
+    """An in-memory array as a :class:`LazyImages` source (so a transform applies lazily to it)."""
+
+    def __init__(self, array: np.ndarray, name: str):
+        self.array, self.name = array, f"data '{name}'"
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def read(self, positions: np.ndarray) -> np.ndarray:
+        return self.array[positions]
+
+    def describe(self, position: int) -> str:
+        return f"image {position} of {self.name}"
+
+
+class _ImageFiles:
+    """Image files, decoded when read (grey files as (H, W, 1), everything else as RGB)."""
+
+    def __init__(self, paths: Sequence[str], folder: str):
+        self.paths, self.name = list(paths), f"image folder '{folder}'"
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def read(self, positions: np.ndarray) -> list[np.ndarray]:
+        images = [_read_image(pathlib.Path(self.paths[position])) for position in positions]
+        return [image[..., None] if image.ndim == 2 else image for image in images]
+
+    def describe(self, position: int) -> str:
+        return f"image file '{self.paths[position]}'"
+
+
+class _NpyRows:
+    """Rows of one array in an ``.npz`` archive, read on demand (never the whole array).
+
+    A stored member (``np.savez``) is read at each run of rows' byte offset in the file; a
+    deflated one (``np.savez_compressed``) through one open decompressing stream, which reads
+    forward cheaply and restarts from the member's start for a read behind its position. Float
+    or wider integer pixels are turned into uint8 with ``scale`` (see :func:`to_uint8`).
+    """
+
+    def __init__(self, path: pathlib.Path, member: str, spec: str):
+        self.path, self.member, self.name = path, member, f"npz file '{spec}'"
+        with zipfile.ZipFile(path) as archive:
+            info = archive.getinfo(member)
+            with archive.open(info) as stream:
+                version = np.lib.format.read_magic(stream)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                self.shape, self.fortran_order, self.dtype = read_header(stream)
+                header = stream.tell()
+        self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        self.stored = info.compress_type == zipfile.ZIP_STORED
+        self.data_offset = header + (_local_data_offset(path, info) if self.stored else 0)
+        self.scale: float | None = None  # set for non-uint8 pixels once their range is known
+        self._stream = None
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def read(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.empty((len(positions), *self.shape[1:]), self.dtype)
+        breaks = np.flatnonzero(np.diff(positions) != 1) + 1  # runs of consecutive rows: one read each
+        for first, last in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(positions)]])):
+            out[first:last] = self.rows(int(positions[first]), int(positions[last - 1]) + 1)
+        if self.scale is not None:
+            out = np.rint(out.astype(np.float64) * self.scale).astype(np.uint8)
+        return out.reshape(len(out), *self.image_shape) if len(self.shape) == 3 else out
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return (*self.shape[1:], 1) if len(self.shape) == 3 else tuple(self.shape[1:])
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Raw rows ``start:stop`` in the member's own dtype."""
+        count = (stop - start) * self.row_bytes
+        offset = self.data_offset + start * self.row_bytes
+        try:
+            if self.stored:
+                with open(self.path, "rb") as handle:
+                    handle.seek(offset)
+                    raw = handle.read(count)
+            else:
+                if self._stream is None:
+                    self._stream = zipfile.ZipFile(self.path).open(self.member)
+                self._stream.seek(offset)
+                raw = self._stream.read(count)
+        except (OSError, zlib.error, zipfile.BadZipFile, EOFError) as exc:
+            raise UserError(f"cannot read {self.name}: {_reason(exc)}; check the file or write it again") from None
+        if len(raw) != count:
+            raise UserError(f"{self.name} is truncated (array '{self.member}' ends before row {stop}); write it again")
+        return np.frombuffer(raw, dtype=self.dtype).reshape(stop - start, *self.shape[1:])
+
+    def describe(self, position: int) -> str:
+        return f"image {position} of {self.name}"
+
+
+def _local_data_offset(path: pathlib.Path, info: zipfile.ZipInfo) -> int:
+    """Where a stored zip member's bytes start: after its local header (whose extra field may differ from the central one)."""
+    with open(path, "rb") as handle:
+        handle.seek(info.header_offset)
+        local = handle.read(30)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"bad local header for {info.filename}")
+    name_length, extra_length = struct.unpack("<HH", local[26:30])
+    return info.header_offset + 30 + name_length + extra_length
 
 
 def load_images(spec: str) -> ImageSet:
@@ -174,13 +446,35 @@ def _load_mnist(arg: str):
 def _load_npz(arg: str):
     path = _existing(arg, "npz file")
     try:
-        archive = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise UserError(f"cannot read npz file '{arg}': {exc}") from None
-    missing = {"x", "y"} - set(archive.files)
-    if missing:
-        raise UserError(f"npz file '{arg}' needs arrays 'x' and 'y'; it has {sorted(archive.files)}")
-    return to_uint8(archive["x"], arg), archive["y"]
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+        members = {name.removesuffix(".npy") for name in names}
+        if not {"x", "y"} <= members:
+            raise UserError(f"npz file '{arg}' needs arrays 'x' and 'y'; it has {sorted(members)}")
+        images = _NpyRows(path, "x.npy", arg)
+        with np.load(path, allow_pickle=False) as archive:
+            labels = archive["y"]
+            if images.fortran_order or images.dtype.hasobject:  # rows not contiguous: read it whole
+                return to_uint8(archive["x"], arg), labels
+    except (ValueError, OSError, zipfile.BadZipFile, KeyError, EOFError, zlib.error) as exc:
+        raise UserError(f"cannot read npz file '{arg}': {_reason(exc)}") from None
+    if len(images.shape) not in (3, 4):
+        raise UserError(f"data '{arg}' must be images of shape (N, H, W[, C]); got {images.dtype} {images.shape}")
+    if images.dtype != np.uint8:
+        images.scale = _pixel_scale(*_scan_range(images, arg), arg)
+    return LazyImages(images), labels
+
+
+def _scan_range(rows: _NpyRows, name: str) -> tuple[float, float]:
+    """(min, max) of every value of a numeric npz array, read in chunks; NaN/inf refused."""
+    _check_numeric(rows.dtype, len(rows), name)
+    step = max(1, _SCAN_BYTES // max(rows.row_bytes, 1))
+    low, high = np.inf, -np.inf
+    for start in range(0, len(rows), step):
+        chunk = rows.rows(start, min(start + step, len(rows)))
+        _check_finite(chunk, name)
+        low, high = min(low, float(chunk.min())), max(high, float(chunk.max()))
+    return low, high
 
 
 def to_uint8(x: np.ndarray, name: str) -> np.ndarray:
@@ -188,42 +482,47 @@ def to_uint8(x: np.ndarray, name: str) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype == np.uint8:
         return x
-    if x.size == 0:
-        raise UserError(f"data '{name}' is empty")
-    if not np.issubdtype(x.dtype, np.number):
-        raise UserError(f"data '{name}' must be numeric, got {x.dtype}")
+    _check_numeric(x.dtype, x.size, name)
     x = x.astype(np.float64)
-    if not np.all(np.isfinite(x)):
+    _check_finite(x, name)
+    return np.rint(x * _pixel_scale(float(x.min()), float(x.max()), name)).astype(np.uint8)
+
+
+def _check_numeric(dtype: np.dtype, size: int, name: str) -> None:
+    if size == 0:
+        raise UserError(f"data '{name}' is empty")
+    if not np.issubdtype(dtype, np.number):
+        raise UserError(f"data '{name}' must be numeric, got {dtype}")
+
+
+def _check_finite(x: np.ndarray, name: str) -> None:
+    if np.issubdtype(x.dtype, np.inexact) and not np.all(np.isfinite(x)):
         raise UserError(f"data '{name}' contains NaN or infinite values; clean or drop those images")
-    low, high = float(x.min()), float(x.max())
+
+
+def _pixel_scale(low: float, high: float, name: str) -> float:
+    """255 for values in [0, 1], 1 for values in [0, 255]; a UserError for anything else."""
     if low < 0 or high > 255:
         raise UserError(
             f"data '{name}' has values in [{low:g}, {high:g}]; give raw pixels in 0..255 (or 0..1)"
         )
-    if high <= 1.0:
-        x = x * 255.0
-    return np.rint(x).astype(np.uint8)
+    return 255.0 if high <= 1.0 else 1.0
 
 
 def _load_folder(arg: str):
-    from PIL import Image
-
     root = _existing(arg, "image folder")
     classes = sorted(p for p in root.iterdir() if p.is_dir())
     if not classes:
         raise UserError(f"image folder '{arg}' has no class sub-folders (expected DIR/<class>/<image>)")
-    images, labels = [], []
+    paths, labels = [], []
     for label, class_dir in enumerate(classes):
         for file in sorted(class_dir.iterdir()):
             if file.suffix.lower() in _IMAGE_SUFFIXES:
-                images.append(_read_image(file))
+                paths.append(str(file))
                 labels.append(label)
-    if not images:
+    if not paths:
         raise UserError(f"image folder '{arg}' holds no image files ({', '.join(sorted(_IMAGE_SUFFIXES))})")
-    shapes = {im.shape for im in images}
-    if len(shapes) != 1:
-        raise UserError(f"images in '{arg}' differ in size {sorted(shapes)[:3]}; resize them to one size")
-    return np.stack(images), np.array(labels)
+    return LazyImages(_ImageFiles(paths, arg)), np.array(labels)
 
 
 def _read_image(file: pathlib.Path) -> np.ndarray:

@@ -44,8 +44,9 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, prep
         raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
     ref = ModelRef.parse(model_uri)
     source = load_torch_model(ref, preprocessing)
-    calib = load_images(calib_data) if calib_data else None
-    evaluation = load_images(eval_data) if eval_data else calib
+    prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
+    calib = prepare(load_images(calib_data)) if calib_data else None
+    evaluation = prepare(load_images(eval_data)) if eval_data else calib
     source_tags = registry.model_version_tags(model_uri)
     lineage_base = {"mlflow_di.source_uri": model_uri,
                     "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),

@@ -62,8 +62,8 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     suite = CoverageSuite(criteria, layers=subject_layers, top_m=top_m, clusters=clusters, rule=rule,
                           only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks,
                           batch_size=batch_size)
-    train = load_images(train_data)
-    tests = [load_images(spec) for spec in test_data]
+    train = model.preprocessing.prepare(load_images(train_data))  # lazy: resized per batch if the model says so
+    tests = [model.preprocessing.prepare(load_images(spec)) for spec in test_data]
     for data in (train, *tests):  # fail before any run starts when the data does not fit the model
         model.preprocessing.check_images(data.images[:1])
     tags = {"mlflow_di.command": "coverage", **registry.model_version_tags(model_uri)}

@@ -77,7 +77,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     original_ref, compressed_ref = ModelRef.parse(original), ModelRef.parse(compressed)
     original_model = load_classifier(original_ref, preprocessing_original, device)
     compressed_model = load_classifier(compressed_ref, preprocessing_compressed, device)
-    seeds = load_images(seed_data)
+    seeds = original_model.preprocessing.prepare(load_images(seed_data))  # lazy: resized per batch if the model says so
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
     for role, model in (("original", original_model), ("compressed", compressed_model)):
         try:  # fail before any run starts when the seeds do not fit a model

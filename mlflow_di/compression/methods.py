@@ -26,7 +26,8 @@ from mlflow_di.compression.prune import prunable_layers, prune_l1, prune_structu
 from mlflow_di.compression.quantize import quantize_int8_dynamic, quantize_int8_static, require_calibration_inputs
 from mlflow_di.errors import UserError
 from mlflow_di.results_json import JsonRoundTrip
-from mlflow_di.models.preprocessing import Preprocessing
+from mlflow_di.data import LazyImages
+from mlflow_di.models.preprocessing import ModelInputs, Preprocessing
 
 METHODS = ("fp32", "int8-static", "int8-dynamic", "prune-l1", "prune-structured")
 PRUNE_L1_SCOPE = "global"
@@ -68,13 +69,15 @@ def check_method(method: str) -> str:
     return method
 
 
-def calibration_inputs(calib_inputs, preprocessing: Preprocessing) -> np.ndarray | None:
-    """Raw uint8 NHWC images are preprocessed; float arrays are taken as model inputs already."""
+def calibration_inputs(calib_inputs, preprocessing: Preprocessing) -> np.ndarray | ModelInputs | None:
+    """Raw uint8 NHWC images (an array or lazy images) become model inputs preprocessed batch by batch;
+    float arrays are taken as model inputs already."""
     if calib_inputs is None:
         return None
-    calib_inputs = np.asarray(calib_inputs)
+    if not isinstance(calib_inputs, LazyImages):
+        calib_inputs = np.asarray(calib_inputs)
     if calib_inputs.dtype == np.uint8 and len(calib_inputs):
-        return preprocessing.apply(calib_inputs)
+        return ModelInputs(calib_inputs, preprocessing)
     return calib_inputs
 
 
@@ -89,7 +92,8 @@ def compress(
 ) -> CompressionResult:
     """Compress ``module`` with ``method`` into ``out_dir/<method>.onnx``.
 
-    ``calib_inputs`` (int8-static only) are raw uint8 NHWC images or preprocessed float inputs;
+    ``calib_inputs`` (int8-static only) are raw uint8 NHWC images (an array or lazy images, read
+    and preprocessed one calibration batch at a time) or preprocessed float inputs;
     ``amount`` is the pruning fraction (prune-l1: of all weights, prune-structured: of each
     layer's output channels). The ONNX file carries the preprocessing and a
     ``mlflow_di.compression`` metadata entry with the method and its parameters.

@@ -5,7 +5,11 @@ and graph optimisation, ``quant_pre_process``), which the ORT docs recommend so 
 quantizer sees fused ops and known shapes.
 
 - static: QDQ format, int8 weights (per channel by default) and int8 activations whose ranges
-  are calibrated (MinMax) on preprocessed inputs the caller supplies;
+  are calibrated (MinMax) on preprocessed inputs the caller supplies. The calibration reader
+  hands ONNX Runtime one batch at a time, taken from an array or from a
+  :class:`~mlflow_di.models.preprocessing.ModelInputs` that preprocesses (and, for lazy data,
+  reads) each batch only then; ORT's MinMax calibrator keeps just each tensor's min and max
+  per batch, so memory does not grow with the number of calibration images;
 - dynamic: int8 weights, activations quantized at run time (``DynamicQuantizeLinear``), no
   calibration data needed.
 """
@@ -28,6 +32,8 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from mlflow_di.compression.export import copy_mlflow_di_metadata
 from mlflow_di.errors import UserError
+from mlflow_di.models.preprocessing import ModelInputs
+from mlflow_di.progress import progress_bar as tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -39,19 +45,32 @@ NO_CALIBRATION_HINT = (
 
 
 class ArrayCalibrationReader(CalibrationDataReader):
-    """Feeds preprocessed float32 inputs to ONNX Runtime's calibrator, one batch at a time."""
+    """Feeds preprocessed float32 inputs to ONNX Runtime's calibrator, one batch at a time.
 
-    def __init__(self, input_name: str, inputs: np.ndarray, batch_size: int = CALIBRATION_BATCH_SIZE):
+    ``inputs``: an array, or anything sliceable with ``len`` whose slices are float arrays (a
+    :class:`~mlflow_di.models.preprocessing.ModelInputs`): each batch is taken only when asked for.
+    """
+
+    def __init__(self, input_name: str, inputs, batch_size: int = CALIBRATION_BATCH_SIZE, progress: bool = True):
         self.input_name = input_name
-        self.inputs = np.ascontiguousarray(inputs, dtype=np.float32)
+        self.inputs = inputs
         self.batch_size = batch_size
         self.position = 0
+        self.progress = progress
+        self._bar = None
 
     def get_next(self) -> dict | None:
         if self.position >= len(self.inputs):
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
             return None
-        batch = self.inputs[self.position:self.position + self.batch_size]
+        if self._bar is None:
+            self._bar = tqdm(total=len(self.inputs), desc="calibration", unit="image", disable=not self.progress,
+                             leave=False)
+        batch = np.ascontiguousarray(self.inputs[self.position:self.position + self.batch_size], dtype=np.float32)
         self.position += self.batch_size
+        self._bar.update(len(batch))
         return {self.input_name: batch}
 
     def rewind(self) -> None:
@@ -82,10 +101,14 @@ def require_calibration_inputs(inputs) -> None:
         raise UserError(NO_CALIBRATION_HINT)
 
 
-def check_calibration_inputs(inputs, input_shape: list) -> np.ndarray:
-    """Calibration inputs as float32 of the model's input shape, or a UserError saying what is wrong."""
+def check_calibration_inputs(inputs, input_shape: list):
+    """Calibration inputs (float32 of the model's input shape), or a UserError saying what is wrong.
+
+    An array comes back as float32; a lazy :class:`~mlflow_di.models.preprocessing.ModelInputs` as it is.
+    """
     require_calibration_inputs(inputs)
-    inputs = np.asarray(inputs)
+    if not isinstance(inputs, ModelInputs):
+        inputs = np.asarray(inputs)
     if not np.issubdtype(inputs.dtype, np.floating):
         raise UserError(
             f"calibration inputs must be preprocessed float arrays (model input), got {inputs.dtype}; "
@@ -97,7 +120,7 @@ def check_calibration_inputs(inputs, input_shape: list) -> np.ndarray:
             f"calibration inputs have shape {inputs.shape} but the model input is {input_shape}; "
             "use calibration images of the model's size and layout"
         )
-    return inputs.astype(np.float32, copy=False)
+    return inputs if isinstance(inputs, ModelInputs) else inputs.astype(np.float32, copy=False)
 
 
 def quantize_int8_static(fp32_path, out_path, calibration_inputs_float, per_channel: bool = True) -> pathlib.Path:

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import sklearn.exceptions
 
-from mlflow_di.data import ImageSet
+from mlflow_di.data import ImageSet, LazyImages
 from mlflow_di.errors import UserError
 
 #: Version of every saved coverage file (IDC, classic criteria, suite). Version 1 was IDC's
@@ -33,9 +33,11 @@ def check_fitted(estimator, hint: str = "fit(model, images)") -> None:
 
 
 def images_of(data) -> tuple[np.ndarray, str]:
-    """(raw uint8 (N, H, W, C) images, name) of an ImageSet or a raw uint8 array."""
+    """(raw uint8 (N, H, W, C) images, name) of an ImageSet or a raw uint8 array (lazy images stay lazy)."""
     if isinstance(data, ImageSet):
         return data.images, data.name
+    if isinstance(data, LazyImages):
+        return data, "images"
     images = np.asarray(data)
     if images.dtype != np.uint8:
         raise UserError(f"expected raw uint8 images (N, H, W, C) or an ImageSet, got {images.dtype} {images.shape}")

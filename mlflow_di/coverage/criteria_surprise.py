@@ -36,6 +36,14 @@ from scipy.special import logsumexp
 
 VAR_THRESHOLD = 1e-5  # Kim et al.'s default (--var_threshold), also DeepImportance's
 _CHUNK = 512  # query rows per distance block: 512 x 10,000 float64 = 40 MB
+#: Most distances in one block (40 MB of float64): against more than 10,000 references a block
+#: has fewer rows, so memory does not grow with the number of training inputs.
+_BLOCK_ELEMENTS = _CHUNK * 10_000
+
+
+def _block_rows(references: int) -> int:
+    """Query rows per distance block against ``references`` rows."""
+    return max(1, min(_CHUNK, _BLOCK_ELEMENTS // max(references, 1)))
 
 
 class LikelihoodSurprise:
@@ -107,10 +115,11 @@ class _ClassDensity:
 
     def log_density(self, queries: np.ndarray) -> np.ndarray:
         out = np.empty(len(queries))
-        for start in range(0, len(queries), _CHUNK):
-            block = queries[start:start + _CHUNK] @ self.whitening.T
+        rows = _block_rows(len(self.whitened))
+        for start in range(0, len(queries), rows):
+            block = queries[start:start + rows] @ self.whitening.T
             squared = _squared_distances(block, self.whitened, self.squared_norms)
-            out[start:start + _CHUNK] = logsumexp(-0.5 * squared, axis=1) + self.log_norm
+            out[start:start + rows] = logsumexp(-0.5 * squared, axis=1) + self.log_norm
         return out
 
 
@@ -158,9 +167,10 @@ def nearest_neighbours(queries: np.ndarray, references: np.ndarray) -> tuple[np.
     references = np.asarray(references, dtype=np.float64)
     reference_norms = np.einsum("ij,ij->i", references, references)
     index = np.empty(len(queries), dtype=np.int64)
-    for start in range(0, len(queries), _CHUNK):
-        block = queries[start:start + _CHUNK]
-        index[start:start + _CHUNK] = _squared_distances(block, references, reference_norms).argmin(axis=1)
+    rows = _block_rows(len(references))
+    for start in range(0, len(queries), rows):
+        block = queries[start:start + rows]
+        index[start:start + rows] = _squared_distances(block, references, reference_norms).argmin(axis=1)
     distance = np.linalg.norm(queries - references[index], axis=1)
     return distance, index
 

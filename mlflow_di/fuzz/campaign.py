@@ -104,8 +104,16 @@ def _name(model, fallback: str) -> str:
     return str(getattr(model, "name", None) or fallback)
 
 
+#: Seeds read per batch when the seed set is walked (fingerprint, first predictions): a lazy set
+#: (folder:, npz:) is decoded this many images at a time, never whole.
+SEED_BATCH = 256
+
+
 def _fingerprint(seeds: ImageSet) -> str:
-    digest = hashlib.sha256(np.ascontiguousarray(seeds.images).tobytes())
+    """SHA-256 of every seed's pixels, then the labels (the same digest whether the seeds are lazy or not)."""
+    digest = hashlib.sha256()
+    for images in seeds.batches(SEED_BATCH):
+        digest.update(np.ascontiguousarray(images).tobytes())
     digest.update(np.ascontiguousarray(seeds.labels).tobytes())
     return digest.hexdigest()
 
@@ -130,9 +138,12 @@ def _check_seeds(original, compressed, seeds: ImageSet, todo: np.ndarray, fuzzed
     """Both models' probabilities on the seeds still to run, after checking the pair fits."""
     if len(todo) == 0:
         return np.zeros((0, 0)), np.zeros((0, 0))
-    images = seeds.images[todo]
-    p_original = _predict(original, images, "original")
-    p_compressed = _predict(compressed, images, "compressed")
+    p_original, p_compressed = [], []
+    for start in range(0, len(todo), SEED_BATCH):  # in batches: the seeds may be bigger than memory
+        images = seeds.images[todo[start:start + SEED_BATCH]]
+        p_original.append(_predict(original, images, "original"))
+        p_compressed.append(_predict(compressed, images, "compressed"))
+    p_original, p_compressed = np.concatenate(p_original), np.concatenate(p_compressed)
     if p_original.shape[1] != p_compressed.shape[1]:
         raise UserError(f"the models disagree on the number of classes: original '{_name(original, 'original')}' "
                         f"has {p_original.shape[1]}, compressed '{_name(compressed, 'compressed')}' has "
@@ -147,11 +158,12 @@ def _check_seeds(original, compressed, seeds: ImageSet, todo: np.ndarray, fuzzed
 
 @dataclasses.dataclass
 class _Active:
-    """A seed being searched: its index, search and charged seconds."""
+    """A seed being searched: its index, image, search and charged seconds."""
 
     index: int
     search: Search
     seed_probabilities: tuple[np.ndarray, np.ndarray]
+    seed_image: np.ndarray
     seconds: float = 0.0
     model_seconds: float = 0.0
 
@@ -200,8 +212,9 @@ class _Lockstep:
     def _start(self, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> _Active:
         began = time.perf_counter()
         rng = np.random.default_rng([self.config.seed, index])
-        search = self.strategy.start(self.seeds.images[index], p_original, p_compressed, rng)
-        return _Active(index, search, (p_original, p_compressed), time.perf_counter() - began)
+        image = self.seeds.images[index]  # read once (a lazy set decodes it), kept while the seed is searched
+        search = self.strategy.start(image, p_original, p_compressed, rng)
+        return _Active(index, search, (p_original, p_compressed), image, time.perf_counter() - began)
 
     def _step(self, active: list[_Active]) -> None:
         """One lockstep iteration: propose, one batched call per model, observe."""
@@ -246,7 +259,7 @@ class _Lockstep:
             stop = Stop.TIMEOUT
         else:
             return False
-        self._save(self._record(a, stop), search.trigger, self.seeds.images[a.index])
+        self._save(self._record(a, stop), search.trigger, a.seed_image)
         self.stats.search_seconds += a.seconds - a.model_seconds
         return True
 

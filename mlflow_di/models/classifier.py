@@ -13,6 +13,7 @@ import pathlib
 
 import numpy as np
 
+from mlflow_di.data import LazyImages
 from mlflow_di.errors import UserError
 from mlflow_di.models.preprocessing import Preprocessing
 
@@ -34,14 +35,18 @@ class Classifier:
         raise NotImplementedError
 
     def predict_proba(self, images: np.ndarray, batch_size: int | None = None) -> np.ndarray:
-        """Probabilities for raw uint8 NHWC images, computed in batches of ``batch_size``."""
-        images = np.asarray(images)
+        """Probabilities for raw uint8 NHWC images, computed in batches of ``batch_size``.
+
+        ``images`` may be lazy (:class:`mlflow_di.data.LazyImages`): each batch is read as it is classified.
+        """
+        if not isinstance(images, LazyImages):
+            images = np.asarray(images)
         if images.dtype != np.uint8:
             raise UserError(f"{self.name}: images must be raw uint8 pixels, got {images.dtype}")
         self.preprocessing.check_images(images)
         size = batch_size or self.default_batch_size
         if len(images) <= size:  # the common case (fuzzing calls): no chunk list, no concatenation
-            probabilities = self._predict_batch(images)
+            probabilities = self._predict_batch(images[:])  # [:]: an array's view, or a lazy set read
         else:
             probabilities = np.concatenate([self._predict_batch(images[i:i + size])
                                             for i in range(0, len(images), size)])

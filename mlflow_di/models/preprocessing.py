@@ -3,6 +3,19 @@
 The spec travels with the model: mlflow-di stores it in the MLflow model's metadata (key
 ``mlflow_di`` -> ``preprocessing``) and in ONNX metadata, and the CLI can override any field
 (``--preprocessing scale=1,mean=125.3/123/113.9``).
+
+Images of any size (a raw-image step): ``resize=S`` scales each raw image so that its shorter
+side is S (aspect ratio kept, bilinear with antialiasing), then ``center_crop=H/W`` (or one
+number for a square) cuts the centre out, so ``resize=256,center_crop=224`` is torchvision's
+ImageNet eval transform (``Resize(256)`` + ``CenterCrop(224)`` on a PIL image, pixel for pixel).
+The step works on uint8 pixels and gives uint8 pixels of the model's input size, before
+scale/mean/std. It belongs to the model, not to the data: the same folder of photos of every
+size feeds a 224x224 and a 299x299 model, and a compressed export inherits the step with the rest
+of the preprocessing. Where it runs: :meth:`Preprocessing.prepare` puts it on a data set, lazily
+(each image is resized as its batch is decoded, so a folder of mixed sizes is never held whole),
+and the commands do that when data meets a model; :meth:`Preprocessing.apply` runs it on images
+whose size is not yet the step's output size, so raw arrays of another size work too, while
+images already of that size (prepared ones, fuzzing mutants) pass untouched.
 """
 from __future__ import annotations
 
@@ -24,6 +37,8 @@ class Preprocessing:
     ``mean``/``std`` are per channel (or one value for all). ``output`` says what the model
     returns: ``logits`` (softmax is applied to get probabilities) or ``probabilities``.
     ``input_shape`` is (H, W, C) of one raw image, when known, to check data against.
+    ``resize``/``center_crop``: the raw-image step (see the module docstring); None: images must
+    already have the model's size.
     """
 
     scale: float = 1.0 / 255.0
@@ -32,6 +47,8 @@ class Preprocessing:
     layout: str = "NCHW"
     output: str = "logits"
     input_shape: tuple[int, int, int] | None = None
+    resize: int | None = None
+    center_crop: tuple[int, int] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "mean", tuple(float(v) for v in np.atleast_1d(self.mean)))
@@ -44,18 +61,61 @@ class Preprocessing:
             raise UserError(f"preprocessing output must be one of {OUTPUTS}, got '{self.output}'")
         if any(s == 0 for s in self.std):
             raise UserError("preprocessing std must not contain 0")
+        if self.resize is not None:
+            object.__setattr__(self, "resize", _positive_ints("resize", self.resize, 1)[0])
+        if self.center_crop is not None:
+            crop = _positive_ints("center_crop", self.center_crop, 2)
+            object.__setattr__(self, "center_crop", crop * 2 if len(crop) == 1 else crop)
+
+    # ------------------------------------------------------------------ raw-image step
+    @property
+    def has_raw_step(self) -> bool:
+        """Whether raw images of any size are resized/cropped to the model's size first."""
+        return self.resize is not None or self.center_crop is not None
+
+    def needs_raw_step(self, height: int, width: int) -> bool:
+        """Whether an image of this size is not yet what the raw-image step makes."""
+        if self.center_crop is not None:
+            return (height, width) != self.center_crop
+        return self.resize is not None and min(height, width) != self.resize
+
+    def raw_image(self, image: np.ndarray) -> np.ndarray:
+        """The raw-image step on one uint8 (H, W, C) image: resize (shorter side), then centre crop."""
+        if self.resize is not None:
+            image = resize_shorter_side(image, self.resize)
+        if self.center_crop is not None:
+            image = center_crop(image, *self.center_crop)
+        return image
+
+    def prepare(self, data):
+        """An ImageSet whose images come out of the raw-image step as they are read (the set itself if there is none)."""
+        if not self.has_raw_step:
+            return data
+        shape = None
+        if self.center_crop is not None:
+            channels = self.input_shape[2] if self.input_shape is not None else data.image_shape[2]
+            shape = (*self.center_crop, channels)
+        return data.map_images(self.raw_image, shape)
 
     def check_images(self, images: np.ndarray) -> None:
-        """Raise a one-line :class:`UserError` when images do not fit this model's input."""
+        """Raise a one-line :class:`UserError` when images do not fit this model's input.
+
+        Images the raw-image step will resize are checked for their channels only.
+        """
         if images.ndim != 4:
             raise UserError(f"expected images of shape (N, H, W, C), got shape {images.shape}")
         if len(images) == 0:
             raise UserError("no images given (empty data)")
-        if self.input_shape is not None and tuple(images.shape[1:]) != self.input_shape:
+        resized = self.has_raw_step and self.needs_raw_step(*images.shape[1:3])
+        if resized and self.input_shape is not None and images.shape[3] != self.input_shape[2]:
+            raise UserError(f"images have {images.shape[3]} channel(s) but the model expects {self.input_shape[2]}; "
+                            "use data with that many channels")
+        if not resized and self.input_shape is not None and tuple(images.shape[1:]) != self.input_shape:
             h, w, c = self.input_shape
             raise UserError(
                 f"images are {images.shape[1]}x{images.shape[2]}x{images.shape[3]} (HxWxC) but the model "
-                f"expects {h}x{w}x{c}; use data of that size (e.g. mnist for 28x28x1, digits for 8x8x1)"
+                f"expects {h}x{w}x{c}; use data of that size (e.g. mnist for 28x28x1, digits for 8x8x1), or give "
+                f"the model a raw-image step (--preprocessing resize={max(h, w)},center_crop={h}/{w})"
             )
         channels = images.shape[3]
         for name, values in (("mean", self.mean), ("std", self.std)):
@@ -70,8 +130,11 @@ class Preprocessing:
                          "shape with --preprocessing input_shape=H/W/C, or leave the stored preprocessing as it is")
 
     def apply(self, images: np.ndarray) -> np.ndarray:
-        """Raw uint8 (N, H, W, C) -> float32 model input in ``layout``."""
+        """Raw uint8 (N, H, W, C) -> float32 model input in ``layout`` (after the raw-image step, if needed)."""
         self.check_images(images)
+        if self.has_raw_step and self.needs_raw_step(*images.shape[1:3]):
+            images = np.stack([self.raw_image(image) for image in images])
+            self.check_images(images)
         x = images.astype(np.float32) * np.float32(self.scale)
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         if self.layout == "NCHW":
@@ -88,7 +151,11 @@ class Preprocessing:
         return exp / exp.sum(axis=1, keepdims=True)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        values = dataclasses.asdict(self)
+        for key in ("resize", "center_crop"):  # models without the step keep the metadata older readers know
+            if values[key] is None:
+                del values[key]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> "Preprocessing":
@@ -115,13 +182,15 @@ class Preprocessing:
             key = key.strip()
             if not sep or not value.strip():
                 raise UserError(f"bad preprocessing override '{item}'; write key=value, e.g. scale=1,layout=NHWC")
-            if key in ("mean", "std", "input_shape"):
+            if key in ("mean", "std", "input_shape", "resize", "center_crop"):
                 try:
                     changes[key] = tuple(float(v) for v in value.split("/"))
                 except ValueError:
                     raise UserError(f"preprocessing {key} must be numbers separated by '/', got '{value}'") from None
-                if key == "input_shape":
-                    changes[key] = tuple(int(v) for v in changes[key])
+                if key in ("input_shape", "resize", "center_crop"):
+                    changes[key] = _positive_ints(key, changes[key], {"input_shape": 3, "resize": 1}.get(key, 2))
+                if key == "resize":
+                    changes[key] = changes[key][0]
             elif key == "scale":
                 try:
                     changes[key] = float(value)
@@ -131,6 +200,79 @@ class Preprocessing:
                 changes[key] = value.strip()
             else:
                 raise UserError(
-                    f"unknown preprocessing field '{key}'; known: scale, mean, std, layout, output, input_shape"
+                    f"unknown preprocessing field '{key}'; known: scale, mean, std, layout, output, input_shape, "
+                    "resize, center_crop"
                 )
         return dataclasses.replace(self, **changes)
+
+
+class ModelInputs:
+    """Raw uint8 images (an array or lazy images) seen as float32 model input, preprocessed one slice at a time.
+
+    ``inputs[a:b]`` is ``preprocessing.apply(images[a:b])``, so a big set is never held as floats
+    (a 224x224x3 float32 input is 600 KB, four times its raw pixels).
+    """
+
+    dtype = np.dtype(np.float32)
+    ndim = 4
+
+    def __init__(self, images, preprocessing: Preprocessing):
+        preprocessing.check_images(images)
+        self.images, self.preprocessing = images, preprocessing
+        self._shape = None
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(N, ...) of the model input: the first image is preprocessed once to learn it."""
+        if self._shape is None:
+            self._shape = (len(self), *self[0:1].shape[1:])
+        return self._shape
+
+    def __getitem__(self, index) -> np.ndarray:
+        return self.preprocessing.apply(self.images[index])
+
+
+def _positive_ints(name: str, values, most: int) -> tuple[int, ...]:
+    """``values`` (a number or up to ``most`` numbers) as positive ints; a one-line UserError otherwise."""
+    values = tuple(np.atleast_1d(values).tolist())
+    if not 1 <= len(values) <= most or any(isinstance(v, bool) or float(v) != int(v) or int(v) < 1 for v in values):
+        example = {"resize": "resize=256", "center_crop": "center_crop=224 or center_crop=224/192"}.get(name, "")
+        raise UserError(f"preprocessing {name} must be {'one' if most == 1 else f'1 to {most}'} positive whole "
+                        f"number(s), got {'/'.join(str(v) for v in values)}" + (f"; e.g. {example}" if example else ""))
+    return tuple(int(v) for v in values)
+
+
+def resize_shorter_side(image: np.ndarray, size: int) -> np.ndarray:
+    """uint8 (H, W, C) resized so that its shorter side is ``size``, as torchvision's ``Resize(size)`` on a PIL image.
+
+    Bilinear with PIL's antialiasing; the longer side becomes ``int(size * long / short)``.
+    """
+    from PIL import Image
+
+    height, width = image.shape[:2]
+    short, long = sorted((height, width))
+    new_long = int(size * long / short)
+    new_height, new_width = (size, new_long) if height <= width else (new_long, size)
+    if (new_height, new_width) == (height, width):
+        return image
+    if image.shape[2] in (1, 3):
+        pil = Image.fromarray(image[..., 0] if image.shape[2] == 1 else image)
+        resized = np.asarray(pil.resize((new_width, new_height), Image.BILINEAR))
+        return resized.reshape(new_height, new_width, image.shape[2])
+    return np.stack([np.asarray(Image.fromarray(np.ascontiguousarray(image[..., c])).resize(
+        (new_width, new_height), Image.BILINEAR)) for c in range(image.shape[2])], axis=-1)
+
+
+def center_crop(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """The centre ``height`` x ``width`` of uint8 (H, W, C), as torchvision's ``CenterCrop`` (zero padding if smaller)."""
+    h, w = image.shape[:2]
+    if h < height or w < width:  # torchvision pads with zeros on both sides first
+        top, left = max(height - h, 0) // 2, max(width - w, 0) // 2
+        padded = np.zeros((max(h, height), max(w, width), image.shape[2]), np.uint8)
+        padded[top:top + h, left:left + w] = image
+        image, h, w = padded, *padded.shape[:2]
+    top, left = int(round((h - height) / 2.0)), int(round((w - width) / 2.0))
+    return image[top:top + height, left:left + width]
