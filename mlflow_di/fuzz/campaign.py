@@ -59,7 +59,7 @@ def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeo
     config = CampaignConfig(
         strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
         max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
-        seeds_sha256=_fingerprint(seeds), image_shape=tuple(seeds.image_shape),
+        seeds_sha256=_fingerprint(seeds, progress), image_shape=tuple(seeds.image_shape),
         original=_name(original, "original"), compressed=_name(compressed, "compressed"))
     store = CampaignStore(out_dir) if out_dir is not None else None
     done: dict[int, SeedRecord] = {}
@@ -68,7 +68,7 @@ def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeo
         done = store.read_records()
     todo = np.array([i for i in range(len(seeds)) if i not in done], dtype=np.int64)
     p_original, p_compressed = _check_seeds(original, compressed, seeds, todo, fuzzed_before=any(
-        not r.already_deviating for r in done.values()))
+        not r.already_deviating for r in done.values()), progress=progress)
     if store is not None and not resume:
         store.create(config)
     runner = _Lockstep(original, compressed, seeds, strategy, config, batch, store)
@@ -109,10 +109,11 @@ def _name(model, fallback: str) -> str:
 SEED_BATCH = 256
 
 
-def _fingerprint(seeds: ImageSet) -> str:
+def _fingerprint(seeds: ImageSet, progress: bool = False) -> str:
     """SHA-256 of every seed's pixels, then the labels (the same digest whether the seeds are lazy or not)."""
     digest = hashlib.sha256()
-    for images in seeds.batches(SEED_BATCH):
+    for images in tqdm(seeds.batches(SEED_BATCH), total=-(-len(seeds) // SEED_BATCH), desc="seed fingerprint",
+                       unit="batch", disable=not progress, leave=False):
         digest.update(np.ascontiguousarray(images).tobytes())
     digest.update(np.ascontiguousarray(seeds.labels).tobytes())
     return digest.hexdigest()
@@ -134,12 +135,13 @@ def _predict(model, images: np.ndarray, role: str) -> np.ndarray:
     return probabilities
 
 
-def _check_seeds(original, compressed, seeds: ImageSet, todo: np.ndarray, fuzzed_before: bool):
+def _check_seeds(original, compressed, seeds: ImageSet, todo: np.ndarray, fuzzed_before: bool, progress: bool = False):
     """Both models' probabilities on the seeds still to run, after checking the pair fits."""
     if len(todo) == 0:
         return np.zeros((0, 0)), np.zeros((0, 0))
     p_original, p_compressed = [], []
-    for start in range(0, len(todo), SEED_BATCH):  # in batches: the seeds may be bigger than memory
+    for start in tqdm(range(0, len(todo), SEED_BATCH), desc="seed predictions", unit="batch", disable=not progress,
+                      leave=False):  # in batches: the seeds may be bigger than memory
         images = seeds.images[todo[start:start + SEED_BATCH]]
         p_original.append(_predict(original, images, "original"))
         p_compressed.append(_predict(compressed, images, "compressed"))
