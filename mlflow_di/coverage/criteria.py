@@ -508,6 +508,9 @@ class _OutputTap(nn.Module):
         super().__init__()
         self.model = model
         self.output = nn.Identity()
+        # A new module starts in training mode; eval_mode() restores the mode it found, which would
+        # switch the wrapped model to training mode (batch norms then drift on every later pass).
+        self.train(model.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.output(self.model(x))
