@@ -1,0 +1,160 @@
+"""Realistic size: torchvision CNNs at 224x224, each cost as a ratio to the model's own work, in one run.
+
+For each family (random weights, generated images labelled by the model itself):
+- IDC fitting (LRP + clustering) per image vs one plain forward+backward pass per image;
+- scoring every criterion per image vs one plain forward pass per image;
+- DFlare's campaign seconds per query vs the two models' own batched inference per input (the
+  original against a copy of itself on the same device, so every seed runs its full query budget
+  and the ratio is the search's overhead: mutations, fitness, novelty, bookkeeping);
+- peak memory (process RSS, and the GPU's allocator peak on CUDA).
+
+    .venv/bin/python -m benchmarks.bench_scale [--families resnet18,mobilenet_v3_small] [--device auto]
+        [--images 64] [--seeds 16] [--queries 30] [--write]
+
+``--write`` replaces this benchmark's section of benchmarks/RESULTS.md (one section per device
+type, so the CPU and GPU figures live side by side).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import resource
+import time
+
+import numpy as np
+
+import mlflow_di  # noqa: F401  (torchvision guard first)
+
+IMAGENET = dict(scale=1.0, mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), layout="NCHW",
+                output="logits")
+
+
+def _timed(fn, device, repeat: int = 1) -> float:
+    """Seconds per call of ``fn`` (synchronising CUDA so GPU work is counted)."""
+    import torch
+
+    fn()  # warm-up: kernels, allocator, lazy initialisation
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - started) / repeat
+
+
+def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int, queries: int,
+            batch_size: int) -> dict:
+    import torch
+    import torchvision
+
+    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
+    from mlflow_di.coverage.suite import CoverageSuite
+    from mlflow_di.data import ImageSet
+    from mlflow_di.fuzz.campaign import run_campaign
+    from mlflow_di.models.classifier import TorchClassifier
+    from mlflow_di.models.device import describe_device, resolve_device
+    from mlflow_di.models.preprocessing import Preprocessing
+    from mlflow_di.models.torch_model import TorchModel
+
+    device = resolve_device(device_spec)
+    torch.manual_seed(0)
+    preprocessing = Preprocessing(input_shape=(size, size, 3), **IMAGENET)
+    module = getattr(torchvision.models, family)(num_classes=10).eval()
+    head = [m for m in module.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))][-1]
+    torch.nn.init.normal_(head.weight, std=10.0 / head.weight[0].numel() ** 0.5)  # untie the random logits
+    model = TorchModel(module, preprocessing, family).to(device)
+    images = np.random.default_rng(0).integers(0, 256, (n_images, size, size, 3), dtype=np.uint8)
+    classifier = model.classifier()
+    labels = classifier.predict(images, batch_size)
+    data = ImageSet(images, labels, f"generated {n_images}x{size}x{size}")
+    batch = model.to_tensor(images[:batch_size]).to(device)
+
+    def forward_backward():
+        model.module.zero_grad(set_to_none=True)
+        model.module(batch.clone().requires_grad_(True)).max(dim=1).values.sum().backward()
+
+    def forward():
+        with torch.inference_mode():
+            model.module(batch)
+
+    per_image = len(batch)
+    fwd_bwd = _timed(forward_backward, device, 3) / per_image
+    fwd = _timed(forward, device, 3) / per_image
+    started = time.perf_counter()
+    ImportanceDrivenCoverage(top_m=6, only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
+    idc_fit = (time.perf_counter() - started) / n_images
+    suite = CoverageSuite(only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
+    score_all = _timed(lambda: suite.score(data), device) / n_images
+
+    # an identical copy: random-init logits are near ties, so any real compression disagrees on every
+    # seed; with a copy every seed runs its whole query budget, which is what the timing needs
+    pruned = TorchClassifier(copy.deepcopy(model.module), preprocessing, f"{family}-copy")
+    seed_set = data.subset(slice(0, seeds))
+    started = time.perf_counter()
+    result = run_campaign(classifier, pruned, seed_set, max_queries=queries, timeout=1e9, batch=seeds, progress=False)
+    campaign = time.perf_counter() - started
+    total_queries = sum(r.queries for r in result.records)
+    both_models = _timed(lambda: (classifier.predict_proba(images[:seeds]), pruned.predict_proba(images[:seeds])),
+                         device, 3) / seeds
+    per_query = campaign / max(total_queries, 1)
+    peak = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    if device.type == "cuda":
+        peak["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20)
+    return {"family": family, "device": describe_device(device), "size": size, "images": n_images,
+            "batch": batch_size,
+            "forward_backward_ms_per_image": round(fwd_bwd * 1e3, 3), "forward_ms_per_image": round(fwd * 1e3, 3),
+            "idc_fit_ms_per_image": round(idc_fit * 1e3, 3), "idc_fit_ratio": round(idc_fit / fwd_bwd, 2),
+            "score_all_ms_per_image": round(score_all * 1e3, 3), "score_all_ratio": round(score_all / fwd, 2),
+            "campaign_queries": total_queries, "campaign_ms_per_query": round(per_query * 1e3, 3),
+            "models_ms_per_input": round(both_models * 1e3, 3), "campaign_overhead_ratio": round(per_query / both_models, 2),
+            **peak}
+
+
+def section(rows: list[dict], device_type: str, command: str) -> str:
+    begin, end = f"<!-- bench_scale {device_type} -->", f"<!-- /bench_scale {device_type} -->"
+    device = rows[0]["device"] if rows else device_type
+    lines = [begin, f"### Realistic size on {device}", "",
+             f"Command: `{command}`  ", f"Machine: {platform.machine()}, {device}; random-init torchvision models, "
+             f"generated {rows[0]['size']}x{rows[0]['size']} RGB images labelled by the model itself.", "",
+             "| family | IDC fit / (fwd+bwd) | score all criteria / fwd | campaign s per query / models' inference per input "
+             "| fwd+bwd ms/img | fwd ms/img | campaign ms/query | peak RSS MiB | peak GPU MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['family']} | {r['idc_fit_ratio']} | {r['score_all_ratio']} | {r['campaign_overhead_ratio']} | "
+                     f"{r['forward_backward_ms_per_image']} | {r['forward_ms_per_image']} | {r['campaign_ms_per_query']} | "
+                     f"{r['peak_rss_mib']} | {r.get('peak_gpu_mib', '-')} |")
+    lines += ["", "```", *(json.dumps(r) for r in rows), "```", end]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default="resnet18,mobilenet_v3_small")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--queries", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--write", action="store_true", help="write the section into benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    rows = []
+    for family in args.families.split(","):
+        row = measure(family, args.device, args.size, args.images, args.seeds, args.queries, args.batch_size)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    if args.write:
+        from benchmarks.results import write_section
+
+        device_type = "cuda" if rows and rows[0]["device"].startswith("cuda") else "cpu"
+        text = section(rows, device_type, "python -m benchmarks.bench_scale " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "write"))
+        write_section(text, f"<!-- bench_scale {device_type} -->", f"<!-- /bench_scale {device_type} -->")
+
+
+if __name__ == "__main__":
+    main()
