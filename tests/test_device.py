@@ -1,0 +1,63 @@
+"""--device: parsing, CUDA asked for where there is none, and engines following the module's device."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from mlflow_di.cli import main
+from mlflow_di.errors import UserError
+from mlflow_di.models.device import check_device_spec, module_device, onnx_providers, resolve_device
+
+
+@pytest.mark.parametrize("spec, expected", [("auto", "auto"), (" CPU ", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda:1")])
+def test_device_specs_are_normalised(spec, expected):
+    assert check_device_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["gpu", "cuda:", "cuda:x", "mps", ""])
+def test_unknown_device_specs_name_the_accepted_forms(spec):
+    with pytest.raises(UserError, match="give auto .* cpu, cuda or cuda:N"):
+        check_device_spec(spec)
+
+
+def test_auto_is_the_cpu_without_a_gpu_and_cpu_is_always_the_cpu():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_without_a_gpu_is_one_line_with_the_fix(capsys, tmp_path):
+    with pytest.raises(UserError, match="--device cuda:0 asks for a CUDA GPU, but .* use --device cpu or auto"):
+        resolve_device("cuda:0")
+    torch.save(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), tmp_path / "model.pt")
+    assert main(["describe", str(tmp_path / "model.pt"), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "asks for a CUDA GPU" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bad_device_is_a_usage_error_before_any_work(capsys):
+    assert main(["describe", "model.pt", "--device", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
+
+
+def test_module_device_follows_parameters_then_buffers():
+    assert module_device(nn.Linear(2, 2)) == torch.device("cpu")
+    assert module_device(nn.ReLU()) == torch.device("cpu")
+
+
+def test_onnx_runtime_gets_the_cpu_provider_when_asked_or_without_a_gpu_build():
+    assert onnx_providers("cpu") == ["CPUExecutionProvider"]
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        assert onnx_providers("cuda:0") == ["CPUExecutionProvider"]
+        assert onnx_providers(None) == ["CPUExecutionProvider"]
+
+
+def test_out_of_memory_becomes_one_line_naming_the_batch_size():
+    from mlflow_di.models.device import out_of_memory_as_user_error
+
+    with pytest.raises(UserError, match=r"ran out of memory during coverage; lower --batch-size \(e.g. --batch-size 64\)"):
+        with out_of_memory_as_user_error("coverage", 256):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
