@@ -61,3 +61,14 @@ def test_out_of_memory_becomes_one_line_naming_the_batch_size():
     with pytest.raises(UserError, match=r"ran out of memory during coverage; lower --batch-size \(e.g. --batch-size 64\)"):
         with out_of_memory_as_user_error("coverage", 256):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_preprocessing_on_a_device_equals_the_numpy_path():
+    from mlflow_di.models.preprocessing import Preprocessing
+
+    images = np.random.default_rng(0).integers(0, 256, (3, 5, 4, 3), dtype=np.uint8)
+    for layout in ("NCHW", "NHWC"):
+        preprocessing = Preprocessing(scale=1 / 255, mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.25), layout=layout,
+                                      input_shape=(5, 4, 3))
+        on_device = preprocessing.apply_on(images, torch.device("cpu")).numpy()
+        np.testing.assert_array_equal(on_device, preprocessing.apply(images))

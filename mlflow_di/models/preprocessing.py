@@ -141,6 +141,20 @@ class Preprocessing:
             x = x.transpose(0, 3, 1, 2)
         return np.ascontiguousarray(x)
 
+    def apply_on(self, images: np.ndarray, device):
+        """:meth:`apply` computed by torch on ``device``: the uint8 batch travels (4x fewer bytes than
+        floats) and the arithmetic runs where the model is. The same float32 operations in the same
+        order, so the values equal :meth:`apply`'s; images that need the raw-image step take that path."""
+        import torch
+
+        self.check_images(images)
+        if self.has_raw_step and self.needs_raw_step(*images.shape[1:3]):
+            return torch.from_numpy(self.apply(images)).to(device)
+        x = torch.from_numpy(np.ascontiguousarray(images)).to(device).float() * self.scale
+        x = (x - torch.tensor(self.mean, dtype=torch.float32, device=device)) / torch.tensor(
+            self.std, dtype=torch.float32, device=device)
+        return x.permute(0, 3, 1, 2).contiguous() if self.layout == "NCHW" else x
+
     def to_probabilities(self, outputs: np.ndarray) -> np.ndarray:
         """Model outputs -> probabilities (softmax over logits; probabilities passed through)."""
         outputs = np.asarray(outputs, dtype=np.float32)
