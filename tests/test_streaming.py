@@ -313,3 +313,43 @@ def test_static_int8_from_lazy_images_equals_the_in_memory_one(digits_on_disk, t
     np.testing.assert_array_equal(OnnxClassifier(lazy.path).predict_proba(probe),
                                   OnnxClassifier(held.path).predict_proba(probe))
     assert lazy.params["calibration_samples"] == 150
+
+
+def _fitted_bytes(value, seen=None) -> int:
+    """Bytes of every numpy array a fitted estimator holds (its attached model left out)."""
+    import torch
+
+    from mlflow_di.models.torch_model import TorchModel
+
+    seen = set() if seen is None else seen
+    if id(value) in seen or isinstance(value, (TorchModel, torch.nn.Module)):
+        return 0
+    seen.add(id(value))
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(_fitted_bytes(v, seen) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_fitted_bytes(v, seen) for v in value)
+    return sum(_fitted_bytes(v, seen) for v in getattr(value, "__dict__", {}).values())
+
+
+def test_a_fit_keeps_only_the_surprise_traces_per_training_input():
+    """Fitted state grows with the training set only by what SA needs: each input's SA trace (held as
+    ClassicCoverage.sa_traces_ float32, DSA's float64 references, LSA's whitened float64 points) and a few
+    scalars per input (classes, DSA's reference distance, LSA's squared norm); IDC keeps nothing per input."""
+    from mlflow_di.coverage.suite import CoverageSuite
+
+    model, full = tiny_model(), load_images("digits[0:600]")
+
+    def fitted(count):
+        return CoverageSuite(top_m=3, only_correct=False, batch_size=64, progress=False).fit(
+            model, full.subset(slice(0, count), f"{count}"))
+
+    small, big = fitted(150), fitted(600)
+    for suite in (small, big):  # importance per neuron; per important neuron: index, silhouette, <= 4 centroids
+        layer = suite.idc_.fitted_layers_[suite.primary_]
+        assert _fitted_bytes(suite.idc_) <= 8 * len(layer.importance) + 3 * (8 + 8 + 4 * 8)
+    width = big.classic_.sa_traces_.shape[1]
+    per_input = (_fitted_bytes(big.classic_) - _fitted_bytes(small.classic_)) / 450
+    assert per_input <= (4 + 8 + 8) * width + 5 * 8, per_input

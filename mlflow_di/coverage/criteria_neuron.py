@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+_ROWS = 4096  # inputs per block where a criterion needs per-value temporaries
+
 
 def nc_scaled_means(output: torch.Tensor) -> torch.Tensor:
     """Per-input min-max scaling of a raw layer output, then the spatial mean per channel.
@@ -66,13 +68,15 @@ def multisection_cells(values: np.ndarray, low: np.ndarray, high: np.ndarray, se
     values = _as_2d(values, "values")
     low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
     covered = np.zeros((values.shape[1], sections), dtype=bool)
-    inside = (values >= low) & (values <= high)
     width = high - low
     safe_width = np.where(width > 0, width, 1.0)
-    index = np.floor((values - low) / safe_width * sections)
-    index = np.clip(np.nan_to_num(index, nan=0.0), 0, sections - 1).astype(np.int64)
-    rows, neurons = np.nonzero(inside)
-    covered[neurons, index[rows, neurons]] = True
+    for start in range(0, len(values), _ROWS):  # float64/int64 temporaries of a block of inputs, not of all
+        block = values[start:start + _ROWS]
+        inside = (block >= low) & (block <= high)
+        index = np.floor((block - low) / safe_width * sections)
+        index = np.clip(np.nan_to_num(index, nan=0.0), 0, sections - 1).astype(np.int64)
+        rows, neurons = np.nonzero(inside)
+        covered[neurons, index[rows, neurons]] = True
     return covered
 
 

@@ -35,10 +35,11 @@ import numpy as np
 from scipy.special import logsumexp
 
 VAR_THRESHOLD = 1e-5  # Kim et al.'s default (--var_threshold), also DeepImportance's
-_CHUNK = 512  # query rows per distance block: 512 x 10,000 float64 = 40 MB
-#: Most distances in one block (40 MB of float64): against more than 10,000 references a block
-#: has fewer rows, so memory does not grow with the number of training inputs.
-_BLOCK_ELEMENTS = _CHUNK * 10_000
+_CHUNK = 512  # most query rows per distance block
+#: Most distances in one block (8 MB of float64, two such temporaries at a time): against more
+#: than 2,048 references a block has fewer rows, so memory does not grow with the number of
+#: training inputs beyond a few thousand (it did up to 10,000 with 40 MB blocks and four temporaries).
+_BLOCK_ELEMENTS = _CHUNK * 2_048
 
 
 def _block_rows(references: int) -> int:
@@ -119,7 +120,8 @@ class _ClassDensity:
         for start in range(0, len(queries), rows):
             block = queries[start:start + rows] @ self.whitening.T
             squared = _squared_distances(block, self.whitened, self.squared_norms)
-            out[start:start + rows] = logsumexp(-0.5 * squared, axis=1) + self.log_norm
+            squared *= -0.5
+            out[start:start + rows] = logsumexp(squared, axis=1) + self.log_norm
         return out
 
 
@@ -225,9 +227,12 @@ def surprise_cells(values: np.ndarray, lower: float, upper: float, buckets: int 
 
 
 def _squared_distances(queries: np.ndarray, references: np.ndarray, reference_norms: np.ndarray) -> np.ndarray:
-    query_norms = np.einsum("ij,ij->i", queries, queries)
-    squared = query_norms[:, None] + reference_norms[None, :] - 2.0 * (queries @ references.T)
-    return np.maximum(squared, 0.0)
+    """|q|^2 + |r|^2 - 2 q.r, clipped at 0, with two (queries, references) temporaries instead of four."""
+    squared = np.add.outer(np.einsum("ij,ij->i", queries, queries), reference_norms)
+    product = queries @ references.T
+    product *= 2.0
+    squared -= product
+    return np.maximum(squared, 0.0, out=squared)
 
 
 def _check_traces(traces: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

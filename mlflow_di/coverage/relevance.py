@@ -37,7 +37,9 @@ from zennit.types import Activation, AvgPool, BatchNorm, Linear as LinearOrConv,
 from mlflow_di.errors import UserError
 from mlflow_di.models.device import module_device
 from mlflow_di.coverage.canonizers import canonizers, out_of_place, unhandled_tensor_arithmetic
-from mlflow_di.coverage.activations import LayerRecorder, check_layers, eval_mode, iter_batches, neuron_values
+from mlflow_di.coverage.activations import (
+    LayerRecorder, RowBuffer, check_layers, eval_mode, iter_batches, neuron_values,
+)
 
 RULES = ("epsilon", "z", "zplus", "alpha1beta0")
 DEFAULT_EPSILON = 1e-6
@@ -277,14 +279,26 @@ def layer_relevance(
     if len(inputs) == 0:
         raise UserError("no inputs to compute relevance for (empty data)")
     targets = _check_targets(targets, len(inputs))
-    parts = list(_batched_relevance(module, inputs, layers, False, rule, epsilon, targets, batch_size, progress))
+    rows = _gathered(_batched_relevance(module, inputs, layers, False, rule, epsilon, targets, batch_size, progress),
+                     len(inputs), ("predictions", "targets", "start"), layers)
     return LayerRelevance(
-        relevance={layer: np.concatenate([p["relevance"][layer] for p in parts]) for layer in layers},
-        activations={layer: np.concatenate([p["activations"][layer] for p in parts]) for layer in layers},
-        predictions=np.concatenate([p["predictions"] for p in parts]),
-        targets=np.concatenate([p["targets"] for p in parts]),
-        start_relevance=np.concatenate([p["start"] for p in parts]),
+        relevance={layer: rows[f"relevance:{layer}"] for layer in layers},
+        activations={layer: rows[f"activations:{layer}"] for layer in layers},
+        predictions=rows["predictions"], targets=rows["targets"], start_relevance=rows["start"],
     )
+
+
+def _gathered(parts: Iterator[dict], total: int, keys: Sequence[str], layers: Sequence[str] = ()) -> dict:
+    """The per-batch results of :func:`_batched_relevance` as (N, ...) arrays: ``keys``, and
+    ``relevance:<layer>``/``activations:<layer>`` for ``layers`` (written into preallocated arrays,
+    see :class:`~mlflow_di.coverage.activations.RowBuffer`)."""
+    rows, start = RowBuffer(total), 0
+    for part in parts:
+        rows.write(start, {key: part[key] for key in keys})
+        rows.write(start, {f"{kind}:{layer}": part[kind][layer] for kind in ("relevance", "activations")
+                           for layer in layers})
+        start += len(part["predictions"])
+    return rows.arrays
 
 
 def input_relevance(
@@ -301,4 +315,4 @@ def input_relevance(
         raise UserError("no inputs to compute relevance for (empty data)")
     targets = _check_targets(targets, len(inputs))
     parts = _batched_relevance(module, inputs, [], True, rule, epsilon, targets, batch_size, progress)
-    return np.concatenate([p["input"] for p in parts])
+    return _gathered(parts, len(inputs), ("input",))["input"]
