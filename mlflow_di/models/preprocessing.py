@@ -150,7 +150,10 @@ class Preprocessing:
         self.check_images(images)
         if self.has_raw_step and self.needs_raw_step(*images.shape[1:3]):
             return torch.from_numpy(self.apply(images)).to(device)
-        x = torch.from_numpy(np.ascontiguousarray(images)).to(device).float() * self.scale
+        images = np.ascontiguousarray(images)
+        if not images.flags.writeable:  # torch warns on read-only arrays (e.g. IDX files read from bytes)
+            images = images.copy()
+        x = torch.from_numpy(images).to(device).float() * self.scale
         x = (x - torch.tensor(self.mean, dtype=torch.float32, device=device)) / torch.tensor(
             self.std, dtype=torch.float32, device=device)
         return x.permute(0, 3, 1, 2).contiguous() if self.layout == "NCHW" else x

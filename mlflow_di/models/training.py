@@ -31,6 +31,7 @@ def train_classifier(
     seed: int = 0,
     progress: bool = True,
     num_threads: int | None = 1,
+    optimizer: str = "adam",
 ) -> list[float]:
     """Train ``module`` in place on preprocessed float images (N, C, H, W); return the mean loss per epoch.
 
@@ -38,13 +39,15 @@ def train_classifier(
     the data stay on the CPU and go to that device one batch at a time.
     The module is left in eval mode. Images must already be the model's input (e.g. from
     ``Preprocessing.apply``); labels are class indices. ``num_threads`` sets torch's CPU threads
-    while training (restored afterwards); ``None`` keeps the current setting.
+    while training (restored afterwards); ``None`` keeps the current setting. ``optimizer``:
+    ``adam``, or ``adadelta`` with Keras 2's defaults (rho 0.95, epsilon 1e-7; the IDC site's
+    recipe is adadelta with lr 1.0).
     """
     inputs = torch.as_tensor(np.asarray(images, dtype=np.float32) if isinstance(images, np.ndarray) else images).float()
     targets = torch.as_tensor(np.asarray(labels) if isinstance(labels, np.ndarray) else labels).long().reshape(-1)
     _check_training_data(inputs, targets, epochs, batch_size)
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    optimizer = _optimizer(optimizer, module, lr)
     loss_fn = nn.CrossEntropyLoss()
     losses: list[float] = []
     module.train()
@@ -63,6 +66,34 @@ def train_classifier(
         bar.close()
         module.eval()
     return losses
+
+
+OPTIMIZERS = ("adam", "adadelta")
+
+
+def _optimizer(name: str, module: nn.Module, lr: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(module.parameters(), lr=lr)
+    if name == "adadelta":
+        return torch.optim.Adadelta(module.parameters(), lr=lr, rho=0.95, eps=1e-7)
+    raise UserError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def keras_initialise(module: nn.Module, seed: int) -> nn.Module:
+    """Initialise every Linear/Conv as Keras 2 does by default (Glorot-uniform weights, zero biases),
+    from ``seed`` (the global torch RNG is left untouched); returns ``module``."""
+    generator = torch.Generator().manual_seed(seed)
+    for layer in module.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            fan_out, fan_in = layer.weight.shape[0], layer.weight[0].numel()
+            if isinstance(layer, nn.Conv2d):
+                fan_out *= layer.weight[0, 0].numel()
+            bound = (6.0 / (fan_in + fan_out)) ** 0.5
+            with torch.no_grad():
+                layer.weight.copy_(torch.rand(layer.weight.shape, generator=generator) * 2 * bound - bound)
+                if layer.bias is not None:
+                    layer.bias.zero_()
+    return module
 
 
 def _train_one_epoch(module, inputs, targets, batch_size, optimizer, loss_fn, generator) -> float:
