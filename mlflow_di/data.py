@@ -5,15 +5,24 @@ parameters and in Python:
 
 =====================  =====================================================================
 ``digits``             scikit-learn's bundled 8x8 digits (1,797 images), scaled 0..16 -> 0..255
-``mnist:DIR``          IDX files ``t10k-images-idx3-ubyte[.gz]`` / ``t10k-labels-idx1-ubyte[.gz]``
-                       (or the ``train-`` pair) in DIR
+``mnist-test:DIR``     MNIST's test split: IDX files ``t10k-images-idx3-ubyte[.gz]`` /
+                       ``t10k-labels-idx1-ubyte[.gz]`` in DIR (10,000 images); an error if absent
+``mnist-train:DIR``    MNIST's training split: ``train-images-idx3-ubyte[.gz]`` /
+                       ``train-labels-idx1-ubyte[.gz]`` in DIR (60,000 images); an error if absent
+``mnist:DIR``          the test split as ``mnist-test:DIR``, but falling back to the ``train-`` pair
+                       when DIR holds no ``t10k-`` pair (the spec's meaning before the two above
+                       existed, kept so that old commands and MLproject runs read the same data)
 ``npz:FILE``           arrays ``x`` (N,H,W[,C], uint8 or floats in 0..1/0..255) and ``y`` (N,)
 ``folder:DIR``         one sub-folder per class (sorted names -> labels 0..K-1), image files inside
 ``cifar10:DIR``        CIFAR-10 python batches (``test_batch`` by default; ``data_batch_*`` if no
                        test batch is there)
 =====================  =====================================================================
 
-Any spec may end with ``[start:stop]`` to keep a slice, e.g. ``mnist:../shared/data/mnist[0:5000]``.
+The papers analyse importance on the training split and measure coverage on the test split, so
+write ``mnist-train:`` and ``mnist-test:`` when the split matters: they never substitute one split
+for the other, and their errors name the split they looked for.
+
+Any spec may end with ``[start:stop]`` to keep a slice, e.g. ``mnist-train:../shared/data/mnist[0:5000]``.
 The slice means what it means in Python: either bound may be left out and negative bounds count
 from the end, so ``digits[-50:]`` is the last 50 images and ``digits[:-100]`` all but the last 100.
 A step (``[0:10:2]``) is refused: seeds are taken as one contiguous window.
@@ -59,7 +68,8 @@ import numpy as np
 
 from mlflow_di.errors import UserError
 
-SPEC_HELP = "digits, mnist:DIR, npz:FILE, folder:DIR or cifar10:DIR, optionally ending in [start:stop]"
+SPEC_HELP = ("digits, mnist-train:DIR, mnist-test:DIR, mnist:DIR, npz:FILE, folder:DIR or cifar10:DIR, "
+             "optionally ending in [start:stop]")
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
 
@@ -357,8 +367,9 @@ def load_images(spec: str) -> ImageSet:
     spec = spec.strip()
     base, window = _split_slice(spec)
     kind, _, arg = base.partition(":")
-    loaders = {"digits": _load_digits, "mnist": _load_mnist, "npz": _load_npz,
-               "folder": _load_folder, "cifar10": _load_cifar10}
+    loaders = {"digits": _load_digits, "mnist": _load_mnist, "mnist-test": _load_mnist_test,
+               "mnist-train": _load_mnist_train, "npz": _load_npz, "folder": _load_folder,
+               "cifar10": _load_cifar10}
     if kind not in loaders:
         raise UserError(f"unknown data spec '{spec}'; give one of: {SPEC_HELP}")
     if kind != "digits" and not arg:
@@ -430,17 +441,60 @@ def _find_idx(folder: pathlib.Path, stem: str) -> pathlib.Path | None:
     return None
 
 
-def _load_mnist(arg: str):
+#: MNIST's splits and the prefix of their IDX file names.
+MNIST_SPLITS = {"test": "t10k", "train": "train"}
+
+
+def _mnist_pair(folder: pathlib.Path, split: str) -> tuple[pathlib.Path, pathlib.Path] | None:
+    """The (images, labels) IDX files of one MNIST split in ``folder``, or None when either is missing."""
+    prefix = MNIST_SPLITS[split]
+    images = _find_idx(folder, f"{prefix}-images-idx3-ubyte")
+    labels = _find_idx(folder, f"{prefix}-labels-idx1-ubyte")
+    return (images, labels) if images and labels else None
+
+
+def _expected_files(split: str) -> str:
+    prefix = MNIST_SPLITS[split]
+    return f"{prefix}-images-idx3-ubyte[.gz] and {prefix}-labels-idx1-ubyte[.gz]"
+
+
+def _load_mnist_split(arg: str, split: str):
+    """One MNIST split, strictly: a UserError naming the split and its files when they are absent."""
     folder = _existing(arg, "MNIST folder")
-    for prefix in ("t10k", "train"):
-        images = _find_idx(folder, f"{prefix}-images-idx3-ubyte")
-        labels = _find_idx(folder, f"{prefix}-labels-idx1-ubyte")
-        if images and labels:
-            return read_idx(images), read_idx(labels)
+    pair = _mnist_pair(folder, split)
+    if pair is None:
+        raise UserError(f"no MNIST {split} split in '{arg}'; expected {_expected_files(split)} there")
+    return _read_mnist_pair(*pair)
+
+
+def _load_mnist_test(arg: str):
+    return _load_mnist_split(arg, "test")
+
+
+def _load_mnist_train(arg: str):
+    return _load_mnist_split(arg, "train")
+
+
+def _load_mnist(arg: str):
+    """``mnist:DIR``: the test split, else the training split (the spec's meaning before the strict forms)."""
+    folder = _existing(arg, "MNIST folder")
+    for split in ("test", "train"):
+        pair = _mnist_pair(folder, split)
+        if pair is not None:
+            return _read_mnist_pair(*pair)
     raise UserError(
-        f"no MNIST IDX files in '{arg}'; expected t10k-images-idx3-ubyte[.gz] and "
-        "t10k-labels-idx1-ubyte[.gz] (or the train- pair)"
+        f"no MNIST IDX files in '{arg}'; expected the test split ({_expected_files('test')}) "
+        f"or the train split ({_expected_files('train')})"
     )
+
+
+def _read_mnist_pair(images: pathlib.Path, labels: pathlib.Path):
+    """Images and labels of one split; a UserError when their counts differ (files of different splits)."""
+    pixels, classes = read_idx(images), read_idx(labels)
+    if len(pixels) != len(classes):
+        raise UserError(f"'{images.name}' holds {len(pixels)} images but '{labels.name}' {len(classes)} labels; "
+                        "the two files come from different splits or downloads, download them again")
+    return pixels, classes
 
 
 def _load_npz(arg: str):

@@ -180,6 +180,7 @@ CASES = [
     ("data-mnist-truncated-gz", coverage(train="mnist:{mnist_gz}")),
     ("data-mnist-truncated-idx", coverage(train="mnist:{mnist_short}")),
     ("data-mnist-not-idx", coverage(train="mnist:{mnist_text}")),
+    ("data-mnist-train-split-absent", coverage(train="mnist-train:{mnist_gz}")),
     ("data-slice-letters", coverage(train="digits[a:b]")),
     ("data-slice-step", coverage(train="digits[0:10:2]")),
     ("data-slice-empty", coverage(train="digits[5:5]")),
@@ -265,6 +266,7 @@ FRAGMENTS = {
     "compress-register-as-two-methods": "--register-as",
     "data-wrong-image-size": "28x28",
     "data-mnist-truncated-gz": "gzip",
+    "data-mnist-train-split-absent": "no MNIST train split",
     "fuzz-seed-data-wrong-size": "28x28",
 }
 

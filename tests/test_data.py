@@ -41,10 +41,58 @@ def test_mnist_idx_reader(tmp_path, rng):
     np.testing.assert_array_equal(data.labels, [1, 4, 1])
 
 
-def test_real_mnist_test_split(mnist_spec):
+def _write_split(folder, prefix, images, labels, gz):
+    _write_idx(folder / f"{prefix}-images-idx3-ubyte{'.gz' if gz else ''}", images, gz=gz)
+    _write_idx(folder / f"{prefix}-labels-idx1-ubyte{'.gz' if gz else ''}", labels, gz=gz)
+
+
+@pytest.mark.parametrize("gz", [True, False], ids=["gzipped", "plain"])
+def test_mnist_train_and_test_specs_read_their_own_split(tmp_path, rng, gz):
+    train_images = rng.integers(0, 256, (7, 28, 28), dtype=np.uint8)
+    test_images = rng.integers(0, 256, (3, 28, 28), dtype=np.uint8)
+    _write_split(tmp_path, "train", train_images, np.array([0, 1, 2, 3, 4, 5, 6]), gz)
+    _write_split(tmp_path, "t10k", test_images, np.array([9, 8, 7]), gz)
+    train = load_images(f"mnist-train:{tmp_path}")
+    np.testing.assert_array_equal(train.images[..., 0], train_images)
+    assert train.labels.tolist() == [0, 1, 2, 3, 4, 5, 6]
+    test = load_images(f"mnist-test:{tmp_path}")
+    np.testing.assert_array_equal(test.images[..., 0], test_images)
+    assert test.labels.tolist() == [9, 8, 7]
+    np.testing.assert_array_equal(load_images(f"mnist:{tmp_path}").images, test.images)  # mnist: is the test split
+    part = load_images(f"mnist-train:{tmp_path}[2:-1]")
+    assert part.labels.tolist() == [2, 3, 4, 5] and part.name == f"mnist-train:{tmp_path}[2:-1]"
+    np.testing.assert_array_equal(part.images[..., 0], train_images[2:-1])
+
+
+def test_strict_mnist_specs_never_substitute_the_other_split(tmp_path, rng):
+    _write_split(tmp_path, "train", rng.integers(0, 256, (4, 28, 28), dtype=np.uint8), np.arange(4), gz=True)
+    assert len(load_images(f"mnist:{tmp_path}")) == 4  # the compatible spec still falls back to train
+    message = _one_line_user_error(f"mnist-test:{tmp_path}", "test split", "t10k-images-idx3-ubyte[.gz]")
+    assert "train-" not in message
+    (tmp_path / "train-labels-idx1-ubyte.gz").unlink()
+    _one_line_user_error(f"mnist-train:{tmp_path}", "train split", "train-labels-idx1-ubyte[.gz]")
+    _one_line_user_error(f"mnist:{tmp_path}", "test split", "train split")
+    _one_line_user_error("mnist-train:", "needs a path after 'mnist-train:'")
+
+
+def test_mnist_images_and_labels_of_different_lengths_name_both_files(tmp_path, rng):
+    _write_split(tmp_path, "train", rng.integers(0, 256, (5, 28, 28), dtype=np.uint8), np.arange(4), gz=False)
+    _one_line_user_error(f"mnist-train:{tmp_path}", "train-images-idx3-ubyte", "5 images", "4 labels")
+
+
+def test_real_mnist_train_split_has_the_published_label_counts(shared_dir):
+    data = load_images(f"mnist-train:{shared_dir / 'data' / 'mnist'}")
+    assert data.images.shape == (60000, 28, 28, 1)
+    published = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]  # shared/README.md
+    assert np.bincount(data.labels, minlength=10).tolist() == published
+
+
+def test_real_mnist_test_split(mnist_spec, shared_dir):
     data = load_images(mnist_spec)
     assert data.images.shape == (10000, 28, 28, 1)
     assert data.labels[:5].tolist() == [7, 2, 1, 0, 4]
+    strict = load_images(f"mnist-test:{shared_dir / 'data' / 'mnist'}[0:5]")
+    assert strict.labels.tolist() == [7, 2, 1, 0, 4]
 
 
 def test_npz_accepts_uint8_and_unit_floats(tmp_path, rng):

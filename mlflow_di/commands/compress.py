@@ -20,7 +20,7 @@ from mlflow_di.commands.options import CommaList, device_option, preprocessing_o
 @click.option("--model-uri", required=True, help="Source PyTorch model (models:/NAME/VERSION, a .pt file, keras:ARCH:FILE).")
 @click.option("--method", "methods", required=True, type=CommaList("mlflow_di.compression.methods:METHODS", "compression method", "METHOD"),
               help="One or more compression methods, comma-separated.")
-@click.option("--calib-data", default=None, help="Data spec to calibrate int8-static on (e.g. mnist:DIR[0:500]).")
+@click.option("--calib-data", default=None, help="Data spec to calibrate int8-static on (e.g. mnist-train:DIR[0:500]).")
 @click.option("--eval-data", default=None, help="Data spec to compare accuracies on (default: --calib-data).")
 @click.option("--amount", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.3, show_default=True,
               help="Pruning fraction (prune-l1: of all weights; prune-structured: of each layer's channels).")
@@ -39,7 +39,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, prep
     from mlflow_di.models.reference import ModelRef
 
     if "int8-static" in methods and not calib_data:
-        raise UserError("int8-static needs calibration data: pass --calib-data SPEC (e.g. mnist:DIR[0:500])")
+        raise UserError("int8-static needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
     if register_as and len(methods) > 1:
         raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
     ref = ModelRef.parse(model_uri)

@@ -20,7 +20,7 @@ HEATMAP_INPUTS = 8
 
 @click.command("coverage")
 @click.option("--model-uri", required=True, help="PyTorch model: models:/NAME/VERSION, runs:/..., a .pt file, keras:ARCH:FILE.")
-@click.option("--train-data", required=True, help="Data spec for the importance analysis, e.g. mnist:DIR[0:5000].")
+@click.option("--train-data", required=True, help="Data spec for the importance analysis, e.g. mnist-train:DIR[0:5000].")
 @click.option("--test-data", required=True, multiple=True,
               help="Data spec of the test set; repeat to accumulate (original, then augmented sets).")
 @click.option("--layer", default=None, help="Subject layer for IDC (default: the last hidden layer before the logits).")

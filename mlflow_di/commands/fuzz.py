@@ -44,7 +44,7 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.command("fuzz")
 @click.option("--original", required=True, help="The original model (any backend: models:/..., .onnx, .tflite, .pt, keras:...).")
 @click.option("--compressed", required=True, help="Its compressed version (any backend).")
-@click.option("--seed-data", "seed_data", required=True, help="Data spec of the seed images, e.g. mnist:DIR.")
+@click.option("--seed-data", "seed_data", required=True, help="Data spec of the seed images, e.g. mnist-test:DIR.")
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=180.0, show_default=True,
               help="Seconds per seed before giving up.")

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 CALIBRATION_BATCH_SIZE = 64
 NO_CALIBRATION_HINT = (
     "int8-static quantization needs calibration images to measure activation ranges; pass --calib-data "
-    "(e.g. --calib-data mnist:DIR[0:500], a few hundred images of the training distribution)"
+    "(e.g. --calib-data mnist-train:DIR[0:500], a few hundred images of the training distribution)"
 )
 
 

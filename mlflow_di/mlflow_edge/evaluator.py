@@ -11,7 +11,7 @@ Registered under the ``mlflow.model_evaluator`` entry point as ``mlflow_di``. Us
 
 The data has one row per image of raw pixel values (0..255, H*W*C columns in HWC order); the
 labels come from ``targets``. IDC is fitted on ``train_data`` (a data spec such as
-``mnist:DIR[0:5000]``) or, without it, on the first ``train_fraction`` of the evaluation rows,
+``mnist-train:DIR[0:5000]``) or, without it, on the first ``train_fraction`` of the evaluation rows,
 and scored on the rest. With ``compressed_model_uri``, the first ``fuzz_seeds`` scored images seed
 a DFlare campaign of the evaluated model against the compressed one.
 
