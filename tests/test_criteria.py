@@ -28,6 +28,7 @@ from mlflow_di.coverage.criteria_surprise import (
     LikelihoodSurprise,
     distance_surprise_naive,
     nearest_neighbours,
+    sadl_surprise_cells,
     surprise_cells,
 )
 from mlflow_di.models.preprocessing import Preprocessing
@@ -193,9 +194,77 @@ def test_nearest_neighbours_across_chunks(rng):
 # ---------------------------------------------------------------- surprise buckets
 def test_surprise_buckets_by_hand():
     # [0, 2] in 4 buckets of 0.5: 0 -> b0, 0.49 -> b0, 0.5 -> b1, 2.0 (== upper) -> b3;
-    # 2.1, -0.1 and NaN cover nothing: 3 of 4 buckets.
+    # -0.1 (below the range) -> b0; 2.1 and NaN cover nothing: 3 of 4 buckets.
     cells = surprise_cells(np.array([0.0, 0.49, 0.5, 2.0, 2.1, -0.1, np.nan]), 0.0, 2.0, buckets=4)
     assert cells.tolist() == [True, True, False, True]
+
+
+def test_values_below_the_range_count_in_the_first_bucket():
+    # [0, 2] in 4 buckets: -7.5 and -0.2 lie below 0 -> b0 (the least surprising); 1.2 -> b2.
+    cells = surprise_cells(np.array([-7.5, -0.2, 1.2]), 0.0, 2.0, buckets=4)
+    assert cells.tolist() == [True, False, True, False]
+
+
+def test_negative_lsa_is_counted_by_lsc_with_the_default_range():
+    # One neuron; class 0's 41 training traces spread over [-0.02, 0.02]: the KDE's density at 0
+    # is about 30 > 1, so LSA(0) = -log density < 0. With the default [0, 2000] range in 1000
+    # buckets it falls below the range and counts in bucket 0: LSC = 1/1000, not 0.
+    train = np.linspace(-0.02, 0.02, 41)[:, None]
+    coverage = ClassicCoverage(criteria=("lsc",), layers=["a"], sa_layers=["a"], progress=False)
+    coverage.fit_activations({"a": train}, np.zeros(41, dtype=int))
+    report = coverage.score_activations({"a": np.array([[0.0]])}, np.array([0]))
+    expected_lsa = -math.log(gaussian_kde(train[:, 0])(0.0)[0])
+    assert expected_lsa < -3
+    np.testing.assert_allclose(report.lsa, [expected_lsa], rtol=1e-9)
+    assert report.cells.lsc.nonzero()[0].tolist() == [0]
+    assert report.coverage["lsc"] == pytest.approx(1 / 1000)
+
+
+def test_sadl_buckets_by_hand():
+    # Kim et al.'s get_sc: edges linspace(min, upper, k), bucket = digitize - 1.
+    # min 1, upper 11, k 4: edges [1, 4.33, 7.67, 11]; 1, 2, 3.5 -> b0; 10 -> b2; 25 (>= upper) -> b3.
+    assert sadl_surprise_cells(np.array([1.0, 2.0, 3.5, 10.0, 25.0]), 11.0, 4).tolist() == [True, False, True, True]
+    # Negative values set the lower edge: min -5, upper 3, k 5: edges [-5, -3, -1, 1, 3];
+    # -5 -> b0, -1 and 0 -> b2, 3 (== upper) -> b4; NaN left out.
+    cells = sadl_surprise_cells(np.array([-5.0, -1.0, 0.0, 3.0, np.nan]), 3.0, 5)
+    assert cells.tolist() == [True, False, True, False, True]
+    assert sadl_surprise_cells(np.array([30.0, 40.0]), 11.0, 4).tolist() == [False, False, False, True]
+    assert not sadl_surprise_cells(np.array([np.nan]), 11.0, 4).any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(hnp.arrays(np.float64, st.integers(1, 30), elements=st.floats(-50, 80, allow_nan=False)))
+def test_sadl_coverage_is_the_reference_formula(values):
+    # get_sc's result: distinct digitize indices over k (as a fraction, not a percentage)
+    upper, k = 60.0, 7
+    if values.min() >= upper:
+        return  # get_sc's edges would run backwards; documented separately above
+    reference = len(set(np.digitize(values, np.linspace(values.min(), upper, k)))) / k
+    assert sadl_surprise_cells(values, upper, k).mean() == pytest.approx(reference)
+
+
+def test_sadl_rule_merges_by_recomputing_on_all_values():
+    # Under SADL's rule the buckets start at each set's minimum, so united cells would be wrong.
+    train = np.random.default_rng(3).normal(size=(60, 5))
+    coverage = ClassicCoverage(criteria=("lsc", "dsc"), layers=["a"], sa_layers=["a"], lsc_upper=20.0,
+                               lsc_buckets=10, dsc_buckets=10, surprise_bucket_rule="sadl", progress=False)
+    coverage.fit_activations({"a": train}, _classes(train))
+    first, second = np.random.default_rng(4).normal(size=(8, 5)), np.random.default_rng(5).normal(2, 1, size=(8, 5))
+    both = np.vstack([first, second])
+    one, two = (coverage.score_activations({"a": v}, _classes(v)) for v in (first, second))
+    merged, union = one.merge(two), coverage.score_activations({"a": both}, _classes(both))
+    assert merged.settings["surprise_bucket_rule"] == "sadl"
+    for criterion, values, upper in (("lsc", union.lsa, 20.0), ("dsc", union.dsa, 2.0)):
+        expected = sadl_surprise_cells(values, upper, 10)
+        assert np.array_equal(getattr(union.cells, criterion), expected)
+        assert np.array_equal(getattr(merged.cells, criterion), expected)
+    united = one.cells.lsc | two.cells.lsc
+    assert not np.array_equal(united, union.cells.lsc)  # the case where uniting would have been wrong
+
+
+def test_an_unknown_bucket_rule_is_a_user_error():
+    with pytest.raises(UserError, match="surprise_bucket_rule 'kim'"):
+        ClassicCoverage(surprise_bucket_rule="kim").fit(_picking_model(), _images([(1, 2)]))
 
 
 # ------------------------------------------------------------ estimator, tiny net

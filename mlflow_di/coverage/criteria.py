@@ -48,10 +48,11 @@ from mlflow_di.coverage.criteria_neuron import (
     top_k_cells,
 )
 from mlflow_di.coverage.criteria_surprise import (
+    BUCKET_RULES,
     VAR_THRESHOLD,
     DistanceSurprise,
     LikelihoodSurprise,
-    surprise_cells,
+    bucket_cells,
 )
 from mlflow_di.errors import UserError
 
@@ -141,17 +142,27 @@ class CriteriaReport:
         return {criterion: self.cells.counts(criterion) for criterion in self.criteria}
 
     def merge(self, other: "CriteriaReport", name: str | None = None) -> "CriteriaReport":
-        """The report of both input sets together: cells united, per-input SA values concatenated."""
+        """The report of both input sets together: cells united, per-input SA values concatenated.
+
+        Under SADL's bucket rule the surprise buckets start at the set's smallest value, so LSC's
+        and DSC's cells are recomputed from the concatenated values instead of united.
+        """
         if self.criteria != other.criteria or self.settings != other.settings:
             raise UserError("cannot merge criteria reports with different criteria or settings; "
                             "score both test sets with the same fitted ClassicCoverage")
+        cells = self.cells.union(other.cells)
+        lsa, dsa = _concat(self.lsa, other.lsa), _concat(self.dsa, other.dsa)
+        if self.settings.get("surprise_bucket_rule", "fixed") != "fixed":
+            for criterion, values in (("lsc", lsa), ("dsc", dsa)):
+                if getattr(cells, criterion) is not None and values is not None:
+                    setattr(cells, criterion, _surprise_cells(values, self.settings, criterion))
         return CriteriaReport(
             data_name=name or f"{self.data_name} + {other.data_name}",
             num_inputs=self.num_inputs + other.num_inputs,
             criteria=self.criteria,
-            cells=self.cells.union(other.cells),
-            lsa=_concat(self.lsa, other.lsa),
-            dsa=_concat(self.dsa, other.dsa),
+            cells=cells,
+            lsa=lsa,
+            dsa=dsa,
             settings=dict(self.settings),
         )
 
@@ -210,8 +221,13 @@ class ClassicCoverage(BaseEstimator):
     NBC, SNAC and TKNC count (None: all hidden layers); ``nc_threshold`` 0.75 on per-input
     min-max scaled outputs; ``kmnc_sections`` 1000; ``tknc_k`` 3; ``lsc_buckets``/``lsc_lower``/
     ``lsc_upper`` 1000 over [0, 2000]; ``dsc_buckets``/``dsc_lower``/``dsc_upper`` 1000 over
-    [0, 2]; ``sa_layers`` the layers whose neurons, side by side, form the SA trace (None: the
-    last hidden layer); ``var_threshold`` 1e-5 (LSA drops neurons with lower in-class variance).
+    [0, 2]; ``surprise_bucket_rule`` how SA values map to LSC's and DSC's buckets: ``"fixed"``
+    (default: the ranges above; a value below the lower bound, e.g. a negative LSA, counts in
+    the first bucket) or ``"sadl"`` (Kim et al.'s rule, to reproduce their numbers: buckets from
+    the test set's smallest value up to the upper bound, the lower bounds unused; coverage can
+    then fall as inputs are added), see :mod:`mlflow_di.coverage.criteria_surprise`;
+    ``sa_layers`` the layers whose neurons, side by side, form the SA trace (None: the last
+    hidden layer); ``var_threshold`` 1e-5 (LSA drops neurons with lower in-class variance).
 
     Fitted attributes: ``layers_``, ``layer_sizes_``, ``low_``/``high_`` (per-neuron training
     bounds), ``sa_layers_``, ``sa_traces_``/``sa_classes_`` (training SA traces and predicted
@@ -234,6 +250,7 @@ class ClassicCoverage(BaseEstimator):
         dsc_buckets: int = 1000,
         dsc_lower: float = 0.0,
         dsc_upper: float = 2.0,
+        surprise_bucket_rule: str = "fixed",
         sa_layers: Sequence[str] | None = None,
         var_threshold: float = VAR_THRESHOLD,
         batch_size: int = 256,
@@ -250,6 +267,7 @@ class ClassicCoverage(BaseEstimator):
         self.dsc_buckets = dsc_buckets
         self.dsc_lower = dsc_lower
         self.dsc_upper = dsc_upper
+        self.surprise_bucket_rule = surprise_bucket_rule
         self.sa_layers = sa_layers
         self.var_threshold = var_threshold
         self.batch_size = batch_size
@@ -268,6 +286,7 @@ class ClassicCoverage(BaseEstimator):
             "lsc_range": [float(self.lsc_lower), float(self.lsc_upper)],
             "dsc_buckets": int(self.dsc_buckets),
             "dsc_range": [float(self.dsc_lower), float(self.dsc_upper)],
+            "surprise_bucket_rule": str(self.surprise_bucket_rule),
             "var_threshold": float(self.var_threshold),
             "layers": list(getattr(self, "layers_", self.layers or [])),
             "sa_layers": list(getattr(self, "sa_layers_", self.sa_layers or [])),
@@ -289,6 +308,9 @@ class ClassicCoverage(BaseEstimator):
             lower, upper = getattr(self, f"{name}_lower"), getattr(self, f"{name}_upper")
             if not upper > lower:
                 raise UserError(f"{name}_upper must be greater than {name}_lower, got [{lower}, {upper}]")
+        if self.surprise_bucket_rule not in BUCKET_RULES:
+            raise UserError(f"unknown surprise_bucket_rule {self.surprise_bucket_rule!r}; "
+                            f"choose one of {', '.join(BUCKET_RULES)}")
 
     @property
     def reductions(self) -> dict:
@@ -416,17 +438,18 @@ class ClassicCoverage(BaseEstimator):
             with self._timed("tknc"):
                 cells.tknc = top_k_cells(values, self.layer_sizes_, self.tknc_k)
         lsa = dsa = None
+        settings = self.settings()
         if self.sa_layers_:
             traces = _side_by_side(activations, self.sa_layers_)
             if "lsc" in criteria:
                 with self._timed("lsc"):
                     lsa = self.likelihood_.score_samples(traces, predictions)
-                    cells.lsc = surprise_cells(lsa, self.lsc_lower, self.lsc_upper, self.lsc_buckets)
+                    cells.lsc = _surprise_cells(lsa, settings, "lsc")
             if "dsc" in criteria:
                 with self._timed("dsc"):
                     dsa = self.distance_.score_samples(traces, predictions)
-                    cells.dsc = surprise_cells(dsa, self.dsc_lower, self.dsc_upper, self.dsc_buckets)
-        return CriteriaReport(data_name, len(predictions), criteria, cells, lsa, dsa, self.settings())
+                    cells.dsc = _surprise_cells(dsa, settings, "dsc")
+        return CriteriaReport(data_name, len(predictions), criteria, cells, lsa, dsa, settings)
 
     # --------------------------------------------------------------- save/load
     def save(self, directory) -> pathlib.Path:
@@ -464,6 +487,7 @@ class ClassicCoverage(BaseEstimator):
             kmnc_sections=meta["kmnc_sections"], tknc_k=meta["tknc_k"],
             lsc_buckets=meta["lsc_buckets"], lsc_lower=meta["lsc_range"][0], lsc_upper=meta["lsc_range"][1],
             dsc_buckets=meta["dsc_buckets"], dsc_lower=meta["dsc_range"][0], dsc_upper=meta["dsc_range"][1],
+            surprise_bucket_rule=meta.get("surprise_bucket_rule", "fixed"),  # files saved before the rule existed
             sa_layers=meta["sa_layers"] or None, var_threshold=meta["var_threshold"],
             batch_size=meta.get("batch_size", 256), progress=progress,
         )
@@ -538,6 +562,13 @@ def _layer_values(activations: Mapping[str, np.ndarray], layer: str) -> np.ndarr
 def _side_by_side(activations: Mapping[str, np.ndarray], layers: Sequence[str]) -> np.ndarray:
     """The layers' (N, neurons) arrays as one (N, total neurons) array, in ``layers`` order."""
     return np.concatenate([_layer_values(activations, layer) for layer in layers], axis=1)
+
+
+def _surprise_cells(values: np.ndarray, settings: dict, criterion: str) -> np.ndarray:
+    """LSC's or DSC's (``criterion``) cells of SA ``values`` under the bucket rule and range in ``settings``."""
+    lower, upper = settings[f"{criterion}_range"]
+    return bucket_cells(values, settings.get("surprise_bucket_rule", "fixed"), lower, upper,
+                        settings[f"{criterion}_buckets"])
 
 
 def _pack_bits(cells: np.ndarray) -> dict:

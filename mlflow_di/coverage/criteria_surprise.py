@@ -15,7 +15,9 @@ the *model predicts*, for the training set and the test set alike, as in Kim et 
   nearest training trace of another class to x_a. Batched nearest neighbours
   (|q|^2 + |r|^2 - 2 q.r in chunks, argmin, then the exact distance to the winner); the
   denominator depends only on x_a, so it is computed once per training input at fit time.
-- Surprise coverage: ``buckets`` equal slices of [lower, upper]; coverage = fraction hit.
+- Surprise coverage: ``buckets`` equal slices of [lower, upper]; coverage = fraction hit. Two
+  bucket rules (:data:`BUCKET_RULES`): ``"fixed"`` (the default, :func:`surprise_cells`) and
+  ``"sadl"`` (:func:`sadl_surprise_cells`, Kim et al.'s ``get_sc``, for reproducing their numbers).
 
 Differences from the reference code, all for robustness or monotonicity:
 - A class with fewer than 2 training traces, or whose covariance (after dropping low-variance
@@ -24,10 +26,17 @@ Differences from the reference code, all for robustness or monotonicity:
   since a lone trace has zero variance in every neuron, drops all neurons and stops building
   KDEs. Classes with < 2 traces are therefore left out of the variance filter.
 - A test input whose class has no training trace gets DSA = NaN (the reference crashes).
-- The bucket range is fixed, [0, upper] by default. The reference's ``get_sc`` starts the range
-  at the *test set's* minimum SA, so adding an input can shift every bucket and lower the
-  coverage; it also counts all values above ``upper`` as one extra bucket. Here values outside
-  [lower, upper] (and NaN) cover nothing, so coverage only grows as inputs are added.
+- The default (``"fixed"``) bucket range is fixed, [0, upper] unless set. The reference's
+  ``get_sc`` starts the range at the *test set's* minimum SA, so adding an input can shift every
+  bucket and lower the coverage, and two test sets' buckets cannot be united; it also counts all
+  values above ``upper`` as one extra bucket. With fixed buckets, coverage only grows as inputs
+  are added. A value *below* ``lower`` counts in the first bucket: LSA is negative whenever the
+  KDE's density exceeds 1 (tight clusters of training traces, common for LeNets), and such an
+  input is the least surprising kind, which is what the first bucket stands for. Dropping those
+  values, as this module once did, left LSC at 0 for test sets of unsurprising inputs. Widening
+  the range to the observed minimum instead would make the buckets depend on the data again.
+  Values above ``upper`` and NaN still cover nothing: ``upper`` is the user's cap on how much
+  surprise is worth telling apart. ``"sadl"`` reproduces ``get_sc`` exactly, NaN left out.
 """
 from __future__ import annotations
 
@@ -35,6 +44,8 @@ import numpy as np
 from scipy.special import logsumexp
 
 VAR_THRESHOLD = 1e-5  # Kim et al.'s default (--var_threshold), also DeepImportance's
+#: How SA values map to coverage buckets: "fixed" (:func:`surprise_cells`) or "sadl" (:func:`sadl_surprise_cells`).
+BUCKET_RULES = ("fixed", "sadl")
 _CHUNK = 512  # most query rows per distance block
 #: Most distances in one block (8 MB of float64, two such temporaries at a time): against more
 #: than 2,048 references a block has fewer rows, so memory does not grow with the number of
@@ -211,19 +222,53 @@ def distance_surprise_naive(test_traces, test_classes, train_traces, train_class
 
 
 def surprise_cells(values: np.ndarray, lower: float, upper: float, buckets: int = 1000) -> np.ndarray:
-    """Surprise coverage cells (buckets,): which equal slices of [lower, upper] some value falls in.
+    """Surprise coverage cells (buckets,) with fixed buckets: equal slices of [lower, upper] some value falls in.
 
     Bucket of v: floor((v - lower) / (upper - lower) * buckets), v == upper in the last bucket;
-    values outside [lower, upper] and NaN cover nothing.
+    values below ``lower`` count in the first bucket (the least surprising, see the module
+    docstring); values above ``upper`` and NaN cover nothing.
     """
     if not upper > lower:
         raise ValueError(f"surprise bucket range needs upper > lower, got [{lower}, {upper}]")
     values = np.asarray(values, dtype=np.float64).reshape(-1)
-    values = values[(values >= lower) & (values <= upper)]  # drops NaN too
+    values = np.maximum(values[values <= upper], lower)  # drops NaN too
     index = np.floor((values - lower) / (upper - lower) * buckets).astype(np.int64)
     covered = np.zeros(buckets, dtype=bool)
     covered[np.minimum(index, buckets - 1)] = True
     return covered
+
+
+def sadl_surprise_cells(values: np.ndarray, upper: float, buckets: int = 1000) -> np.ndarray:
+    """Surprise coverage cells (buckets,) by Kim et al.'s rule (``get_sc`` in SADL's ``sa.py``).
+
+    The ``buckets`` bucket edges are ``np.linspace(min(values), upper, buckets)`` and a value's
+    bucket is ``np.digitize`` of it minus 1: ``buckets - 1`` equal slices from the set's smallest
+    value up to ``upper``, and a last bucket for every value at or above ``upper``. So the cells
+    depend on the set's minimum: scores of two sets are merged by recomputing on their values
+    together, never by uniting cells. NaN values are left out (``get_sc`` has none: it crashes
+    first); when no value is below ``upper``, only the last bucket is covered.
+    """
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    values = values[~np.isnan(values)]
+    covered = np.zeros(buckets, dtype=bool)
+    if len(values) == 0:
+        return covered
+    lower = float(values.min())
+    if lower >= upper:
+        covered[-1] = True
+        return covered
+    index = np.digitize(values, np.linspace(lower, upper, buckets))  # 1..buckets: every value is >= lower
+    covered[index - 1] = True
+    return covered
+
+
+def bucket_cells(values: np.ndarray, rule: str, lower: float, upper: float, buckets: int) -> np.ndarray:
+    """Surprise coverage cells of ``values`` by the bucket ``rule`` (``lower`` is unused by "sadl")."""
+    if rule == "sadl":
+        return sadl_surprise_cells(values, upper, buckets)
+    if rule == "fixed":
+        return surprise_cells(values, lower, upper, buckets)
+    raise ValueError(f"unknown surprise bucket rule {rule!r}; choose one of {', '.join(BUCKET_RULES)}")
 
 
 def _squared_distances(queries: np.ndarray, references: np.ndarray, reference_norms: np.ndarray) -> np.ndarray:
