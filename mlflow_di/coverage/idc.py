@@ -36,7 +36,7 @@ from mlflow_di.coverage.activations import (
 )
 from mlflow_di.coverage.base import check_fitted, images_of, parse_saved, stamped
 from mlflow_di.coverage.quantize import check_candidates, choose_clusters, nearest_centroid
-from mlflow_di.coverage.relevance import RULES, layer_relevance
+from mlflow_di.coverage.relevance import RULES, LayerRelevance, layer_relevance
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.models.preprocessing import Preprocessing
@@ -207,6 +207,25 @@ class LayerCoverage:
         )
 
 
+def too_few_to_cluster(n_analysis: int, candidates: Sequence[int], only_correct: bool) -> str | None:
+    """Why ``n_analysis`` analysis inputs cannot be clustered, or None when they can.
+
+    Each important neuron's values are clustered for every candidate k, and k-means with
+    Silhouette needs at least as many values as the largest k.
+    """
+    largest = max(candidates)
+    if n_analysis >= largest:
+        return None
+    which = "correctly classified " if only_correct else ""
+    return (f"only {n_analysis} {which}analysis inputs but clustering needs at least {largest} "
+            "(the largest cluster count)")
+
+
+def _check_analysis_set(images) -> None:
+    if not isinstance(images, ImageSet):
+        raise UserError("IDC is fitted on an ImageSet (raw images and their labels)")
+
+
 def _single_layer_property(name: str) -> property:
     def get(self):
         return getattr(self._only_layer(name), name)
@@ -281,7 +300,8 @@ class ImportanceDrivenCoverage(BaseEstimator):
                                  f"use fitted_layers_[layer].{name}")
         return next(iter(self.fitted_layers_.values()))
 
-    def _check_params(self) -> tuple[int, ...]:
+    def check_params(self) -> tuple[int, ...]:
+        """The candidate cluster counts (sorted), after checking every setting: a UserError for a bad one."""
         if isinstance(self.top_m, bool) or not isinstance(self.top_m, (int, np.integer)) or self.top_m < 1:
             raise UserError(f"top_m must be a positive integer, got {self.top_m!r}")
         if self.rule not in RULES:
@@ -304,20 +324,36 @@ class ImportanceDrivenCoverage(BaseEstimator):
     # ----------------------------------------------------------------------------------- fit
     def fit(self, model: TorchModel, images: ImageSet) -> "ImportanceDrivenCoverage":
         """Importance analysis and quantisation of every layer on the training set ``images`` (raw images + labels)."""
-        ks = self._check_params()
-        if not isinstance(images, ImageSet):
-            raise UserError("IDC is fitted on an ImageSet (raw images and their labels)")
+        self.check_params()
+        _check_analysis_set(images)
         module = model.module
         layers, clamp = self._resolve_layers(module)
         inputs = PreprocessedImages(images.images, model.preprocessing)
         widths = {layer: values.shape[1] for layer, values in collect_activations(module, inputs[0:1], layers).items()}
-        if not clamp:
-            for layer in layers:
-                if self.top_m > widths[layer]:
-                    raise UserError(f"top_m={self.top_m} exceeds the {widths[layer]} neurons of layer '{layer}'; "
-                                    f"choose top_m <= {widths[layer]}")
+        self._check_widths(widths, clamp)  # before the costly relevance pass
         attribution = layer_relevance(module, inputs, layers, rule=self.rule, epsilon=self.epsilon,
                                       batch_size=self.batch_size, progress=self.progress)
+        return self.fit_relevance(model, images, attribution)
+
+    def fit_relevance(self, model: TorchModel, images: ImageSet, attribution: LayerRelevance) -> "ImportanceDrivenCoverage":
+        """:meth:`fit` from a relevance pass over ``images`` already made with this IDC's rule and epsilon.
+
+        LRP relevance is computed input by input, so a slice of one pass over a larger set is the
+        pass over the slice: per-class IDC (:mod:`mlflow_di.coverage.per_class`) runs one pass
+        over all analysis inputs and fits each class from its rows.
+        """
+        ks = self.check_params()
+        _check_analysis_set(images)
+        module = model.module
+        layers, clamp = self._resolve_layers(module)
+        missing = [layer for layer in layers if layer not in attribution.relevance]
+        if missing:
+            raise UserError(f"the relevance pass has no layer '{missing[0]}'; compute it for layers {layers}")
+        if len(attribution.predictions) != len(images):
+            raise UserError(f"the relevance pass covers {len(attribution.predictions)} inputs, "
+                            f"not the {len(images)} of '{images.name}'")
+        widths = {layer: attribution.activations[layer].shape[1] for layer in layers}
+        self._check_widths(widths, clamp)
         correct = attribution.predictions == images.labels
         fitted = {layer: self._fit_layer(layer, attribution.relevance[layer], attribution.activations[layer], correct,
                                          min(self.top_m, widths[layer]), ks)
@@ -331,17 +367,23 @@ class ImportanceDrivenCoverage(BaseEstimator):
         self.analysis_data_ = images.name
         return self
 
+    def _check_widths(self, widths: Mapping[str, int], clamp: bool) -> None:
+        """A UserError when ``top_m`` exceeds a layer's neurons (unless narrower layers use all of theirs)."""
+        if clamp:
+            return
+        for layer, width in widths.items():
+            if self.top_m > width:
+                raise UserError(f"top_m={self.top_m} exceeds the {width} neurons of layer '{layer}'; "
+                                f"choose top_m <= {width}")
+
     def _fit_layer(self, layer: str, relevance: np.ndarray, activations: np.ndarray, correct: np.ndarray,
                    top_m: int, ks: tuple[int, ...]) -> LayerCoverage:
         """Pick the important neurons from per-input relevance and cluster their activations."""
         analysed = correct if self.only_correct else np.ones(len(relevance), dtype=bool)
         n_analysis = int(analysed.sum())
-        if n_analysis < max(ks):
-            which = "correctly classified " if self.only_correct else ""
-            raise UserError(
-                f"only {n_analysis} {which}analysis inputs for layer '{layer}' but clustering needs at least "
-                f"{max(ks)} (the largest cluster count); give more training data"
-            )
+        shortfall = too_few_to_cluster(n_analysis, ks, self.only_correct)
+        if shortfall:
+            raise UserError(f"{shortfall} for layer '{layer}'; give more training data")
         importance = relevance[analysed].sum(axis=0, dtype=np.float64)
         important = np.argsort(-importance, kind="stable")[:top_m]
         choices = [

@@ -179,6 +179,16 @@ class LayerRelevance:
     targets: np.ndarray
     start_relevance: np.ndarray
 
+    def subset(self, index) -> "LayerRelevance":
+        """The rows of the inputs at ``index`` (slice, int array or bool mask): relevance is per input,
+        so this equals the pass over those inputs alone."""
+        return LayerRelevance(
+            relevance={layer: values[index] for layer, values in self.relevance.items()},
+            activations={layer: values[index] for layer, values in self.activations.items()},
+            predictions=self.predictions[index], targets=self.targets[index],
+            start_relevance=self.start_relevance[index],
+        )
+
 
 def _batched_relevance(module, inputs, layers, include_input, rule, epsilon, targets, batch_size, progress
                        ) -> Iterator[dict]:
