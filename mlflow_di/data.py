@@ -229,6 +229,17 @@ class ImageSet:
         images = self.images.select(index) if isinstance(self.images, LazyImages) else self.images[index]
         return ImageSet(images, self.labels[index], name or self.name)
 
+    @classmethod
+    def concatenate(cls, sets: "list[ImageSet]", name: str | None = None) -> "ImageSet":
+        """The images of ``sets`` one after another, named ``"a + b"`` unless ``name`` is given."""
+        if not sets:
+            raise UserError("no image sets to put together")
+        shapes = {data.image_shape for data in sets}
+        if len(shapes) != 1:
+            raise UserError(f"cannot put together images of shapes {sorted(shapes)}; give sets of one image size")
+        return cls(np.concatenate([data.images for data in sets]), np.concatenate([data.labels for data in sets]),
+                   name or " + ".join(data.name for data in sets))
+
     def split(self, n_first: int) -> tuple["ImageSet", "ImageSet"]:
         """The first ``n_first`` images and the rest, for a deterministic analysis/test split."""
         return (

@@ -95,6 +95,17 @@ def test_real_mnist_test_split(mnist_spec, shared_dir):
     assert strict.labels.tolist() == [7, 2, 1, 0, 4]
 
 
+def test_image_sets_put_together_keep_order_and_refuse_other_sizes():
+    first, second = load_images("digits[0:3]"), load_images("digits[10:12]")
+    both = ImageSet.concatenate([first, second])
+    assert both.name == "digits[0:3] + digits[10:12]" and len(both) == 5
+    np.testing.assert_array_equal(both.labels, np.concatenate([first.labels, second.labels]))
+    np.testing.assert_array_equal(both.images[3:], second.images)
+    other = ImageSet(np.zeros((2, 4, 4, 1), np.uint8), [0, 1], "small")
+    with pytest.raises(UserError, match="one image size"):
+        ImageSet.concatenate([first, other])
+
+
 def test_npz_accepts_uint8_and_unit_floats(tmp_path, rng):
     raw = rng.integers(0, 256, (4, 5, 5, 3), dtype=np.uint8)
     np.savez(tmp_path / "a.npz", x=raw, y=[0, 1, 2, 3])
