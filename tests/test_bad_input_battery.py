@@ -181,6 +181,8 @@ CASES = [
     ("data-mnist-truncated-idx", coverage(train="mnist:{mnist_short}")),
     ("data-mnist-not-idx", coverage(train="mnist:{mnist_text}")),
     ("data-mnist-train-split-absent", coverage(train="mnist-train:{mnist_gz}")),
+    ("coverage-per-class-without-idc", coverage("--criteria", "nc", "--per-class")),
+    ("coverage-per-class-not-boolean", coverage("--per-class", "maybe")),
     ("data-slice-letters", coverage(train="digits[a:b]")),
     ("data-slice-step", coverage(train="digits[0:10:2]")),
     ("data-slice-empty", coverage(train="digits[5:5]")),
@@ -267,6 +269,8 @@ FRAGMENTS = {
     "data-wrong-image-size": "28x28",
     "data-mnist-truncated-gz": "gzip",
     "data-mnist-train-split-absent": "no MNIST train split",
+    "coverage-per-class-without-idc": "--per-class",
+    "coverage-per-class-not-boolean": "--per-class",
     "fuzz-seed-data-wrong-size": "28x28",
 }
 

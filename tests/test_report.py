@@ -2,6 +2,7 @@
 import base64
 import html
 import io
+import math
 import re
 
 import numpy as np
@@ -210,6 +211,14 @@ def test_plots_are_reasonable_pngs(tmp_path):
         assert image.size == (growth.shape[1], growth.shape[0])
     with pytest.raises(ValueError):
         coverage_growth_plot({})
+
+
+def test_bar_plot_draws_a_reference_line_and_leaves_nan_bars_out():
+    values = {f"class {c}": (math.nan if c == 3 else c / 10) for c in range(10)}
+    plain = bar_plot(values, "IDC per class")
+    with_mean = bar_plot(values, "IDC per class", reference=0.45, reference_label="mean")
+    assert plain.shape == with_mean.shape and not np.array_equal(plain, with_mean)
+    assert np.array_equal(bar_plot(values, "IDC per class", reference=math.nan), plain)  # no mean: no line
 
 
 OPERATORS = ("gaussian_noise", "salt_and_pepper", "multiplicative_noise", "pixel_change", "average_blur",

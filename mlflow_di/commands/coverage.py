@@ -3,7 +3,8 @@
 Fits once on the training data (importance analysis, clustering, criteria statistics), logs the
 fitted coverage model straight away (so a later failure never loses it), then scores each test
 set in turn, accumulating: ``--test-data orig --test-data augmented`` reports the coverage of
-the original set and of both together.
+the original set and of both together. ``--per-class`` adds IDC fitted and scored for each class
+on its own (on all test sets together), to show which classes the test data exercises least.
 """
 from __future__ import annotations
 
@@ -35,13 +36,16 @@ HEATMAP_INPUTS = 8
 @click.option("--all-inputs", is_flag=True, help="Analyse all training inputs, not only those the model classifies correctly.")
 @click.option("--reference-quirks", is_flag=True,
               help="Cluster as DeepImportance's code does (drop zeros, round centroids) instead of as the paper says.")
+@click.option("--per-class", type=click.BOOL, is_flag=False, flag_value=True, default=False, metavar="[true|false]",
+              help="Also fit and score IDC for each class on its own (inputs filtered by label) and point out "
+                   "the least covered classes; alone it means true.")
 @seed_option
 @json_out_option
 @preprocessing_option
 @device_option
 @batch_size_option
 def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, rule, criteria, all_inputs,
-            reference_quirks, seed, json_out, preprocessing, device, batch_size) -> None:
+            reference_quirks, per_class, seed, json_out, preprocessing, device, batch_size) -> None:
     """Measure how well test data covers MODEL-URI's important neurons (IDC) and the classic criteria."""
     from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite, parse_criteria
     from mlflow_di.data import load_images
@@ -54,6 +58,8 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     if layer and layers:
         raise UserError("give either --layer NAME or --layers all|NAME,NAME, not both")
     criteria = criteria or ALL_CRITERIA
+    if per_class and "idc" not in criteria:
+        raise UserError("--per-class needs idc among --criteria; add idc to --criteria or leave out --per-class")
     ref = ModelRef.parse(model_uri)
     model = load_torch_model(ref, preprocessing, device)
     subject_layers = layers or ([layer] if layer else None)
@@ -71,20 +77,23 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         log.params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
                     "layers": _layers_param(layers, layer), "top_m": top_m, "clusters": ",".join(map(str, clusters)),
                     "rule": rule, "criteria": ",".join(parse_criteria(criteria)), "only_correct": not all_inputs,
-                    "reference_quirks": reference_quirks, "seed": seed, "device": describe_device(model.device),
-                    "batch_size": batch_size})
+                    "reference_quirks": reference_quirks, "per_class": per_class, "seed": seed,
+                    "device": describe_device(model.device), "batch_size": batch_size})
         click.echo(f"fitting on {train.name} ({len(train)} images) on {describe_device(model.device)} ...")
         with out_of_memory_as_user_error("coverage", batch_size):
             suite.fit(model, train)
             _log_fitted(log, suite)
             results = _score_all(suite, tests)
+            by_class = _per_class_idc(suite, model, train, tests) if per_class else None
         final = results[-1]
-        log.metrics(final.metrics())
+        log.metrics({**final.metrics(), **(by_class.metrics() if by_class else {})})
         summary = dict(final.summary(), sets=[r.summary() for r in results])
+        if by_class is not None:
+            summary.update(by_class.metrics(), per_class=by_class.to_dict())
         log.json(summary, "coverage/summary.json")
-        _log_review_artifacts(log, suite, model, tests[0], results)
+        _log_review_artifacts(log, suite, model, tests[0], results, by_class)
     write_json_out(summary, json_out)
-    _print_summary(final)
+    _print_summary(final, by_class)
 
 
 def _layers_param(layers, layer) -> str:
@@ -118,6 +127,20 @@ def _score_all(suite, tests) -> list:
     return results
 
 
+def _per_class_idc(suite, model, train, tests):
+    """IDC of each class on its own, with the suite's subject layer and settings, on all test sets together."""
+    from sklearn.base import clone
+
+    from mlflow_di.coverage.per_class import PerClassCoverage
+    from mlflow_di.data import ImageSet
+
+    top_m = suite.idc_.fitted_layers_[suite.primary_].top_m  # below --top-m where --layers all meets a narrow layer
+    estimator = PerClassCoverage(clone(suite.idc_).set_params(layers=suite.primary_, top_m=top_m))
+    click.echo(f"fitting IDC per class on {train.name} ...")
+    estimator.fit(model, train)
+    return estimator.score(ImageSet.concatenate(tests))
+
+
 def _log_fitted(log, suite) -> None:
     with tempfile.TemporaryDirectory(prefix="mlflow-di-coverage-") as folder:
         suite.save(folder)
@@ -125,7 +148,7 @@ def _log_fitted(log, suite) -> None:
     log.table(suite.important_neurons_table(), "coverage/important_neurons.json")
 
 
-def _log_review_artifacts(log, suite, model, test, results: list) -> None:
+def _log_review_artifacts(log, suite, model, test, results: list, by_class=None) -> None:
     """PNGs and tables the MLflow UI previews, and one self-contained HTML report with all of it."""
     from mlflow_di import reporting as rp
     from mlflow_di.coverage.suite import growth_curve
@@ -144,6 +167,8 @@ def _log_review_artifacts(log, suite, model, test, results: list) -> None:
             per_layer = rp.bar_plot({layer: r.idc for layer, r in final.idc.items()}, "IDC per layer")
             log.image(per_layer, "coverage/idc_per_layer.png")
             html.image(per_layer, "IDC per layer")
+        if by_class is not None:
+            _report_per_class(log, html, by_class)
         html.section("Important neurons").table(suite.important_neurons_table())
         heatmaps = _heatmaps(suite, model, test)
         log.image(heatmaps, "coverage/relevance_heatmaps.png")
@@ -154,6 +179,34 @@ def _log_review_artifacts(log, suite, model, test, results: list) -> None:
         html.section("Classic criteria").image(bars, "fractions of each criterion's cells covered")
         _log_surprise(log, final)
     log.text(html.render(), "coverage/report.html")
+
+
+def _report_per_class(log, html, result) -> None:
+    """The per-class table (an MLflow table too), its bar plot and which classes are least covered."""
+    import math
+
+    from mlflow_di import reporting as rp
+
+    log.table(result.table(), "coverage/idc_per_class.json")
+    html.section("IDC per class").paragraph(_per_class_line(result))
+    if result.scored:
+        values = {f"class {c.label}": c.idc if c.scored else math.nan for c in result.classes}
+        plot = rp.bar_plot(values, f"IDC per class (layer {result.layer}, top-{result.top_m})",
+                           reference=result.mean_idc, reference_label="mean")
+        log.image(plot, "coverage/idc_per_class.png")
+        html.image(plot, "each class's IDC, fitted on its analysis inputs and scored on its test inputs "
+                         "(n/a: skipped)")
+    html.table(result.table(), percent_columns=["idc"])
+
+
+def _per_class_line(result) -> str:
+    """One sentence: the mean over the scored classes, the least covered ones, how many were skipped."""
+    if not result.scored:
+        return f"No class could be scored ({len(result.skipped)} skipped; see the reasons below)."
+    least = ", ".join(f"class {c.label} ({c.idc:.1%})" for c in result.least_covered())
+    skipped = f"; {len(result.skipped)} skipped (see the table)" if result.skipped else ""
+    return (f"Mean IDC {result.mean_idc:.1%} over {len(result.scored)} classes; least covered: {least}"
+            f"{skipped}. The test data exercises the decision logic of the least covered classes least.")
 
 
 def _headline(result) -> str:
@@ -184,7 +237,7 @@ def _log_surprise(log, result) -> None:
                    for i in range(report.num_inputs)], "coverage/surprise.json")
 
 
-def _print_summary(result) -> None:
+def _print_summary(result, by_class=None) -> None:
     click.echo(f"coverage of {result.data}:")
     if result.primary is not None:
         for layer, report in result.idc.items():
@@ -193,3 +246,5 @@ def _print_summary(result) -> None:
     if result.criteria is not None:
         for name, value in result.criteria.coverage.items():
             click.echo(f"  {name.upper():<18} {value:7.2%}")
+    if by_class is not None:
+        click.echo(f"  IDC per class (layer {by_class.layer}): {_per_class_line(by_class)}")

@@ -94,11 +94,15 @@ def bar_plot(
     title: str,
     percent: bool = True,
     ylabel: str | None = None,
+    reference: float | None = None,
+    reference_label: str = "mean",
 ) -> np.ndarray:
     """Bar chart of named values (e.g. the criteria fractions or per-layer IDC), each bar labelled with its value.
 
     Fractions 0..1 are shown as % unless ``percent`` is False. Many or long names turn the chart
-    horizontal so that the names stay readable.
+    horizontal so that the names stay readable. A NaN value (e.g. a class that was skipped) gets
+    no bar and the label "n/a". ``reference`` (e.g. the mean of the bars) is drawn as a dashed
+    line named ``reference_label``, so the bars below it stand out.
     """
     if not values:
         raise ValueError("no values to plot")
@@ -128,5 +132,11 @@ def bar_plot(
             axes.set_ylabel(label)
             axes.grid(axis="x", visible=False)
         axes.bar_label(bars, labels=texts, padding=3, fontsize=9)
+        if reference is not None and np.isfinite(reference):
+            line = float(_as_fractions([reference], percent)[0])
+            text = f"{reference_label} {line:.1f} %" if percent else f"{reference_label} {line:.3g}"
+            (axes.axvline if horizontal else axes.axhline)(line, color="#495057", linestyle="--", linewidth=1.2,
+                                                          label=text)
+            axes.legend(loc="best")
         axes.set_title(title)
         return figure_to_rgb(figure)
