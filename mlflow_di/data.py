@@ -231,14 +231,20 @@ class ImageSet:
 
     @classmethod
     def concatenate(cls, sets: "list[ImageSet]", name: str | None = None) -> "ImageSet":
-        """The images of ``sets`` one after another, named ``"a + b"`` unless ``name`` is given."""
+        """The images of ``sets`` one after another, named ``"a + b"`` unless ``name`` is given.
+
+        Lazy when any set is lazy: each set's images are still read (and transformed) only when indexed.
+        """
         if not sets:
             raise UserError("no image sets to put together")
         shapes = {data.image_shape for data in sets}
         if len(shapes) != 1:
             raise UserError(f"cannot put together images of shapes {sorted(shapes)}; give sets of one image size")
-        return cls(np.concatenate([data.images for data in sets]), np.concatenate([data.labels for data in sets]),
-                   name or " + ".join(data.name for data in sets))
+        name = name or " + ".join(data.name for data in sets)
+        labels = np.concatenate([data.labels for data in sets])
+        if not any(isinstance(data.images, LazyImages) for data in sets):
+            return cls(np.concatenate([data.images for data in sets]), labels, name)
+        return cls(LazyImages(_JoinedSets(sets, name), image_shape=shapes.pop()), labels, name)  # stays lazy
 
     def split(self, n_first: int) -> tuple["ImageSet", "ImageSet"]:
         """The first ``n_first`` images and the rest, for a deterministic analysis/test split."""
@@ -275,6 +281,33 @@ class _ArrayRows:
 
     def describe(self, position: int) -> str:
         return f"image {position} of {self.name}"
+
+
+class _JoinedSets:
+    """The images of several :class:`ImageSet` s one after another, as a :class:`LazyImages` source."""
+
+    def __init__(self, sets: Sequence["ImageSet"], name: str):
+        self.sets, self.name = list(sets), f"data '{name}'"
+        self.starts = np.cumsum([0] + [len(data) for data in self.sets])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _part(self, positions: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.starts, positions, side="right") - 1
+
+    def read(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        parts = self._part(positions)
+        out = np.empty((len(positions), *self.sets[0].image_shape), np.uint8)
+        for part in np.unique(parts):
+            rows = parts == part
+            out[rows] = self.sets[part].images[positions[rows] - self.starts[part]]
+        return out
+
+    def describe(self, position: int) -> str:
+        part = int(self._part(np.array([position]))[0])
+        return f"image {position - int(self.starts[part])} of data '{self.sets[part].name}'"
 
 
 class _ImageFiles:

@@ -106,6 +106,18 @@ def test_image_sets_put_together_keep_order_and_refuse_other_sizes():
         ImageSet.concatenate([first, other])
 
 
+def test_lazy_image_sets_put_together_stay_lazy(tmp_path, rng):
+    from mlflow_di.data import LazyImages
+
+    raw = rng.integers(0, 256, (7, 5, 5, 1), dtype=np.uint8)
+    np.savez(tmp_path / "a.npz", x=raw, y=np.arange(7))
+    lazy, eager = load_images(f"npz:{tmp_path / 'a.npz'}[0:4]"), ImageSet(raw[4:], [4, 5, 6], "rest")
+    both = ImageSet.concatenate([lazy, eager])
+    assert isinstance(both.images, LazyImages) and both.image_shape == (5, 5, 1)
+    np.testing.assert_array_equal(both.images[[0, 5, 3, 6]], raw[[0, 5, 3, 6]])
+    np.testing.assert_array_equal(np.asarray(both.subset(both.labels % 2 == 0).images), raw[[0, 2, 4, 6]])
+
+
 def test_npz_accepts_uint8_and_unit_floats(tmp_path, rng):
     raw = rng.integers(0, 256, (4, 5, 5, 3), dtype=np.uint8)
     np.savez(tmp_path / "a.npz", x=raw, y=[0, 1, 2, 3])
