@@ -65,6 +65,8 @@ def test_tiny_results_hold_measured_values(tiny_run):
     rq3 = json.loads((out / "idc_rq3.json").read_text())["rows"]
     assert [r["set"] for r in rq3] == ["U_O", "U_O+fgsm", "U_O+bim", "U_O+jsma", "U_O+cw", "U_O+gauss"]
     assert all(0.0 <= r["success"] <= 1.0 for r in rq3[1:])
+    sys.path.insert(0, str(REPO))
+    from benchmarks.reproduce.config import STRATEGIES
     table4 = json.loads((out / "dflare_table4.json").read_text())["rows"]
     assert {(r["pair"], r["strategy"]) for r in table4} == {
         (p, s) for p in ("digits-int8-static", "digits-prune-l1") for s in STRATEGIES}
