@@ -16,7 +16,7 @@ from mlflow_di.fuzz.fitness import log_margin
 from mlflow_di.fuzz.strategies import STRATEGIES, make_strategy
 
 from tests.test_fuzz_campaign import Brightness, HIGH, LOW, _comparable
-from tests.test_fuzz_search import Brighten, Keep
+from tests.test_fuzz_search import Brighten, Keep, Nudge
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SEED = np.zeros((4, 4, 1), np.uint8)
@@ -146,17 +146,6 @@ def test_escalate_applies_the_operator_more_often_on_a_plateau():
 
 
 # --- invariance: speculation, batch, determinism ---
-
-@dataclasses.dataclass(frozen=True)
-class Nudge:
-    name: str = "nudge"
-
-    def __call__(self, image, rng):
-        out = image.copy()
-        index = int(rng.integers(out.size))
-        out.flat[index] = np.clip(int(out.flat[index]) + int(rng.integers(-3, 4)), 0, 255)
-        return out
-
 
 def _hashed_pair(images):
     """Pseudo-random margins and gaps from the image bytes; about one image in 97 triggers."""
