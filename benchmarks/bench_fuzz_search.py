@@ -149,8 +149,15 @@ def main(argv=None) -> int:
                *lines, "",
                "Success, mean and median queries per trigger (over the seeds that triggered, the paper's convention) "
                "are averaged over the campaign seeds; per run: mean / median / success of each campaign seed in "
-               "order. `reference-code` is DFlare as the released code runs it (its acceptance rule, uint8 "
-               "wrap-around in two noise operators, Metropolis-Hastings bug; `benchmarks/bench_fuzz.py`). "
+               "order. `dflare` is the default (DFlare's loop with the log-margin fitness, "
+               "`mlflow_di/fuzz/dflare.py`); `dflare-paper` is the paper's fitness D / delta + O with the paper's "
+               "acceptance rule; `reference-code` is DFlare as the released code runs it (its acceptance rule, uint8 "
+               "wrap-around in two noise operators, Metropolis-Hastings bug; `benchmarks/bench_fuzz.py`). Ablations "
+               "of the default: `dflare-d` without the novelty term, `dflare-r` with random operator choice, "
+               "`dflare-paper` is the default with the paper's fitness (`fitness='gap'`); `dflare:<option>=...` rows "
+               "are the default with one setting changed (`acceptance='strict'`: ties rejected; `restart`/`escalate`: "
+               "back to the seed after N rejections in a row / operator applied 1 + s // K times after s "
+               "rejections; `fitness='margin-both'`: the smaller of both models' margins). "
                "Paper (LeNet-5 8-bit, its own unpublished seed selection): 100% success, mean 117.02 queries.",
                END]
     write_section("\n".join(section), BEGIN, END, pathlib.Path(args.results))
