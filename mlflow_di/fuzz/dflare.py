@@ -23,7 +23,8 @@ are ties, and the search drifts until a mutation happens to cross the boundary. 
 keeps shrinking as x approaches the original's decision boundary even while both top-1
 probabilities read 1.0 (the runner-up's probability still rises from 1e-12 to 1e-8), and the
 compressed model, a slightly shifted copy of that boundary, disagrees right next to it. It
-needs about a seventh of the paper fitness's queries per trigger there, with 100% success
+needs about a ninth of the paper fitness's queries per trigger (a fifth of the
+released reference code's) there, with 100% success
 (benchmarks/RESULTS.md, bench_fuzz_search; tuned on MNIST test seeds [0:500], held out on
 [5000:5500]). ``fitness='margin-both'`` uses the smaller of both models' margins.
 
