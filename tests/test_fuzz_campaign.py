@@ -58,7 +58,8 @@ def _comparable(result: CampaignResult) -> list[dict]:
     return [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in result.records]
 
 
-@pytest.mark.parametrize("strategy", ["dflare", "dflare-d", "dflare-r", "diffchaser"])
+@pytest.mark.parametrize("strategy", ["dflare", "dflare-d", "dflare-r", "dflare-paper", "dflare-paper-d", "dflare-paper-r",
+                                      "diffchaser"])
 def test_every_strategy_finds_the_disagreement_band(pair, seeds, strategy):
     # DiffChaser's small pixel steps need thousands of queries to climb into the band
     result = run_campaign(*pair, seeds, strategy=strategy, max_queries=20000, timeout=60, progress=False)

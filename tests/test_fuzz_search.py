@@ -1,4 +1,4 @@
-"""The per-seed searches, driven by hand: DFlare's acceptance rule and DiffChaser's generations."""
+"""The per-seed searches, driven by hand: DFlare's acceptance rule (the paper's fitness, D) and DiffChaser's generations."""
 import dataclasses
 import hashlib
 
@@ -44,7 +44,7 @@ def _probabilities(top_original: float, top_compressed: float, flip: bool = Fals
 
 
 def _search(strategy=None, operators=(Brighten(),), gap=0.1):
-    strategy = dataclasses.replace(strategy or DFlare(), operators=operators)
+    strategy = dataclasses.replace(strategy or DFlare(fitness="gap"), operators=operators)
     f, g = _probabilities(0.9, 0.9 - gap)
     return DFlareSearch(strategy, SEED, f[0], g[0], np.random.default_rng(0))
 
@@ -76,7 +76,7 @@ def test_novel_state_buys_one_delta_of_gap():
 
 
 def test_without_novelty_the_same_state_is_rejected():
-    search = _search(DFlare(novelty=False), gap=0.1)
+    search = _search(DFlare(novelty=False, fitness="gap"), gap=0.1)
     _step(search, 0.4, 0.3005)
     assert search.best.flat[0] == 0 and search.best_gap == pytest.approx(0.1)
 
@@ -88,7 +88,7 @@ def test_unchanged_image_is_accepted_whatever_the_floats_say():
 
 
 def test_reference_acceptance_keeps_any_change_of_the_gap_beyond_delta():
-    reference = DFlare(novelty=False, acceptance="reference")
+    reference = DFlare(novelty=False, acceptance="reference", fitness="gap")
     search = _search(reference, gap=0.1)
     assert search.best_gap == 0.0  # the reference code starts from D(x_max) = 0, not the seed's D
     _step(search, 0.9, 0.79)           # |0.11 - 0| > 0.001: kept
@@ -96,14 +96,14 @@ def test_reference_acceptance_keeps_any_change_of_the_gap_beyond_delta():
     assert search.best_gap == pytest.approx(0.05) and search.best.flat[0] == 2
     _step(search, 0.9, 0.8505)         # |0.0495 - 0.05| <= 0.001 and not novel: rejected
     assert search.best_gap == pytest.approx(0.05) and search.best.flat[0] == 2
-    paper = _search(DFlare(novelty=False), gap=0.1)
+    paper = _search(DFlare(novelty=False, fitness="gap"), gap=0.1)
     _step(paper, 0.9, 0.79)
     _step(paper, 0.9, 0.85)
     assert paper.best_gap == pytest.approx(0.11)
 
 
 def test_reference_acceptance_judges_an_unchanged_image_by_the_models():
-    search = _search(DFlare(novelty=False, acceptance="reference"), operators=(Keep(),), gap=0.1)
+    search = _search(DFlare(novelty=False, acceptance="reference", fitness="gap"), operators=(Keep(),), gap=0.1)
     _step(search, 0.9, 0.9)            # |0 - 0| is no change: rejected, unlike under the paper's rule
     assert list(search.stats.accepted) == [0]
 
@@ -223,7 +223,7 @@ def _hashed_pair(images):
 @pytest.mark.parametrize("depth", [2, 5, 16])
 def test_speculative_proposals_change_nothing_but_the_batch(depth, acceptance):
     def run(depth):
-        strategy = DFlare(operators=(Nudge(), Keep(), Brighten()), acceptance=acceptance)
+        strategy = DFlare(operators=(Nudge(), Keep(), Brighten()), acceptance=acceptance, fitness="gap")
         seed = np.zeros((8, 8, 1), np.uint8)
         f, g = _hashed_pair(seed[None])
         search = strategy.start(seed, f[0], g[0], np.random.default_rng(7))

@@ -20,7 +20,11 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 MODES = ("full", "quick", "tiny")
 MNIST_SIZE = 10_000
 IDC_MODELS = ("LeNet1", "LeNet4", "LeNet5")
-STRATEGIES = ("dflare", "dflare-d", "dflare-r", "diffchaser")
+#: The paper's DFlare, its two ablations, the bug-faithful DFlare_D row (benchmarks/reproduce/dflare_variants.py),
+#: DiffChaser, and mlflow-di's default DFlare (log-margin fitness) for comparison.
+STRATEGIES = ("dflare-paper", "dflare-paper-d", "dflare-paper-r", "dflare-d-bug", "diffchaser", "dflare")
+#: Strategies whose budget is ``diffchaser_seeds`` / ``diffchaser_runs``: they need ~40x (and more) DFlare's queries.
+EXPENSIVE = ("diffchaser", "dflare-d-bug")
 #: DFlare Table 4 pairs: the paper's two TFLite pairs and the package's own two compressions.
 PAIRS = ("lenet1-tflite", "lenet5-tflite", "lenet5-int8-static", "lenet5-prune-l1")
 
@@ -69,7 +73,8 @@ class Config:
     fuzz_strategies: tuple[str, ...] = STRATEGIES
     fuzz_pairs: tuple[str, ...] = PAIRS
     fuzz_batch: int = 64
-    #: DiffChaser needs ~40x DFlare's queries here: fewer seeds/runs for it keep the table affordable
+    #: DiffChaser and the never-accepting DFlare_D need ~40x DFlare's queries here: fewer seeds/runs for
+    #: them (:data:`EXPENSIVE`) keep the table affordable
     #: (None: the same as for the other strategies).
     diffchaser_seeds: int | None = None
     diffchaser_runs: int | None = None

@@ -100,7 +100,7 @@ def run(config: Config, subjects, log: Log, out: pathlib.Path | None = None) -> 
             rng = np.random.default_rng([4, run_index, percent])
             mutated = TorchClassifier(mutate_weights(source.module, percent, config.rq4_scale, rng),
                                       source.preprocessing, f"{source.name}-mutated-{percent}pct")
-            result = run_campaign(original, mutated, seeds, strategy="dflare", timeout=config.rq4_timeout,
+            result = run_campaign(original, mutated, seeds, strategy="dflare-paper", timeout=config.rq4_timeout,
                                   max_queries=config.fuzz_max_queries, batch=config.fuzz_batch, seed=run_index,
                                   progress=False)
             summary = result.summary

@@ -17,7 +17,8 @@ import time
 
 from mlflow_di.fuzz.campaign import run_campaign
 
-from benchmarks.reproduce.config import Config
+from benchmarks.reproduce.config import EXPENSIVE, Config
+from benchmarks.reproduce.dflare_variants import harness_strategy
 from benchmarks.reproduce.results import ExperimentResult, Log
 from benchmarks.reproduce.subjects import pair_description
 
@@ -26,8 +27,8 @@ SETTINGS = ("fuzz_timeout", "fuzz_max_queries", "calibration_size", "prune_amoun
 
 
 def plan(config: Config, strategy: str) -> tuple[int, int]:
-    """(seeds, runs) for ``strategy``: DiffChaser may have its own, smaller budget."""
-    if strategy == "diffchaser":
+    """(seeds, runs) for ``strategy``: DiffChaser and dflare-d-bug may have their own, smaller budget."""
+    if strategy in EXPENSIVE:
         return (config.diffchaser_seeds or config.fuzz_seeds, config.diffchaser_runs or config.fuzz_runs)
     return config.fuzz_seeds, config.fuzz_runs
 
@@ -76,7 +77,7 @@ def run(config: Config, subjects, log: Log, out: pathlib.Path | None = None) -> 
                         pair = subjects.pair(pair_name)
                     log(f"dflare_table4: {pair_name} {strategy} run {run_index + 1}/{runs} on {len(seeds)} seeds")
                     started = time.perf_counter()
-                    result = run_campaign(pair.original, pair.compressed, seeds, strategy=strategy,
+                    result = run_campaign(pair.original, pair.compressed, seeds, strategy=harness_strategy(strategy),
                                           timeout=config.fuzz_timeout, max_queries=config.fuzz_max_queries,
                                           batch=config.fuzz_batch, seed=run_index, progress=False)
                     record = campaign_record(result, pair_name, strategy, run_index, time.perf_counter() - started,

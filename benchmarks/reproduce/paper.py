@@ -30,13 +30,15 @@ IDC_TRENDS = {
 
 #: DFlare Table 4: per-pair figures where the paper gives them, else its averages over the 21 pairs.
 DFLARE_TABLE4 = {
-    ("lenet1-tflite", "dflare"): "100%, 83.97 queries, 0.513 s",
-    ("lenet5-tflite", "dflare"): "100%, 117.02 queries, 0.706 s",
+    ("lenet1-tflite", "dflare-paper"): "100%, 83.97 queries, 0.513 s",
+    ("lenet5-tflite", "dflare-paper"): "100%, 117.02 queries, 0.706 s",
 }
 DFLARE_AVERAGES = {
-    "dflare": "100% on all 21 pairs; 24.99 queries, 0.518 s on average",
-    "dflare-d": "83% success on average; ~55x DFlare's queries",
-    "dflare-r": "~1.05x DFlare's queries",
+    "dflare-paper": "100% on all 21 pairs; 24.99 queries, 0.518 s on average",
+    "dflare-paper-d": "(no working no-novelty row: the paper's DFlare_D is dflare-d-bug)",
+    "dflare-d-bug": "DFlare_D: 83% success on average; ~55x DFlare's queries",
+    "dflare-paper-r": "~1.05x DFlare's queries",
+    "dflare": "(not in the paper: mlflow-di's log-margin DFlare)",
     "diffchaser": "74%-99.9% success; 3,642 queries, 52 s on average",
 }
 DFLARE_RQ4 = ("time and queries to the first deviation fall as more weights are mutated; "

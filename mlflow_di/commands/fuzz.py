@@ -50,8 +50,9 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
               help="Seconds per seed before giving up.")
 @click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy"), default="dflare",
-              show_default=True, help="dflare, its ablations dflare-d (no novelty) and dflare-r (random operator), "
-                                      "or diffchaser.")
+              show_default=True, help="dflare (DFlare steering by the original's log-probability margin: far fewer "
+                                      "queries), dflare-paper (the paper's fitness), their ablations -d (no novelty) "
+                                      "and -r (random operator), or diffchaser.")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it).")
 @click.option("--out-dir", type=WritablePath("dir"), default=None,

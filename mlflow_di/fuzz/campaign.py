@@ -46,7 +46,8 @@ def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeo
     """Search each seed for an input on which ``original`` and ``compressed`` disagree.
 
     ``original``/``compressed``: black boxes with ``predict_proba(uint8 NHWC) -> (N, C)``.
-    ``strategy``: 'dflare', 'dflare-d', 'dflare-r', 'diffchaser' or a strategy object.
+    ``strategy``: a name of :data:`~mlflow_di.fuzz.strategies.STRATEGIES` ('dflare', 'dflare-paper', ...,
+    'diffchaser') or a strategy object.
     ``timeout`` (seconds) and ``max_queries`` limit each seed's search. ``batch``: seeds
     searched in lockstep (results do not depend on it). ``out_dir``: where records and
     triggers are saved as seeds finish; ``resume=True`` continues a campaign found there.

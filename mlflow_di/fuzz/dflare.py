@@ -1,4 +1,4 @@
-"""DFlare (Tian et al., TOSEM): Algorithm 1 for one seed, and its two ablations.
+"""DFlare (Tian et al., TOSEM): Algorithm 1 for one seed, its fitness, and its ablations.
 
     x_max <- x_s; op <- random operator
     repeat until the seed's time or query budget is spent:
@@ -7,35 +7,58 @@
         if H(x) >= H(x_max): x_max <- x; op's success count += 1
         op <- select(op)                            Metropolis-Hastings over ranked operators
 
-H(x) = D(x) / delta + O(x): D is the gap between the two models' top-1 probabilities, O is 1
-when the pair of probability vectors is unlike every pair seen for this seed so far. The seed's
-pair is the first one remembered, and every accepted x_max's pair is in the memory by the
-time a mutant is compared with it, so O(x_max) = 0 and the test reads
-D(x) / delta + O(x) >= D(x_max) / delta (as in the reference, whose comparison never uses the
-incumbent's novelty). The ablations: ``dflare-d`` drops O (H = D / delta), ``dflare-r`` picks
-operators uniformly at random.
+The paper's fitness (``fitness='gap'``, strategy ``dflare-paper``): H(x) = D(x) / delta + O(x).
+D is the gap between the two models' top-1 probabilities, O is 1 when the pair of probability
+vectors is unlike every pair seen for this seed so far. The seed's pair is the first one
+remembered, and every accepted x_max's pair is in the memory by the time a mutant is compared
+with it, so O(x_max) = 0 and the test reads D(x) / delta + O(x) >= D(x_max) / delta (as in the
+reference, whose comparison never uses the incumbent's novelty).
+
+mlflow-di's default fitness (``fitness='margin'``, strategy ``dflare``): H(x) = -m_f(x) + O(x),
+m_f = log p_f(top-1) - log p_f(top-2), the original model's logit gap between its two most
+likely classes (:func:`~mlflow_di.fuzz.fitness.log_margin`). Why: on LeNet-5 vs its 8-bit
+TFLite version both models are near-certain on most seeds, the quantized output moves in steps
+of 1/256, and D sits at ~0 with no slope to climb; three quarters of the paper-rule acceptances
+are ties, and the search drifts until a mutation happens to cross the boundary. The log margin
+keeps shrinking as x approaches the original's decision boundary even while both top-1
+probabilities read 1.0 (the runner-up's probability still rises from 1e-12 to 1e-8), and the
+compressed model, a slightly shifted copy of that boundary, disagrees right next to it. It
+needs about a ninth of the paper fitness's queries per trigger (a fifth of the
+released reference code's) there, with 100% success
+(benchmarks/RESULTS.md, bench_fuzz_search; tuned on MNIST test seeds [0:500], held out on
+[5000:5500]). ``fitness='margin-both'`` uses the smaller of both models' margins.
+
+Switches (each an ablation; off in the default unless said): ``novelty=False`` drops O
+(``dflare-d``, ``dflare-paper-d``); ``selection='uniform'`` picks operators at random
+(``dflare-r``, ``dflare-paper-r``); ``acceptance='strict'`` keeps x only when H(x) > H(x_max)
+(ties and unchanged images are rejected); ``restart=N`` puts x_max back to the seed after N
+rejections in a row; ``escalate=K`` applies the chosen operator 1 + s // K times in a row
+(at most :data:`MAX_STRENGTH`), s = rejections since the last acceptance (plateau-aware
+strength). On the LeNet-5 pair none of the last three changed the queries measurably (the
+margin search has almost no plateaus), so the default leaves them off.
 
 Differences from the reference code are deliberate and follow the paper: acceptance is
-H(x) >= H(x_max) (the reference accepts a mutant when | |D(x)| - |D(x_max)| | > 1e-3, a *drop*
-included, or when it is novel, and starts from D(x_max) = 0), the selector uses the true rank
-of the previous operator (``reference_bug=True`` gives the reference's k_prev = -1), and the
+H(x) >= H(x_max) (``acceptance='reference'`` accepts a mutant when | |D(x)| - |D(x_max)| | > 1e-3,
+a *drop* included, or when it is novel, and starts from D(x_max) = 0), the selector uses the true
+rank of the previous operator (``reference_bug=True`` gives the reference's k_prev = -1), and the
 noise operators saturate instead of wrapping around (see :mod:`.mutations`). The novelty memory
 matches the reference: every queried, non-triggering mutant is tested and the novel ones are
-remembered (TensorFuzz's corpus), starting from the seed's pair.
+remembered (TensorFuzz's corpus), starting from the seed's pair. The paper's DFlare_D row does
+not come from dropping O: the reference code's ``attack_mode c`` never accepts a mutant (its
+best fitness starts at -1 and only |D| > 1 would beat it); that variant lives in the
+reproduction harness only (benchmarks/reproduce/dflare_variants.py, ``dflare-d-bug``).
 
-Why ``dflare-d`` behaves like ``dflare`` on the LeNet-5 / 8-bit TFLite pair: with
+Why ``dflare-paper-d`` behaves like ``dflare-paper`` on the LeNet-5 / 8-bit TFLite pair: with
 H = D / delta + O and delta = 1e-3, a novel state is worth only a 1e-3 gap, and a squared
 distance of 0.5 between 20-value probability pairs is rarely reached. An instrumented run on the
 first 200 MNIST test seeds saw 248 novel states in 51,090 queries; novelty decided 16 of the
 8,812 acceptances, and three quarters of all acceptances were ties (D unchanged at 1e-6). The
-reference code instead keeps every novel mutant, whatever its D. benchmarks/bench_fuzz.py runs
-DFlare with the reference's behaviours as a comparison row: on 500 seeds it needs a median of
-84 queries (mean 240) where this implementation needs 108 (mean 308); the paper reports a mean
-of 117 on its own seed selection (the reference reads its seeds from ``seed_inputs.p``).
+reference code instead keeps every novel mutant, whatever its D.
 
 So that a seed's search does not depend on which other seeds share its batched model call
 (float results differ in the last bits between batch compositions), gaps are compared at
-1e-6 resolution and an unchanged mutant is accepted without consulting its re-computed floats.
+1e-6 resolution, log margins at 1e-4, and an unchanged mutant is accepted (``paper``) or
+rejected (``strict``) without consulting its re-computed floats.
 """
 from __future__ import annotations
 
@@ -45,8 +68,9 @@ from typing import Sequence
 
 import numpy as np
 
-from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS, NoveltyMemory,
-                                    dflare_fitness, labels_differ, probability_pair, top1_gap)
+from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
+                                    MARGIN_RESOLUTION_DIGITS, NoveltyMemory, dflare_fitness, labels_differ,
+                                    log_margin_list, probability_pair, top1_gap)
 from mlflow_di.fuzz.mutations import Operator, default_operators, operator_names
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.selection import MetropolisHastingsSelector, UniformSelector
@@ -54,7 +78,19 @@ from mlflow_di.fuzz.selection import MetropolisHastingsSelector, UniformSelector
 SELECTIONS = ("metropolis-hastings", "uniform")
 #: ``paper``: x replaces x_max when H(x) >= H(x_max). ``reference``: as yqtianust/DFlare's code, when
 #: |D(x) - D(x_max)| > delta (a drop counts too) or when x is novel, starting from D(x_max) = 0.
-ACCEPTANCES = ("paper", "reference")
+#: ``strict``: x replaces x_max only when H(x) > H(x_max) (an unchanged image never does), so ties
+#: neither move the search nor count as an operator's success.
+ACCEPTANCES = ("paper", "reference", "strict")
+#: ``gap``: the paper's D(x) = |p_f(top) - p_g(top)|. ``margin``: how close x is to the original model's
+#: decision boundary, minus its log-probability margin (see :func:`~mlflow_di.fuzz.fitness.log_margin`),
+#: which keeps a signal when both top-1 probabilities round to 1.
+#: ``margin-both``: the smaller of both models' log margins (the compressed model's probabilities
+#: floored at 1/512, below an 8-bit output's resolution).
+FITNESSES = ("gap", "margin", "margin-both")
+#: Most times one mutation operator is applied in a row under ``escalate`` (plateau-aware strength).
+MAX_STRENGTH = 8
+#: Floor of the compressed model's probabilities under ``fitness='margin-both'``.
+COMPRESSED_FLOOR = 1.0 / 512
 
 
 class Outcome(enum.Enum):
@@ -69,9 +105,11 @@ class Outcome(enum.Enum):
 class DFlare:
     """The DFlare strategy and its ablations, as settings of the same loop.
 
-    ``novelty=False`` is DFlare_D, ``selection='uniform'`` is DFlare_R; ``reference_bug=True``
-    makes Metropolis-Hastings ignore the previous operator as the reference code does, and
-    ``acceptance='reference'`` keeps mutants by the reference code's rule (see :data:`ACCEPTANCES`).
+    The defaults are mlflow-di's ``dflare`` (log-margin fitness); ``fitness='gap'`` is the paper's
+    DFlare. ``novelty=False`` drops the novelty term (a working DFlare_D), ``selection='uniform'``
+    is DFlare_R; ``reference_bug=True`` makes Metropolis-Hastings ignore the previous operator as
+    the reference code does, ``acceptance='reference'`` keeps mutants by the reference code's rule
+    (see :data:`ACCEPTANCES`); ``restart`` and ``escalate`` handle plateaus (module docstring).
     """
 
     name: str = "dflare"
@@ -82,19 +120,31 @@ class DFlare:
     delta: float = DEFAULT_DELTA
     novelty_threshold: float = DEFAULT_NOVELTY_THRESHOLD
     operators: tuple[Operator, ...] = dataclasses.field(default_factory=default_operators)
+    #: what H scores besides novelty (see :data:`FITNESSES`)
+    fitness: str = "margin"
+    #: after this many queries in a row without an accepted mutant, x_max goes back to the seed (0: never)
+    restart: int = 0
+    #: plateau-aware strength: the operator is applied 1 + s // escalate times in a row (at most
+    #: :data:`MAX_STRENGTH`), s = queries since the last accepted mutant (0: always once)
+    escalate: int = 0
 
     def __post_init__(self):
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if self.acceptance not in ACCEPTANCES:
             raise ValueError(f"acceptance must be one of {ACCEPTANCES}, got {self.acceptance!r}")
+        if self.fitness not in FITNESSES:
+            raise ValueError(f"fitness must be one of {FITNESSES}, got {self.fitness!r}")
+        if self.restart < 0 or self.escalate < 0:
+            raise ValueError(f"restart and escalate must be >= 0, got {self.restart} and {self.escalate}")
         operator_names(self.operators)
 
     def options(self) -> dict:
         """The settings that change results, for the campaign's config record."""
         return {"novelty": self.novelty, "selection": self.selection, "reference_bug": self.reference_bug,
                 "acceptance": self.acceptance, "delta": self.delta, "novelty_threshold": self.novelty_threshold,
-                "operators": [repr(op) for op in self.operators]}
+                "operators": [repr(op) for op in self.operators], "fitness": self.fitness,
+                "restart": self.restart, "escalate": self.escalate}
 
     def start(self, seed_image: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,
               rng: np.random.Generator) -> "DFlareSearch":
@@ -134,9 +184,17 @@ class DFlareSearch(Search):
         self._operators: Sequence[Operator] = strategy.operators
         self._delta = strategy.delta
         self._reference_acceptance = strategy.acceptance == "reference"
+        self._margin = strategy.fitness != "gap"
+        self._both = strategy.fitness == "margin-both"
+        self._strict = strategy.acceptance == "strict"
+        self._restart = strategy.restart
+        self._escalate = strategy.escalate
+        self._stall = 0  # queries since the last accepted mutant
+        self._seed = seed_image
         # Whether a mutant equal to x_max is accepted without looking at the models' outputs: true
         # for H(x) >= H(x_max); under the reference rule it changes |D| by ~0, is not novel, is rejected.
-        self._accepts_unchanged = not self._reference_acceptance
+        self._accepts_unchanged = strategy.acceptance == "paper"
+        self._rejects_unchanged = self._strict
         self._rng = rng
         count = len(self._operators)
         self._selector = (UniformSelector(count) if strategy.selection == "uniform"
@@ -144,37 +202,70 @@ class DFlareSearch(Search):
         self._memory = NoveltyMemory(strategy.novelty_threshold) if strategy.novelty else None
         self.best = seed_image
         self._best_bytes = seed_image.tobytes()
-        seed_gap = self._score(p_original, p_compressed)[0]  # also remembers the seed's own pair
+        seed_score = self._score(p_original, p_compressed)[0]  # also remembers the seed's own pair
         # the reference code starts from StateFitnessValue(False, 0); the paper from the seed's own D
-        self.best_gap = 0.0 if self._reference_acceptance else seed_gap
+        self._seed_score = 0.0 if self._reference_acceptance and not self._margin else seed_score
+        self.best_gap = self._seed_score
+        self._snapshot: tuple | None = None  # the state before a speculative proposal (see propose)
         self._accepted_chain: list[int] = []
         self._operator = self._selector.first(rng)
         self._candidate: np.ndarray | None = None
         self._pending: list[_Pending] = []  # proposed inputs awaiting their results
 
     def _score(self, p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, bool]:
-        """D(x), and O(x) (remembering the pair when it is novel)."""
-        novel = self._memory.observe(probability_pair(p_original, p_compressed)) if self._memory is not None else False
-        return top1_gap(p_original, p_compressed), novel
+        """The score (D(x), or minus the original's log margin), and O(x) (remembering the pair when it is novel)."""
+        original, compressed = np.asarray(p_original).ravel().tolist(), np.asarray(p_compressed).ravel().tolist()
+        return self._score_lists(original, compressed, max(original), max(compressed))
 
     def _score_lists(self, p_original: list[float], p_compressed: list[float], top_original: float,
                      top_compressed: float) -> tuple[float, bool]:
         """:meth:`_score` on plain floats (numpy's per-call cost dominates on 10-value rows);
-        the same numbers as :func:`top1_gap` and :func:`probability_pair`."""
+        the same numbers as :func:`top1_gap`, :func:`log_margin` and :func:`probability_pair`."""
         novel = self._memory.observe(np.array(p_original + p_compressed)) if self._memory is not None else False
+        if self._margin:
+            margin = log_margin_list(p_original)
+            if self._both:
+                margin = min(margin, log_margin_list([max(v, COMPRESSED_FLOOR) for v in p_compressed]))
+            return -margin, novel
         return round(abs(top_original - top_compressed), GAP_RESOLUTION_DIGITS), novel
+
+    @property
+    def best_score(self) -> float:
+        """The incumbent's score: D(x_max) under ``fitness='gap'``, minus its log margin under ``'margin'``."""
+        return self.best_gap
+
+    def _mutate(self, operator: int) -> np.ndarray:
+        """x_max mutated by one operator, applied 1 + stall // escalate times in a row under ``escalate``."""
+        strength = 1 if not self._escalate else min(MAX_STRENGTH, 1 + self._stall // self._escalate)
+        candidate = self._operators[operator](self.best, self._rng)
+        for _ in range(strength - 1):
+            candidate = self._operators[operator](candidate, self._rng)
+        return candidate
+
+    def _after(self, accepted: bool) -> None:
+        """Plateau bookkeeping after a non-triggering query: the stall count, and a restart from
+        the seed after ``restart`` rejections in a row. Uses no randomness, so speculative
+        proposals can apply it and :meth:`observe` can replay it."""
+        if accepted:
+            self._stall = 0
+            return
+        self._stall += 1
+        if self._restart and self._stall >= self._restart:
+            self.best, self._best_bytes, self.best_gap = self._seed, self._seed.tobytes(), self._seed_score
+            self._stall = 0
 
     def propose(self, limit: int | None = None, depth: int = 1) -> np.ndarray:
         depth = max(1, depth if limit is None else min(depth, limit))
         if depth == 1:  # Algorithm 1 as written: one input, the choice after it waits for its result
-            candidate = self._operators[self._operator](self.best, self._rng)
+            candidate = self._mutate(self._operator)
             self.stats.selected[self._operator] += 1
             self._pending = [_Pending(candidate, self._operator)]
             return candidate[None]
         self._pending = []
+        self._snapshot = (self.best, self._best_bytes, self.best_gap, self._stall)
         for _ in range(depth):
             operator = self._operator
-            candidate = self._operators[operator](self.best, self._rng)
+            candidate = self._mutate(operator)
             self.stats.selected[operator] += 1
             entry = _Pending(candidate, operator)
             self._pending.append(entry)
@@ -185,6 +276,7 @@ class DFlareSearch(Search):
             entry.unchanged = self._accepts_unchanged and candidate.tobytes() == self._best_bytes
             if entry.unchanged:
                 self.stats.accepted[operator] += 1
+            self._after(accepted=entry.unchanged)  # undone by observe, which replays the real outcomes
             entry.state = self._rng.bit_generator.state
             self._operator = self._selector.next(operator, self.stats, self._rng)
         return np.stack([entry.candidate for entry in self._pending])
@@ -196,11 +288,14 @@ class DFlareSearch(Search):
             if self._decide(p_original[0], p_compressed[0]) is not Outcome.TRIGGER:
                 self._operator = self._selector.next(self._operator, self.stats, self._rng)
             return
+        # back to the state before the speculation: the replay below redoes what each real outcome does
+        self.best, self._best_bytes, self.best_gap, self._stall = self._snapshot
         for row, entry in enumerate(pending):
             self._candidate, self._operator = entry.candidate, entry.operator
             if entry.unchanged:  # accepted when proposed (its counter too); the choice after it is made
                 self.queries += 1
                 self._accepted_chain.append(entry.operator)
+                self._after(accepted=True)
                 continue
             outcome = self._decide(p_original[row], p_compressed[row])
             if outcome is Outcome.REJECTED and entry.state is not None:
@@ -224,7 +319,11 @@ class DFlareSearch(Search):
             # the decision independent of the batch the input was computed in (floats can differ in
             # the last bits between batch compositions, which would flip this tie).
             self._accept(self.best_gap)
+            self._after(accepted=True)
             return Outcome.ACCEPTED
+        if self._rejects_unchanged and self._candidate.tobytes() == self._best_bytes:
+            self._after(accepted=False)  # as x_max: no trigger, H(x) = H(x_max), so not strictly better
+            return Outcome.REJECTED
         if labels_differ(p_original, p_compressed):
             chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
             self._record_trigger(self._candidate, p_original, p_compressed, chain)
@@ -234,13 +333,20 @@ class DFlareSearch(Search):
         gap, novel = self._score_lists(original, compressed, top_original, top_compressed)
         if self._keeps(gap, novel):
             self._accept(gap)
+            self._after(accepted=True)
             return Outcome.ACCEPTED
+        self._after(accepted=False)
         return Outcome.REJECTED
 
     def _keeps(self, gap: float, novel: bool) -> bool:
         """Whether a non-triggering mutant with top-1 gap ``gap`` replaces x_max (see :data:`ACCEPTANCES`)."""
         if self._reference_acceptance:
             return abs(gap - self.best_gap) > self._delta or novel
+        if self._strict:
+            scale = 1.0 if self._margin else 1.0 / self._delta
+            return gap * scale + novel > self.best_gap * scale
+        if self._margin:  # H = -margin + O: a novel state is worth one nat
+            return gap + novel >= self.best_gap
         return dflare_fitness(gap, novel, self._delta) >= dflare_fitness(self.best_gap, False, self._delta)
 
     def _accept(self, gap: float) -> None:

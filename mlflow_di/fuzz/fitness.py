@@ -6,6 +6,8 @@ All functions take one probability vector per model, ``p_original`` and ``p_comp
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 #: DFlare's delta: D / delta puts a probability gap of 1e-3 on the same footing as a novel state.
@@ -15,6 +17,11 @@ DEFAULT_DELTA = 1e-3
 #: ties (most often both models saturated at 1.0, D = 0) would be decided by that noise, and a
 #: seed's search would depend on which other seeds shared its batch.
 GAP_RESOLUTION_DIGITS = 6
+#: Resolution (decimal digits) at which log-probability margins are compared: float32 outputs carry
+#: about seven significant digits, and a margin of tens of nats keeps four decimals of them.
+MARGIN_RESOLUTION_DIGITS = 4
+#: Smallest probability a log is taken of (float32 softmax outputs underflow to 0 near 1e-45).
+LOG_FLOOR = 1e-45
 #: Squared-L2 distance beyond which a probability pair counts as unseen (reference: FLANN, 0.5).
 DEFAULT_NOVELTY_THRESHOLD = 0.5
 
@@ -44,6 +51,28 @@ def top1_gap(p_original: np.ndarray, p_compressed: np.ndarray) -> float:
     ones scored, both top-1 labels are the same class.
     """
     return round(abs(float(p_original.max()) - float(p_compressed.max())), GAP_RESOLUTION_DIGITS)
+
+
+def log_margin(p: np.ndarray) -> float:
+    """log p[top-1] - log p[top-2] of one probability vector (>= 0), rounded to 1e-4 (see
+    :data:`MARGIN_RESOLUTION_DIGITS`): the logit gap between a model's two most likely classes.
+
+    It is 0 on the model's decision boundary and keeps growing where the top-1 probability has
+    long rounded to 1.0 (the runner-up's probability still shrinks), so a search that minimises
+    it has a signal on every seed, unlike D, which is ~0 whenever both models are sure.
+    """
+    return log_margin_list(np.asarray(p, dtype=np.float64).ravel().tolist())
+
+
+def log_margin_list(values: list[float]) -> float:
+    """:func:`log_margin` on a plain list (the per-query path: numpy's call overhead dominates on 10 values)."""
+    first = second = -1.0
+    for v in values:
+        if v > first:
+            first, second = v, first
+        elif v > second:
+            second = v
+    return round(math.log(max(first, LOG_FLOOR)) - math.log(max(second, LOG_FLOOR)), MARGIN_RESOLUTION_DIGITS)
 
 
 def dflare_fitness(gap: float, novel: bool, delta: float = DEFAULT_DELTA) -> float:

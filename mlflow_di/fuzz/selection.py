@@ -84,6 +84,8 @@ class MetropolisHastingsSelector:
     def next(self, previous: int, stats: OperatorStats, rng: np.random.Generator) -> int:
         # Plain Python on 7 operators: numpy's per-call overhead would dominate (this runs per query).
         count = self.count
+        if count == 1 and self.reference_bug:
+            return 0  # k_prev = -1 gives the only rank an acceptance of (1 - 1)^1 = 0: the loop would never end
         draws = rng.random(count + 2 * _PROPOSALS_PER_ROUND).tolist()
         values = [a / (s + RANK_EPSILON) for a, s in zip(stats.accepted.tolist(), stats.selected.tolist())]
         order = _ranked(values, draws[:count])  # the same floats as stats.rank_values()

@@ -1,9 +1,15 @@
-"""Strategy names -> strategy objects: DFlare, its ablations and DiffChaser.
+"""Strategy names -> strategy objects: DFlare, the paper's DFlare, their ablations and DiffChaser.
+
+``dflare`` (the default) is DFlare's Algorithm 1 with a fitness that keeps a signal where the
+paper's has none: minus the original model's log-probability margin between its two most likely
+classes (``fitness='margin'``, see :mod:`mlflow_di.fuzz.dflare`). ``dflare-paper`` is the paper's
+algorithm as written (fitness D / delta + O). ``-d`` drops the novelty term, ``-r`` picks
+operators uniformly at random, for both. Measurements: benchmarks/RESULTS.md (bench_fuzz_search).
 
 A strategy is any object with ``name``, ``options() -> dict`` and
 ``start(seed_image, p_original, p_compressed, rng) -> Search``; pass one directly to
 :func:`~mlflow_di.fuzz.campaign.run_campaign` for non-default settings, e.g.
-``DFlare(reference_bug=True)``.
+``DFlare(fitness='gap', acceptance='reference')``.
 """
 from __future__ import annotations
 
@@ -17,6 +23,9 @@ STRATEGIES: dict[str, Callable[[], object]] = {
     "dflare": lambda: DFlare(),
     "dflare-d": lambda: DFlare(name="dflare-d", novelty=False),
     "dflare-r": lambda: DFlare(name="dflare-r", selection="uniform"),
+    "dflare-paper": lambda: DFlare(name="dflare-paper", fitness="gap"),
+    "dflare-paper-d": lambda: DFlare(name="dflare-paper-d", fitness="gap", novelty=False),
+    "dflare-paper-r": lambda: DFlare(name="dflare-paper-r", fitness="gap", selection="uniform"),
     "diffchaser": lambda: DiffChaser(),
 }
 

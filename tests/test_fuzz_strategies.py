@@ -1,0 +1,221 @@
+"""The named DFlare strategies and the switches of the log-margin search: fitness, strict
+acceptance, restarts, plateau-aware strength; determinism, speculation and lockstep invariance."""
+import dataclasses
+import hashlib
+import math
+import pathlib
+import sys
+
+import mlflow_di  # noqa: F401
+import numpy as np
+import pytest
+
+from mlflow_di.fuzz import DFlare, run_campaign
+from mlflow_di.fuzz.dflare import MAX_STRENGTH
+from mlflow_di.fuzz.fitness import log_margin
+from mlflow_di.fuzz.strategies import STRATEGIES, make_strategy
+
+from tests.test_fuzz_campaign import Brightness, HIGH, LOW, _comparable
+from tests.test_fuzz_search import Brighten, Keep, Nudge
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SEED = np.zeros((4, 4, 1), np.uint8)
+
+
+def _start(strategy, f, g, operators=(Brighten(),)):
+    strategy = dataclasses.replace(strategy, operators=operators)
+    return strategy.start(SEED, np.array(f, float), np.array(g, float), np.random.default_rng(0))
+
+
+def _step(search, f, g):
+    candidate = search.propose()
+    search.observe(np.array([f], float), np.array([g], float))
+    return candidate[0]
+
+
+# --- the registry ---
+
+def test_registry_names_and_what_they_are():
+    assert set(STRATEGIES) == {"dflare", "dflare-d", "dflare-r", "dflare-paper", "dflare-paper-d", "dflare-paper-r",
+                               "diffchaser"}
+    default, paper = make_strategy("dflare"), make_strategy("dflare-paper")
+    assert (default.fitness, default.acceptance, default.novelty, default.selection) == (
+        "margin", "paper", True, "metropolis-hastings")
+    assert (paper.fitness, paper.acceptance, paper.novelty) == ("gap", "paper", True)
+    assert not make_strategy("dflare-d").novelty and make_strategy("dflare-paper-d").fitness == "gap"
+    assert make_strategy("dflare-r").selection == make_strategy("dflare-paper-r").selection == "uniform"
+    for name in STRATEGIES:
+        assert make_strategy(name).name == name
+    assert "dflare-d-bug" not in STRATEGIES  # a reproduction-harness variant only
+
+
+def test_bad_settings_are_refused():
+    for bad in (dict(fitness="loss"), dict(restart=-1), dict(escalate=-2)):
+        with pytest.raises(ValueError):
+            DFlare(**bad)
+
+
+# --- the fitness ---
+
+def test_log_margin_on_hand_computed_vectors():
+    assert log_margin(np.array([0.7, 0.2, 0.1])) == pytest.approx(math.log(3.5), abs=1e-4)
+    assert log_margin(np.array([0.5, 0.5])) == 0.0
+    # both top-1 probabilities "saturated": the runner-up still carries the signal
+    assert log_margin(np.array([1.0, 1e-12, 0.0], np.float32)) == pytest.approx(-math.log(1e-12), abs=1e-3)
+    assert log_margin(np.array([1.0, 1e-9, 0.0], np.float32)) < log_margin(np.array([1.0, 1e-12, 0.0], np.float32))
+
+
+def test_margin_fitness_follows_the_boundary_where_the_gap_does_not():
+    seed_f, seed_g = [0.9, 0.1], [0.8, 0.2]               # D = 0.1, margin log 9
+    closer_f, closer_g = [0.7, 0.3], [0.69, 0.31]         # D = 0.01 (lower), margin log(7/3) (lower: closer)
+    margin = _start(DFlare(novelty=False), seed_f, seed_g)
+    gap = _start(DFlare(novelty=False, fitness="gap"), seed_f, seed_g)
+    assert margin.best_score == pytest.approx(-math.log(9), abs=1e-4) and gap.best_score == pytest.approx(0.1)
+    _step(margin, closer_f, closer_g)
+    _step(gap, closer_f, closer_g)
+    assert margin.best.flat[0] == 1 and margin.best_score == pytest.approx(-math.log(7 / 3), abs=1e-4)
+    assert gap.best.flat[0] == 0 and gap.best_score == pytest.approx(0.1)  # D fell: the paper's fitness rejects it
+    # and the other way round: a larger gap but a safer original is rejected by the margin search
+    _step(margin, [0.99, 0.01], [0.5, 0.4])
+    _step(gap, [0.99, 0.01], [0.5, 0.4])
+    assert margin.best.flat[0] == 1  # still the closer mutant
+    assert gap.best.flat[0] == 1 and gap.best_score == pytest.approx(0.49)  # this mutant of the seed: D = 0.49
+
+
+def test_saturated_pairs_still_rank_under_the_margin_fitness():
+    # both models' top-1 probabilities round to 1: D = 0 for both mutants, the margin still tells them apart
+    seed = ([1.0, 1e-12], [1.0, 0.0])
+    search = _start(DFlare(novelty=False, acceptance="strict"), *seed)
+    _step(search, [1.0, 1e-8], [1.0, 0.0])
+    assert search.best.flat[0] == 1
+    _step(search, [1.0, 1e-10], [1.0, 0.0])  # farther from the boundary again: rejected
+    assert search.best.flat[0] == 1
+    gap = _start(DFlare(novelty=False, acceptance="strict", fitness="gap"), *seed)
+    _step(gap, [1.0, 1e-8], [1.0, 0.0])
+    assert gap.best.flat[0] == 0  # no signal: D stays 0
+
+
+def test_margin_both_takes_the_compressed_model_into_account():
+    seed_f, seed_g = [0.9, 0.1], [0.9, 0.1]
+    both = _start(DFlare(novelty=False, fitness="margin-both", acceptance="strict"), seed_f, seed_g)
+    only = _start(DFlare(novelty=False, acceptance="strict"), seed_f, seed_g)
+    for search in (both, only):
+        _step(search, [0.9, 0.1], [0.6, 0.4])  # only the compressed model moved towards its boundary
+    assert both.best.flat[0] == 1 and only.best.flat[0] == 0
+
+
+def test_strict_acceptance_rejects_ties_and_unchanged_images():
+    paper = _start(DFlare(novelty=False), [0.9, 0.1], [0.9, 0.1], operators=(Keep(),))
+    strict = _start(DFlare(novelty=False, acceptance="strict"), [0.9, 0.1], [0.9, 0.1], operators=(Keep(),))
+    for search in (paper, strict):
+        _step(search, [0.9, 0.1], [0.9, 0.1])
+    assert paper.stats.accepted.tolist() == [1] and strict.stats.accepted.tolist() == [0]
+
+
+# --- plateaus: restarts and strength ---
+
+def test_restart_returns_to_the_seed_after_rejections_in_a_row():
+    search = _start(DFlare(novelty=False, restart=3), [0.9, 0.1], [0.9, 0.1])
+    _step(search, [0.8, 0.2], [0.8, 0.2])  # accepted: x_max = seed + 1
+    assert search.best.flat[0] == 1
+    for _ in range(2):
+        _step(search, [0.95, 0.05], [0.95, 0.05])  # rejected
+    assert search.best.flat[0] == 1
+    _step(search, [0.95, 0.05], [0.95, 0.05])  # third rejection in a row: back to the seed
+    assert search.best.flat[0] == 0 and search.best_score == pytest.approx(-math.log(9), abs=1e-4)
+    without = _start(DFlare(novelty=False), [0.9, 0.1], [0.9, 0.1])
+    _step(without, [0.8, 0.2], [0.8, 0.2])
+    for _ in range(5):
+        _step(without, [0.95, 0.05], [0.95, 0.05])
+    assert without.best.flat[0] == 1
+
+
+def test_escalate_applies_the_operator_more_often_on_a_plateau():
+    search = _start(DFlare(novelty=False, escalate=2), [0.9, 0.1], [0.9, 0.1])
+    increments = []
+    for _ in range(8):
+        candidate = _step(search, [0.95, 0.05], [0.95, 0.05])  # always rejected: x_max stays the seed
+        increments.append(int(candidate.flat[0]))
+    assert increments == [1, 1, 2, 2, 3, 3, 4, 4]  # 1 + rejections so far // 2
+    long = _start(DFlare(novelty=False, escalate=1), [0.9, 0.1], [0.9, 0.1])
+    for _ in range(3 * MAX_STRENGTH):
+        candidate = _step(long, [0.95, 0.05], [0.95, 0.05])
+    assert int(candidate.flat[0]) == MAX_STRENGTH
+    plain = _start(DFlare(novelty=False), [0.9, 0.1], [0.9, 0.1])
+    assert {int(_step(plain, [0.95, 0.05], [0.95, 0.05]).flat[0]) for _ in range(6)} == {1}
+
+
+# --- invariance: speculation, batch, determinism ---
+
+def _hashed_pair(images):
+    """Pseudo-random margins and gaps from the image bytes; about one image in 97 triggers."""
+    f, g = [], []
+    for image in images:
+        h = int.from_bytes(hashlib.blake2b(image.tobytes(), digest_size=8).digest(), "little")
+        top = 0.55 + (h % 4000) / 10000
+        gap = ((h >> 16) % 1000) / 20000
+        f.append([top, 1 - top])
+        g.append([0.3, 0.7] if h % 97 == 0 else [top - gap, 1 - top + gap])
+    return np.array(f), np.array(g)
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(restart=4), dict(escalate=3), dict(restart=5, escalate=2),
+                                      dict(acceptance="strict", restart=4, escalate=2),
+                                      dict(fitness="gap", restart=3, escalate=2)],
+                         ids=["margin", "restart", "escalate", "both", "strict", "gap"])
+@pytest.mark.parametrize("depth", [3, 16])
+def test_speculation_changes_nothing_with_restarts_and_strength(depth, settings):
+    def run(depth):
+        strategy = DFlare(operators=(Nudge(), Keep(), Brighten()), **settings)
+        seed = np.zeros((8, 8, 1), np.uint8)
+        f, g = _hashed_pair(seed[None])
+        search = strategy.start(seed, f[0], g[0], np.random.default_rng(11))
+        while not search.found and search.queries < 3000:
+            proposal = search.propose(depth=depth)
+            search.observe(*_hashed_pair(proposal))
+        return (search.queries, search.stats.selected.tolist(), search.stats.accepted.tolist(),
+                search.trigger_operators, search.best_score), search.trigger
+
+    one_state, one_trigger = run(1)
+    state, trigger = run(depth)
+    assert one_state[0] > 20 and one_trigger is not None
+    assert state == one_state
+    np.testing.assert_array_equal(trigger, one_trigger)
+
+
+@pytest.fixture()
+def seeds():
+    from mlflow_di.data import ImageSet
+    rng = np.random.default_rng(3)
+    return ImageSet(rng.integers(0, 100, (10, 8, 8, 1), dtype=np.uint8), rng.integers(0, 2, 10), "dark")
+
+
+@pytest.mark.parametrize("strategy", ["dflare", "dflare-d", "dflare-r", "dflare-paper",
+                                      DFlare(name="plateaus", restart=5, escalate=3),
+                                      DFlare(name="strict", acceptance="strict")],
+                         ids=["dflare", "dflare-d", "dflare-r", "dflare-paper", "plateaus", "strict"])
+def test_each_strategy_is_deterministic_and_independent_of_batch(seeds, strategy):
+    pair = (Brightness(LOW, classes=3), Brightness(HIGH, classes=3))
+    runs = [run_campaign(*pair, seeds, strategy=strategy, max_queries=400, timeout=1e6, batch=batch, seed=2,
+                         progress=False) for batch in (1, 4, 4)]
+    assert _comparable(runs[0]) == _comparable(runs[1]) == _comparable(runs[2])
+    assert runs[0].summary.triggers > 0
+    other_seed = run_campaign(*pair, seeds, strategy=strategy, max_queries=400, timeout=1e6, batch=4, seed=3,
+                              progress=False)
+    assert [r.queries for r in other_seed.records] != [r.queries for r in runs[0].records]
+
+
+# --- the bug-faithful DFlare_D of the reproduction harness ---
+
+def test_dflare_d_bug_never_accepts_a_mutant():
+    sys.path.insert(0, str(REPO))
+    from benchmarks.reproduce.dflare_variants import DFlareDBug, harness_strategy
+
+    strategy = harness_strategy("dflare-d-bug")
+    assert isinstance(strategy, DFlareDBug) and harness_strategy("dflare-paper") == "dflare-paper"
+    search = _start(strategy, [0.9, 0.1], [0.9, 0.1])
+    for top in (0.5, 0.6, 0.99):  # far larger gaps than the seed's, and a novel pair: still rejected
+        candidate = _step(search, [0.95, 0.05], [top, 1 - top])
+        assert candidate.flat[0] == 1  # every mutant is one mutation of the seed itself
+    assert search.best.flat[0] == 0 and search.stats.accepted.sum() == 0
+    assert strategy.options()["never_accepts"] and not strategy.novelty
