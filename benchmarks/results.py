@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -16,3 +17,11 @@ def write_section(section: str, begin: str, end: str, path: pathlib.Path = RESUL
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
+
+
+def kept_sections(old: str, new: str) -> str:
+    """The marked sections (``<!-- name -->`` ... ``<!-- /name -->``) of ``old`` that ``new`` lacks,
+    each on its own paragraph: a renderer that rewrites a whole file keeps what other scripts wrote."""
+    kept = [match.group(0) for match in re.finditer(r"<!-- ([\w .-]+) -->.*?<!-- /\1 -->", old, re.S)
+            if f"<!-- {match.group(1)} -->" not in new]
+    return "".join("\n\n" + section + "\n" for section in kept)

@@ -95,3 +95,11 @@ def test_overrides_are_typed_and_checked():
         "fuzz_runs": 2, "rq2_top_m": (6, 8), "fuzz_max_queries": None, "fuzz_timeout": 60.0}
     with pytest.raises(SystemExit, match="unknown setting"):
         parse_overrides(["no_such_setting=1"])
+
+
+def test_a_full_re_render_keeps_the_sections_other_scripts_wrote():
+    from benchmarks.results import kept_sections
+
+    old = "# R\n\nold table\n\n<!-- train_x -->\n## Trained\n| a |\n<!-- /train_x -->\n\n<!-- mine -->x<!-- /mine -->\n"
+    new = "# R\n\nnew table\n<!-- mine -->y<!-- /mine -->\n"
+    assert kept_sections(old, new) == "\n\n<!-- train_x -->\n## Trained\n| a |\n<!-- /train_x -->\n"

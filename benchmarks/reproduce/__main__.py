@@ -143,10 +143,14 @@ def _command(argv: list[str]) -> str:
 
 def write_report(out: pathlib.Path, markdown: pathlib.Path, command: str) -> None:
     from benchmarks.reproduce.markdown import render
+    from benchmarks.results import kept_sections
 
     results = {name: ExperimentResult.load(out, name) for name in EXPERIMENTS}
     markdown.parent.mkdir(parents=True, exist_ok=True)
-    markdown.write_text(render(results, markdown.resolve(), command, out))
+    text = render(results, markdown.resolve(), command, out)
+    if markdown.exists():  # sections other scripts wrote (e.g. train_reference_lenets) survive a re-render
+        text = text.rstrip("\n") + kept_sections(markdown.read_text(), text)
+    markdown.write_text(text)
 
 
 if __name__ == "__main__":
