@@ -31,6 +31,19 @@ IMAGENET = dict(scale=1.0, mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 5
                 output="logits")
 
 
+def random_torchvision_model(family: str):
+    """torchvision's ``family`` with 10 classes, seeded, its last layer re-initialised wider so the
+    random logits do not tie (tied logits flip their top-1 label with the batch size)."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    module = getattr(torchvision.models, family)(num_classes=10).eval()
+    head = [m for m in module.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))][-1]
+    torch.nn.init.normal_(head.weight, std=10.0 / head.weight[0].numel() ** 0.5)
+    return module
+
+
 def _timed(fn, device, repeat: int = 1) -> float:
     """Seconds per call of ``fn`` (synchronising CUDA so GPU work is counted)."""
     import torch
@@ -49,7 +62,6 @@ def _timed(fn, device, repeat: int = 1) -> float:
 def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int, queries: int,
             batch_size: int) -> dict:
     import torch
-    import torchvision
 
     from mlflow_di.coverage.idc import ImportanceDrivenCoverage
     from mlflow_di.coverage.suite import CoverageSuite
@@ -61,12 +73,8 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     from mlflow_di.models.torch_model import TorchModel
 
     device = resolve_device(device_spec)
-    torch.manual_seed(0)
     preprocessing = Preprocessing(input_shape=(size, size, 3), **IMAGENET)
-    module = getattr(torchvision.models, family)(num_classes=10).eval()
-    head = [m for m in module.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))][-1]
-    torch.nn.init.normal_(head.weight, std=10.0 / head.weight[0].numel() ** 0.5)  # untie the random logits
-    model = TorchModel(module, preprocessing, family).to(device)
+    model = TorchModel(random_torchvision_model(family), preprocessing, family).to(device)
     images = np.random.default_rng(0).integers(0, 256, (n_images, size, size, 3), dtype=np.uint8)
     classifier = model.classifier()
     labels = classifier.predict(images, batch_size)

@@ -19,8 +19,8 @@ import mlflow_di  # noqa: F401  (torchvision guard first)
 
 def main() -> None:
     import torch
-    import torchvision
 
+    from benchmarks.bench_scale import IMAGENET, random_torchvision_model
     from mlflow_di.coverage.idc import ImportanceDrivenCoverage
     from mlflow_di.coverage.relevance import layer_relevance
     from mlflow_di.data import ImageSet
@@ -34,12 +34,8 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: nothing to compare")
-    torch.manual_seed(0)
-    module = getattr(torchvision.models, args.family)(num_classes=10).eval()
-    head = [m for m in module.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))][-1]
-    torch.nn.init.normal_(head.weight, std=10.0 / head.weight[0].numel() ** 0.5)
-    preprocessing = Preprocessing(scale=1.0, mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375),
-                                  layout="NCHW", output="logits", input_shape=(args.size, args.size, 3))
+    module = random_torchvision_model(args.family)
+    preprocessing = Preprocessing(input_shape=(args.size, args.size, 3), **IMAGENET)
     images = np.random.default_rng(0).integers(0, 256, (128, args.size, args.size, 3), dtype=np.uint8)
     models = {device: TorchModel(copy.deepcopy(module), preprocessing, args.family).to(device)
               for device in ("cpu", "cuda")}

@@ -199,10 +199,14 @@ def _linear_batch_norm_pairs(module: nn.Module) -> list[tuple[nn.Module, nn.Modu
     return pairs
 
 
+def forward_canonizers() -> list:
+    """Fresh instances of the canonizers that rewrite forward code (residual sums, gates, heads)."""
+    return [AttributeCanonizer(_attributes), ResNetBasicBlockCanonizer(), ResNetBottleneckCanonizer()]
+
+
 def canonizers() -> list:
     """Fresh canonizer instances (they hold per-model state) for :func:`lrp_composite`."""
-    return [GraphMergeBatchNorm(), AttributeCanonizer(_attributes),
-            ResNetBasicBlockCanonizer(), ResNetBottleneckCanonizer()]
+    return [GraphMergeBatchNorm(), *forward_canonizers()]
 
 
 _TENSOR_ARITHMETIC = {operator.add: "adds", operator.iadd: "adds", torch.add: "adds",

@@ -36,7 +36,7 @@ from zennit.types import Activation, AvgPool, BatchNorm, Linear as LinearOrConv,
 
 from mlflow_di.errors import UserError
 from mlflow_di.models.device import module_device
-from mlflow_di.coverage.canonizers import canonizers, out_of_place, unhandled_tensor_arithmetic
+from mlflow_di.coverage.canonizers import canonizers, forward_canonizers, out_of_place, unhandled_tensor_arithmetic
 from mlflow_di.coverage.activations import (
     LayerRecorder, RowBuffer, check_layers, eval_mode, iter_batches, neuron_values,
 )
@@ -148,8 +148,11 @@ def _return_input(_module, inputs, _output):
 
 
 def _check_canonized(module: nn.Module, example: torch.Tensor) -> None:
-    """Refuse a model whose forward code still adds/multiplies tensors after canonizing (see canonizers)."""
-    handles = [handle for canonizer in canonizers() for handle in canonizer.apply(module)]
+    """Refuse a model whose forward code still adds/multiplies tensors after canonizing (see canonizers).
+
+    Only the forward rewrites are applied: merging batch norms changes weights, not arithmetic.
+    """
+    handles = [handle for canonizer in forward_canonizers() for handle in canonizer.apply(module)]
     try:
         with torch.no_grad():
             problem = unhandled_tensor_arithmetic(module, example)

@@ -15,6 +15,7 @@ import numpy as np
 
 from mlflow_di.data import LazyImages
 from mlflow_di.errors import UserError
+from mlflow_di.models.device import module_device
 from mlflow_di.models.preprocessing import Preprocessing
 
 
@@ -101,8 +102,6 @@ class TorchClassifier(Classifier):
     @property
     def device(self):
         """Where the module runs (its parameters' device); batches are sent there, outputs come back."""
-        from mlflow_di.models.device import module_device
-
         return module_device(self.module)
 
     @property
