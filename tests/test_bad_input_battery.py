@@ -164,6 +164,9 @@ CASES = [
     ("demo-epochs-zero", ["demo", "--epochs", "0"]),
     ("demo-fuzz-seeds-zero", ["demo", "--fuzz-seeds", "0"]),
     ("seed-not-int", [*COVERAGE, "--seed", "x"]),
+    ("device-unknown", [*COVERAGE, "--device", "tpu"]),
+    ("device-cuda-index-not-a-number", [*FUZZ, "--device", "cuda:x"]),
+    ("coverage-batch-size-zero", [*COVERAGE, "--batch-size", "0"]),
     # ---------------------------------------------------------------- preprocessing overrides
     ("preprocessing-no-equals", ["describe", "{pt}", "--preprocessing", "scale"]),
     ("preprocessing-unknown-field", ["describe", "{pt}", "--preprocessing", "gamma=2"]),
@@ -272,6 +275,9 @@ FRAGMENTS = {
     "coverage-per-class-without-idc": "--per-class",
     "coverage-per-class-not-boolean": "--per-class",
     "fuzz-seed-data-wrong-size": "28x28",
+    "device-unknown": "--device",
+    "device-cuda-index-not-a-number": "cpu, cuda or cuda:N",
+    "coverage-batch-size-zero": "--batch-size",
 }
 
 #: Cases the current code gets wrong (kept, asserted, reported; remove once fixed).
