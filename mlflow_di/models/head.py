@@ -1,10 +1,9 @@
 """A repair head: a small classifier on a model's probability vector, and the model it repairs.
 
 :class:`ProbabilityHead` maps a compressed model's probabilities (N, C) to repaired probabilities
-(N, C) with a residual MLP on the log-probabilities::
+(N, C) with a residual MLP: the MLP reads the probabilities, its output corrects the log-probabilities::
 
-    x = log(max(p, EPS))
-    logits = x + relu(x @ w1 + b1) @ w2 + b2
+    logits = log(max(p, EPS)) + relu(p @ w1 + b1) @ w2 + b2
     repaired = softmax(logits)
 
 With ``w2 = 0, b2 = 0`` the head is the identity (its argmax is the model's own), so it starts from
@@ -51,7 +50,7 @@ class ProbabilityHead:
 
     @classmethod
     def identity(cls, num_classes: int, hidden: int, rng: np.random.Generator | None = None) -> "ProbabilityHead":
-        """A head that changes no label: random first layer (He init) when ``rng`` is given, zero second layer."""
+        """A head that changes no label: random first layer (He init), zero second layer."""
         rng = rng or np.random.default_rng(0)
         w1 = rng.normal(0.0, np.sqrt(2.0 / num_classes), (num_classes, hidden))
         return cls(w1, np.zeros(hidden), np.zeros((hidden, num_classes)), np.zeros(num_classes))
@@ -60,9 +59,9 @@ class ProbabilityHead:
         return np.log(np.maximum(np.asarray(probabilities, np.float32), np.float32(EPS)))
 
     def logits(self, probabilities: np.ndarray) -> np.ndarray:
-        x = self.features(probabilities)
-        hidden = np.maximum(x @ self.w1 + self.b1, 0.0)
-        return x + hidden @ self.w2 + self.b2
+        p = np.asarray(probabilities, np.float32)
+        hidden = np.maximum(p @ self.w1 + self.b1, 0.0)
+        return self.features(p) + hidden @ self.w2 + self.b2
 
     def __call__(self, probabilities: np.ndarray) -> np.ndarray:
         """Repaired probabilities (N, C), float32."""

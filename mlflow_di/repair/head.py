@@ -4,8 +4,9 @@ What the paper gives: a small classifier on the compressed model's probability v
 with the original model's label as the target. What it does not give here (our notes hold no
 layer sizes or optimiser), so these are this package's choices:
 
-* a residual MLP on the log-probabilities with one hidden ReLU layer (``hidden`` units, 32 by
-  default), its output layer starting at zero so the untrained head changes no label;
+* a residual MLP: one hidden ReLU layer (``hidden`` units, 32 by default) reads the probability
+  vector, and its output is added to the log-probabilities; the output layer starts at zero, so
+  the untrained head changes no label and training learns corrections only;
 * full-batch Adam on the mean cross-entropy with L2 weight decay, ``epochs`` steps;
 * deviating examples weighted ``deviation_weight`` times an agreeing one (1 = unweighted).
 
@@ -57,20 +58,20 @@ def train_head(probabilities: np.ndarray, targets: np.ndarray, settings: HeadSet
     weights /= weights.sum()
     onehot = np.zeros((count, classes), np.float32)
     onehot[np.arange(count), targets] = 1.0
-    x = head.features(probabilities)
+    x = head.features(probabilities)  # the skip path; the MLP reads the probabilities themselves
     params = [head.w1, head.b1, head.w2, head.b2]
     moments = [np.zeros_like(p) for p in params]
     squares = [np.zeros_like(p) for p in params]
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     for step in range(1, settings.epochs + 1):
-        pre = x @ head.w1 + head.b1
+        pre = probabilities @ head.w1 + head.b1
         hidden = np.maximum(pre, 0.0)
         logits = x + hidden @ head.w2 + head.b2
         logits -= logits.max(axis=1, keepdims=True)
         exp = np.exp(logits)
         grad_logits = (exp / exp.sum(axis=1, keepdims=True) - onehot) * weights[:, None]
         grad_hidden = (grad_logits @ head.w2.T) * (pre > 0)
-        grads = [x.T @ grad_hidden, grad_hidden.sum(axis=0), hidden.T @ grad_logits, grad_logits.sum(axis=0)]
+        grads = [probabilities.T @ grad_hidden, grad_hidden.sum(axis=0), hidden.T @ grad_logits, grad_logits.sum(axis=0)]
         grads[0] += settings.weight_decay * head.w1
         grads[2] += settings.weight_decay * head.w2
         for param, grad, m, v in zip(params, grads, moments, squares):

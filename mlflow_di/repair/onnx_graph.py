@@ -38,7 +38,7 @@ def head_graph(head: ProbabilityHead, from_logits: bool, output: str, opset: int
         nodes.append(helper.make_node("Softmax", [probabilities], [name("softmax")], axis=-1, name=name("softmax")))
         probabilities = name("softmax")
     steps = [("Max", [probabilities, name("eps")], "clipped"), ("Log", [name("clipped")], "x"),
-             ("MatMul", [name("x"), name("w1")], "h1"), ("Add", [name("h1"), name("b1")], "h2"),
+             ("MatMul", [probabilities, name("w1")], "h1"), ("Add", [name("h1"), name("b1")], "h2"),
              ("Relu", [name("h2")], "h3"), ("MatMul", [name("h3"), name("w2")], "c1"),
              ("Add", [name("c1"), name("b2")], "c2"), ("Add", [name("x"), name("c2")], "logits")]
     nodes += [helper.make_node(op, inputs, [name(out)], name=name(out)) for op, inputs, out in steps]
