@@ -123,7 +123,27 @@ def render(results: list[dict], args, command: str) -> str:
             f"| {_pct(base['success_rate'])} -> {_pct(rep['success_rate'])} "
             f"| {_num(base['mean_queries'])} ({_num(base['median_queries'])}) -> {_num(rep['mean_queries'])} "
             f"({_num(rep['median_queries'])}) |")
-    lines += ["", "Training sets: " + "; ".join(
+    mean_repair = np.mean([r["repair"]["cross_validation"]["pooled"]["repair_ratio"] for r in results])
+    best = max(results, key=lambda r: r["repair"]["cross_validation"]["pooled"]["improvement"])
+    change = max(abs(r["repair"]["clean"]["repaired_accuracy"] - r["repair"]["clean"]["compressed_accuracy"]) * 100
+                 for r in results)
+    ratios = [r["fresh_vs_repaired"]["mean_queries"] / r["fresh_vs_compressed"]["mean_queries"] for r in results
+              if r["fresh_vs_repaired"]["mean_queries"] and r["fresh_vs_compressed"]["mean_queries"]]
+    lines += ["", f"**Beside the paper:** mean CV repair ratio {_pct(mean_repair)} over the {len(results)} pairs "
+              f"(paper 32.7% on average); best CV improvement {_pct(best['repair']['cross_validation']['pooled']['improvement'])} "
+              f"(`{best['pair']}`; paper's best 48.5%). On held-out seeds the head fixes most of DFlare's triggers "
+              f"while changing almost no agreeing input, and clean accuracy moves by at most {change:.2f} points "
+              "(compressed -> repaired; see the clean deviations column for disagreements with the original). But it does **not** make the compressed model "
+              "harder to fuzz: fresh DFlare campaigns against the repaired model still succeed on every seed they "
+              f"succeed on against the compressed one, with {min(ratios):.2f}-{max(ratios):.2f}x the mean queries "
+              "(fewer, not more). A likely reason, not tested further: DFlare's triggers sit just across a decision "
+              "boundary; the head moves the compressed model's boundary towards the original's near the triggers "
+              "it learnt from, and a fresh search finds a deviation as close to the new boundary. Drepair, as measured here, repairs the "
+              "deviations it was shown and ones like them, not the model's susceptibility to a new search. Our "
+              "ratios are higher than the paper's, whose triggers come from its own campaigns, models, head and "
+              "folds (our notes do not say how it split them), so the figures are not of the same inputs: the "
+              "comparison is of orders of magnitude, not a reproduction.",
+              "", "Training sets: " + "; ".join(
         f"`{r['pair']}` {r['repair']['training_set']['seeds']} triggering seeds, {r['repair']['training_set']['examples']} "
         f"examples ({r['repair']['training_set']['deviating']} deviating)" for r in results) + ".",
               "",
@@ -152,7 +172,15 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="/tmp/bench_repair.json")
     parser.add_argument("--write", action="store_true", help="write the section of benchmarks/REPRODUCTION.md")
+    parser.add_argument("--from-json", default=None, help="render the section from an earlier --out file (no runs)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        results = json.loads(pathlib.Path(args.from_json).read_text())
+        section = render(results, args, "python -m benchmarks.bench_repair --write")
+        print(section)
+        if args.write:
+            write_section(section, BEGIN, END, REPRODUCTION)
+        return
     config = make_config("full", threads=args.threads)
     subjects = Subjects(config, pathlib.Path("/tmp/bench_repair_work"))
     results = []

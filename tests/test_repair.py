@@ -197,26 +197,6 @@ def test_onnx_graph_with_the_head_equals_the_engine(tmp_path, rng, logits):
 
 
 # ----------------------------------------------------------------- the command, end to end
-@pytest.fixture()
-def registered_cnn(tracking_uri):
-    import torch
-
-    from mlflow_di.data import load_images
-    from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
-    from mlflow_di.models import zoo
-    from mlflow_di.models.torch_model import TorchModel
-    from mlflow_di.models.training import train_classifier
-
-    spec = zoo.architecture("digits-cnn")
-    model = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn", metadata={"arch": "digits-cnn"})
-    train = load_images("digits[0:600]")
-    train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
-                     progress=False)
-    with tracking.tracked_run("train"):
-        edge_models.log_torch_model(model, registered_model_name="cnn")
-    return "models:/cnn/1"
-
-
 def test_repair_command_registers_an_onnx_model_that_fuzz_and_gate_accept(registered_cnn, tmp_path, capsys):
     import mlflow
 
@@ -272,3 +252,22 @@ def test_bad_repair_requests_fail_in_one_line_without_a_run(tracking_uri, tmp_pa
     err = capsys.readouterr().err
     assert fragment in err and len(err.strip().splitlines()) == 1
     assert not mlflow.search_runs(output_format="list", search_all_experiments=True)
+
+
+def test_a_repaired_tflite_model_registers_as_a_pyfunc_that_loads_back(tracking_uri, shared_dir, rng):
+    from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
+    from mlflow_di.models.classifier import TFLiteClassifier
+    from mlflow_di.models.loading import load_classifier
+
+    lite = shared_dir / "models" / "dflare" / "lenet1-quan.lite"
+    base = TFLiteClassifier(lite)
+    head = ProbabilityHead.identity(10, 8, rng)
+    head.w2[:] = rng.normal(0, 1, head.w2.shape)
+    with tracking.tracked_run("repair"):
+        info = edge_models.log_repaired_pyfunc(lite, head, base.preprocessing, "lenet1-repaired",
+                                               {"mlflow_di.repairs": str(lite)})
+    loaded = load_classifier(f"models:/lenet1-repaired/{info.registered_model_version}")
+    images = rng.integers(0, 256, (9, 28, 28, 1), dtype=np.uint8)
+    np.testing.assert_allclose(loaded.predict_proba(images), RepairedClassifier(base, head).predict_proba(images),
+                               atol=1e-6)
+    assert loaded.preprocessing.input_shape == (28, 28, 1)
