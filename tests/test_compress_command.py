@@ -5,29 +5,10 @@ import json
 import mlflow
 import numpy as np
 import pytest
-import torch
 
-from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
 from mlflow_di.cli import main
-from mlflow_di.data import load_images
-from mlflow_di.models import zoo
-from mlflow_di.models.torch_model import TorchModel
-from mlflow_di.models.training import train_classifier
 
 METHODS = ("fp32", "int8-static", "int8-dynamic", "prune-l1", "prune-structured")
-
-
-@pytest.fixture()
-def registered_cnn(tracking_uri):
-    """digits-cnn trained briefly and registered as models:/cnn/1."""
-    spec = zoo.architecture("digits-cnn")
-    model = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn", metadata={"arch": "digits-cnn"})
-    train = load_images("digits[0:600]")
-    train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
-                     progress=False)
-    with tracking.tracked_run("train"):
-        edge_models.log_torch_model(model, registered_model_name="cnn")
-    return "models:/cnn/1"
 
 
 def test_every_method_registers_an_export_with_lineage_that_fuzz_accepts(registered_cnn, tmp_path, capsys):

@@ -11,6 +11,7 @@ import io
 import pathlib
 import re
 import sys
+import warnings
 
 import mlflow
 
@@ -24,7 +25,7 @@ from mlflow_di.models.metadata import ModelMetadata
 class DownloadedModel:
     """An MLflow model fetched to local disk: the file mlflow-di loads, its kind and metadata."""
 
-    kind: str  # "pytorch", "pytorch-pt2" or "onnx"
+    kind: str  # "pytorch", "pytorch-pt2", "onnx" or "repaired" (a folder: base model + repair head)
     path: pathlib.Path
     metadata: dict
 
@@ -50,6 +51,8 @@ def download_model(uri: str) -> DownloadedModel:
         return DownloadedModel("pytorch-pt2", data / "model.pt2", model.metadata or {})
     if "onnx" in flavors:
         return DownloadedModel("onnx", local / flavors["onnx"]["data"], model.metadata or {})
+    if "python_function" in flavors and REPAIRED_BASE in ((model.metadata or {}).get("mlflow_di") or {}):
+        return DownloadedModel("repaired", local / "artifacts", model.metadata or {})
     raise UserError(f"model '{uri}' has flavors {sorted(flavors)}; mlflow-di reads the pytorch and onnx flavors "
                     "(log the model with mlflow.pytorch or mlflow.onnx)")
 
@@ -77,6 +80,58 @@ def log_onnx_model(path, preprocessing, registered_model_name: str, lineage: dic
         return mlflow.onnx.log_model(onnx.load(str(path)), name="model", registered_model_name=registered_model_name,
                                      metadata=metadata.to_mlflow(), tags=lineage,
                                      pip_requirements=["onnx", "onnxruntime"], save_as_external_data=False)
+
+
+#: Metadata fact of a repaired pyfunc model: the file name of its base (compressed) model in artifacts/.
+REPAIRED_BASE = "repaired_base"
+REPAIR_HEAD = "head.npz"
+
+
+# MLflow warns, when the class is defined, that predict() has no type hints: its input is raw images
+# of any shape, which its type-hint validation cannot describe. (Its own filter shows that warning
+# "once" whatever filter is set outside, so the warning is recorded here and dropped.)
+with warnings.catch_warnings(record=True):
+
+    class RepairedPyfunc(mlflow.pyfunc.PythonModel):
+        """A compressed model (TFLite or another single-file backend) followed by a repair head, as an
+        MLflow pyfunc: ``predict`` takes raw uint8 NHWC images and returns repaired probabilities."""
+
+        def load_context(self, context):
+            from mlflow_di.models.loading import load_repaired
+
+            self.classifier = load_repaired(pathlib.Path(context.artifacts["head"]).parent, self.metadata)
+
+        def __init__(self, metadata: dict):
+            self.metadata = metadata
+
+        def predict(self, context, model_input, params=None):
+            import numpy as np
+
+            return self.classifier.predict_proba(np.asarray(model_input, np.uint8))
+
+
+def log_repaired_pyfunc(base_path, head, preprocessing, registered_model_name: str, lineage: dict):
+    """Log and register a non-ONNX compressed model plus its repair head as a pyfunc (see :class:`RepairedPyfunc`)."""
+    import tempfile
+
+    base_path = pathlib.Path(base_path)
+    facts = {key.removeprefix("mlflow_di."): value for key, value in lineage.items()}
+    facts[REPAIRED_BASE] = base_path.name
+    metadata = ModelMetadata(preprocessing, facts).to_mlflow()
+    with tempfile.TemporaryDirectory(prefix="mlflow-di-repair-") as scratch:
+        head_path = pathlib.Path(scratch) / REPAIR_HEAD
+        head.save(head_path)
+        with mlflow_errors(f"cannot log/register '{registered_model_name}'"), _quiet_registration():
+            return mlflow.pyfunc.log_model(
+                name="model", python_model=RepairedPyfunc(metadata), registered_model_name=registered_model_name,
+                artifacts={"base": str(base_path), "head": str(head_path)}, metadata=metadata, tags=lineage,
+                pip_requirements=[f"mlflow-di=={mlflow_di.__version__}", "ai-edge-litert"])
+
+
+def download_campaign(run_id: str) -> pathlib.Path:
+    """The campaign folder a ``fuzz`` run logged (its ``fuzz/campaign`` artifacts), fetched to local disk."""
+    with mlflow_errors(f"cannot fetch the campaign of run '{run_id}'"):
+        return pathlib.Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="fuzz/campaign"))
 
 
 @contextlib.contextmanager

@@ -177,13 +177,13 @@ def _producing_run(target: _CompressedTarget, client):
 
 
 def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> Measurement:
-    """accuracy_drop from the compress run that produced the compressed version."""
+    """accuracy_drop from the compress (or repair) run that produced the compressed version."""
     missing = missing_message(CRITERION["accuracy_drop"], subject_uri, target.key)
     run = _producing_run(target, client)
     if run is None:
         return Measurement("accuracy_drop", None, target.key, missing=missing)
     tags = run.data.tags
-    if (tags.get(f"{TAG_PREFIX}command") != "compress" or run.info.status != "FINISHED"
+    if (tags.get(f"{TAG_PREFIX}command") not in ("compress", "repair") or run.info.status != "FINISHED"
             or "accuracy_drop" not in run.data.metrics):
         return Measurement("accuracy_drop", None, target.key, missing=missing)
     source = (tags.get(f"{TAG_PREFIX}model_name"), tags.get(f"{TAG_PREFIX}model_version"))

@@ -26,7 +26,7 @@ from mlflow_di.models.preprocessing import Preprocessing
 from mlflow_di.models.reference import URI_HELP, ModelRef, RefKind
 from mlflow_di.models.torch_model import TorchModel
 
-__all__ = ["URI_HELP", "ModelSource", "load_classifier", "load_torch_model", "resolve"]
+__all__ = ["URI_HELP", "ModelSource", "load_classifier", "load_repaired", "load_torch_model", "resolve"]
 
 
 @dataclasses.dataclass
@@ -34,7 +34,7 @@ class ModelSource:
     """Where a model came from and what it is, before any framework loads it."""
 
     ref: ModelRef
-    kind: str  # "pytorch", "pytorch-pt2", "onnx", "tflite", "keras"
+    kind: str  # "pytorch", "pytorch-pt2", "onnx", "tflite", "keras", "repaired"
     path: pathlib.Path
     metadata: ModelMetadata = dataclasses.field(default_factory=ModelMetadata)
 
@@ -150,13 +150,30 @@ def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None, 
 
             classifier.module.to(resolve_device(device))
         return classifier
-    if source.kind == "onnx":
+    if source.kind == "repaired":
+        classifier = load_repaired(source.path, source.metadata.to_mlflow(), source.ref.display_name, device)
+    elif source.kind == "onnx":
         classifier = OnnxClassifier(source.path, name=source.ref.display_name, device=device)
     else:
         classifier = TFLiteClassifier(source.path, name=source.ref.display_name)
     base = source.preprocessing or classifier.preprocessing
     classifier.preprocessing = _with_override(base, preprocessing)
     return classifier
+
+
+def load_repaired(folder, metadata: dict, name: str | None = None, device=None) -> Classifier:
+    """A repaired pyfunc model's classifier: its base model file and ``head.npz`` in ``folder``,
+    ``metadata`` its MLflow metadata (the ``mlflow_di`` block names the base file)."""
+    from mlflow_di.models.head import ProbabilityHead, RepairedClassifier
+
+    folder = pathlib.Path(folder)
+    block = ModelMetadata.from_mlflow(metadata)
+    base_path = folder / block.facts["repaired_base"]
+    if base_path.suffix == ".onnx":
+        base = OnnxClassifier(base_path, block.preprocessing, name=base_path.name, device=device)
+    else:
+        base = TFLiteClassifier(base_path, block.preprocessing, name=base_path.name)
+    return RepairedClassifier(base, ProbabilityHead.load(folder / "head.npz"), name=name)
 
 
 def _pt2_classifier(source: ModelSource, preprocessing) -> Classifier:

@@ -1,0 +1,225 @@
+"""``mlflow-di repair``: Drepair a compressed model from fuzz campaigns, and register the repaired model.
+
+The head (:mod:`mlflow_di.repair`) is trained on the campaigns' seeds, triggers and fresh
+mutants, cross-validated by seed, and appended to the compressed model: an ONNX export becomes
+one ONNX graph (export + head), a TFLite model a pyfunc (the .tflite file + the head's weights).
+The new version carries lineage tags (``mlflow_di.repairs``: the compressed model;
+``mlflow_di.repair_campaigns``: the campaigns used) and the export's source tags, so ``fuzz``
+and ``gate`` take it as they take any export.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import tempfile
+
+import click
+
+from mlflow_di.commands.options import device_option, json_out_option, seed_option, write_json_out
+
+RUN_ID = re.compile(r"^(?:runs:/)?([0-9a-f]{32})/?$")
+
+
+@click.command("repair")
+@click.option("--compressed", required=True, help="The compressed model to repair (models:/NAME/VERSION, .onnx, .tflite).")
+@click.option("--campaign", "campaigns", required=True, multiple=True, metavar="RUN_OR_FOLDER",
+              help="A fuzz campaign of this compressed model: its folder, or the fuzz run (ID or runs:/ID) that "
+                   "logged it. Repeatable.")
+@click.option("--original", default=None,
+              help="The original model, whose labels are the targets (default: the one the campaigns fuzzed).")
+@click.option("--eval-data", default=None, help="Labelled data spec for clean-test accuracy before/after, e.g. "
+                                                "mnist:DIR[5000:].")
+@click.option("--register-as", default=None, help="Registered model name (default: <compressed name>-repaired).")
+@click.option("--folds", type=click.IntRange(2), default=5, show_default=True,
+              help="Cross-validation folds (split by seed).")
+@click.option("--mutants", type=click.IntRange(0), default=8, show_default=True,
+              help="Fresh mutants of each triggering seed added as (mostly agreeing) examples.")
+@click.option("--hidden", type=click.IntRange(1), default=32, show_default=True, help="Hidden units of the head.")
+@click.option("--epochs", type=click.IntRange(1), default=400, show_default=True, help="Full-batch training steps.")
+@seed_option
+@json_out_option
+@device_option
+def command(compressed, campaigns, original, eval_data, register_as, folds, mutants, hidden, epochs, seed, json_out,
+            device) -> str:
+    """Train a repair head for COMPRESSED on fuzz campaigns, report how well it repairs, and register the result.
+
+    Returns the registered version's URI."""
+    from mlflow_di.data import load_images
+    from mlflow_di.errors import UserError
+    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.models.loading import load_classifier, resolve
+    from mlflow_di.models.reference import ModelRef
+    from mlflow_di.repair import HeadSettings, repair
+
+    loaded = [_load_campaign(spec) for spec in campaigns]
+    original = original or _campaigns_original(loaded)
+    compressed_ref, original_ref = ModelRef.parse(compressed), ModelRef.parse(original)
+    source = resolve(compressed_ref)
+    if source.kind not in ("onnx", "tflite"):
+        raise UserError(f"'{compressed}' is a {source.kind} model; repair registers ONNX (one graph) and TFLite "
+                        "(pyfunc) compressed models")
+    compressed_model = load_classifier(compressed_ref, device=device)
+    original_model = load_classifier(original_ref, device=device)
+    test = compressed_model.preprocessing.prepare(load_images(eval_data)) if eval_data else None
+    settings = HeadSettings(hidden=hidden, epochs=epochs, seed=seed)
+    lineage = _lineage(compressed, campaigns)
+    name = register_as or f"{compressed_ref.base_name}-repaired"
+    tags = {"mlflow_di.command": "repair", **registry.model_version_tags(original),
+            **registry.compressed_model_tags(compressed)}
+    with runs.tracked_run(f"repair {compressed_ref.short}", tags=tags) as log:
+        log.params({"compressed": compressed, "original": original, "campaigns": json.dumps(list(campaigns)),
+                    "eval_data": eval_data or "none", "folds": folds, "mutants": mutants, "hidden": hidden,
+                    "epochs": epochs, "seed": seed, "register_as": name})
+        result, head, _ = repair([c for _, c in loaded], original_model, compressed_model, settings, folds=folds,
+                                 mutants_per_seed=mutants, seed=seed, test_data=test)
+        with tempfile.TemporaryDirectory(prefix="mlflow-di-repair-") as scratch:
+            info, check = _register(source, compressed_model, head, name, lineage, pathlib.Path(scratch),
+                                    [c for _, c in loaded], device)
+        metrics = _metrics(result)
+        if check is not None:
+            metrics["onnx_max_abs_diff"] = check
+        log.metrics(metrics)
+        log.json(result.to_dict(), "repair/result.json")
+        log.text(_report(compressed, name, info.registered_model_version, result), "repair/report.html")
+        version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
+        registry.write_version_tags(version, lineage)
+    uri = f"models:/{name}/{info.registered_model_version}"
+    _print_summary(uri, result, "ONNX graph" if source.kind == "onnx" else "pyfunc")
+    write_json_out({"registered": uri, **result.to_dict()}, json_out)
+    return uri
+
+
+def _load_campaign(spec: str):
+    """(spec, CampaignResult) for a campaign folder or the fuzz run that logged one."""
+    from mlflow_di.errors import UserError
+    from mlflow_di.fuzz import load_campaign
+
+    folder = pathlib.Path(spec).expanduser()
+    if folder.is_dir():
+        return spec, load_campaign(folder)
+    match = RUN_ID.match(spec.strip())
+    if match is None:
+        raise UserError(f"--campaign '{spec}' is neither a campaign folder nor a fuzz run (a 32-character run ID "
+                        "or runs:/ID)")
+    from mlflow_di.mlflow_edge.models import download_campaign
+
+    return spec, load_campaign(download_campaign(match.group(1)))
+
+
+def _campaigns_original(loaded) -> str:
+    from mlflow_di.errors import UserError
+
+    originals = sorted({campaign.config.original for _, campaign in loaded})
+    if len(originals) != 1:
+        raise UserError(f"the campaigns fuzzed different original models ({', '.join(originals)}); "
+                        "pass --original to say which one's labels to repair towards")
+    return originals[0]
+
+
+def _lineage(compressed: str, campaigns) -> dict:
+    """Version tags of the repaired model: what it repairs, from which campaigns, and the export's source."""
+    import mlflow_di
+    from mlflow_di.mlflow_edge import registry
+
+    tags = {"mlflow_di.repairs": compressed, "mlflow_di.repair_campaigns": json.dumps(list(campaigns)),
+            "mlflow_di.method": "drepair", "mlflow_di.version": mlflow_di.__version__}
+    if registry.registry_ref(compressed) is not None:
+        version = registry.resolve_version(compressed)
+        tags["mlflow_di.repairs"] = registry.version_uri(version)
+        inherited = {k: v for k, v in (version.tags or {}).items()
+                     if k in ("mlflow_di.source_uri", "mlflow_di.source_name", "mlflow_di.source_version")}
+        tags.update(inherited)
+        if "mlflow_di.method" in (version.tags or {}):
+            tags["mlflow_di.method"] = f"{version.tags['mlflow_di.method']}+drepair"
+    return tags
+
+
+def _register(source, compressed_model, head, name: str, lineage: dict, scratch: pathlib.Path, campaigns, device):
+    """Log and register the repaired model; for ONNX, also the largest difference between ONNX
+    Runtime's outputs and the engine's (compressed model + head) on the campaigns' triggers."""
+    import dataclasses
+
+    import numpy as np
+
+    from mlflow_di.mlflow_edge import models
+    from mlflow_di.models.classifier import OnnxClassifier
+    from mlflow_di.repair.onnx_graph import append_head
+
+    if source.kind != "onnx":
+        return models.log_repaired_pyfunc(source.path, head, compressed_model.preprocessing, name, lineage), None
+    path = append_head(source.path, head, compressed_model.preprocessing, scratch / f"{name}.onnx",
+                       {"repairs": lineage["mlflow_di.repairs"]})
+    repaired = OnnxClassifier(path, name=name, device=device)
+    probe = np.concatenate([c.triggers[:32] for c in campaigns])
+    check = float(np.max(np.abs(repaired.predict_proba(probe) - head(compressed_model.predict_proba(probe)))))
+    preprocessing = dataclasses.replace(compressed_model.preprocessing, output="probabilities")
+    return models.log_onnx_model(path, preprocessing, name, lineage), check
+
+
+def _metrics(result) -> dict:
+    metrics = {}
+    for prefix, counts in (("cv", result.cross_validation.pooled), ("cv_paper", result.cross_validation.paper_kinds)):
+        values = counts.to_dict()
+        for key in ("repair_ratio", "inducing_ratio", "improvement", "deviating", "agreeing", "deviations_after"):
+            if values[key] is not None:
+                metrics[f"{prefix}_{key}"] = values[key]
+    metrics.update({f"training_{k}": v for k, v in result.training_set.items()})
+    clean = result.clean
+    if clean is not None:
+        metrics.update(source_accuracy=clean.original_accuracy, compressed_accuracy=clean.compressed_accuracy,
+                       repaired_accuracy=clean.repaired_accuracy,
+                       accuracy_drop=clean.original_accuracy - clean.repaired_accuracy,
+                       eval_images=clean.images, clean_deviations_before=clean.deviations.deviating,
+                       clean_deviations_after=clean.deviations.deviations_after)
+        for key in ("repair_ratio", "inducing_ratio", "improvement"):
+            value = getattr(clean.deviations, key)
+            if value is not None:
+                metrics[f"clean_{key}"] = value
+    return metrics
+
+
+def _report(compressed: str, name: str, version, result) -> str:
+    from mlflow_di.reporting import HtmlReport
+
+    cv = result.cross_validation
+    html = HtmlReport(f"Drepair of {compressed}", subtitle=f"registered as models:/{name}/{version}")
+    pooled = cv.pooled.to_dict()
+    html.verdict(None, f"{result.folds}-fold cross-validation by seed: repaired {cv.pooled.repaired} of "
+                       f"{cv.pooled.deviating} held-out deviations, induced {cv.pooled.induced} new ones on "
+                       f"{cv.pooled.agreeing} agreeing inputs")
+    html.section("Cross-validation (pooled over the held-out folds)").metrics(
+        pooled, percent_keys=["repair_ratio", "inducing_ratio", "improvement"])
+    html.section("Seeds and triggers only (the paper's kinds of input)").metrics(
+        cv.paper_kinds.to_dict(), percent_keys=["repair_ratio", "inducing_ratio", "improvement"])
+    html.section("Per fold").table([{"fold": i + 1, **c.to_dict()} for i, c in enumerate(cv.folds)])
+    if result.clean is not None:
+        clean = result.clean
+        html.section(f"Clean test data ({clean.data})").metrics(
+            {"original_accuracy": clean.original_accuracy, "compressed_accuracy": clean.compressed_accuracy,
+             "repaired_accuracy": clean.repaired_accuracy, **{f"deviations_{k}": v for k, v in
+                                                              clean.deviations.to_dict().items()}},
+            percent_keys=["original_accuracy", "compressed_accuracy", "repaired_accuracy"])
+    html.section("Training set").metrics(result.training_set)
+    html.section("Head settings").code(json.dumps(result.settings.to_dict(), indent=2))
+    html.paragraph("Repair ratio: share of deviating inputs whose repaired label is the original's. Inducing ratio: "
+                   "share of agreeing inputs whose repaired label now differs from the original's. Improvement: "
+                   "(deviations before - deviations after) / deviations before.")
+    return html.render()
+
+
+def _percent(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _print_summary(uri: str, result, form: str) -> None:
+    cv = result.cross_validation.pooled
+    click.echo(f"repaired model -> {uri} ({form})")
+    click.echo(f"  {result.folds}-fold CV by seed on {result.training_set['seeds']} seeds: repair ratio "
+               f"{_percent(cv.repair_ratio)} ({cv.repaired}/{cv.deviating}), inducing ratio "
+               f"{_percent(cv.inducing_ratio)} ({cv.induced}/{cv.agreeing}), improvement {_percent(cv.improvement)}")
+    clean = result.clean
+    if clean is not None:
+        click.echo(f"  clean accuracy on {clean.images} images: original {clean.original_accuracy:.2%}, compressed "
+                   f"{clean.compressed_accuracy:.2%}, repaired {clean.repaired_accuracy:.2%}; deviations from the "
+                   f"original {clean.deviations.deviating} -> {clean.deviations.deviations_after}")
