@@ -159,8 +159,7 @@ def heatmap(values: np.ndarray, row_names: Sequence[str], column_names: Sequence
     width = max(FIGURE_SIZE[0], 1.6 + 0.32 * len(column_names))
     with _figure((width, height)) as figure:
         axes = figure.add_subplot()
-        cmap = matplotlib.colormaps["RdBu_r" if symmetric else "viridis"].copy()
-        cmap.set_bad("#ced4da")
+        cmap = matplotlib.colormaps["RdBu_r" if symmetric else "viridis"].with_extremes(bad="#ced4da")
         image = axes.imshow(np.ma.masked_invalid(values), aspect="auto", cmap=cmap, interpolation="nearest",
                             vmin=-limit if symmetric else min(0.0, float(finite.min(initial=0.0))), vmax=limit)
         axes.set_xticks(np.arange(len(column_names)), column_names, rotation=60, ha="right")
