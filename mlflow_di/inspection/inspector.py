@@ -46,7 +46,8 @@ class InspectionResult:
 
     ``scores[measure]`` is (rows, H): rows are ``units`` for a per-unit measure and ``groups`` (in
     order) for the probe. ``top_inputs`` (U, k) are the positions, in the data, of the inputs
-    that activated each unit most (highest first). ``history`` lists (inputs read, widest interval).
+    that activated each unit most (highest first). ``history`` lists (inputs read, widest interval)
+    at each checkpoint (only the end without early stopping).
     """
 
     layer: str
@@ -229,7 +230,7 @@ class _Stream:
                 self._batch(recorder, positions)
                 seen += len(positions)
                 bar.update(len(positions))
-                if seen >= next_check or seen == n_all:
+                if seen == n_all or (query.early_stop and seen >= next_check):  # no checkpoints without early stop
                     converged = self._converged(seen)
                     next_check = max(next_check + 1, int(seen * CHECK_GROWTH))
                     if converged and query.early_stop:
