@@ -31,6 +31,7 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
     steps = [
         ("demo", dict(epochs=10, fuzz_seeds=5)),
         ("coverage", dict(model_uri="models:/digits-cnn/1", top_m=4)),
+        ("inspect", dict(model_uri="models:/digits-cnn/1", data="digits[0:600]", measures="pearson,probe")),
         ("compress", dict(model_uri="models:/digits-cnn/1", method="int8-dynamic")),
         ("fuzz", dict(original="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
                       num_seeds=10, timeout=5, out_dir=tmp_path / "campaign")),
@@ -42,6 +43,7 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
     # the demo's own five runs, then one run per entry point (demo's runs included once each)
     assert finished_commands(tmp_path).count("coverage") == 2
     assert finished_commands(tmp_path).count("gate") == 2
+    assert finished_commands(tmp_path).count("inspect") == 1
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert client.get_model_version_by_alias("digits-cnn", "champion").version == 1
 

@@ -358,3 +358,29 @@ def relevance_heatmaps(
         draw.text((PAD, canvas.height - PAD - FOOTER_HEIGHT + 4), f"showing the first {n} of {n_all} images",
                   font=font(12), fill=MUTED)
     return np.asarray(canvas)
+
+
+def labelled_image_rows(rows: Sequence[np.ndarray], captions: Sequence[str], max_rows: int = 24) -> np.ndarray:
+    """RGB picture of image rows, each with a caption on its left (e.g. a unit's most activating inputs).
+
+    ``rows`` are uint8 k×H×W[×C] batches of one image size (rows may have fewer images than the longest).
+    """
+    _check_lengths(len(rows), captions=captions)
+    rows, captions = list(rows)[:max_rows], list(captions)[:max_rows]
+    if not rows or not any(len(r) for r in rows):
+        raise ValueError("no images to draw")
+    batches = [to_rgb_batch(r, "row images") for r in rows]
+    height, width = next(b for b in batches if len(b)).shape[1:3]
+    scale = max(1, upscale_factor(height, width, target=56))
+    cell_h, cell_w = height * scale, width * scale
+    columns = max(len(b) for b in batches)
+    caption_w = min(CAPTION_WIDTH + 80, max(font().getlength(c) for c in captions) + 2 * GAP)
+    canvas = Image.new("RGB", (int(2 * PAD + caption_w + columns * (cell_w + GAP)),
+                               2 * PAD + len(batches) * (cell_h + GAP)), BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    for r, (batch, caption) in enumerate(zip(batches, captions)):
+        top = PAD + r * (cell_h + GAP)
+        draw.text((PAD, top + cell_h // 2 - LINE_HEIGHT // 2), caption, fill=TEXT, font=font())
+        for c, image in enumerate(batch):
+            canvas.paste(Image.fromarray(upscale(image, scale)), (int(PAD + caption_w + c * (cell_w + GAP)), top))
+    return np.asarray(canvas)

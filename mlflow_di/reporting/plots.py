@@ -140,3 +140,32 @@ def bar_plot(
             axes.legend(loc="best")
         axes.set_title(title)
         return figure_to_rgb(figure)
+
+
+def heatmap(values: np.ndarray, row_names: Sequence[str], column_names: Sequence[str], title: str,
+            symmetric: bool = True, colorbar_label: str = "") -> np.ndarray:
+    """Rows x columns matrix of scores as a coloured grid (NaN cells grey), e.g. units x hypotheses.
+
+    ``symmetric``: a diverging map centred at 0 with limits +-max|v| (correlations); otherwise a
+    sequential map from 0 (mutual information, probe scores).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape != (len(row_names), len(column_names)) or values.size == 0:
+        raise ValueError(f"heatmap needs a non-empty {len(row_names)}x{len(column_names)} matrix, got {values.shape}")
+    finite = values[np.isfinite(values)]
+    limit = float(np.abs(finite).max()) if finite.size else 1.0
+    limit = limit or 1.0
+    height = min(max(2.6, 0.9 + 0.17 * len(row_names)), 30.0)
+    width = max(FIGURE_SIZE[0], 1.6 + 0.32 * len(column_names))
+    with _figure((width, height)) as figure:
+        axes = figure.add_subplot()
+        cmap = matplotlib.colormaps["RdBu_r" if symmetric else "viridis"].with_extremes(bad="#ced4da")
+        image = axes.imshow(np.ma.masked_invalid(values), aspect="auto", cmap=cmap, interpolation="nearest",
+                            vmin=-limit if symmetric else min(0.0, float(finite.min(initial=0.0))), vmax=limit)
+        axes.set_xticks(np.arange(len(column_names)), column_names, rotation=60, ha="right")
+        step = max(1, len(row_names) // 60)  # at most ~60 row labels stay readable
+        axes.set_yticks(np.arange(0, len(row_names), step), list(row_names)[::step])
+        axes.grid(False)
+        axes.set_title(title)
+        figure.colorbar(image, ax=axes, label=colorbar_label, shrink=0.8)
+        return figure_to_rgb(figure)
