@@ -52,7 +52,8 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     from mlflow_di.models.reference import ModelRef
     from mlflow_di.repair import HeadSettings, repair
 
-    loaded = [_load_campaign(spec) for spec in campaigns]
+    loaded = _load_campaigns(campaigns)
+    campaigns = [spec for spec, _ in loaded]
     original = original or _campaigns_original(loaded)
     compressed_ref, original_ref = ModelRef.parse(compressed), ModelRef.parse(original)
     source = resolve(compressed_ref)
@@ -88,6 +89,29 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     _print_summary(uri, result, "ONNX graph" if source.kind == "onnx" else "pyfunc")
     write_json_out({"registered": uri, **result.to_dict()}, json_out)
     return uri
+
+
+def _load_campaigns(specs) -> list:
+    """(spec, CampaignResult) of each distinct campaign: a folder or run given twice counts once
+    (its seeds would weigh twice in training), with a note."""
+    loaded, seen = [], {}
+    for spec in specs:
+        key = _campaign_key(spec)
+        if key in seen:
+            click.echo(f"note: --campaign '{spec}' is the campaign '{seen[key]}' again; using it once", err=True)
+            continue
+        seen[key] = spec
+        loaded.append(_load_campaign(spec))
+    return loaded
+
+
+def _campaign_key(spec: str) -> str:
+    """What a --campaign names: the resolved folder, or the run ID."""
+    folder = pathlib.Path(spec).expanduser()
+    if folder.is_dir():
+        return f"folder:{folder.resolve()}"
+    match = RUN_ID.match(spec.strip())
+    return f"run:{match.group(1)}" if match else spec
 
 
 def _load_campaign(spec: str):
