@@ -278,16 +278,27 @@ def file_pair(tmp_path_factory):
 @pytest.mark.parametrize("args, fragment", [
     (["--campaign", "no-such-folder"], "neither a campaign folder nor a fuzz run"),
     (["--campaign", "0123456789abcdef0123456789abcdef"], "cannot fetch the campaign"),
+    (["--campaign", "{root}/none", "--original", "{root}/twin.onnx"], "no triggering input"),
+    (["--campaign", "{root}/other", "--original", "{root}/o.onnx"], "fuzzed the compressed model 'other.onnx', not"),
+    (["--campaign", "{root}/pair", "--original", "{root}/o.onnx", "--folds", "500"],
+     "needs at least 500 triggering seeds"),
+    (["--campaign", "{root}/pair", "--original", "{root}/o.onnx", "--eval-data", "npz:{root}/seeds.npz"],
+     "--eval-data shares"),
+    (["--campaign", "{root}/pair"], "pass --original"),
+    (["--campaign", "{root}/pair", "--original", "{root}/twin.onnx"], "nothing to repair"),
 ])
-def test_bad_repair_requests_fail_in_one_line_without_a_run(tracking_uri, tmp_path, capsys, args, fragment):
+def test_bad_repair_requests_fail_in_one_line_without_a_run(tracking_uri, file_pair, capsys, monkeypatch, tmp_path,
+                                                             args, fragment):
     import mlflow
 
     from mlflow_di.cli import main
 
-    _linear_onnx(tmp_path / "m.onnx")
-    assert main(["repair", "--compressed", str(tmp_path / "m.onnx"), *args]) == 2
+    monkeypatch.chdir(tmp_path)  # a decoy of the name a file campaign records its original by must not be loaded
+    (tmp_path / "o.onnx").write_bytes(b"not the original")
+    args = [arg.format(root=file_pair) for arg in args]
+    assert main(["repair", "--compressed", str(file_pair / "m.onnx"), *args]) == 2
     err = capsys.readouterr().err
-    assert fragment in err and len(err.strip().splitlines()) == 1
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
     assert not mlflow.search_runs(output_format="list", search_all_experiments=True)
 
 

@@ -90,6 +90,14 @@ def seed_keys(campaigns) -> set[str]:
     return {image_key(seed_image) for campaign in campaigns for seed_image in campaign.trigger_seeds}
 
 
+def shared_seed_images(images, campaigns, batch: int = 256) -> int:
+    """How many of ``images`` (an array or lazy images, N H W C) equal a triggering seed image of
+    ``campaigns``: test images the head would have been trained on."""
+    keys = seed_keys(campaigns)
+    return sum(image_key(image) in keys for start in range(0, len(images), batch)
+               for image in np.asarray(images[start:start + batch]))
+
+
 def collect_images(campaigns, mutants_per_seed: int = 8, max_chain: int = 3, seed: int = 0,
                    operators=None) -> RepairImages:
     """Seeds, triggers and fresh mutants of every triggering seed of ``campaigns``
