@@ -1,6 +1,7 @@
 """Drepair: the engine on small generated data, the ONNX graph against ONNX Runtime, and
 `mlflow-di repair` end to end (compress -> fuzz -> repair -> fuzz the repaired version -> gate)."""
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -315,6 +316,25 @@ def test_a_campaign_given_twice_is_used_once(tracking_uri, file_pair, capsys, tm
     assert "using it once" in captured.err
     triggers = len(load_campaign(file_pair / "pair").triggers)
     assert json.loads(out.read_text())["training_set"]["examples"] == 3 * triggers  # seed, trigger, 1 mutant, once
+
+
+def test_an_onnx_graph_unlike_the_engine_is_not_registered(tracking_uri, file_pair, capsys, monkeypatch):
+    import mlflow
+
+    from mlflow_di.cli import main
+    from mlflow_di.repair import onnx_graph
+
+    def headless(export, head, preprocessing, path, props):  # the export alone: not what the engine computes
+        shutil.copy(export, path)
+        return path
+
+    monkeypatch.setattr(onnx_graph, "append_head", headless)
+    code = main(["repair", "--compressed", str(file_pair / "m.onnx"), "--campaign", str(file_pair / "pair"),
+                 "--original", str(file_pair / "o.onnx"), "--folds", "2", "--mutants", "1", "--epochs", "50"])
+    err = capsys.readouterr().err
+    assert code == 2 and "differs from the compressed model + head by up to" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not mlflow.MlflowClient().search_registered_models()
 
 
 def test_a_repaired_tflite_model_registers_as_a_pyfunc_that_loads_back(tracking_uri, shared_dir, rng):

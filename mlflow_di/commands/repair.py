@@ -21,6 +21,8 @@ from mlflow_di.commands.options import device_option, json_out_option, seed_opti
 RUN_ID = re.compile(r"^(?:runs:/)?([0-9a-f]{32})/?$")
 #: Model references that name one model wherever repair runs (a campaign records anything else by name only).
 MLFLOW_URIS = ("models:/", "runs:/")
+#: Largest difference allowed between the registered ONNX graph and the engine (compressed model + head).
+ONNX_TOLERANCE = 1e-4
 
 
 @click.command("repair")
@@ -198,11 +200,13 @@ def _lineage(compressed: str, campaigns) -> dict:
 
 def _register(source, compressed_model, head, name: str, lineage: dict, scratch: pathlib.Path, campaigns, device):
     """Log and register the repaired model; for ONNX, also the largest difference between ONNX
-    Runtime's outputs and the engine's (compressed model + head) on the campaigns' triggers."""
+    Runtime's outputs and the engine's (compressed model + head) on the campaigns' triggers,
+    refused (a UserError, nothing registered) above ONNX_TOLERANCE."""
     import dataclasses
 
     import numpy as np
 
+    from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import models
     from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.repair.onnx_graph import append_head
@@ -214,6 +218,9 @@ def _register(source, compressed_model, head, name: str, lineage: dict, scratch:
     repaired = OnnxClassifier(path, name=name, device=device)
     probe = np.concatenate([c.triggers[:32] for c in campaigns])
     check = float(np.max(np.abs(repaired.predict_proba(probe) - head(compressed_model.predict_proba(probe)))))
+    if not check <= ONNX_TOLERANCE:  # NaN fails too
+        raise UserError(f"the repaired ONNX graph differs from the compressed model + head by up to {check:.3g} "
+                        f"(more than {ONNX_TOLERANCE:g}) on the campaigns' triggers; nothing registered")
     preprocessing = dataclasses.replace(compressed_model.preprocessing, output="probabilities")
     return models.log_onnx_model(path, preprocessing, name, lineage), check
 
