@@ -337,6 +337,15 @@ def test_an_onnx_graph_unlike_the_engine_is_not_registered(tracking_uri, file_pa
     assert not mlflow.MlflowClient().search_registered_models()
 
 
+@pytest.mark.parametrize("base", ["/etc/model.onnx", "../model.onnx", "a/../../model.onnx", ""])
+def test_a_repaired_model_names_its_base_file_inside_its_folder(tmp_path, base):
+    from mlflow_di.models.loading import load_repaired
+    from mlflow_di.models.metadata import ModelMetadata
+
+    with pytest.raises(UserError, match="not a path inside the model folder"):
+        load_repaired(tmp_path, ModelMetadata(None, {"repaired_base": base}).to_mlflow())
+
+
 def test_a_repaired_tflite_model_registers_as_a_pyfunc_that_loads_back(tracking_uri, shared_dir, rng):
     from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
     from mlflow_di.models.classifier import TFLiteClassifier
