@@ -1,13 +1,14 @@
 """Drepair: the engine on small generated data, the ONNX graph against ONNX Runtime, and
 `mlflow-di repair` end to end (compress -> fuzz -> repair -> fuzz the repaired version -> gate)."""
 import json
+import shutil
 
 import numpy as np
 import pytest
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz import run_campaign
+from mlflow_di.fuzz import load_campaign, run_campaign
 from mlflow_di.models.head import ProbabilityHead, RepairedClassifier
 from mlflow_di.repair import (HeadSettings, RepairCounts, RepairSet, collect_images, cross_validate, label_images,
                               repair, seed_folds, train_head)
@@ -121,7 +122,8 @@ def test_collect_images_from_a_campaign(campaign):
     result, original, compressed = campaign
     images = collect_images([result, result], mutants_per_seed=3, seed=0)
     triggers = len(result.triggers)
-    assert len(images) == 2 * triggers * 5 and len(images.group_names) == 2 * triggers
+    distinct = len({seed.tobytes() for seed in result.trigger_seeds})
+    assert len(images) == 2 * triggers * 5 and len(images.group_names) == distinct  # one group per seed image
     assert np.array_equal(np.bincount(images.kinds), [2 * triggers, 2 * triggers, 6 * triggers])
     np.testing.assert_array_equal(images.images[1], result.triggers[0])
     np.testing.assert_array_equal(images.images[0], result.trigger_seeds[0])
@@ -132,6 +134,20 @@ def test_collect_images_from_a_campaign(campaign):
     assert not data.deviating[images.kinds == KINDS.index("seed")].any()  # no seed does
     with pytest.raises(UserError, match="no triggering input"):
         collect_images([])
+
+
+def test_one_seed_image_is_one_group_whatever_campaign_it_comes_from(campaign):
+    """The same campaign twice (or the same seeds fuzzed again) must not put a seed image in two
+    groups: cross-validation would train and test on it."""
+    result = campaign[0]
+    once = collect_images([result], mutants_per_seed=2, seed=0)
+    twice = collect_images([result, result], mutants_per_seed=2, seed=0)
+    assert len(twice.group_names) == len(once.group_names) == len(np.unique(once.groups))
+    assert np.array_equal(twice.groups, np.concatenate([once.groups, once.groups]))
+    for test in seed_folds(twice.groups, 5, seed=0):
+        held = {image.tobytes() for image in twice.images[test & (twice.kinds == KINDS.index("seed"))]}
+        trained = {image.tobytes() for image in twice.images[~test & (twice.kinds == KINDS.index("seed"))]}
+        assert not held & trained
 
 
 def test_repair_of_a_threshold_shift_fixes_held_out_triggers(campaign):
@@ -238,20 +254,96 @@ def test_repair_command_registers_an_onnx_model_that_fuzz_and_gate_accept(regist
     assert measured["accuracy_drop"] == pytest.approx(run.data.metrics["accuracy_drop"])
 
 
+@pytest.fixture(scope="module")
+def file_pair(tmp_path_factory):
+    """ONNX files on 4x4 images: m.onnx (compressed), o.onnx (original), twin.onnx (= m.onnx),
+    other.onnx; campaigns pair/ (o vs m), none/ (twin vs m: no trigger), other/ (o vs other);
+    seeds.npz (the seed images, labelled)."""
+    from mlflow_di.models.loading import load_classifier
+
+    root = tmp_path_factory.mktemp("file-pair")
+    for name, seed in (("m", 0), ("twin", 0), ("o", 1), ("other", 2)):
+        _linear_onnx(root / f"{name}.onnx", seed=seed)
+    images = np.random.default_rng(7).integers(0, 256, (60, 4, 4, 1), dtype=np.uint8)
+    np.savez(root / "seeds.npz", x=images, y=np.zeros(60, np.int64))
+    np.savez(root / "held.npz", x=255 - images[:1] // 2, y=np.zeros(1, np.int64))
+    seeds = ImageSet(images, np.zeros(60, int), "seeds")
+    model = {name: load_classifier(str(root / f"{name}.onnx")) for name in ("m", "twin", "o", "other")}
+    for folder, original, compressed, queries in (("pair", "o", "m", 300), ("none", "twin", "m", 5),
+                                                  ("other", "o", "other", 300)):
+        run_campaign(model[original], model[compressed], seeds, max_queries=queries, timeout=30, progress=False,
+                     out_dir=root / folder)
+    return root
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--campaign", "no-such-folder"], "neither a campaign folder nor a fuzz run"),
     (["--campaign", "0123456789abcdef0123456789abcdef"], "cannot fetch the campaign"),
+    (["--campaign", "{root}/none", "--original", "{root}/twin.onnx"], "no triggering input"),
+    (["--campaign", "{root}/other", "--original", "{root}/o.onnx"], "fuzzed the compressed model 'other.onnx', not"),
+    (["--campaign", "{root}/pair", "--original", "{root}/o.onnx", "--folds", "500"],
+     "needs at least 500 triggering seeds"),
+    (["--campaign", "{root}/pair", "--original", "{root}/o.onnx", "--eval-data", "npz:{root}/seeds.npz"],
+     "--eval-data shares"),
+    (["--campaign", "{root}/pair"], "pass --original"),
+    (["--campaign", "{root}/pair", "--original", "{root}/twin.onnx"], "nothing to repair"),
 ])
-def test_bad_repair_requests_fail_in_one_line_without_a_run(tracking_uri, tmp_path, capsys, args, fragment):
+def test_bad_repair_requests_fail_in_one_line_without_a_run(tracking_uri, file_pair, capsys, monkeypatch, tmp_path,
+                                                             args, fragment):
     import mlflow
 
     from mlflow_di.cli import main
 
-    _linear_onnx(tmp_path / "m.onnx")
-    assert main(["repair", "--compressed", str(tmp_path / "m.onnx"), *args]) == 2
+    monkeypatch.chdir(tmp_path)  # a decoy of the name a file campaign records its original by must not be loaded
+    (tmp_path / "o.onnx").write_bytes(b"not the original")
+    args = [arg.format(root=file_pair) for arg in args]
+    assert main(["repair", "--compressed", str(file_pair / "m.onnx"), *args]) == 2
     err = capsys.readouterr().err
-    assert fragment in err and len(err.strip().splitlines()) == 1
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
     assert not mlflow.search_runs(output_format="list", search_all_experiments=True)
+
+
+def test_a_campaign_given_twice_is_used_once(tracking_uri, file_pair, capsys, tmp_path):
+    from mlflow_di.cli import main
+
+    out = tmp_path / "repair.json"
+    pair = str(file_pair / "pair")
+    code = main(["repair", "--compressed", str(file_pair / "m.onnx"), "--campaign", pair, "--campaign", pair + "/",
+                 "--original", str(file_pair / "o.onnx"), "--eval-data", f"npz:{file_pair / 'held.npz'}",
+                 "--folds", "2", "--mutants", "1", "--epochs", "20", "--json-out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "using it once" in captured.err
+    triggers = len(load_campaign(file_pair / "pair").triggers)
+    assert json.loads(out.read_text())["training_set"]["examples"] == 3 * triggers  # seed, trigger, 1 mutant, once
+
+
+def test_an_onnx_graph_unlike_the_engine_is_not_registered(tracking_uri, file_pair, capsys, monkeypatch):
+    import mlflow
+
+    from mlflow_di.cli import main
+    from mlflow_di.repair import onnx_graph
+
+    def headless(export, head, preprocessing, path, props):  # the export alone: not what the engine computes
+        shutil.copy(export, path)
+        return path
+
+    monkeypatch.setattr(onnx_graph, "append_head", headless)
+    code = main(["repair", "--compressed", str(file_pair / "m.onnx"), "--campaign", str(file_pair / "pair"),
+                 "--original", str(file_pair / "o.onnx"), "--folds", "2", "--mutants", "1", "--epochs", "50"])
+    err = capsys.readouterr().err
+    assert code == 2 and "differs from the compressed model + head by up to" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not mlflow.MlflowClient().search_registered_models()
+
+
+@pytest.mark.parametrize("base", ["/etc/model.onnx", "../model.onnx", "a/../../model.onnx", ""])
+def test_a_repaired_model_names_its_base_file_inside_its_folder(tmp_path, base):
+    from mlflow_di.models.loading import load_repaired
+    from mlflow_di.models.metadata import ModelMetadata
+
+    with pytest.raises(UserError, match="not a path inside the model folder"):
+        load_repaired(tmp_path, ModelMetadata(None, {"repaired_base": base}).to_mlflow())
 
 
 def test_a_repaired_tflite_model_registers_as_a_pyfunc_that_loads_back(tracking_uri, shared_dir, rng):

@@ -19,6 +19,10 @@ import click
 from mlflow_di.commands.options import device_option, json_out_option, seed_option, write_json_out
 
 RUN_ID = re.compile(r"^(?:runs:/)?([0-9a-f]{32})/?$")
+#: Model references that name one model wherever repair runs (a campaign records anything else by name only).
+MLFLOW_URIS = ("models:/", "runs:/")
+#: Largest difference allowed between the registered ONNX graph and the engine (compressed model + head).
+ONNX_TOLERANCE = 1e-4
 
 
 @click.command("repair")
@@ -27,7 +31,8 @@ RUN_ID = re.compile(r"^(?:runs:/)?([0-9a-f]{32})/?$")
               help="A fuzz campaign of this compressed model: its folder, or the fuzz run (ID or runs:/ID) that "
                    "logged it. Repeatable.")
 @click.option("--original", default=None,
-              help="The original model, whose labels are the targets (default: the one the campaigns fuzzed).")
+              help="The original model, whose labels are the targets (default: the one the campaigns fuzzed, when "
+                   "they recorded it as a models:/ or runs:/ URI; required for file and Keras models).")
 @click.option("--eval-data", default=None, help="Labelled data spec for clean-test accuracy before/after, e.g. "
                                                 "mnist:DIR[5000:].")
 @click.option("--register-as", default=None, help="Registered model name (default: <compressed name>-repaired).")
@@ -50,11 +55,16 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     from mlflow_di.mlflow_edge import registry, runs
     from mlflow_di.models.loading import load_classifier, resolve
     from mlflow_di.models.reference import ModelRef
-    from mlflow_di.repair import HeadSettings, repair
+    from mlflow_di.repair import HeadSettings, repair, training_set
+    from mlflow_di.repair.dataset import shared_seed_images
+    from mlflow_di.repair.evaluate import check_fold_count
 
-    loaded = [_load_campaign(spec) for spec in campaigns]
+    loaded = _load_campaigns(campaigns)
+    campaigns, fuzzed = [spec for spec, _ in loaded], [c for _, c in loaded]
+    compressed_ref = ModelRef.parse(compressed)
+    _check_campaigns_compressed(loaded, compressed_ref.uri)
     original = original or _campaigns_original(loaded)
-    compressed_ref, original_ref = ModelRef.parse(compressed), ModelRef.parse(original)
+    original_ref = ModelRef.parse(original)
     source = resolve(compressed_ref)
     if source.kind not in ("onnx", "tflite"):
         raise UserError(f"'{compressed}' is a {source.kind} model; repair registers ONNX (one graph) and TFLite "
@@ -62,6 +72,13 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     compressed_model = load_classifier(compressed_ref, device=device)
     original_model = load_classifier(original_ref, device=device)
     test = compressed_model.preprocessing.prepare(load_images(eval_data)) if eval_data else None
+    shared = shared_seed_images(test.images, fuzzed) if test is not None else 0
+    if shared:
+        seeds = ", ".join(sorted({c.config.data for c in fuzzed}))
+        raise UserError(f"--eval-data shares {shared} images with the campaigns' seeds ({seeds}), which the head "
+                        "trains on; give held-out data, e.g. digits[900:1300] for seeds from digits[1300:]")
+    data = training_set(fuzzed, original_model, compressed_model, mutants_per_seed=mutants, seed=seed)
+    check_fold_count(data.counts()["seeds"], folds)
     settings = HeadSettings(hidden=hidden, epochs=epochs, seed=seed)
     lineage = _lineage(compressed, campaigns)
     name = register_as or f"{compressed_ref.base_name}-repaired"
@@ -71,11 +88,11 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
         log.params({"compressed": compressed, "original": original, "campaigns": json.dumps(list(campaigns)),
                     "eval_data": eval_data or "none", "folds": folds, "mutants": mutants, "hidden": hidden,
                     "epochs": epochs, "seed": seed, "register_as": name})
-        result, head, _ = repair([c for _, c in loaded], original_model, compressed_model, settings, folds=folds,
-                                 mutants_per_seed=mutants, seed=seed, test_data=test)
+        result, head, _ = repair(fuzzed, original_model, compressed_model, settings, folds=folds,
+                                 mutants_per_seed=mutants, seed=seed, test_data=test, data=data)
         with tempfile.TemporaryDirectory(prefix="mlflow-di-repair-") as scratch:
-            info, check = _register(source, compressed_model, head, name, lineage, pathlib.Path(scratch),
-                                    [c for _, c in loaded], device)
+            info, check = _register(source, compressed_model, head, name, lineage, pathlib.Path(scratch), fuzzed,
+                                    device)
         metrics = _metrics(result)
         if check is not None:
             metrics["onnx_max_abs_diff"] = check
@@ -88,6 +105,29 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     _print_summary(uri, result, "ONNX graph" if source.kind == "onnx" else "pyfunc")
     write_json_out({"registered": uri, **result.to_dict()}, json_out)
     return uri
+
+
+def _load_campaigns(specs) -> list:
+    """(spec, CampaignResult) of each distinct campaign: a folder or run given twice counts once
+    (its seeds would weigh twice in training), with a note."""
+    loaded, seen = [], {}
+    for spec in specs:
+        key = _campaign_key(spec)
+        if key in seen:
+            click.echo(f"note: --campaign '{spec}' is the campaign '{seen[key]}' again; using it once", err=True)
+            continue
+        seen[key] = spec
+        loaded.append(_load_campaign(spec))
+    return loaded
+
+
+def _campaign_key(spec: str) -> str:
+    """What a --campaign names: the resolved folder, or the run ID."""
+    folder = pathlib.Path(spec).expanduser()
+    if folder.is_dir():
+        return f"folder:{folder.resolve()}"
+    match = RUN_ID.match(spec.strip())
+    return f"run:{match.group(1)}" if match else spec
 
 
 def _load_campaign(spec: str):
@@ -114,7 +154,30 @@ def _campaigns_original(loaded) -> str:
     if len(originals) != 1:
         raise UserError(f"the campaigns fuzzed different original models ({', '.join(originals)}); "
                         "pass --original to say which one's labels to repair towards")
-    return originals[0]
+    chosen = originals[0]
+    if not chosen.startswith(MLFLOW_URIS):
+        # A file or Keras model is recorded by its display name only (a file's basename): resolving it
+        # here could load (unpickle) whatever file of that name lies in the current folder.
+        raise UserError(f"the campaigns fuzzed the original model '{chosen}', which is not an MLflow URI; "
+                        "pass --original with the model's path (or models:/ URI)")
+    click.echo(f"original model: {chosen} (the one the campaigns fuzzed)")
+    return chosen
+
+
+def _check_campaigns_compressed(loaded, compressed: str) -> None:
+    """Refuse a campaign that fuzzed another compressed model (models:/ and runs:/ URIs compared
+    exactly, files by their names: a campaign records a file model by its basename only)."""
+    from mlflow_di.errors import UserError
+
+    for spec, campaign in loaded:
+        fuzzed = campaign.config.compressed
+        if fuzzed.startswith(MLFLOW_URIS) or compressed.startswith(MLFLOW_URIS):
+            same = fuzzed == compressed
+        else:
+            same = pathlib.PurePath(fuzzed).name == pathlib.PurePath(compressed).name
+        if not same:
+            raise UserError(f"--campaign '{spec}' fuzzed the compressed model '{fuzzed}', not --compressed "
+                            f"'{compressed}'; repair a model with campaigns of that model")
 
 
 def _lineage(compressed: str, campaigns) -> dict:
@@ -137,11 +200,13 @@ def _lineage(compressed: str, campaigns) -> dict:
 
 def _register(source, compressed_model, head, name: str, lineage: dict, scratch: pathlib.Path, campaigns, device):
     """Log and register the repaired model; for ONNX, also the largest difference between ONNX
-    Runtime's outputs and the engine's (compressed model + head) on the campaigns' triggers."""
+    Runtime's outputs and the engine's (compressed model + head) on the campaigns' triggers,
+    refused (a UserError, nothing registered) above ONNX_TOLERANCE."""
     import dataclasses
 
     import numpy as np
 
+    from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import models
     from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.repair.onnx_graph import append_head
@@ -153,6 +218,9 @@ def _register(source, compressed_model, head, name: str, lineage: dict, scratch:
     repaired = OnnxClassifier(path, name=name, device=device)
     probe = np.concatenate([c.triggers[:32] for c in campaigns])
     check = float(np.max(np.abs(repaired.predict_proba(probe) - head(compressed_model.predict_proba(probe)))))
+    if not check <= ONNX_TOLERANCE:  # NaN fails too
+        raise UserError(f"the repaired ONNX graph differs from the compressed model + head by up to {check:.3g} "
+                        f"(more than {ONNX_TOLERANCE:g}) on the campaigns' triggers; nothing registered")
     preprocessing = dataclasses.replace(compressed_model.preprocessing, output="probabilities")
     return models.log_onnx_model(path, preprocessing, name, lineage), check
 

@@ -168,7 +168,12 @@ def load_repaired(folder, metadata: dict, name: str | None = None, device=None) 
 
     folder = pathlib.Path(folder)
     block = ModelMetadata.from_mlflow(metadata)
-    base_path = folder / block.facts["repaired_base"]
+    named = str(block.facts.get("repaired_base", ""))
+    relative = pathlib.PurePosixPath(named.replace("\\", "/"))
+    if not named or relative.is_absolute() or pathlib.PureWindowsPath(named).drive or ".." in relative.parts:
+        raise UserError(f"the repaired model's metadata names its base file '{named}', which is not a path inside "
+                        "the model folder; refusing to load it")
+    base_path = folder / relative
     if base_path.suffix == ".onnx":
         base = OnnxClassifier(base_path, block.preprocessing, name=base_path.name, device=device)
     else:

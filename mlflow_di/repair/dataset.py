@@ -14,12 +14,15 @@ trigger (or already deviated). So the examples are, per triggering seed:
 
 The paper trains on seeds and triggers; the mutants are this package's addition. Every image is
 then run through both models (:func:`label_images`): the compressed model's probability vector
-is the head's input and the original model's label its target. Each example keeps its *group*
-(campaign and seed), so cross-validation can keep a seed's images on one side of a split.
+is the head's input and the original model's label its target. Each example keeps its *group*:
+the seed image it comes from, keyed by a hash of the image's bytes (:func:`image_key`), so that
+cross-validation keeps a seed's images on one side of a split even when two campaigns (the same
+data fuzzed twice, or with another ``--seed``) triggered on the same seed image.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 
@@ -76,17 +79,43 @@ class RepairSet:
                 "seeds": int(len(np.unique(self.groups)))}
 
 
+def image_key(image) -> str:
+    """A key for one image: the SHA-256 of its shape and uint8 bytes (equal images, equal keys)."""
+    array = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
+    return hashlib.sha256(repr(array.shape).encode() + array.tobytes()).hexdigest()
+
+
+def seed_keys(campaigns) -> set[str]:
+    """The :func:`image_key` of every triggering seed image of ``campaigns``: the seeds a repair trains on."""
+    return {image_key(seed_image) for campaign in campaigns for seed_image in campaign.trigger_seeds}
+
+
+def shared_seed_images(images, campaigns, batch: int = 256) -> int:
+    """How many of ``images`` (an array or lazy images, N H W C) equal a triggering seed image of
+    ``campaigns``: test images the head would have been trained on."""
+    keys = seed_keys(campaigns)
+    return sum(image_key(image) in keys for start in range(0, len(images), batch)
+               for image in np.asarray(images[start:start + batch]))
+
+
 def collect_images(campaigns, mutants_per_seed: int = 8, max_chain: int = 3, seed: int = 0,
                    operators=None) -> RepairImages:
     """Seeds, triggers and fresh mutants of every triggering seed of ``campaigns``
-    (:class:`~mlflow_di.fuzz.results.CampaignResult` objects), in campaign and seed order."""
+    (:class:`~mlflow_di.fuzz.results.CampaignResult` objects), in campaign and seed order.
+
+    Examples of equal seed images share one group whatever campaign they come from; a group is
+    named ``seed:`` and the first 16 hex digits of the image's key."""
     operators = tuple(operators or default_operators())
     rng = np.random.default_rng(seed)
     images, groups, kinds, names = [], [], [], []
-    for number, campaign in enumerate(campaigns):
-        for trigger, seed_image, index in zip(campaign.triggers, campaign.trigger_seeds, campaign.trigger_indices):
-            group = len(names)
-            names.append(f"campaign{number}:seed{int(index)}")
+    numbers: dict[str, int] = {}
+    for campaign in campaigns:
+        for trigger, seed_image in zip(campaign.triggers, campaign.trigger_seeds):
+            key = image_key(seed_image)
+            if key not in numbers:
+                numbers[key] = len(names)
+                names.append(f"seed:{key[:16]}")
+            group = numbers[key]
             images += [seed_image, trigger]
             kinds += [0, 1]
             for _ in range(mutants_per_seed):

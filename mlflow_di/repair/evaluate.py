@@ -69,13 +69,18 @@ class RepairCounts(JsonRoundTrip):
         return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
+def check_fold_count(seeds: int, folds: int) -> None:
+    """A one-line :class:`UserError` unless there are at least ``folds`` triggering seeds to split."""
+    if seeds < folds:
+        raise UserError(f"{folds}-fold cross-validation needs at least {folds} triggering seeds, the campaigns have "
+                        f"{seeds} (fuzz more seeds, or pass fewer --folds)")
+
+
 def seed_folds(groups: np.ndarray, folds: int = 5, seed: int = 0) -> list[np.ndarray]:
     """``folds`` test masks over the examples, splitting the distinct groups (seeds) at random
     (seeded) into nearly equal parts: a group's examples are all in one fold."""
     unique = np.unique(groups)
-    if len(unique) < folds:
-        raise UserError(f"{folds}-fold cross-validation needs at least {folds} triggering seeds, the campaigns have "
-                        f"{len(unique)} (fuzz more seeds, or pass fewer --folds)")
+    check_fold_count(len(unique), folds)
     order = np.random.default_rng(seed).permutation(unique)
     return [np.isin(groups, part) for part in np.array_split(order, folds)]
 
