@@ -38,6 +38,11 @@ def test_inspect_labels_the_important_neurons_of_a_coverage_run(registered_cnn, 
     assert json.loads(labels)[0]["strongest"]
     report = mlflow.artifacts.load_text(f"runs:/{coverage_run}/coverage/report.html")
     assert "What the important neurons respond to" in report and report.count("<footer>") == 1
+    # inspecting the same coverage run again replaces its section rather than adding a second one
+    assert main(["inspect", "--model-uri", registered_cnn, "--data", "digits[0:300]", "--coverage", coverage_run,
+                 "--measures", "pearson", "--no-early-stop"]) == 0
+    report = mlflow.artifacts.load_text(f"runs:/{coverage_run}/coverage/report.html")
+    assert report.count("What the important neurons respond to") == 1 and "on 300 inputs" in report
 
 
 def test_inspect_fits_the_important_neurons_itself_with_units_important(registered_cnn, mlflow_client, tmp_path):

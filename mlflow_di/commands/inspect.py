@@ -250,7 +250,7 @@ def _label_coverage_run(run_id: str, labels: list[dict], result) -> None:
     section.paragraph(f"Strongest hypotheses by {result.unit_measure}, on {result.n_inputs} inputs of {result.data}.")
     section.table(labels)
     page = report.read_text(encoding="utf-8")
-    add_text_artifact(run_id, rp.insert_sections(page, section.fragment()), "coverage/report.html")
+    add_text_artifact(run_id, rp.insert_sections(page, section.fragment(), "mlflow-di inspect"), "coverage/report.html")
     click.echo(f"labelled the important neurons in coverage run {run_id}'s report")
 
 

@@ -249,12 +249,21 @@ class HtmlReport:
             self._in_section = False
 
 
-def insert_sections(page: str, fragment: str) -> str:
-    """``page`` (a rendered report) with ``fragment`` (from :meth:`HtmlReport.fragment`) before its footer."""
+def insert_sections(page: str, fragment: str, name: str) -> str:
+    """``page`` (a rendered report) with ``fragment`` (from :meth:`HtmlReport.fragment`) before its footer.
+
+    The fragment is marked with ``name``: inserting under the same name again replaces the earlier
+    fragment instead of adding a second copy.
+    """
+    begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    marked = f"{begin}\n{fragment}\n{end}"
+    if begin in page and end in page:
+        head, rest = page.split(begin, 1)
+        return head + marked + rest.split(end, 1)[1]
     marker = "\n<footer>"
     if marker not in page:
         raise ValueError("not an mlflow-di report: no footer to insert before")
-    return page.replace(marker, "\n" + fragment + marker, 1)
+    return page.replace(marker, "\n" + marked + marker, 1)
 
 
 def _escape(text) -> str:
