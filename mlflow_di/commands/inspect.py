@@ -100,12 +100,10 @@ def _hypotheses(specs, data) -> list:
     import numpy as np
 
     from mlflow_di.inspection import builtin_hypotheses, load_hypotheses
-    from mlflow_di.inspection.hypotheses import check_unique
 
     out = []
-    for spec in specs:
+    for spec in specs:  # repeated names are refused by Inspection.check, before any run starts
         out.extend(builtin_hypotheses(np.unique(data.labels)) if spec == "builtin" else load_hypotheses(spec))
-    check_unique(out)
     return out
 
 

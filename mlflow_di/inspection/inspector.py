@@ -289,14 +289,17 @@ class _Stream:
         return out
 
     def _converged(self, seen: int) -> bool:
-        widths = [hi - lo for _, lo, hi in self._estimates().values()]
+        """Whether every defined interval is within the tolerance; keeps the estimates for the result
+        (the pass always ends on a checkpoint: the last batch is one)."""
+        self.latest = self._estimates()
+        widths = [hi - lo for _, lo, hi in self.latest.values()]
         finite = np.concatenate([w[np.isfinite(w)].ravel() for w in widths])
         widest = float(finite.max()) if finite.size else float("nan")
         self.history.append((seen, widest))
         return bool(finite.size) and widest <= self.query.tolerance
 
     def _result(self, seen: int, converged: bool) -> InspectionResult:
-        estimates = self._estimates()
+        estimates = self.latest  # from the checkpoint the pass ended on: ranking and probe fits are not redone
         order = np.argsort(-self.top_values, axis=1, kind="stable")
         return InspectionResult(
             layer=self.layer, units=self.units, groups=self.groups,
