@@ -27,6 +27,8 @@ PREFIX = "mlflow-di: error: "
 COVERAGE = ["coverage", "--model-uri", "{pt}", "--train-data", "digits[0:20]", "--test-data", "digits[20:40]"]
 #: A fuzz command of the tiny model against itself on four digits.
 FUZZ = ["fuzz", "--original", "{pt}", "--compressed", "{pt}", "--seed-data", "digits[0:4]", "--num-seeds", "2"]
+#: An inspect command of the tiny model on twenty digits.
+INSPECT = ["inspect", "--model-uri", "{pt}", "--data", "digits[0:20]"]
 
 
 def coverage(*extra, train="digits[0:20]", model="{pt}"):
@@ -247,6 +249,20 @@ CASES = [
     # ---------------------------------------------------------------- fuzz
     ("fuzz-out-dir-holds-campaign", [*FUZZ, "--out-dir", "{campaign}"]),
     ("fuzz-resume-nothing", [*FUZZ, "--resume"]),
+    # ---------------------------------------------------------------- inspect
+    ("inspect-hypotheses-module-absent", [*INSPECT, "--hypotheses", "no_such_module_xyz:HYPOTHESES"]),
+    ("inspect-hypotheses-not-module-attribute", [*INSPECT, "--hypotheses", "just_a_name"]),
+    ("inspect-hypotheses-repeated", [*INSPECT, "--hypotheses", "builtin", "--hypotheses", "builtin"]),
+    ("inspect-layer-absent", [*INSPECT, "--layer", "nope"]),
+    ("inspect-measure-unknown", [*INSPECT, "--measures", "kendall"]),
+    ("inspect-tolerance-zero", [*INSPECT, "--tolerance", "0"]),
+    ("inspect-confidence-one", [*INSPECT, "--confidence", "1"]),
+    ("inspect-top-m-above-layer", [*INSPECT, "--units", "important", "--top-m", "9999"]),
+    ("inspect-coverage-run-absent", [*INSPECT, "--coverage", "0123456789abcdef0123456789abcdef"]),
+    ("inspect-coverage-folder-without-idc", [*INSPECT, "--coverage", "{empty_dir}"]),
+    # ---------------------------------------------------------------- repair
+    ("repair-campaign-absent", ["repair", "--compressed", "{garbage_onnx}", "--campaign", "{empty_dir}/none"]),
+    ("repair-campaign-folder-empty", ["repair", "--compressed", "{garbage_onnx}", "--campaign", "{empty_dir}"]),
     # ---------------------------------------------------------------- tracking store
     ("tracking-server-down", ["--tracking-uri", "http://127.0.0.1:9", "gate", "--model-uri", "models:/m/1",
                               "--min-idc", "0.5"]),
@@ -278,6 +294,18 @@ FRAGMENTS = {
     "device-unknown": "--device",
     "device-cuda-index-not-a-number": "cpu, cuda or cuda:N",
     "coverage-batch-size-zero": "--batch-size",
+    "inspect-hypotheses-module-absent": "no_such_module_xyz",
+    "inspect-hypotheses-not-module-attribute": "MODULE:ATTRIBUTE",
+    "inspect-hypotheses-repeated": "unique",
+    "inspect-layer-absent": "'nope'",
+    "inspect-measure-unknown": "--measures",
+    "inspect-tolerance-zero": "--tolerance",
+    "inspect-confidence-one": "--confidence",
+    "inspect-top-m-above-layer": "--top-m",
+    "inspect-coverage-run-absent": "0123456789abcdef0123456789abcdef",
+    "inspect-coverage-folder-without-idc": "idc.json",
+    "repair-campaign-absent": "none",
+    "repair-campaign-folder-empty": "campaign",
 }
 
 #: Cases the current code gets wrong (kept, asserted, reported; remove once fixed).
