@@ -1,0 +1,99 @@
+"""Per-class deviation between a model and its compressed version: which classes move, and where to.
+
+Pure NumPy on top-1 labels, shared by ``compress`` (on the evaluation data), ``fuzz`` (on the
+triggers) and the gate:
+
+- :func:`deviation_matrix`: counts of (original label, compressed label) pairs; the diagonal is
+  agreement, an off-diagonal cell ``[i, j]`` counts inputs the original calls ``i`` and the
+  compressed model calls ``j``;
+- :func:`per_class_accuracy`: for each true class, both models' accuracy and the drop
+  (original minus compressed), with the class's size, so that a drop on 3 images is read as such.
+
+A class with no inputs has accuracy ``nan`` (not 0): nothing was measured there.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from mlflow_di.errors import UserError
+
+
+def _labels(values, what: str) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise UserError(f"{what} must be a 1-D array of integer class labels, got shape {array.shape} of {array.dtype}")
+    if len(array) and array.min() < 0:
+        raise UserError(f"{what} has a negative class label ({array.min()})")
+    return array.astype(np.int64, copy=False)
+
+
+def class_count(*label_arrays, num_classes: int | None = None) -> int:
+    """``num_classes`` when given (checked to cover every label), else 1 + the largest label seen."""
+    largest = max((int(np.max(a)) for a in label_arrays if len(a)), default=-1)
+    if num_classes is None:
+        return largest + 1
+    if largest >= num_classes:
+        raise UserError(f"label {largest} is outside the {num_classes} classes")
+    return int(num_classes)
+
+
+def deviation_matrix(original_labels, compressed_labels, num_classes: int | None = None) -> np.ndarray:
+    """``(C, C)`` int64 counts: row = the original's top-1 label, column = the compressed model's."""
+    original = _labels(original_labels, "original labels")
+    compressed = _labels(compressed_labels, "compressed labels")
+    if len(original) != len(compressed):
+        raise UserError(f"{len(original)} original labels but {len(compressed)} compressed labels")
+    classes = class_count(original, compressed, num_classes=num_classes)
+    return np.bincount(original * classes + compressed, minlength=classes * classes).reshape(classes, classes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassAccuracy:
+    """Both models' accuracy on the inputs of one true class."""
+
+    label: int
+    images: int
+    original_accuracy: float
+    compressed_accuracy: float
+
+    @property
+    def accuracy_drop(self) -> float:
+        return self.original_accuracy - self.compressed_accuracy
+
+    def to_row(self) -> dict:
+        return {"class": self.label, "images": self.images, "original_accuracy": self.original_accuracy,
+                "compressed_accuracy": self.compressed_accuracy, "accuracy_drop": self.accuracy_drop}
+
+
+def per_class_accuracy(true_labels, original_labels, compressed_labels,
+                       num_classes: int | None = None) -> list[ClassAccuracy]:
+    """One :class:`ClassAccuracy` per class ``0..C-1`` (``nan`` accuracies for a class with no inputs)."""
+    truth = _labels(true_labels, "true labels")
+    original = _labels(original_labels, "original labels")
+    compressed = _labels(compressed_labels, "compressed labels")
+    if not len(truth) == len(original) == len(compressed):
+        raise UserError(f"label arrays differ in length: {len(truth)} true, {len(original)} original, "
+                        f"{len(compressed)} compressed")
+    classes = class_count(truth, original, compressed, num_classes=num_classes)
+    sizes = np.bincount(truth, minlength=classes)
+    right_original = np.bincount(truth, weights=original == truth, minlength=classes)
+    right_compressed = np.bincount(truth, weights=compressed == truth, minlength=classes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc_original = right_original / sizes
+        acc_compressed = right_compressed / sizes
+    return [ClassAccuracy(label, int(sizes[label]), float(acc_original[label]), float(acc_compressed[label]))
+            for label in range(classes)]
+
+
+def largest_class_drop(classes: list[ClassAccuracy]) -> ClassAccuracy | None:
+    """The class whose accuracy dropped the most (``None`` when no class has inputs)."""
+    measured = [c for c in classes if c.images > 0]
+    return max(measured, key=lambda c: (c.accuracy_drop, -c.label)) if measured else None
+
+
+def matrix_rows(matrix: np.ndarray) -> list[dict]:
+    """The matrix as table rows (``original`` label, then one column per compressed label)."""
+    return [{"original": i, **{f"-> {j}": int(matrix[i, j]) for j in range(matrix.shape[1])}}
+            for i in range(matrix.shape[0])]
