@@ -17,7 +17,7 @@ from mlflow_di.commands.options import (LazyChoice, WritablePath, device_option,
                                         write_json_out)
 
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
-                   "already_deviating")
+                   "already_deviating", "fuzzed")
 CAMPAIGNS = pathlib.Path("mlflow-di-campaigns")
 
 
@@ -43,7 +43,9 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 
 @click.command("fuzz")
 @click.option("--original", required=True, help="The original model (any backend: models:/..., .onnx, .tflite, .pt, keras:...).")
-@click.option("--compressed", required=True, help="Its compressed version (any backend).")
+@click.option("--compressed", "compressed", required=True, multiple=True,
+              help="Its compressed version (any backend). Repeat it to fuzz several exports against one original in "
+                   "one call: one campaign each, the original's calls shared, and a side-by-side comparison.")
 @click.option("--seed-data", "seed_data", required=True, help="Data spec of the seed images, e.g. mnist-test:DIR.")
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=180.0, show_default=True,
@@ -53,6 +55,12 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
               show_default=True, help="dflare (DFlare steering by the original's log-probability margin: far fewer "
                                       "queries), dflare-paper (the paper's fitness), their ablations -d (no novelty) "
                                       "and -r (random operator), or diffchaser.")
+@click.option("--max-linf", type=click.IntRange(1, 255), default=None,
+              help="Keep every queried input within this many 8-bit levels of its seed (L-inf); mutants beyond are "
+                   "rejected without a query. dflare strategies only.")
+@click.option("--min-ssim", type=click.FloatRange(-1.0, 1.0, min_open=True, max_open=True), default=None,
+              help="Keep every queried input at least this structurally similar (SSIM) to its seed; images must be "
+                   "larger than 11x11. dflare strategies only.")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it).")
 @click.option("--out-dir", type=WritablePath("dir"), default=None,
@@ -60,59 +68,115 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--resume", is_flag=True,
               help="Continue the campaign in --out-dir (default: the newest one of the same models, strategy and seed).")
 @click.option("--preprocessing-original", default=None, metavar="KEY=VALUE,...", help="Override the original's preprocessing.")
-@click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...", help="Override the compressed model's preprocessing.")
+@click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...",
+              help="Override the compressed models' preprocessing.")
 @seed_option
 @json_out_option
 @device_option
-def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, batch, out_dir, resume,
-            preprocessing_original, preprocessing_compressed, seed, json_out, device) -> None:
+def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, max_linf, min_ssim, batch,
+            out_dir, resume, preprocessing_original, preprocessing_compressed, seed, json_out, device) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
-    from mlflow_di.fuzz.campaign import run_campaign
+    from mlflow_di.fuzz.campaign import run_campaigns
     from mlflow_di.mlflow_edge import registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error
     from mlflow_di.models.loading import load_classifier
     from mlflow_di.models.reference import ModelRef
 
-    original_ref, compressed_ref = ModelRef.parse(original), ModelRef.parse(compressed)
+    compressed = list(compressed)
+    repeated = sorted({uri for uri in compressed if compressed.count(uri) > 1})
+    if repeated:
+        raise UserError(f"--compressed {repeated[0]} is given twice; name each compressed model once")
+    search = _strategy(strategy, max_linf, min_ssim)
+    original_ref = ModelRef.parse(original)
+    compressed_refs = [ModelRef.parse(uri) for uri in compressed]
     original_model = load_classifier(original_ref, preprocessing_original, device)
-    compressed_model = load_classifier(compressed_ref, preprocessing_compressed, device)
+    compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
     seeds = original_model.preprocessing.prepare(load_images(seed_data))  # lazy: resized per batch if the model says so
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
-    for role, model in (("original", original_model), ("compressed", compressed_model)):
+    for role, model in [("original", original_model)] + [(f"compressed {uri}", m) for uri, m in
+                                                          zip(compressed, compressed_models)]:
         try:  # fail before any run starts when the seeds do not fit a model
             model.preprocessing.check_images(seeds.images[:1])
         except UserError as exc:
             raise UserError(f"{role} model: {exc}") from None
-    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, compressed, strategy, seed, resume)
+    if search.options().get("constraint"):
+        search.constraint.check_seed(seeds.images[0])
+    several = len(compressed) > 1
+    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, ",".join(compressed), strategy, seed,
+                                                                   resume)
     if folder.exists() and any(folder.iterdir()) and not resume:
         raise UserError(f"'{folder}' already holds a campaign; pass --resume to continue it, or --out-dir for a new one")
+    folders = [folder / export_folder(number, uri) for number, uri in enumerate(compressed)] if several else [folder]
     campaign_tag = {"mlflow_di.campaign": str(folder.resolve())}
     if resume:
         closed = runs.close_orphaned_runs(campaign_tag, "a later --resume of the same campaign")
         if closed:
             click.echo(f"closed {len(closed)} run(s) of this campaign left RUNNING by a killed process (now KILLED)")
-    tags = {"mlflow_di.command": "fuzz", **campaign_tag, **registry.model_version_tags(original),
-            **registry.compressed_model_tags(compressed)}
-    run_name = f"fuzz {original_ref.short} vs {compressed_ref.short}"
+    model_tags = registry.model_version_tags(original)
+    tags = {"mlflow_di.command": "fuzz", **campaign_tag, **model_tags}
+    if not several:
+        tags.update(registry.compressed_model_tags(compressed[0]))
+    run_name = f"fuzz {original_ref.short} vs {', '.join(ref.short for ref in compressed_refs)}"
     with runs.tracked_run(run_name, tags=tags) as log:
-        log.params({"original": original, "compressed": compressed, "seed_data": seed_data, "num_seeds": len(seeds),
-                    "timeout": timeout, "max_queries": max_queries, "strategy": strategy, "batch": batch,
-                    "seed": seed, "out_dir": str(folder), "resume": resume,
-                    "original_runs_on": original_model.provider, "compressed_runs_on": compressed_model.provider})
-        click.echo(f"fuzzing {_plural(len(seeds), 'seed')} with {strategy}; campaign folder {folder}")
-        click.echo(f"original runs on {original_model.provider}, compressed on {compressed_model.provider}")
+        log.params({"original": original, "compressed": ",".join(compressed), "seed_data": seed_data,
+                    "num_seeds": len(seeds), "timeout": timeout, "max_queries": max_queries, "strategy": strategy,
+                    "max_linf": max_linf, "min_ssim": min_ssim, "batch": batch, "seed": seed, "out_dir": str(folder),
+                    "resume": resume, "original_runs_on": original_model.provider,
+                    "compressed_runs_on": ",".join(m.provider for m in compressed_models)})
+        click.echo(f"fuzzing {_plural(len(seeds), 'seed')} with {strategy}"
+                   + (f" against {len(compressed)} compressed models" if several else "") + f"; campaign folder {folder}")
+        click.echo(f"original runs on {original_model.provider}, compressed on "
+                   f"{', '.join(sorted({m.provider for m in compressed_models}))}")
         with out_of_memory_as_user_error("fuzzing", batch):
-            result = run_campaign(original_model, compressed_model, seeds, strategy=strategy, timeout=timeout,
-                                  max_queries=max_queries, batch=batch, seed=seed, out_dir=folder, resume=resume)
-        summary = _summary(result)
-        log.metrics({k: v for k, v in summary.items() if k in SUMMARY_METRICS})
-        _log_artifacts(log, result, folder, original, compressed, summary)
-        _print_summary(result, summary, folder)
-        if not result.complete:  # the run ends KILLED; everything found so far is logged and on disk
+            results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
+                                    max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders, resume=resume)
+        summaries = [_summary(result) for result in results]
+        if several:
+            for uri, ref, result, summary, sub in zip(compressed, compressed_refs, results, summaries, folders):
+                child_tags = {**tags, **registry.compressed_model_tags(uri)}
+                with runs.child_run(f"fuzz {original_ref.short} vs {ref.short}", tags=child_tags,
+                                    status="FINISHED" if result.complete else "KILLED") as child:
+                    child.params({"original": original, "compressed": uri, "seed_data": seed_data,
+                                  "strategy": strategy, "seed": seed, "max_queries": max_queries, "out_dir": str(sub)})
+                    _log_campaign(child, result, sub, original, uri, summary)
+                click.echo(f"{uri}:")
+                _print_summary(result, summary, sub)
+            comparison = _compare_exports(original_model, compressed, compressed_models, results, summaries)
+            log.metrics(comparison["metrics"])
+            _log_comparison(log, original, compressed, results, summaries, comparison)
+            _print_sharing(comparison)
+        else:
+            _log_campaign(log, results[0], folder, original, compressed[0], summaries[0])
+            _print_summary(results[0], summaries[0], folder)
+        if not all(result.complete for result in results):  # the run ends KILLED; everything found is logged and on disk
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
-    write_json_out(summary, json_out)
+    write_json_out(summaries[0] if not several else {"campaigns": dict(zip(compressed, summaries)),
+                                                     **comparison["metrics"]}, json_out)
+
+
+def _strategy(name: str, max_linf, min_ssim):
+    """The strategy object, with the realism constraint when one is asked for."""
+    import dataclasses
+
+    from mlflow_di.errors import UserError
+    from mlflow_di.fuzz import DFlare
+    from mlflow_di.fuzz.realism import Constraint
+    from mlflow_di.fuzz.strategies import make_strategy
+
+    strategy = make_strategy(name)
+    if max_linf is None and min_ssim is None:
+        return strategy
+    if not isinstance(strategy, DFlare):
+        raise UserError(f"--max-linf and --min-ssim work with the dflare strategies, not {name}; "
+                        "pick --strategy dflare (or a dflare variant)")
+    return dataclasses.replace(strategy, constraint=Constraint(max_linf=max_linf, min_ssim=min_ssim))
+
+
+def export_folder(number: int, uri: str) -> str:
+    """The sub-folder of one export's campaign when several are fuzzed at once: ``01-<uri slug>``."""
+    return f"{number + 1:02d}-" + re.sub(r"[^A-Za-z0-9.@-]+", "_", uri).strip("_")[-60:]
 
 
 def _plural(count: int, noun: str) -> str:
@@ -120,13 +184,23 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _summary(result) -> dict:
+    from mlflow_di.fuzz.realism import distance_summary
+
     s = result.summary
     return {"success_rate": s.success_rate, "mean_queries": s.mean_queries, "median_queries": s.median_queries,
             "mean_seconds": s.mean_seconds, "triggers": s.triggers, "seeds": s.seeds,
             "already_deviating": s.already_deviating, "fuzzed": s.fuzzed, "strategy": s.strategy,
-            "complete": result.complete,
+            "complete": result.complete, **distance_summary(result.records),
             "operators": {name: {"selected": o.selected, "accepted": o.accepted, "triggered": o.triggered}
                           for name, o in s.operators.items()}}
+
+
+def _metrics(summary: dict, class_rows: list[dict]) -> dict:
+    """What a campaign's run records as metrics: the summary, trigger realism, and success by class."""
+    metrics = {k: v for k, v in summary.items() if k in SUMMARY_METRICS or k.startswith("trigger_")}
+    for row in class_rows:
+        metrics[f"class_success_rate.{row['class']}"] = row["success_rate"]
+    return metrics
 
 
 def _seed_rows(result) -> list[dict]:
@@ -136,21 +210,30 @@ def _seed_rows(result) -> list[dict]:
     for r in result.records:
         labels = r.trigger_labels or r.seed_labels
         probabilities = r.trigger_probabilities or r.seed_probabilities
+        distances = r.trigger_distances or {}
         rows.append({"seed": r.index, "label": r.label, "success": r.success, "stop": getattr(r.stop, "value", r.stop),
                      "queries": r.queries, "seconds": round(r.seconds, 4), "original_label": labels[0],
                      "compressed_label": labels[1], "original_top1": round(float(probabilities[0]), 4),
-                     "compressed_top1": round(float(probabilities[1]), 4), "operators": rp.operator_summary(r.operators)})
+                     "compressed_top1": round(float(probabilities[1]), 4),
+                     **{key: distances.get(key) for key in ("l0", "l2", "linf", "ssim")},
+                     "operators": rp.operator_summary(r.operators)})
     return rows
 
 
-def _log_artifacts(log, result, folder: pathlib.Path, original: str, compressed: str, summary: dict) -> None:
-    """Campaign files, per-seed table, trigger grid and the HTML report, for review in the MLflow UI."""
+def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: str, summary: dict) -> None:
+    """One campaign's metrics, files, per-seed and per-class tables, trigger grid and HTML report."""
     from mlflow_di import reporting as rp
+    from mlflow_di.deviation import matrix_rows
+    from mlflow_di.fuzz.per_class import class_rows, trigger_matrix
+    from mlflow_di.fuzz.realism import distance_rows
 
+    by_class = class_rows(result.records)
+    log.metrics(_metrics(summary, by_class))
     log.folder(folder, "fuzz/campaign")
     log.json(summary, "fuzz/summary.json")
     rows = _seed_rows(result)
     log.table(rows, "fuzz/seeds.json")
+    log.table(by_class, "fuzz/per_class.json")
     html = rp.HtmlReport(f"Differential fuzzing: {original} vs {compressed}",
                          subtitle=f"{summary['strategy']} on {result.config.data}, seed {result.config.seed}")
     html.verdict(None, f"{_plural(summary['triggers'], 'triggering input')} from {_plural(summary['fuzzed'], 'seed')} "
@@ -164,11 +247,95 @@ def _log_artifacts(log, result, folder: pathlib.Path, original: str, compressed:
             log.image(page, f"fuzz/trigger_grid_{number}.png")
         html.section("Triggers").gallery(pages, "every trigger: seed | trigger | amplified difference, with both "
                                                 "models' labels, the operators applied and the perturbation size")
+        log.table(distance_rows(result.records), "fuzz/trigger_distances.json")
+        realism = {k: v for k, v in summary.items() if k.startswith("trigger_")}
+        html.section("How far the triggers are from their seeds").metrics(realism, caption=(
+            "l0: pixels changed; l2: Euclidean distance of pixel/255; linf: largest change in 8-bit levels; "
+            "ssim: structural similarity to the seed (1 = identical)"))
+        matrix = trigger_matrix(result.records)
+        log.table(matrix_rows(matrix), "fuzz/trigger_matrix.json")
+        html.section("Triggers by label pair").image(rp.heatmap(
+            matrix, [f"original {i}" for i in range(len(matrix))], [f"compressed {j}" for j in range(len(matrix))],
+            "labels of the triggering inputs", symmetric=False, colorbar_label="triggers"),
+            "row: the original's label on the trigger; column: the compressed model's")
+    html.section("By class").table(by_class, caption="seeds by their true label: how often and how quickly a "
+                                                     "deviation was found")
     operators = [{"operator": name, **counts} for name, counts in summary["operators"].items()]
     if operators:
         html.section("Operators").table(operators)
     html.section("Per-seed results").table(rows)
     log.text(html.render(), "fuzz/report.html")
+
+
+def _compare_exports(original_model, compressed: list[str], models: list, results: list, summaries: list) -> dict:
+    """Side-by-side rows, what sharing the original saved, and which triggers fool every export.
+
+    Every trigger (found against any export) is shown to the original and every export: a trigger
+    *fools* an export when the two disagree on it."""
+    import numpy as np
+
+    from mlflow_di.fuzz.fitness import labels_differ
+
+    separate = sum(result.run_stats.inputs for result in results)
+    shared = results[0].run_stats.shared_original_inputs
+    triggers = [result.triggers for result in results if len(result.triggers)]
+    fools = np.zeros((0, len(models)), bool)
+    if triggers:
+        images = np.concatenate(triggers)
+        p_original = original_model.predict_proba(images)
+        fools = np.stack([labels_differ(p_original, model.predict_proba(images)) for model in models], axis=1)
+    rows, start = [], 0
+    for uri, result, summary in zip(compressed, results, summaries):
+        mine = fools[start:start + len(result.triggers)]
+        start += len(result.triggers)
+        rows.append({"compressed": uri, "success_rate": summary["success_rate"], "triggers": summary["triggers"],
+                     "mean_queries": summary["mean_queries"], "median_queries": summary["median_queries"],
+                     "already_deviating": summary["already_deviating"],
+                     "trigger_linf_median": summary.get("trigger_linf_median"),
+                     "trigger_ssim_median": summary.get("trigger_ssim_median"),
+                     **{f"fools {other}": float(mine[:, k].mean()) if len(mine) else None
+                        for k, other in enumerate(compressed)}})
+    fooling_all = int(fools.all(axis=1).sum()) if len(fools) else 0
+    metrics = {"original_inputs_separate": separate, "original_inputs_shared": shared,
+               "original_inputs_saved_fraction": 1 - shared / separate if separate else 0.0,
+               "triggers_fooling_all": fooling_all, "triggers_total": int(len(fools))}
+    return {"rows": rows, "metrics": metrics, "fools_all": fools.all(axis=1) if len(fools) else fools[:, 0]}
+
+
+def _log_comparison(log, original: str, compressed: list[str], results: list, summaries: list, comparison: dict) -> None:
+    from mlflow_di import reporting as rp
+
+    log.table(comparison["rows"], "fuzz/comparison.json")
+    metrics = comparison["metrics"]
+    html = rp.HtmlReport(f"Differential fuzzing: {original} vs {len(compressed)} compressed models",
+                         subtitle=f"{summaries[0]['strategy']} on {results[0].config.data}, seed {results[0].config.seed}")
+    html.verdict(None, f"{metrics['triggers_fooling_all']} of {metrics['triggers_total']} triggers fool every "
+                       f"compressed model; the original evaluated {metrics['original_inputs_shared']} images instead "
+                       f"of {metrics['original_inputs_separate']} "
+                       f"({metrics['original_inputs_saved_fraction']:.1%} saved by sharing its calls)")
+    html.section("Side by side").table(comparison["rows"], caption=(
+        "one campaign per compressed model (each in its own child run); 'fools X': the share of this campaign's "
+        "triggers on which X also disagrees with the original"))
+    html.section("Sharing the original's calls").metrics(metrics, percent_keys=["original_inputs_saved_fraction"])
+    if comparison["fools_all"].any():  # each row: the seed, then the trigger, from the campaign that found it
+        import numpy as np
+
+        seeds = np.concatenate([result.trigger_seeds for result in results])[comparison["fools_all"]]
+        triggers = np.concatenate([result.triggers for result in results])[comparison["fools_all"]]
+        sources = [uri for uri, result in zip(compressed, results) for _ in range(len(result.triggers))]
+        sources = [uri for uri, fools in zip(sources, comparison["fools_all"]) if fools]
+        page = rp.labelled_image_rows([np.stack(pair) for pair in zip(seeds, triggers)],
+                                      [f"found against {uri}" for uri in sources])
+        log.image(page, "fuzz/triggers_fooling_all.png")
+        html.section("Triggers that fool every compressed model").image(page, "seed | trigger (at most 24 rows)")
+    log.text(html.render(), "fuzz/report.html")
+
+
+def _print_sharing(comparison: dict) -> None:
+    metrics = comparison["metrics"]
+    click.echo(f"original evaluated {metrics['original_inputs_shared']} images for all campaigns instead of "
+               f"{metrics['original_inputs_separate']} ({metrics['original_inputs_saved_fraction']:.1%} saved); "
+               f"{metrics['triggers_fooling_all']} of {metrics['triggers_total']} triggers fool every compressed model")
 
 
 def _trigger_grid_pages(result) -> list:

@@ -34,6 +34,7 @@ from mlflow_di.progress import progress_bar as tqdm
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.fitness import labels_differ, top1_labels
+from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
@@ -55,38 +56,69 @@ def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeo
     A KeyboardInterrupt stops the campaign early: finished seeds are kept (on disk too) and
     the returned result has ``complete=False``.
     """
+    return run_campaigns(original, [compressed], seeds, strategy=strategy, timeout=timeout, max_queries=max_queries,
+                         batch=batch, seed=seed, out_dirs=None if out_dir is None else [out_dir], resume=resume,
+                         progress=progress)[0]
+
+
+def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare", timeout: float = 180.0,
+                  max_queries: int | None = None, batch: int = 64, seed: int = 0, out_dirs: list | None = None,
+                  resume: bool = False, progress: bool = True) -> list[CampaignResult]:
+    """One campaign per model in ``compressed``, all against ``original``, sharing its calls.
+
+    Each campaign is the one :func:`run_campaign` would run for that pair (per-seed records are
+    the same), but the campaigns advance together: each lockstep iteration sends the inputs of
+    every campaign through ``original`` in one call, each distinct image once (the searches of
+    one seed against two exports propose the same mutants until their paths part), and each
+    campaign's own inputs through its compressed model. ``out_dirs``: one folder per campaign.
+    The results' ``run_stats.original_inputs`` say how many images the original evaluated for
+    that campaign's share; :attr:`RunStats.shared_original_inputs` how many all campaigns needed.
+    """
     strategy = make_strategy(strategy)
-    _check_arguments(seeds, timeout, max_queries, batch, out_dir, resume)
-    config = CampaignConfig(
-        strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
-        max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
-        seeds_sha256=_fingerprint(seeds, progress), image_shape=tuple(seeds.image_shape),
-        original=_name(original, "original"), compressed=_name(compressed, "compressed"))
-    store = CampaignStore(out_dir) if out_dir is not None else None
-    done: dict[int, SeedRecord] = {}
-    if store is not None and resume:
-        store.check_resumable(config)
-        done = store.read_records()
-    todo = np.array([i for i in range(len(seeds)) if i not in done], dtype=np.int64)
-    p_original, p_compressed = _check_seeds(original, compressed, seeds, todo, fuzzed_before=any(
-        not r.already_deviating for r in done.values()), progress=progress)
-    if store is not None and not resume:
-        store.create(config)
-    runner = _Lockstep(original, compressed, seeds, strategy, config, batch, store)
+    if not compressed:
+        raise UserError("no compressed model given")
+    if out_dirs is not None and len(out_dirs) != len(compressed):
+        raise UserError(f"{len(compressed)} compressed models but {len(out_dirs)} output folders")
+    _check_arguments(seeds, timeout, max_queries, batch, out_dirs, resume)
+    fingerprint = _fingerprint(seeds, progress)
+    lanes = []
+    for number, model in enumerate(compressed):
+        config = CampaignConfig(
+            strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
+            max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
+            seeds_sha256=fingerprint, image_shape=tuple(seeds.image_shape),
+            original=_name(original, "original"), compressed=_name(model, "compressed"))
+        store = CampaignStore(out_dirs[number]) if out_dirs is not None else None
+        done: dict[int, SeedRecord] = {}
+        if store is not None and resume:
+            store.check_resumable(config)
+            done = store.read_records()
+        lanes.append(_Lane(model, config, store, done))
+    _check_seeds(original, lanes, seeds, progress=progress)
+    for lane in lanes:
+        if lane.store is not None and not resume:
+            lane.store.create(lane.config)
+    runner = _Lockstep(original, lanes, seeds, strategy, batch)
     try:
-        runner.run(todo, p_original, p_compressed, done, progress)
+        runner.run(progress)
     finally:
-        if store is not None:
-            store.close()
-    records = sorted({**done, **runner.records}.values(), key=lambda r: r.index)
-    result = assemble_result(config, records, store, complete=len(records) == len(seeds), images=runner.images)
-    result.run_stats = runner.stats
-    if store is not None:
-        store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices)
-    return result
+        for lane in lanes:
+            if lane.store is not None:
+                lane.store.close()
+    results = []
+    for lane in lanes:
+        records = sorted({**lane.done, **lane.records}.values(), key=lambda r: r.index)
+        result = assemble_result(lane.config, records, lane.store, complete=len(records) == len(seeds),
+                                 images=lane.images)
+        result.run_stats = lane.stats
+        result.run_stats.shared_original_inputs = runner.shared_original_inputs
+        if lane.store is not None:
+            lane.store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices)
+        results.append(result)
+    return results
 
 
-def _check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dir, resume) -> None:
+def _check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dirs, resume) -> None:
     if not isinstance(seeds, ImageSet):
         raise UserError(f"seeds must be an ImageSet (see mlflow_di.data.load_images), got {type(seeds).__name__}")
     if len(seeds) == 0:
@@ -97,7 +129,7 @@ def _check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dir, resu
         raise UserError(f"max_queries must be at least 1, got {max_queries}")
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
-    if resume and out_dir is None:
+    if resume and out_dirs is None:
         raise UserError("resume needs the output directory of the campaign to continue (out_dir=..., or --out-dir on the command line)")
 
 
@@ -136,27 +168,35 @@ def _predict(model, images: np.ndarray, role: str) -> np.ndarray:
     return probabilities
 
 
-def _check_seeds(original, compressed, seeds: ImageSet, todo: np.ndarray, fuzzed_before: bool, progress: bool = False):
-    """Both models' probabilities on the seeds still to run, after checking the pair fits."""
+def _check_seeds(original, lanes: list["_Lane"], seeds: ImageSet, progress: bool = False) -> None:
+    """Every model's probabilities on the seeds each campaign still has to run (stored on the
+    lanes), after checking that each pair fits. The original sees each seed once."""
+    union = sorted(set().union(*(lane.todo_indices(len(seeds)) for lane in lanes)))
+    todo = np.asarray(union, dtype=np.int64)
     if len(todo) == 0:
-        return np.zeros((0, 0)), np.zeros((0, 0))
-    p_original, p_compressed = [], []
-    for start in tqdm(range(0, len(todo), SEED_BATCH), desc="seed predictions", unit="batch", disable=not progress,
-                      leave=False):  # in batches: the seeds may be bigger than memory
-        images = seeds.images[todo[start:start + SEED_BATCH]]
-        p_original.append(_predict(original, images, "original"))
-        p_compressed.append(_predict(compressed, images, "compressed"))
-    p_original, p_compressed = np.concatenate(p_original), np.concatenate(p_compressed)
-    if p_original.shape[1] != p_compressed.shape[1]:
-        raise UserError(f"the models disagree on the number of classes: original '{_name(original, 'original')}' "
-                        f"has {p_original.shape[1]}, compressed '{_name(compressed, 'compressed')}' has "
-                        f"{p_compressed.shape[1]}; compare a model with its own compressed version")
-    deviating = labels_differ(p_original, p_compressed)
-    if deviating.all() and not fuzzed_before:
-        raise UserError(f"the two models already disagree on all {len(todo)} seeds, so there is nothing to fuzz; "
-                        "check that the compressed model belongs to the original and that both use the "
-                        "right preprocessing")
-    return p_original, p_compressed
+        return
+    p_original = np.concatenate([_predict(original, seeds.images[todo[start:start + SEED_BATCH]], "original")
+                                 for start in tqdm(range(0, len(todo), SEED_BATCH), desc="seed predictions",
+                                                   unit="batch", disable=not progress, leave=False)])
+    row_of = {int(index): row for row, index in enumerate(todo)}
+    for lane in lanes:  # in batches: the seeds may be bigger than memory
+        indices = np.asarray(sorted(lane.todo_indices(len(seeds))), dtype=np.int64)
+        if len(indices) == 0:
+            lane.todo = indices
+            continue
+        p_compressed = np.concatenate([_predict(lane.compressed, seeds.images[indices[start:start + SEED_BATCH]],
+                                                "compressed") for start in range(0, len(indices), SEED_BATCH)])
+        mine = p_original[[row_of[int(i)] for i in indices]]
+        if mine.shape[1] != p_compressed.shape[1]:
+            raise UserError(f"the models disagree on the number of classes: original '{_name(original, 'original')}' "
+                            f"has {mine.shape[1]}, compressed '{_name(lane.compressed, 'compressed')}' has "
+                            f"{p_compressed.shape[1]}; compare a model with its own compressed version")
+        fuzzed_before = any(not r.already_deviating for r in lane.done.values())
+        if labels_differ(mine, p_compressed).all() and not fuzzed_before:
+            raise UserError(f"the two models already disagree on all {len(indices)} seeds, so there is nothing to "
+                            f"fuzz (compressed '{_name(lane.compressed, 'compressed')}'); check that the compressed "
+                            "model belongs to the original and that both use the right preprocessing")
+        lane.todo, lane.p_original, lane.p_compressed = indices, mine, p_compressed
 
 
 @dataclasses.dataclass
@@ -171,99 +211,157 @@ class _Active:
     model_seconds: float = 0.0
 
 
-class _Lockstep:
-    """Runs searches for many seeds, ``batch`` at a time, one batched model call per iteration."""
+class _Lane:
+    """One campaign of a lockstep run: its compressed model, settings, folder, seeds and results."""
 
-    def __init__(self, original, compressed, seeds: ImageSet, strategy, config: CampaignConfig,
-                 batch: int, store: CampaignStore | None):
-        self.original, self.compressed = original, compressed
-        self.seeds, self.strategy, self.config = seeds, strategy, config
-        self.batch, self.store = batch, store
+    def __init__(self, compressed, config: CampaignConfig, store: CampaignStore | None, done: dict[int, SeedRecord]):
+        self.compressed, self.config, self.store, self.done = compressed, config, store, done
         self.records: dict[int, SeedRecord] = {}
         self.images: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._progress = None
         self.stats = RunStats()
+        self.todo = np.zeros(0, np.int64)
+        self.p_original = self.p_compressed = np.zeros((0, 0))
+        self.pending: collections.deque = collections.deque()
+        self.active: list[_Active] = []
+
+    def todo_indices(self, count: int) -> set[int]:
+        return {i for i in range(count) if i not in self.done}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.active)
+
+
+class _Lockstep:
+    """Runs the searches of one or more campaigns, ``batch`` seeds at a time per campaign, with one
+    batched call of the original (each distinct input once) and one of each compressed model per iteration."""
+
+    def __init__(self, original, lanes: list[_Lane], seeds: ImageSet, strategy, batch: int):
+        self.original, self.lanes = original, lanes
+        self.seeds, self.strategy, self.batch = seeds, strategy, batch
+        self._progress = None
         self._clock_start = time.perf_counter()
         self._last_postfix = 0.0
+        self._inputs = 0
+        #: images the original evaluated (each distinct input of an iteration once)
+        self.shared_original_inputs = 0
 
-    def run(self, todo: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,
-            done: dict[int, SeedRecord], progress: bool) -> None:
-        self._triggers = sum(r.success for r in done.values())
-        self._progress = tqdm(total=len(self.seeds), initial=len(done), disable=not progress,
+    def run(self, progress: bool) -> None:
+        self._triggers = sum(r.success for lane in self.lanes for r in lane.done.values())
+        finished = sum(len(lane.done) for lane in self.lanes)
+        self._progress = tqdm(total=len(self.seeds) * len(self.lanes), initial=finished, disable=not progress,
                               desc=f"fuzz {self.strategy.name}", unit="seed", dynamic_ncols=True)
-        pending = collections.deque()
-        for row, index in enumerate(todo):
-            if labels_differ(p_original[row], p_compressed[row]):
-                self._finish_deviating(int(index), p_original[row], p_compressed[row])
-            else:
-                pending.append((int(index), p_original[row], p_compressed[row]))
-        active: list[_Active] = []
+        for lane in self.lanes:
+            for row, index in enumerate(lane.todo):
+                if labels_differ(lane.p_original[row], lane.p_compressed[row]):
+                    self._finish_deviating(lane, int(index), lane.p_original[row], lane.p_compressed[row])
+                else:
+                    lane.pending.append((int(index), lane.p_original[row], lane.p_compressed[row]))
         try:
-            while pending or active:
-                while pending and len(active) < self.batch:
-                    active.append(self._start(*pending.popleft()))
-                self._step(active)
-                active = [a for a in active if not self._maybe_finish(a)]
+            while any(lane.busy for lane in self.lanes):
+                for lane in self.lanes:
+                    while lane.pending and len(lane.active) < self.batch:
+                        lane.active.append(self._start(lane, *lane.pending.popleft()))
+                self._step()
+                for lane in self.lanes:
+                    lane.active = [a for a in lane.active if not self._maybe_finish(lane, a)]
         except KeyboardInterrupt:
-            self._progress.write(f"interrupted: {len(self.records)} seeds finished in this run are saved; "
-                                 f"{len(active) + len(pending)} not finished")
+            unfinished = sum(len(lane.active) + len(lane.pending) for lane in self.lanes)
+            saved = sum(len(lane.records) for lane in self.lanes)
+            self._progress.write(f"interrupted: {saved} seeds finished in this run are saved; {unfinished} not finished")
         finally:
             self._last_postfix = 0.0  # the final counts, whatever the rate limit
             self._refresh_progress()
             self._progress.close()
 
-    def _start(self, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> _Active:
+    def _start(self, lane: _Lane, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> _Active:
         began = time.perf_counter()
-        rng = np.random.default_rng([self.config.seed, index])
+        rng = np.random.default_rng([lane.config.seed, index])
         image = self.seeds.images[index]  # read once (a lazy set decodes it), kept while the seed is searched
         search = self.strategy.start(image, p_original, p_compressed, rng)
         return _Active(index, search, (p_original, p_compressed), image, time.perf_counter() - began)
 
-    def _step(self, active: list[_Active]) -> None:
-        """One lockstep iteration: propose, one batched call per model, observe."""
-        limit = self.config.max_queries
-        depth = _speculation_depth(len(active), self.batch)
+    def _step(self) -> None:
+        """One lockstep iteration over every campaign: propose, one batched call per model, observe."""
         clock = time.perf_counter
-        proposals = []
+        proposals: list[list[np.ndarray]] = []
         began = clock()
-        for a in active:  # one clock reading per search: the end of one search's turn starts the next
-            proposals.append(a.search.propose(None if limit is None else limit - a.search.queries, depth))
+        for lane in self.lanes:
+            limit = lane.config.max_queries
+            depth = _speculation_depth(len(lane.active), self.batch) if lane.active else 1
+            mine = []
+            for a in lane.active:  # one clock reading per search: the end of one search's turn starts the next
+                mine.append(a.search.propose(None if limit is None else limit - a.search.queries, depth))
+                now = clock()
+                a.seconds += now - began
+                began = now
+            proposals.append(mine)
+        lane_inputs = [np.concatenate(mine) if mine else np.zeros((0, *self.seeds.image_shape), np.uint8)
+                       for mine in proposals]
+        total = sum(len(inputs) for inputs in lane_inputs)
+        if total == 0:  # only exhausted searches this time
+            return
+        p_original, original_seconds, distinct = self._original_probabilities(lane_inputs)
+        original_share = original_seconds / total
+        self.shared_original_inputs += distinct
+        self._inputs += total
+        start_original = 0
+        for lane, mine, inputs in zip(self.lanes, proposals, lane_inputs):
+            if not len(inputs):
+                continue
+            began = clock()
+            p_compressed = lane.compressed.predict_proba(inputs)
             now = clock()
-            a.seconds += now - began
+            compressed_share = (now - began) / len(inputs)
+            share = original_share + compressed_share
+            lane_original = p_original[start_original:start_original + len(inputs)]
+            start_original += len(inputs)
+            start = 0
             began = now
-        inputs = np.concatenate(proposals) if len(proposals) > 1 else proposals[0]
-        p_original = self.original.predict_proba(inputs)
-        p_compressed = self.compressed.predict_proba(inputs)
-        now = clock()
-        model_seconds = now - began
-        share = model_seconds / len(inputs)
-        start = 0
-        began = now
-        for a, proposal in zip(active, proposals):
-            stop = start + len(proposal)
-            a.search.observe(p_original[start:stop], p_compressed[start:stop])
-            now = clock()
-            a.seconds += now - began + share * len(proposal)
-            a.model_seconds += share * len(proposal)
-            began = now
-            start = stop
-        self.stats.model_seconds += model_seconds
-        self.stats.calls += 1
-        self.stats.inputs += len(inputs)
+            for a, proposal in zip(lane.active, mine):
+                stop = start + len(proposal)
+                a.search.observe(lane_original[start:stop], p_compressed[start:stop])
+                now = clock()
+                a.seconds += now - began + share * len(proposal)
+                a.model_seconds += share * len(proposal)
+                began = now
+                start = stop
+            lane.stats.model_seconds += share * len(inputs)
+            lane.stats.calls += 1
+            lane.stats.inputs += len(inputs)
+            lane.stats.original_inputs += len(inputs) * distinct / total
         self._refresh_progress()  # also while a few long searches finish alone
 
-    def _maybe_finish(self, a: _Active) -> bool:
+    def _original_probabilities(self, lane_inputs: list[np.ndarray]) -> tuple[np.ndarray, float, int]:
+        """The original's probabilities for every campaign's inputs (concatenated in lane order), its
+        seconds, and how many images it evaluated: with several campaigns, each distinct image once."""
+        began = time.perf_counter()
+        inputs = np.concatenate(lane_inputs) if len(lane_inputs) > 1 else lane_inputs[0]
+        if len(lane_inputs) == 1:
+            return self.original.predict_proba(inputs), time.perf_counter() - began, len(inputs)
+        first_of: dict[bytes, int] = {}
+        rows = np.empty(len(inputs), np.int64)
+        for row, image in enumerate(inputs):
+            rows[row] = first_of.setdefault(hashlib.blake2b(image.tobytes(), digest_size=16).digest(), len(first_of))
+        unique = np.empty(len(first_of), np.int64)
+        unique[rows] = np.arange(len(inputs))  # any row of each distinct image will do
+        probabilities = np.asarray(self.original.predict_proba(inputs[unique]))[rows]
+        return probabilities, time.perf_counter() - began, len(unique)
+
+    def _maybe_finish(self, lane: _Lane, a: _Active) -> bool:
         search = a.search
         if search.found:
             stop = Stop.TRIGGER
-        elif self.config.max_queries is not None and search.queries >= self.config.max_queries:
+        elif lane.config.max_queries is not None and search.queries >= lane.config.max_queries:
             stop = Stop.MAX_QUERIES
-        elif a.seconds >= self.config.timeout:
+        elif search.exhausted:
+            stop = Stop.CONSTRAINED
+        elif a.seconds >= lane.config.timeout:
             stop = Stop.TIMEOUT
         else:
             return False
-        self._save(self._record(a, stop), search.trigger, a.seed_image)
-        self.stats.search_seconds += a.seconds - a.model_seconds
+        self._save(lane, self._record(a, stop), search.trigger, a.seed_image)
+        lane.stats.search_seconds += a.seconds - a.model_seconds
         return True
 
     def _record(self, a: _Active, stop: Stop) -> SeedRecord:
@@ -275,26 +373,28 @@ class _Lockstep:
             seed_labels=top1_labels(*p_seed), seed_probabilities=_top1(*p_seed),
             operators=list(search.trigger_operators),
             operator_counts={name: [int(s), int(c)] for name, s, c in
-                             zip(search.operator_names, search.stats.selected, search.stats.accepted)})
+                             zip(search.operator_names, search.stats.selected, search.stats.accepted)},
+            constraint_rejections=int(search.constraint_rejections))
         if search.found:
             record.trigger_labels = top1_labels(*search.trigger_probabilities)
             record.trigger_probabilities = _top1(*search.trigger_probabilities)
+            record.trigger_distances = distances(search.trigger, a.seed_image)
         return record
 
-    def _finish_deviating(self, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
+    def _finish_deviating(self, lane: _Lane, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
         record = SeedRecord(index=index, label=int(self.seeds.labels[index]), success=False,
                             stop=Stop.ALREADY_DEVIATING, queries=0, seconds=0.0,
                             seed_labels=top1_labels(p_original, p_compressed),
                             seed_probabilities=_top1(p_original, p_compressed))
-        self._save(record, None, self.seeds.images[index])
+        self._save(lane, record, None, self.seeds.images[index])
 
-    def _save(self, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray) -> None:
-        self.records[record.index] = record
+    def _save(self, lane: _Lane, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray) -> None:
+        lane.records[record.index] = record
         if trigger is not None:
-            self.images[record.index] = (trigger, seed_image)
+            lane.images[record.index] = (trigger, seed_image)
             self._triggers += 1
-        if self.store is not None:
-            self.store.append(record, trigger, seed_image)
+        if lane.store is not None:
+            lane.store.append(record, trigger, seed_image)
         self._progress.update(1)
         self._refresh_progress()
 
@@ -303,7 +403,7 @@ class _Lockstep:
         now = time.perf_counter()
         if now - self._last_postfix > 0.5:
             self._last_postfix = now
-            rate = self.stats.inputs / max(now - self._clock_start, 1e-9)
+            rate = self._inputs / max(now - self._clock_start, 1e-9)
             self._progress.set_postfix(triggers=self._triggers, queries_per_s=f"{rate:.0f}")
 
 

@@ -72,6 +72,7 @@ from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GA
                                     MARGIN_RESOLUTION_DIGITS, NoveltyMemory, dflare_fitness, labels_differ,
                                     log_margin_list, probability_pair, top1_gap)
 from mlflow_di.fuzz.mutations import Operator, default_operators, operator_names
+from mlflow_di.fuzz.realism import Constraint
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.selection import MetropolisHastingsSelector, UniformSelector
 
@@ -91,6 +92,9 @@ FITNESSES = ("gap", "margin", "margin-both")
 MAX_STRENGTH = 8
 #: Floor of the compressed model's probabilities under ``fitness='margin-both'``.
 COMPRESSED_FLOOR = 1.0 / 512
+#: Mutants of x_max drawn in a row outside the constraint before the search gives up on the seed
+#: (it then stops with ``Stop.CONSTRAINED``: no mutant within the constraint could be found).
+MAX_REDRAWS = 1000
 
 
 class Outcome(enum.Enum):
@@ -127,6 +131,8 @@ class DFlare:
     #: plateau-aware strength: the operator is applied 1 + s // escalate times in a row (at most
     #: :data:`MAX_STRENGTH`), s = queries since the last accepted mutant (0: always once)
     escalate: int = 0
+    #: a mutant outside it (``--max-linf``, ``--min-ssim``) is rejected before it is queried
+    constraint: Constraint | None = None
 
     def __post_init__(self):
         if self.selection not in SELECTIONS:
@@ -141,10 +147,13 @@ class DFlare:
 
     def options(self) -> dict:
         """The settings that change results, for the campaign's config record."""
-        return {"novelty": self.novelty, "selection": self.selection, "reference_bug": self.reference_bug,
-                "acceptance": self.acceptance, "delta": self.delta, "novelty_threshold": self.novelty_threshold,
-                "operators": [repr(op) for op in self.operators], "fitness": self.fitness,
-                "restart": self.restart, "escalate": self.escalate}
+        options = {"novelty": self.novelty, "selection": self.selection, "reference_bug": self.reference_bug,
+                   "acceptance": self.acceptance, "delta": self.delta, "novelty_threshold": self.novelty_threshold,
+                   "operators": [repr(op) for op in self.operators], "fitness": self.fitness,
+                   "restart": self.restart, "escalate": self.escalate}
+        if self.constraint is not None and self.constraint.active:  # absent otherwise: older campaigns resume
+            options["constraint"] = self.constraint.to_dict()
+        return options
 
     def start(self, seed_image: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,
               rng: np.random.Generator) -> "DFlareSearch":
@@ -176,6 +185,12 @@ class DFlareSearch(Search):
     for every ``depth``; only the dropped model evaluations are extra work. Under the paper's
     acceptance an unchanged mutant is known to be accepted (``_accepts_unchanged``), so
     speculation assumes that for it.
+
+    Under a :class:`~mlflow_di.fuzz.realism.Constraint`, a mutant outside it is rejected before
+    it is queried: its operator counts as selected and not accepted, the next operator is chosen,
+    and x_max is mutated again (``constraint_rejections`` counts these). After
+    :data:`MAX_REDRAWS` such rejections in a row the search is ``exhausted``. The search then
+    proposes one input per call (no speculation), which keeps every decision exact.
     """
 
     def __init__(self, strategy: DFlare, seed_image: np.ndarray, p_original: np.ndarray,
@@ -211,6 +226,7 @@ class DFlareSearch(Search):
         self._operator = self._selector.first(rng)
         self._candidate: np.ndarray | None = None
         self._pending: list[_Pending] = []  # proposed inputs awaiting their results
+        self._constraint = strategy.constraint if strategy.constraint is not None and strategy.constraint.active else None
 
     def _score(self, p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, bool]:
         """The score (D(x), or minus the original's log margin), and O(x) (remembering the pair when it is novel)."""
@@ -254,8 +270,28 @@ class DFlareSearch(Search):
             self.best, self._best_bytes, self.best_gap = self._seed, self._seed.tobytes(), self._seed_score
             self._stall = 0
 
+    def _constrained_mutant(self) -> np.ndarray | None:
+        """A mutant of x_max within the constraint, choosing the next operator after each one
+        outside it (not queried); None after :data:`MAX_REDRAWS` in a row (the search is exhausted)."""
+        for _ in range(MAX_REDRAWS):
+            candidate = self._mutate(self._operator)
+            self.stats.selected[self._operator] += 1
+            if self._constraint.allows(candidate, self._seed):
+                return candidate
+            self.constraint_rejections += 1
+            self._operator = self._selector.next(self._operator, self.stats, self._rng)
+        self.exhausted = True
+        return None
+
     def propose(self, limit: int | None = None, depth: int = 1) -> np.ndarray:
         depth = max(1, depth if limit is None else min(depth, limit))
+        if self._constraint is not None:  # one input per call: see the class docstring
+            candidate = self._constrained_mutant()
+            if candidate is None:
+                self._pending = []
+                return self._seed[None][:0]
+            self._pending = [_Pending(candidate, self._operator)]
+            return candidate[None]
         if depth == 1:  # Algorithm 1 as written: one input, the choice after it waits for its result
             candidate = self._mutate(self._operator)
             self.stats.selected[self._operator] += 1
@@ -283,6 +319,8 @@ class DFlareSearch(Search):
 
     def observe(self, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
         pending, self._pending = self._pending, []
+        if not pending:  # exhausted under the constraint: nothing was proposed
+            return
         if len(pending) == 1:  # Algorithm 1 as written (the common case): one result, then the next choice
             self._candidate, self._operator = pending[0].candidate, pending[0].operator
             if self._decide(p_original[0], p_compressed[0]) is not Outcome.TRIGGER:

@@ -29,6 +29,8 @@ class Stop(str, enum.Enum):
     TIMEOUT = "timeout"
     MAX_QUERIES = "max_queries"
     ALREADY_DEVIATING = "already_deviating"
+    #: no mutant within the campaign's constraint (--max-linf, --min-ssim) could be found
+    CONSTRAINED = "constrained"
 
     def __str__(self) -> str:
         return self.value
@@ -54,6 +56,9 @@ class SeedRecord(JsonRoundTrip):
     ``operator_counts``: per operator, [times selected, times accepted] (DiffChaser: mutated
     chromosomes, and 0 accepted, as it accepts no single mutations).
     ``seconds`` is the seed's share of the campaign's time (see :mod:`mlflow_di.fuzz.campaign`).
+    ``trigger_distances``: how far the trigger is from its seed (L0, L2, L-inf, SSIM; see
+    :mod:`mlflow_di.fuzz.realism`); ``constraint_rejections``: mutants rejected unqueried for leaving
+    the campaign's constraint.
     """
 
     index: int
@@ -68,6 +73,8 @@ class SeedRecord(JsonRoundTrip):
     trigger_probabilities: tuple[float, float] | None = None
     operators: list[str] = dataclasses.field(default_factory=list)
     operator_counts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    trigger_distances: dict[str, float] | None = None
+    constraint_rejections: int = 0
 
     def __post_init__(self):
         self.stop = Stop(self.stop)
@@ -179,13 +186,18 @@ class RunStats(JsonRoundTrip):
     ``model_seconds``: inside the two models' ``predict_proba`` calls; ``search_seconds``: in the
     searches (mutation, fitness, selection); ``calls``: lockstep iterations (one batched call per
     model each); ``inputs``: images sent to each model (queries plus speculative inputs that
-    were dropped unused).
+    were dropped unused). With several campaigns sharing the original (``fuzz --compressed A
+    --compressed B``): ``original_inputs`` is this campaign's share of the images the original
+    evaluated (each distinct image once, shared in proportion to inputs), and
+    ``shared_original_inputs`` what the original evaluated for all campaigns together.
     """
 
     model_seconds: float = 0.0
     search_seconds: float = 0.0
     calls: int = 0
     inputs: int = 0
+    original_inputs: float = 0.0
+    shared_original_inputs: int = 0
 
     @property
     def mean_batch(self) -> float:

@@ -27,6 +27,10 @@ class Search(abc.ABC):
         self.trigger: np.ndarray | None = None
         self.trigger_probabilities: tuple[np.ndarray, np.ndarray] | None = None
         self.trigger_operators: list[str] = []
+        #: mutants rejected before being queried because they left the campaign's constraint
+        self.constraint_rejections = 0
+        #: True once the search can propose nothing more (no mutant within its constraint)
+        self.exhausted = False
 
     @property
     def found(self) -> bool:
@@ -35,7 +39,8 @@ class Search(abc.ABC):
 
     @abc.abstractmethod
     def propose(self, limit: int | None = None, depth: int = 1) -> np.ndarray:
-        """Next inputs to query, uint8 (k, H, W, C) with 1 <= k <= ``limit`` (when given).
+        """Next inputs to query, uint8 (k, H, W, C) with 1 <= k <= ``limit`` (when given);
+        k = 0 only once the search is :attr:`exhausted`.
 
         ``depth`` is a hint: the runner could use up to that many inputs from this search in
         its next batched call. A search may propose more than its algorithm needs right now

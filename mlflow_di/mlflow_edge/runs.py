@@ -73,7 +73,27 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
         run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
     except MlflowException as exc:
         raise UserError(f"cannot start a run at {tracking_uri()}: {first_line(exc.message)}") from None
-    log = RunLog(run)
+    with _ended(RunLog(run)) as log:
+        yield log
+
+
+@contextlib.contextmanager
+def child_run(run_name: str, tags: dict | None = None, status: str = "FINISHED"):
+    """A run nested under the active one (the UI shows it under its parent), ended like
+    :func:`tracked_run`; ``status`` is how it ends when its block succeeds (KILLED for the
+    results of an interrupted campaign, which the gate must not read as finished)."""
+    try:
+        run = mlflow.start_run(nested=True, run_name=run_name,
+                               tags={"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
+    except MlflowException as exc:
+        raise UserError(f"cannot start a run at {tracking_uri()}: {first_line(exc.message)}") from None
+    with _ended(RunLog(run), status) as log:
+        yield log
+
+
+@contextlib.contextmanager
+def _ended(log: RunLog, status: str = "FINISHED"):
+    """Yield ``log``; end its run with ``status``, KILLED on Ctrl-C / SIGTERM, FAILED on an error."""
     try:
         yield log
     except KeyboardInterrupt:
@@ -83,7 +103,7 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
         log.end("FAILED")
         raise
     else:
-        log.end("FINISHED")
+        log.end(status)
 
 
 def close_orphaned_runs(tags: dict, reason: str) -> list[str]:

@@ -1,0 +1,117 @@
+"""How far a triggering input is from its seed, and constraints that keep the search close to it.
+
+A deviation found by turning a digit into noise says little about the compressed model; one found
+by a change a person barely sees says a lot. Every trigger is measured against its seed:
+
+- ``l0``: pixels changed (a pixel counts once, whatever its channels), and ``l0_fraction`` of all pixels;
+- ``l2``: Euclidean distance of the images scaled to [0, 1] (pixel / 255);
+- ``linf``: the largest change of one channel value, in 8-bit levels (0-255);
+- ``ssim``: structural similarity (Wang et al., IEEE TIP 2004) with the paper's settings: an
+  11x11 Gaussian window of sigma 1.5, K1 = 0.01, K2 = 0.03, data range 255, averaged over the
+  positions where the window fits and over the channels (scikit-image's
+  ``structural_similarity(..., gaussian_weights=True, use_sample_covariance=False)``).
+
+:class:`Constraint` (``--max-linf``, ``--min-ssim``) is checked on every mutant before it is
+queried: a mutant outside it is rejected without a query (see :class:`~mlflow_di.fuzz.dflare.DFlareSearch`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from scipy.ndimage import gaussian_filter1d
+
+from mlflow_di.errors import UserError
+
+SSIM_SIGMA = 1.5
+#: the window spans +-5 pixels (11x11), as in Wang et al. and scikit-image (truncate 3.5 sigma)
+SSIM_RADIUS = 5
+SSIM_K1, SSIM_K2, SSIM_RANGE = 0.01, 0.03, 255.0
+
+
+def _filter(values: np.ndarray) -> np.ndarray:
+    """Gaussian-weighted local means over H and W (axes 0 and 1), only where the whole window fits."""
+    for axis in (0, 1):
+        values = gaussian_filter1d(values, SSIM_SIGMA, axis=axis, mode="reflect", truncate=SSIM_RADIUS / SSIM_SIGMA)
+    return values[SSIM_RADIUS:-SSIM_RADIUS, SSIM_RADIUS:-SSIM_RADIUS]
+
+
+def ssim(image: np.ndarray, reference: np.ndarray) -> float:
+    """Mean structural similarity of two uint8 (H, W, C) images (1.0 when equal)."""
+    a = np.asarray(image, np.float64)
+    b = np.asarray(reference, np.float64)
+    if a.shape != b.shape or a.ndim != 3:
+        raise UserError(f"SSIM needs two images of one (H, W, C) shape, got {a.shape} and {b.shape}")
+    if min(a.shape[:2]) <= 2 * SSIM_RADIUS:
+        raise UserError(f"SSIM needs images larger than {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} pixels, "
+                        f"got {a.shape[0]}x{a.shape[1]}")
+    mean_a, mean_b = _filter(a), _filter(b)
+    var_a = _filter(a * a) - mean_a ** 2
+    var_b = _filter(b * b) - mean_b ** 2
+    cov = _filter(a * b) - mean_a * mean_b
+    c1, c2 = (SSIM_K1 * SSIM_RANGE) ** 2, (SSIM_K2 * SSIM_RANGE) ** 2
+    local = ((2 * mean_a * mean_b + c1) * (2 * cov + c2)) / ((mean_a ** 2 + mean_b ** 2 + c1) * (var_a + var_b + c2))
+    return float(local.mean())
+
+
+def distances(image: np.ndarray, seed: np.ndarray) -> dict[str, float]:
+    """``l0``, ``l0_fraction``, ``l2``, ``linf`` and ``ssim`` of ``image`` from ``seed`` (module docstring)."""
+    difference = np.asarray(image, np.int16) - np.asarray(seed, np.int16)
+    changed = np.any(difference != 0, axis=-1)
+    values = {"l0": int(changed.sum()), "l0_fraction": float(changed.mean()),
+              "l2": float(np.sqrt(np.sum((difference / 255.0) ** 2))),
+              "linf": int(np.abs(difference).max()) if difference.size else 0}
+    values["ssim"] = ssim(image, seed) if min(np.shape(seed)[:2]) > 2 * SSIM_RADIUS else None
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    """Where a mutant may go: at most ``max_linf`` 8-bit levels from its seed in any value, and an
+    SSIM to its seed of at least ``min_ssim``. ``None`` leaves a bound off."""
+
+    max_linf: int | None = None
+    min_ssim: float | None = None
+
+    def __post_init__(self):
+        if self.max_linf is not None and not 1 <= self.max_linf <= 255:
+            raise UserError(f"max_linf is in 8-bit levels and must be 1-255, got {self.max_linf}")
+        if self.min_ssim is not None and not -1.0 < self.min_ssim < 1.0:
+            raise UserError(f"min_ssim must lie between -1 and 1 (1 would allow no change), got {self.min_ssim}")
+
+    @property
+    def active(self) -> bool:
+        return self.max_linf is not None or self.min_ssim is not None
+
+    def check_seed(self, seed: np.ndarray) -> None:
+        """A UserError when ``min_ssim`` is asked for on images too small for SSIM's window."""
+        if self.min_ssim is not None and min(np.shape(seed)[:2]) <= 2 * SSIM_RADIUS:
+            raise UserError(f"--min-ssim needs images larger than {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} "
+                            f"pixels, got {np.shape(seed)[0]}x{np.shape(seed)[1]}; use --max-linf")
+
+    def allows(self, image: np.ndarray, seed: np.ndarray) -> bool:
+        """Whether ``image`` is within the constraint around ``seed`` (the cheap L-inf test first)."""
+        if self.max_linf is not None and np.abs(image.astype(np.int16) - seed).max() > self.max_linf:
+            return False
+        return self.min_ssim is None or ssim(image, seed) >= self.min_ssim
+
+    def to_dict(self) -> dict:
+        return {"max_linf": self.max_linf, "min_ssim": self.min_ssim}
+
+
+def distance_rows(records) -> list[dict]:
+    """One row per trigger: seed index and its distances (records without distances are left out)."""
+    return [{"seed": r.index, **r.trigger_distances} for r in records if r.success and r.trigger_distances]
+
+
+def distance_summary(records) -> dict[str, float]:
+    """Median and maximum of each distance over a campaign's triggers (metrics such as ``trigger_linf_median``)."""
+    rows = distance_rows(records)
+    summary = {}
+    for key in ("l0", "l2", "linf", "ssim"):
+        values = [row[key] for row in rows if row.get(key) is not None]
+        if values:
+            summary[f"trigger_{key}_median"] = float(np.median(values))
+            worst = min(values) if key == "ssim" else max(values)
+            summary[f"trigger_{key}_{'min' if key == 'ssim' else 'max'}"] = float(worst)
+    return summary

@@ -1,0 +1,101 @@
+"""`mlflow-di fuzz` end to end: per-class figures and trigger realism in the run, constraints from the
+command line, and several exports against one original in one call (child runs the gate reads)."""
+import json
+
+import mlflow
+import numpy as np
+import pytest
+
+from mlflow_di.cli import main
+from mlflow_di.fuzz import load_campaign
+
+
+def comparable(result) -> list[dict]:
+    """Records without seconds, probabilities to 5 places: the original's float32 outputs differ in the
+    last bits when an input is evaluated in a batch of another size (decisions do not: see fuzz.dflare)."""
+    def rounded(value):
+        if isinstance(value, float):
+            return round(value, 5)
+        if isinstance(value, (list, tuple)):
+            return [rounded(v) for v in value]
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        return value
+    return [rounded({k: v for k, v in r.to_dict().items() if k != "seconds"}) for r in result.records]
+
+
+@pytest.fixture()
+def exports(registered_cnn, capsys):
+    code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-dynamic,prune-l1", "--amount", "0.3",
+                 "--eval-data", "digits[1300:1400]"])
+    assert code == 0, capsys.readouterr().err
+    return ["models:/cnn-int8-dynamic/1", "models:/cnn-prune-l1/1"]
+
+
+def test_one_call_fuzzes_several_exports_with_the_records_of_separate_calls(registered_cnn, exports, tmp_path, capsys):
+    common = ["--original", registered_cnn, "--seed-data", "digits[1300:1312]", "--max-queries", "60", "--batch", "4"]
+    for number, uri in enumerate(exports):
+        assert main(["fuzz", *common, "--compressed", uri, "--out-dir", str(tmp_path / f"alone{number}")]) == 0
+    out = tmp_path / "shared.json"
+    assert main(["fuzz", *common, "--compressed", exports[0], "--compressed", exports[1],
+                 "--out-dir", str(tmp_path / "shared"), "--json-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "saved); " in printed and "fool every compressed model" in printed
+    summary = json.loads(out.read_text())
+    assert set(summary["campaigns"]) == set(exports)
+    assert summary["original_inputs_shared"] <= summary["original_inputs_separate"]
+    folders = sorted(p for p in (tmp_path / "shared").iterdir())
+    assert [p.name[:3] for p in folders] == ["01-", "02-"]
+    for number, folder in enumerate(folders):
+        alone, together = load_campaign(tmp_path / f"alone{number}"), load_campaign(folder)
+        assert comparable(alone) == comparable(together)
+    client = mlflow.MlflowClient()
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              filter_string="tags.`mlflow_di.command` = 'fuzz'")
+    parent = next(r for r in runs if "original_inputs_shared" in r.data.metrics)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert parent.info.status == "FINISHED" and "success_rate" not in parent.data.metrics
+    assert sorted(c.data.tags["mlflow_di.compressed_uri"] for c in children) == sorted(exports)
+    assert all(c.info.status == "FINISHED" and "success_rate" in c.data.metrics for c in children)
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "fuzz")}
+    assert {"fuzz/comparison.json", "fuzz/report.html"} <= artifacts
+    # the gate reads each export's campaign from its child run
+    assert main(["gate", "--model-uri", registered_cnn, "--compressed", exports[1], "--max-success-rate", "1.0"]) == 0
+
+
+def test_a_campaign_logs_success_by_class_and_how_far_triggers_are_from_their_seeds(registered_cnn, exports, tmp_path):
+    folder = tmp_path / "campaign"
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", exports[1], "--seed-data", "digits[1300:1330]",
+                 "--max-queries", "200", "--max-linf", "48", "--out-dir", str(folder)]) == 0
+    result = load_campaign(folder)
+    found = [r for r in result.records if r.success]
+    assert found, "the pruned export deviates somewhere within 200 queries"
+    assert all(r.trigger_distances["linf"] <= 48 for r in found)
+    assert all(np.abs(t.astype(int) - s).max() <= 48 for t, s in zip(result.triggers, result.trigger_seeds))
+    run = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                             filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
+    metrics = run.data.metrics
+    assert metrics["trigger_linf_max"] <= 48 and metrics["trigger_l0_median"] >= 1
+    labels = {r.label for r in result.records if not r.already_deviating}
+    assert {f"class_success_rate.{label}" for label in labels} <= set(metrics)
+    assert run.data.params["max_linf"] == "48"
+    paths = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "fuzz")}
+    assert {"fuzz/per_class.json", "fuzz/trigger_matrix.json", "fuzz/trigger_distances.json"} <= paths
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--min-ssim", "0.5"], "--min-ssim needs images larger than 11x11"),
+    (["--max-linf", "20", "--strategy", "diffchaser"], "work with the dflare strategies, not diffchaser"),
+    (["--max-linf", "0"], "--max-linf"),
+])
+def test_bad_constraints_fail_in_one_line(registered_cnn, exports, capsys, args, fragment):
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", exports[0], "--seed-data", "digits[0:4]",
+                 *args]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_the_same_export_twice_is_refused(registered_cnn, exports, capsys):
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", exports[0], "--compressed", exports[0],
+                 "--seed-data", "digits[0:4]"]) == 2
+    assert "is given twice" in capsys.readouterr().err
