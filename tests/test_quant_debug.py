@@ -15,6 +15,7 @@ from mlflow_di.compression.quant_debug import INPUT_LAYER, LayerDiagnosis, Tenso
 from mlflow_di.errors import UserError
 from mlflow_di.models.preprocessing import Preprocessing
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PREPROCESSING = Preprocessing(input_shape=(8, 8, 1), layout="NCHW", scale=1 / 255)
 
 
@@ -36,14 +37,6 @@ class SmallNet(nn.Module):
 
     def forward(self, x):
         return self.fc2(torch.relu(self.fc1(self.flatten(self.act(self.conv(x))))))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

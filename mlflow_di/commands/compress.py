@@ -157,7 +157,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                 before_metrics, _ = _compare(original, before, evaluation)
                 before_metrics["compressed_size_bytes"] = outcome.before.size_bytes
                 metrics.update({f"before_keep_float.{key}": value for key, value in before_metrics.items()
-                                if key not in ("source_accuracy", "eval_images")})
+                                if key not in ("source_accuracy", "eval_images")
+                                and not key.startswith("class_accuracy_drop.")})
                 metrics["kept_float_layers"] = len(outcome.kept_float)
             log.metrics(metrics)
             log.json(result.to_dict(), "compress/result.json")
