@@ -3,16 +3,17 @@
 Pure logic, no MLflow: :mod:`mlflow_di.registry` finds the measurements in the tracking store
 and :mod:`mlflow_di.commands.gate` prints, tags and promotes.
 
-Four criteria, each read from the newest recorded run of one ``mlflow-di`` command:
+Five criteria, each read from the newest recorded run of one ``mlflow-di`` command:
 
-=================  ===========  ===============  ==========================================
-criterion          command      threshold        per compressed model?
-=================  ===========  ===============  ==========================================
-``idc``            coverage     >= min_idc       no (a property of the model's tests)
-``success_rate``   fuzz         <= max_...       yes (how often fuzzing finds a deviation)
-``mean_queries``   fuzz         >= min_...       yes (how hard a deviation is to find)
-``accuracy_drop``  compress     <= max_...       yes (what compression cost)
-=================  ===========  ===============  ==========================================
+===========================  ===========  ===============  ==========================================
+criterion                    command      threshold        per compressed model?
+===========================  ===========  ===============  ==========================================
+``idc``                      coverage     >= min_idc       no (a property of the model's tests)
+``success_rate``             fuzz         <= max_...       yes (how often fuzzing finds a deviation)
+``mean_queries``             fuzz         >= min_...       yes (how hard a deviation is to find)
+``accuracy_drop``            compress     <= max_...       yes (what compression cost)
+``max_class_accuracy_drop``  compress     <= max_...       yes (what it cost the class hit hardest)
+===========================  ===========  ===============  ==========================================
 
 A threshold whose measurement is missing fails, with a message saying which command records it.
 A fuzz campaign that found no deviating input has no mean number of queries per deviation; it
@@ -54,6 +55,8 @@ CRITERIA = (
     Criterion("success_rate", "fuzz", "max_success_rate", greater_is_better=False, per_compressed=True),
     Criterion("mean_queries", "fuzz", "min_mean_queries", greater_is_better=True, per_compressed=True),
     Criterion("accuracy_drop", "compress", "max_accuracy_drop", greater_is_better=False, per_compressed=True),
+    Criterion("max_class_accuracy_drop", "compress", "max_class_accuracy_drop", greater_is_better=False,
+              per_compressed=True),
 )
 CRITERION = {c.metric: c for c in CRITERIA}
 
@@ -66,6 +69,7 @@ class Thresholds(JsonRoundTrip):
     max_success_rate: float | None = None
     min_mean_queries: float | None = None
     max_accuracy_drop: float | None = None
+    max_class_accuracy_drop: float | None = None
 
     def __post_init__(self):
         for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
@@ -80,7 +84,7 @@ class Thresholds(JsonRoundTrip):
         """Raise a UserError when no threshold is set (a gate that checks nothing must not pass)."""
         if not self.given():
             raise UserError("no threshold given; pass at least one of --min-idc, --max-success-rate, "
-                            "--min-mean-queries, --max-accuracy-drop")
+                            "--min-mean-queries, --max-accuracy-drop, --max-class-accuracy-drop")
         return self
 
     def given(self) -> list[tuple[Criterion, float]]:

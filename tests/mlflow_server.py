@@ -219,17 +219,19 @@ class RecordedModel:
 
 def record_history(client, experiment_id: str, name: str, t0: int = 1_700_000_000_000) -> RecordedModel:
     """``models:/NAME/1`` with: coverage idc 0.40 (old), 0.62 (newest FINISHED), 0.99 (newer but FAILED);
-    ``NAME-int8/1`` compressed from it (accuracy_drop 0.004) and fuzzed (success_rate 0.30, mean_queries 120,
-    after an older 0.9/10 run); ``NAME-prune/1`` compressed (accuracy_drop 0.05) and fuzzed (0.8, 40)."""
+    ``NAME-int8/1`` compressed from it (accuracy_drop 0.004, max_class_accuracy_drop 0.02) and fuzzed
+    (success_rate 0.30, mean_queries 120, after an older 0.9/10 run); ``NAME-prune/1`` compressed
+    (accuracy_drop 0.05, max_class_accuracy_drop 0.2) and fuzzed (0.8, 40)."""
     subject = register_version(client, name)
     record_run(client, experiment_id, "coverage", subject, {"idc": 0.40}, start_time=t0)
     record_run(client, experiment_id, "coverage", subject, {"idc": 0.62, "nc": 0.9}, start_time=t0 + 10)
     record_run(client, experiment_id, "coverage", subject, {"idc": 0.99}, status="FAILED", start_time=t0 + 20)
     record_run(client, experiment_id, "coverage", register_version(client, name), {"idc": 0.95}, start_time=t0 + 30)
     compressed = {}
-    for offset, (method, drop, old, new) in enumerate([("int8", 0.004, (0.9, 10.0), (0.30, 120.0)),
-                                                        ("prune", 0.05, None, (0.8, 40.0))]):
-        run_id = record_run(client, experiment_id, "compress", subject, {"accuracy_drop": drop},
+    for offset, (method, drop, class_drop, old, new) in enumerate([("int8", 0.004, 0.02, (0.9, 10.0), (0.30, 120.0)),
+                                                                    ("prune", 0.05, 0.2, None, (0.8, 40.0))]):
+        run_id = record_run(client, experiment_id, "compress", subject,
+                            {"accuracy_drop": drop, "max_class_accuracy_drop": class_drop},
                             tags={"mlflow_di.method": method}, start_time=t0 + 100 + offset)
         version = register_version(client, f"{name}-{method}", run_id)
         for step, values in enumerate([old, new]):

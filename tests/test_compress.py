@@ -38,13 +38,7 @@ from mlflow_di.models.preprocessing import Preprocessing
 DIGITS_LAYERS = ("conv1.0.weight", "conv2.0.weight", "fc1.0.weight", "before_softmax.weight")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The machine's cores are shared: one thread avoids OpenMP spin contention (20x faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

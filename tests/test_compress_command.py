@@ -54,3 +54,38 @@ def test_pruning_needs_a_pytorch_source(tracking_uri, tmp_path, capsys, shared_d
     assert "needs a PyTorch model" in capsys.readouterr().err
     assert not np.any([run.info.status == "RUNNING" for run in mlflow.search_runs(output_format="list",
                                                                                    search_all_experiments=True)])
+
+
+def test_auto_keep_float_reports_before_and_after_with_the_diagnosis_and_per_class_deviation(registered_cnn, tmp_path,
+                                                                                                capsys):
+    campaign = tmp_path / "campaign"  # the model against itself: a campaign that found no trigger
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", registered_cnn, "--seed-data", "digits[0:2]",
+                 "--max-queries", "5", "--out-dir", str(campaign)]) == 0
+    capsys.readouterr()
+    code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:200]",
+                 "--eval-data", "digits[1300:]", "--auto-keep-float", "1", "--diagnosis-images", "64",
+                 "--triggers", str(campaign)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    client = mlflow.MlflowClient()
+    version = client.get_model_version("cnn-int8-static", "1")
+    run = client.get_run(version.run_id)
+    metrics = run.data.metrics
+    diagnosis = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/diagnosis_eval.json"))
+    scores = {}
+    for row in diagnosis["tensors"]:
+        if row["kind"] == "activation" and row["layer"] != "(input)":
+            scores[row["layer"]] = min(scores.get(row["layer"], float("inf")), float(row["sqnr_db"]))
+    worst = min(scores, key=scores.get)
+    assert diagnosis["images"] == 64
+    assert run.data.params["keep_float"] == worst and json.loads(version.tags["mlflow_di.params"])["kept_float"] == [worst]
+    assert metrics["kept_float_layers"] == 1
+    for key in ("compressed_accuracy", "disagreements", "compressed_size_bytes", "max_class_accuracy_drop"):
+        assert f"before_keep_float.{key}" in metrics
+    assert metrics["max_class_accuracy_drop"] == max(v for k, v in metrics.items() if k.startswith("class_accuracy_drop."))
+    assert f"kept in float: {worst}" in out and "lowest activation SQNR on eval (64 images)" in out
+    assert "holds no triggers" in out
+    report = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/report.html")
+    assert "Per-class deviation on the evaluation data" in report and "Layers kept in float" in report
+    matrix = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/deviation_matrix.json"))
+    assert sum(sum(v for k, v in zip(matrix["columns"], row) if k.startswith("->")) for row in matrix["data"]) == 497

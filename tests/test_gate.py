@@ -15,17 +15,20 @@ URI = "models:/lenet/1"
 
 # ------------------------------------------------------------------------------ decision logic
 def test_values_on_the_threshold_pass_and_values_beyond_it_fail():
-    thresholds = Thresholds(min_idc=0.5, max_success_rate=0.3, min_mean_queries=100, max_accuracy_drop=0.01)
+    thresholds = Thresholds(min_idc=0.5, max_success_rate=0.3, min_mean_queries=100, max_accuracy_drop=0.01,
+                            max_class_accuracy_drop=0.05)
     on_threshold = [Measurement("idc", 0.5), Measurement("success_rate", 0.3, "c"),
-                    Measurement("mean_queries", 100.0, "c"), Measurement("accuracy_drop", 0.01, "c")]
+                    Measurement("mean_queries", 100.0, "c"), Measurement("accuracy_drop", 0.01, "c"),
+                    Measurement("max_class_accuracy_drop", 0.05, "c")]
     assert decide(URI, thresholds, on_threshold).passed
-    beyond = {"idc": 0.49, "success_rate": 0.31, "mean_queries": 99.0, "accuracy_drop": 0.011}
+    beyond = {"idc": 0.49, "success_rate": 0.31, "mean_queries": 99.0, "accuracy_drop": 0.011,
+              "max_class_accuracy_drop": 0.051}
     for metric, value in beyond.items():
         measured = [m if m.metric != metric else Measurement(metric, value, m.compressed) for m in on_threshold]
         verdict = decide(URI, thresholds, measured)
         assert not verdict.passed
         assert [c.metric for c in verdict.failures] == [metric]
-        assert verdict.summary() == f"fail: 3/4 checks passed; failed: {verdict.failures[0].label}"
+        assert verdict.summary() == f"fail: 4/5 checks passed; failed: {verdict.failures[0].label}"
 
 
 def test_a_missing_measurement_fails_and_says_which_command_records_it():
@@ -111,9 +114,9 @@ def test_measurements_are_the_newest_finished_runs_of_that_version(client, histo
     assert _values(found) == {
         ("idc", None): 0.62,
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
-        ("accuracy_drop", "models:/lenet-int8/1"): 0.004,
+        ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02,
         ("success_rate", "models:/lenet-prune/1"): 0.8, ("mean_queries", "models:/lenet-prune/1"): 40.0,
-        ("accuracy_drop", "models:/lenet-prune/1"): 0.05}
+        ("accuracy_drop", "models:/lenet-prune/1"): 0.05, ("max_class_accuracy_drop", "models:/lenet-prune/1"): 0.2}
     idc = next(m for m in found if m.metric == "idc")
     assert client.get_run(idc.run_id).data.metrics["idc"] == 0.62
     accuracy = next(m for m in found if m.metric == "accuracy_drop" and m.compressed == "models:/lenet-int8/1")
@@ -130,7 +133,7 @@ def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client,
     assert _values(found) == {
         ("idc", None): 0.62,  # the source's coverage, not a 'run coverage on the export' message
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
-        ("accuracy_drop", "models:/lenet-int8/1"): 0.004}
+        ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02}
     assert not any(m.missing for m in found)
 
 
@@ -153,6 +156,18 @@ def test_a_compressed_model_never_fuzzed_is_reported_missing(client, history):
     assert found["success_rate"].missing == (
         f"no fuzz run recorded for {history.uri} against models:/lenet-onnx/{lonely.version}; run "
         f"`mlflow-di fuzz --original {history.uri} --compressed models:/lenet-onnx/1 ...` first")
+
+
+def test_a_compress_run_without_per_class_figures_says_so(client, history):
+    from mlflow_di.mlflow_edge import recorded
+
+    experiment = client.get_experiment_by_name("recorded").experiment_id
+    run_id = record_run(client, experiment, "compress", history.subject, {"accuracy_drop": 0.01})
+    register_version(client, "lenet-old", run_id)
+    found = {m.metric: m for m in recorded.measurements(history.uri, ["models:/lenet-old/1"]) if m.compressed}
+    assert found["accuracy_drop"].value == 0.01
+    assert found["max_class_accuracy_drop"].value is None
+    assert found["max_class_accuracy_drop"].missing.startswith(f"compress run {run_id} recorded no max_class_accuracy_drop")
 
 
 def test_a_fuzz_run_without_deviations_measures_infinite_queries(client, history):
@@ -235,6 +250,16 @@ def test_a_new_check_overwrites_every_gate_tag(client, history, capsys):
     register_version(client, "fresh")
     assert run_gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")[0] == 1
     assert client.get_model_version("fresh", "1").tags["mlflow_di.idc"] == "missing"
+
+
+def test_gate_checks_the_largest_class_accuracy_drop_of_every_export(client, history, capsys):
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, "--max-class-accuracy-drop", "0.1")
+    assert code == 1, out + err
+    rows = [line.split() for line in out.splitlines() if line.startswith("max_class_accuracy_drop")]
+    assert rows == [["max_class_accuracy_drop", "[models:/lenet-int8/1]", "0.02", "<=", "0.1", "PASS"],
+                    ["max_class_accuracy_drop", "[models:/lenet-prune/1]", "0.2", "<=", "0.1", "FAIL"]]
+    assert client.get_model_version("lenet", "1").tags["mlflow_di.max_class_accuracy_drop"] == "0.2"
+    assert run_gate(capsys, "--model-uri", history.uri, "--max-class-accuracy-drop", "0.2")[0] == 0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,9 +3,16 @@
 One MLflow run and one registered version per method. Each run logs the accuracy of source
 and export on the evaluation data, their top-1 disagreements there, and both sizes; the
 version and the logged model carry lineage tags (source URI/version, method, parameters).
+On the evaluation data each run also logs the per-class deviation (original label x compressed
+label matrix, per-class accuracy drop, ``max_class_accuracy_drop`` for the gate). An int8-static
+run logs the layer-wise quantization diagnosis (SQNR per tensor, float vs QDQ model; on the
+evaluation data and, with ``--triggers``, on a fuzz campaign's triggers); with ``--keep-float``
+or ``--auto-keep-float`` it registers an export with those layers left in float and reports the
+fully quantized export's figures next to it (``before_keep_float.*``).
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import pathlib
@@ -13,7 +20,9 @@ import tempfile
 
 import click
 
-from mlflow_di.commands.options import CommaList, device_option, preprocessing_option
+from mlflow_di.commands.options import CommaList, LayerNames, device_option, preprocessing_option
+
+SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 
 
 @click.command("compress")
@@ -25,13 +34,24 @@ from mlflow_di.commands.options import CommaList, device_option, preprocessing_o
 @click.option("--amount", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.3, show_default=True,
               help="Pruning fraction (prune-l1: of all weights; prune-structured: of each layer's channels).")
 @click.option("--register-as", default=None, help="Registered model name (default: <source>-<method>).")
+@click.option("--keep-float", type=LayerNames(), default=None, metavar="LAYER[,LAYER...]",
+              help="int8-static: leave these layers (PyTorch module names, e.g. conv2.0) in float.")
+@click.option("--auto-keep-float", type=click.IntRange(0), default=0, show_default=True, metavar="K",
+              help="int8-static: leave the K layers with the lowest activation SQNR (see the report) in float.")
+@click.option("--triggers", type=click.Path(file_okay=False), default=None, metavar="CAMPAIGN_DIR",
+              help="int8-static: also diagnose the quantization layer by layer on this fuzz campaign's triggers.")
+@click.option("--diagnosis-images", type=click.IntRange(0), default=256, show_default=True,
+              help="int8-static: images (the first ones) of the evaluation data and of the triggers for the "
+                   "layer-wise diagnosis; 0 skips it. Memory grows with it (all activations of a batch are kept).")
 @preprocessing_option
 @device_option
-def command(model_uri, methods, calib_data, eval_data, amount, register_as, preprocessing, device="cpu") -> list[str]:
+def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep_float, auto_keep_float, triggers,
+            diagnosis_images, preprocessing, device="cpu") -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
     are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
+    from mlflow_di.compression import check_keep_float
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import registry
@@ -42,8 +62,20 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, prep
         raise UserError("int8-static needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
     if register_as and len(methods) > 1:
         raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
+    if (keep_float or auto_keep_float or triggers) and "int8-static" not in methods:
+        raise UserError("--keep-float, --auto-keep-float and --triggers apply to int8-static only; "
+                        f"add it to --method (got {','.join(methods)})")
+    if auto_keep_float and not diagnosis_images:
+        raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
+    campaign = _load_triggers(triggers) if triggers else None
     ref = ModelRef.parse(model_uri)
     source = load_torch_model(ref, preprocessing)
+    if keep_float == "all":
+        from mlflow_di.compression.prune import prunable_layers
+
+        keep_float = [name for name, _ in prunable_layers(source.module)]
+    check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
+    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     calib = prepare(load_images(calib_data)) if calib_data else None
     evaluation = prepare(load_images(eval_data)) if eval_data else calib
@@ -55,43 +87,123 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, prep
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
         registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags,
-                                        device))
+                                        device, selection))
     return registered
 
 
-def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device) -> str:
+@dataclasses.dataclass
+class Selection:
+    """What int8-static does beyond quantizing everything: layers kept in float, the diagnosis and its data."""
+
+    keep_float: tuple[str, ...] = ()
+    auto_keep_float: int = 0
+    diagnosis_images: int = 256
+    campaign: object = None  # a loaded fuzz CampaignResult (--triggers)
+    triggers: str | None = None  # its folder
+
+    @property
+    def selective(self) -> bool:
+        return bool(self.keep_float or self.auto_keep_float)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one method produced: the registered export, and for int8-static its diagnosis and the fully
+    quantized export it was compared with (``before``, when layers were kept in float)."""
+
+    result: object
+    diagnoses: list = dataclasses.field(default_factory=list)
+    before: object = None
+    kept_float: list = dataclasses.field(default_factory=list)
+    auto: bool = False
+    notes: list = dataclasses.field(default_factory=list)
+
+
+def _load_triggers(folder: str):
+    from mlflow_di.fuzz import load_campaign
+
+    return load_campaign(folder)
+
+
+def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device,
+                  selection: "Selection | None" = None) -> str:
     import mlflow_di
-    from mlflow_di.compression import compress
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
 
+    selection = selection or Selection()
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
         tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags}
         with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:
-            result = compress(source.module, source.preprocessing, method, scratch,
-                              calib_inputs=calib.images if calib is not None else None, amount=amount)
+            outcome = _export(source, method, calib, evaluation, amount, pathlib.Path(scratch), selection)
+            result = outcome.result
             params = {"amount": amount} if method.startswith("prune") else {}
             if method == "int8-static":
-                params["calib_data"] = calib.name
+                params.update(calib_data=calib.name, keep_float=",".join(outcome.kept_float),
+                              auto_keep_float=selection.auto_keep_float, diagnosis_images=selection.diagnosis_images)
+                if selection.triggers:
+                    params["triggers"] = selection.triggers
             log.params({"model_uri": ref.uri, "method": method, **params,
                         "eval_data": evaluation.name if evaluation is not None else "none"})
+            original = _source_labels(source, evaluation, device)
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
-            metrics = _compare(source, compressed, evaluation, device)
+            metrics, deviation = _compare(original, compressed, evaluation)
             metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
                            compressed_gzip_bytes=gzip_size(result.path))
             if result.sparsity is not None:
                 metrics["sparsity"] = result.sparsity
+            if outcome.before is not None:
+                before = OnnxClassifier(outcome.before.path, name=f"{name} ({method}, all layers)", device=device)
+                before_metrics, _ = _compare(original, before, evaluation)
+                before_metrics["compressed_size_bytes"] = outcome.before.size_bytes
+                metrics.update({f"before_keep_float.{key}": value for key, value in before_metrics.items()
+                                if key not in ("source_accuracy", "eval_images")
+                                and not key.startswith("class_accuracy_drop.")})
+                metrics["kept_float_layers"] = len(outcome.kept_float)
             log.metrics(metrics)
             log.json(result.to_dict(), "compress/result.json")
-            log.text(_report(ref.uri, name, result, metrics), "compress/report.html")
+            _log_tables(log, deviation, outcome)
+            log.text(_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
             lineage = {**lineage_base, "mlflow_di.method": method,
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
                        "mlflow_di.version": mlflow_di.__version__}
             info = models.log_onnx_model(result.path, compressed.preprocessing, name, lineage)
             version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
             registry.write_version_tags(version, lineage)
-        _print_summary(method, name, info.registered_model_version, metrics, result)
+        _print_summary(method, name, info.registered_model_version, metrics, result, deviation, outcome)
     return f"models:/{name}/{info.registered_model_version}"
+
+
+def _export(source, method, calib, evaluation, amount, scratch, selection: Selection) -> Outcome:
+    """Compress; for int8-static also diagnose layer by layer and, when asked, re-export with layers in float."""
+    from mlflow_di.compression import compress
+    from mlflow_di.compression.methods import calibration_inputs
+    from mlflow_di.compression.quant_debug import diagnose
+
+    calib_images = calib.images if calib is not None else None
+    result = compress(source.module, source.preprocessing, method, scratch / "all", calib_inputs=calib_images,
+                      amount=amount)
+    outcome = Outcome(result)
+    if method != "int8-static" or not selection.diagnosis_images:
+        return outcome
+    preprocessing = source.preprocessing
+    if evaluation is not None:
+        outcome.diagnoses.append(diagnose(result.float_path, result.path, calibration_inputs(evaluation.images,
+                                          preprocessing), "eval", selection.diagnosis_images))
+    if selection.campaign is not None:
+        triggers = selection.campaign.triggers
+        if len(triggers):
+            outcome.diagnoses.append(diagnose(result.float_path, result.path, calibration_inputs(
+                triggers, preprocessing), "triggers", selection.diagnosis_images))
+        else:
+            outcome.notes.append("the fuzz campaign given with --triggers holds no triggers (no deviating input "
+                                 "was found), so there is no trigger diagnosis")
+    if selection.selective:
+        kept = list(selection.keep_float) or outcome.diagnoses[0].worst_layers(selection.auto_keep_float)
+        outcome.before, outcome.kept_float, outcome.auto = result, kept, not selection.keep_float
+        outcome.result = compress(source.module, preprocessing, method, scratch / "kept-float",
+                                  calib_inputs=calib_images, keep_float=kept)
+    return outcome
 
 
 def gzip_size(path) -> int:
@@ -99,38 +211,135 @@ def gzip_size(path) -> int:
     return len(gzip.compress(pathlib.Path(path).read_bytes(), compresslevel=6))
 
 
-def _compare(source, compressed, evaluation, device) -> dict:
-    """Accuracy of source and export on ``evaluation`` and how often their top-1 labels differ."""
-    import numpy as np
-
+def _source_labels(source, evaluation, device):
+    """The source model's top-1 labels on ``evaluation`` (None without evaluation data)."""
     from mlflow_di.models.device import resolve_device
 
     if evaluation is None:
-        return {}
+        return None
     try:  # the source goes back to the CPU afterwards: the next method exports and prunes it there
-        original = source.to(resolve_device(device)).classifier().predict(evaluation.images)
+        return source.to(resolve_device(device)).classifier().predict(evaluation.images)
     finally:
         source.to("cpu")
+
+
+def _compare(original, compressed, evaluation) -> tuple[dict, dict | None]:
+    """Accuracy of source and export on ``evaluation``, how often their top-1 labels differ, and the
+    per-class deviation (``{"matrix": ..., "classes": [ClassAccuracy]}``, None without evaluation data)."""
+    import numpy as np
+
+    from mlflow_di.deviation import deviation_matrix, largest_class_drop, per_class_accuracy
+
+    if evaluation is None:
+        return {}, None
     exported = compressed.predict(evaluation.images)
     source_accuracy = float(np.mean(original == evaluation.labels))
     compressed_accuracy = float(np.mean(exported == evaluation.labels))
-    return {"source_accuracy": source_accuracy, "compressed_accuracy": compressed_accuracy,
-            "accuracy_drop": source_accuracy - compressed_accuracy,
-            "disagreements": int(np.sum(original != exported)), "eval_images": len(evaluation)}
+    metrics = {"source_accuracy": source_accuracy, "compressed_accuracy": compressed_accuracy,
+               "accuracy_drop": source_accuracy - compressed_accuracy,
+               "disagreements": int(np.sum(original != exported)), "eval_images": len(evaluation)}
+    classes = per_class_accuracy(evaluation.labels, original, exported)
+    num_classes = len(classes)
+    worst = largest_class_drop(classes)
+    if worst is not None:
+        metrics["max_class_accuracy_drop"] = worst.accuracy_drop
+        metrics.update({f"class_accuracy_drop.{c.label}": c.accuracy_drop for c in classes if c.images})
+    return metrics, {"matrix": deviation_matrix(original, exported, num_classes), "classes": classes, "worst": worst}
 
 
-def _report(model_uri: str, name: str, result, metrics: dict) -> str:
-    """Accuracy, agreement, size and what was quantized or pruned, as one self-contained page."""
+def _log_tables(log, deviation, outcome: Outcome) -> None:
+    """Per-class deviation and the layer-wise diagnosis as MLflow tables and JSON."""
+    from mlflow_di.deviation import matrix_rows
+
+    if deviation is not None:
+        log.table(matrix_rows(deviation["matrix"]), "compress/deviation_matrix.json")
+        log.table([c.to_row() for c in deviation["classes"]], "compress/per_class_accuracy.json")
+    for diagnosis in outcome.diagnoses:
+        log.table(diagnosis.rows(), f"compress/sqnr_{diagnosis.data}.json")
+        log.json(diagnosis.to_dict(), f"compress/diagnosis_{diagnosis.data}.json")
+
+
+def _report(model_uri: str, name: str, result, metrics: dict, deviation=None, outcome: "Outcome | None" = None) -> str:
+    """Accuracy, agreement, size, what was quantized or pruned, per-class deviation and the layer-wise
+    quantization diagnosis, as one self-contained page."""
     from mlflow_di.reporting import HtmlReport
 
+    outcome = outcome or Outcome(result)
     html = HtmlReport(f"{result.method} export of {model_uri}", subtitle=f"registered as {name}")
-    html.section("Metrics").metrics(metrics, percent_keys=[k for k in ("source_accuracy", "compressed_accuracy",
-                                                                       "accuracy_drop", "sparsity") if k in metrics])
+    percent = ("source_accuracy", "compressed_accuracy", "accuracy_drop", "sparsity", "max_class_accuracy_drop",
+               "before_keep_float.compressed_accuracy", "before_keep_float.accuracy_drop",
+               "before_keep_float.max_class_accuracy_drop")
+    html.section("Metrics").metrics({k: v for k, v in metrics.items() if not k.startswith("class_accuracy_drop.")},
+                                    percent_keys=[k for k in percent if k in metrics])
+    if outcome.before is not None:
+        _before_after_section(html, metrics, outcome)
     html.section("Parameters").code(json.dumps(result.params, indent=2, sort_keys=True))
     if result.quantized_ops:
         html.section("Quantized layers").table([{"layer": layer, "how": how} for layer, how in
                                                 result.quantized_ops["quantized_layers"].items()])
+    if deviation is not None:
+        _deviation_section(html, deviation)
+    for diagnosis in outcome.diagnoses:
+        _diagnosis_section(html, diagnosis)
+    for note in outcome.notes:
+        html.section("Layer-wise diagnosis on the triggers").paragraph(note)
     return html.render()
+
+
+def _before_after_section(html, metrics: dict, outcome: Outcome) -> None:
+    how = (f"--auto-keep-float {len(outcome.kept_float)}: the layers with the lowest scores on the evaluation data"
+           if outcome.auto else "named with --keep-float")
+    html.section("Layers kept in float").paragraph(f"Kept in float: {', '.join(outcome.kept_float)} ({how}). "
+                                                   "The fully quantized export was measured on the same data:")
+    rows = []
+    for label, prefix, size in (("all layers int8", "before_keep_float.", outcome.before.size_bytes),
+                                ("with layers in float", "", outcome.result.size_bytes)):
+        if f"{prefix}compressed_accuracy" in metrics:
+            rows.append({"export": label, "accuracy": f"{metrics[f'{prefix}compressed_accuracy']:.2%}",
+                         "disagreements": metrics[f"{prefix}disagreements"], "size KiB": round(size / 1024, 1)})
+        else:
+            rows.append({"export": label, "size KiB": round(size / 1024, 1)})
+    html.table(rows)
+
+
+def _deviation_section(html, deviation) -> None:
+    import numpy as np
+
+    from mlflow_di.deviation import matrix_rows
+    from mlflow_di.reporting.plots import heatmap
+
+    matrix = deviation["matrix"]
+    html.section("Per-class deviation on the evaluation data")
+    html.paragraph("Rows: the source model's top-1 label; columns: the export's. The diagonal counts agreement; "
+                   "every other cell counts inputs the export moved from the row's class to the column's.")
+    html.table(matrix_rows(matrix))
+    off_diagonal = matrix.astype(float)
+    np.fill_diagonal(off_diagonal, np.nan)
+    if np.nansum(off_diagonal) > 0:
+        names = [str(i) for i in range(len(matrix))]
+        html.image(heatmap(off_diagonal, names, names, "Disagreements: source label (row) -> export label (column)",
+                           symmetric=False, colorbar_label="images"), "diagonal (agreement) greyed out")
+    html.paragraph("Accuracy per true class; a drop on a class with few images is noisy.")
+    html.table([c.to_row() for c in deviation["classes"]])
+
+
+def _diagnosis_section(html, diagnosis) -> None:
+    from mlflow_di.reporting.plots import bar_plot
+
+    what = "evaluation data" if diagnosis.data == "eval" else "fuzz triggers"
+    html.section(f"Layer-wise quantization diagnosis on the {what}")
+    html.paragraph(
+        f"SQNR in dB (higher is better, ~6 dB per bit) of the QDQ int8 model against the float model it was "
+        f"quantized from, on {diagnosis.images} images. sqnr_db: the float model's tensor vs the QDQ model's "
+        "(error accumulated up to there); qdq_sqnr_db: the QDQ model's tensor just before vs after its own "
+        "quantize/dequantize pair (blank where the quantizer folded a ReLU into that pair). A layer's score is "
+        "the lowest sqnr_db of the activations it produces; --auto-keep-float K keeps the K lowest in float.")
+    scores = diagnosis.layer_scores()
+    if scores:
+        worst = dict(list(scores.items())[:SQNR_PLOT_LAYERS])
+        html.image(bar_plot(worst, f"Layer score (lowest activation SQNR) on the {what}, worst first",
+                            percent=False, ylabel="SQNR dB"))
+    html.table(diagnosis.rows())
 
 
 def size_notes(method: str, result, metrics: dict) -> list[str]:
@@ -145,7 +354,8 @@ def size_notes(method: str, result, metrics: dict) -> list[str]:
     return notes
 
 
-def _print_summary(method: str, name: str, version, metrics: dict, result) -> None:
+def _print_summary(method: str, name: str, version, metrics: dict, result, deviation=None,
+                   outcome: "Outcome | None" = None) -> None:
     click.echo(f"{method:<17} -> models:/{name}/{version}")
     if "source_accuracy" in metrics:
         click.echo(f"  accuracy {metrics['source_accuracy']:.2%} -> {metrics['compressed_accuracy']:.2%} "
@@ -160,3 +370,23 @@ def _print_summary(method: str, name: str, version, metrics: dict, result) -> No
         click.echo(f"  quantized layers: " + "; ".join(f"{name.removesuffix('.weight')} ({how})" for name, how in quantized.items()))
         if result.quantized_ops["float_layers"]:
             click.echo(f"  left in float: {', '.join(result.quantized_ops['float_layers'])}")
+    if deviation is not None and deviation["worst"] is not None:
+        worst = deviation["worst"]
+        click.echo(f"  largest class accuracy drop: class {worst.label} {worst.original_accuracy:.2%} -> "
+                   f"{worst.compressed_accuracy:.2%} ({worst.images} images)")
+    _print_diagnosis(metrics, outcome or Outcome(result))
+
+
+def _print_diagnosis(metrics: dict, outcome: Outcome) -> None:
+    for diagnosis in outcome.diagnoses:
+        worst = list(diagnosis.layer_scores().items())[:3]
+        click.echo(f"  lowest activation SQNR on {diagnosis.data} ({diagnosis.images} images): "
+                   + ", ".join(f"{layer} {score:.1f} dB" for layer, score in worst))
+    for note in outcome.notes:
+        click.echo(f"  {note}")
+    if outcome.before is not None:
+        click.echo(f"  kept in float: {', '.join(outcome.kept_float)}")
+        if "before_keep_float.compressed_accuracy" in metrics:
+            click.echo(f"  all layers int8: accuracy {metrics['before_keep_float.compressed_accuracy']:.2%}, top-1 "
+                       f"differs on {metrics['before_keep_float.disagreements']} images, "
+                       f"size {outcome.before.size_bytes / 1024:.1f} KiB")

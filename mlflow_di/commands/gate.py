@@ -28,11 +28,13 @@ from mlflow_di.commands.options import Fraction, json_out_option, write_json_out
               help="Fail if fuzzing needed fewer queries per deviating input on average.")
 @click.option("--max-accuracy-drop", type=click.FloatRange(-1, 1), default=None,
               help="Fail if compression lost more accuracy (source - compressed, 0..1).")
+@click.option("--max-class-accuracy-drop", type=click.FloatRange(-1, 1), default=None,
+              help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1).")
 @click.option("--promote-alias", default=None, metavar="ALIAS",
               help="On pass, point this alias of the registered model at the version (never touched on fail).")
 @json_out_option
 def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_rate, min_mean_queries,
-            max_accuracy_drop, promote_alias: str | None, json_out: str | None) -> None:
+            max_accuracy_drop, max_class_accuracy_drop, promote_alias: str | None, json_out: str | None) -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing and compression results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
@@ -40,7 +42,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     from mlflow_di.gate import Thresholds, decide
     from mlflow_di.mlflow_edge import recorded, registry, runs
 
-    thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop).require_any()
+    thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop,
+                            max_class_accuracy_drop).require_any()
     version, source = recorded.gate_subject(model_uri)
     found = recorded.measurements(model_uri, list(compressed), resolved=(version, source))
     verdict = decide(model_uri, thresholds, found)

@@ -40,6 +40,9 @@ class CompressionResult(JsonRoundTrip):
     ``sparsity`` is set for pruning methods, ``quantized_ops`` (see
     :func:`~mlflow_di.compression.onnx_ops.quantized_ops`) for quantization methods.
     ``source_size_bytes`` is the size of the source module's serialized state dict.
+    ``float_path`` (int8-static) is the pre-processed fp32 graph quantization started from: the
+    float side of the layer-wise diagnosis (:mod:`~mlflow_di.compression.quant_debug`), not a model
+    to register.
     """
 
     method: str
@@ -51,6 +54,7 @@ class CompressionResult(JsonRoundTrip):
     exporter: str
     sparsity: float | None = None
     quantized_ops: dict | None = None
+    float_path: str | None = None
 
     JSON_DUMPS = {"indent": 2, "sort_keys": True}
 
@@ -67,6 +71,24 @@ def check_method(method: str) -> str:
     if method not in METHODS:
         raise UserError(f"unknown compression method '{method}'; known: {', '.join(METHODS)}")
     return method
+
+
+def check_keep_float(module: nn.Module, method: str, keep_float=(), auto_keep_float: int = 0) -> None:
+    """UserError unless the layers to keep in float (module names, or a count of worst layers) fit the
+    method and the model, and leave at least one layer quantized."""
+    if not keep_float and not auto_keep_float:
+        return
+    if method != "int8-static":
+        raise UserError(f"--keep-float and --auto-keep-float apply to int8-static only, not {method}")
+    if keep_float and auto_keep_float:
+        raise UserError("pass either --keep-float LAYER,... or --auto-keep-float K, not both")
+    layers = [name for name, _ in prunable_layers(module)]
+    unknown = [name for name in keep_float if name not in layers]
+    if unknown:
+        raise UserError(f"--keep-float: no quantizable layer '{unknown[0]}' in the model; layers: {', '.join(layers)}")
+    if len(set(keep_float)) >= len(layers) or auto_keep_float >= len(layers):
+        raise UserError(f"keeping {auto_keep_float or len(set(keep_float))} of the model's {len(layers)} layers "
+                        "in float leaves none quantized; keep fewer")
 
 
 def calibration_inputs(calib_inputs, preprocessing: Preprocessing) -> np.ndarray | ModelInputs | None:
@@ -89,6 +111,7 @@ def compress(
     calib_inputs=None,
     amount: float = 0.3,
     opset: int | None = None,
+    keep_float=(),
 ) -> CompressionResult:
     """Compress ``module`` with ``method`` into ``out_dir/<method>.onnx``.
 
@@ -96,9 +119,13 @@ def compress(
     and preprocessed one calibration batch at a time) or preprocessed float inputs;
     ``amount`` is the pruning fraction (prune-l1: of all weights, prune-structured: of each
     layer's output channels). The ONNX file carries the preprocessing and a
-    ``mlflow_di.compression`` metadata entry with the method and its parameters.
+    ``mlflow_di.compression`` metadata entry with the method and its parameters. ``keep_float``
+    (int8-static only): layers (PyTorch module names, e.g. ``conv1.0``) left in float.
+    int8-static also keeps the float graph it quantized as ``out_dir/<method>.float.onnx``.
     """
     check_method(method)
+    if keep_float and method != "int8-static":
+        raise UserError(f"--keep-float applies to int8-static only, not {method}")
     if not isinstance(module, nn.Module):
         raise UserError(f"compression needs a PyTorch nn.Module, got {type(module).__name__}")
     calib = calibration_inputs(calib_inputs, preprocessing)
@@ -108,7 +135,7 @@ def compress(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{method}.onnx"
     start = time.perf_counter()
-    fields = _run_method(module, preprocessing, method, path, calib, amount, opset)
+    fields = _run_method(module, preprocessing, method, path, calib, amount, opset, list(keep_float))
     seconds = time.perf_counter() - start
     set_metadata(path, compression_metadata(method, fields["params"]))
     return CompressionResult(
@@ -117,7 +144,7 @@ def compress(
     )
 
 
-def _run_method(module, preprocessing, method, path, calib, amount, opset) -> dict:
+def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_float) -> dict:
     """Do the work of one method; returns the CompressionResult fields it determines."""
     if method == "fp32":
         export = export_onnx(module, preprocessing, path, opset)
@@ -127,15 +154,21 @@ def _run_method(module, preprocessing, method, path, calib, amount, opset) -> di
     with tempfile.TemporaryDirectory(prefix="mlflow-di-fp32-") as work:
         fp32_path = pathlib.Path(work) / "fp32.onnx"
         export = export_onnx(module, preprocessing, fp32_path, opset)
+        extra = {}
         if method == "int8-static":
-            quantize_int8_static(fp32_path, path, calib, per_channel=True)
+            float_path = path.with_name(f"{method}.float.onnx")
+            quantize_int8_static(fp32_path, path, calib, per_channel=True, float_out=float_path, keep_float=keep_float)
             params = {"format": "QDQ", "per_channel": True, "weights": "int8", "activations": "int8",
                       "calibration": "minmax", "calibration_samples": int(len(calib))}
+            if keep_float:
+                params["kept_float"] = keep_float
+            extra["float_path"] = str(float_path)
         else:
             quantize_int8_dynamic(fp32_path, path, per_channel=True)
             params = {"per_channel": True, "weights": "int8", "activations": "dynamic uint8"}
     params.update(_export_params(export))
-    return {"params": params, "exporter": export.exporter, "quantized_ops": assert_linear_layers_quantized(path)}
+    return {"params": params, "exporter": export.exporter, **extra,
+            "quantized_ops": assert_linear_layers_quantized(path, kept_float=keep_float)}
 
 
 def _export_params(export) -> dict:

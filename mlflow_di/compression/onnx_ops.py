@@ -95,6 +95,22 @@ def _describe_integer_op(node, graph: _Graph) -> tuple[str, str, bool]:
     return layer_name(weight_name), f"{node.op_type} ({dtype} weights)", True
 
 
+def weighted_layer_nodes(model: onnx.ModelProto) -> dict[str, str]:
+    """Layer -> ONNX node name for every float Conv/Gemm/MatMul with a constant weight.
+
+    A layer is named after its weight without ``.weight`` (``conv1.0``): the PyTorch module's
+    dotted name, which is what ``--keep-float`` takes.
+    """
+    graph = _Graph(model)
+    nodes = {}
+    for node in model.graph.node:
+        if node.op_type in WEIGHTED_FLOAT_OPS:
+            described = _describe_float_op(node, graph)
+            if described is not None:
+                nodes[described[0].removesuffix(".weight")] = node.name
+    return nodes
+
+
 def quantized_ops(onnx_path) -> dict:
     """Which weighted layers of an ONNX file are quantized, and how.
 
@@ -120,14 +136,17 @@ def quantized_ops(onnx_path) -> dict:
     return {"quantized_layers": quantized, "float_layers": floating, "op_counts": dict(sorted(counts.items()))}
 
 
-def assert_linear_layers_quantized(onnx_path, op_types=WEIGHTED_FLOAT_OPS) -> dict:
+def assert_linear_layers_quantized(onnx_path, op_types=WEIGHTED_FLOAT_OPS, kept_float=()) -> dict:
     """Raise :class:`UserError` if a Conv/Gemm/MatMul (of ``op_types``) kept an fp32 weight; return the report.
+
+    ``kept_float``: layers (``conv1.0``) left in float on purpose (``--keep-float``), not an error.
 
     Also raises when nothing at all is quantized: a quantization method that quantized no layer
     produced the float model under another name.
     """
     report = quantized_ops(onnx_path)
-    left_float = {layer: how for layer, how in report["float_layers"].items() if how.split(" ", 1)[0] in op_types}
+    left_float = {layer: how for layer, how in report["float_layers"].items()
+                  if how.split(" ", 1)[0] in op_types and layer.removesuffix(".weight") not in kept_float}
     if left_float:
         listed = ", ".join(f"{layer} ({how.split(' ', 1)[0]})" for layer, how in left_float.items())
         raise UserError(

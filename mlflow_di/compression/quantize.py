@@ -20,6 +20,7 @@ import pathlib
 import tempfile
 
 import numpy as np
+import onnx
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -31,6 +32,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from mlflow_di.compression.export import copy_mlflow_di_metadata
+from mlflow_di.compression.onnx_ops import weighted_layer_nodes
 from mlflow_di.errors import UserError
 from mlflow_di.models.preprocessing import ModelInputs
 from mlflow_di.progress import progress_bar as tqdm
@@ -123,20 +125,36 @@ def check_calibration_inputs(inputs, input_shape: list):
     return inputs if isinstance(inputs, ModelInputs) else inputs.astype(np.float32, copy=False)
 
 
-def quantize_int8_static(fp32_path, out_path, calibration_inputs_float, per_channel: bool = True) -> pathlib.Path:
-    """Static int8 QDQ quantization of ``fp32_path`` calibrated on preprocessed inputs; returns ``out_path``."""
+def excluded_nodes(prepared_path, keep_float) -> list[str]:
+    """ONNX node names of the layers ``keep_float`` (PyTorch module names such as ``conv1.0``) in a graph;
+    a UserError listing the graph's layers names one it does not have."""
+    nodes = weighted_layer_nodes(onnx.load(str(prepared_path), load_external_data=False))
+    unknown = [name for name in keep_float if name not in nodes]
+    if unknown:
+        raise UserError(f"--keep-float: no quantizable layer '{unknown[0]}' in the model; layers: {', '.join(nodes)}")
+    return [nodes[name] for name in keep_float]
+
+
+def quantize_int8_static(fp32_path, out_path, calibration_inputs_float, per_channel: bool = True,
+                         float_out=None, keep_float=()) -> pathlib.Path:
+    """Static int8 QDQ quantization of ``fp32_path`` calibrated on preprocessed inputs; returns ``out_path``.
+
+    ``float_out``: where to keep the pre-processed fp32 graph that quantization starts from (the
+    float side of :func:`~mlflow_di.compression.quant_debug.diagnose`); ``keep_float``: layers
+    (PyTorch module names) left in float (ONNX Runtime's ``nodes_to_exclude``).
+    """
     require_calibration_inputs(calibration_inputs_float)
     input_name, input_shape = model_input(fp32_path)
     inputs = check_calibration_inputs(calibration_inputs_float, input_shape)
     out_path = pathlib.Path(out_path)
     with tempfile.TemporaryDirectory(prefix="mlflow-di-quant-") as work:
-        prepared = pathlib.Path(work) / "prepared.onnx"
+        prepared = pathlib.Path(float_out) if float_out else pathlib.Path(work) / "prepared.onnx"
         pre_process(fp32_path, prepared)
         quantize_static(
             str(prepared), str(out_path), ArrayCalibrationReader(input_name, inputs),
             quant_format=QuantFormat.QDQ, per_channel=per_channel,
             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
+            calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=excluded_nodes(prepared, keep_float),
         )
     copy_mlflow_di_metadata(fp32_path, out_path)
     return out_path

@@ -92,7 +92,7 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
         _recorded_targets(subject_tags, client)
     for target in targets:
         found.extend(_fuzz(subject_uri, subject_tags, target, client))
-        found.append(_compress(subject_uri, subject, target, client))
+        found.extend(_compress(subject_uri, subject, target, client))
     return found
 
 
@@ -176,21 +176,29 @@ def _producing_run(target: _CompressedTarget, client):
         return None
 
 
-def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> Measurement:
-    """accuracy_drop from the compress (or repair) run that produced the compressed version."""
+COMPRESS_METRICS = ("accuracy_drop", "max_class_accuracy_drop")
+
+
+def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> list[Measurement]:
+    """accuracy_drop and max_class_accuracy_drop from the compress (or repair) run that produced the
+    compressed version."""
     missing = missing_message(CRITERION["accuracy_drop"], subject_uri, target.key)
     run = _producing_run(target, client)
     if run is None:
-        return Measurement("accuracy_drop", None, target.key, missing=missing)
+        return [Measurement(metric, None, target.key, missing=missing) for metric in COMPRESS_METRICS]
     tags = run.data.tags
     if (tags.get(f"{TAG_PREFIX}command") not in ("compress", "repair") or run.info.status != "FINISHED"
             or "accuracy_drop" not in run.data.metrics):
-        return Measurement("accuracy_drop", None, target.key, missing=missing)
+        return [Measurement(metric, None, target.key, missing=missing) for metric in COMPRESS_METRICS]
     source = (tags.get(f"{TAG_PREFIX}model_name"), tags.get(f"{TAG_PREFIX}model_version"))
     if source != (subject.name, str(subject.version)):
         origin = f"models:/{source[0]}/{source[1]}" if all(source) else "another model"
-        return Measurement("accuracy_drop", None, target.key, missing=(
-            f"{target.key} was compressed from {origin}, not from {version_uri(subject)}"))
-    return Measurement("accuracy_drop", run.data.metrics["accuracy_drop"], target.key, run.info.run_id)
+        return [Measurement(metric, None, target.key, missing=(
+            f"{target.key} was compressed from {origin}, not from {version_uri(subject)}")) for metric in COMPRESS_METRICS]
+    run_id = run.info.run_id
+    return [Measurement(metric, run.data.metrics[metric], target.key, run_id) if metric in run.data.metrics else
+            Measurement(metric, None, target.key, run_id, f"{tags.get(f'{TAG_PREFIX}command')} run {run_id} recorded no "
+                        f"{metric} (recorded before per-class deviation, or without --eval-data); run "
+                        f"`mlflow-di compress` again") for metric in COMPRESS_METRICS]
 
 
