@@ -167,11 +167,12 @@ def _log_artifacts(log, result, model_uri: str, compressed, slugs: list[str], im
     html.section("Heatmaps")
     for slug, uri, k in zip(slugs, compressed, range(len(compressed))):
         picture = rp.heatmap(result.grid("agreement", k), result.corruptions, severities,
-                             f"agreement with the original: {uri}", symmetric=False, colorbar_label="agreement")
+                             f"agreement with the original: {uri}", symmetric=False, colorbar_label="agreement",
+                             annotate=".1%")
         log.image(picture, f"robustness/agreement_{slug}.png")
         html.image(picture, f"{uri}: share of images with the original's top-1 label, per corruption and severity")
     picture = rp.heatmap(result.grid("accuracy"), result.corruptions, severities, f"accuracy: {model_uri}",
-                         symmetric=False, colorbar_label="accuracy")
+                         symmetric=False, colorbar_label="accuracy", annotate=".1%")
     log.image(picture, "robustness/accuracy_original.png")
     html.image(picture, "the original's accuracy per corruption and severity")
     grid = rp.labelled_image_rows(example_rows(images.images[0], result.corruptions, result.severities, result.seed),

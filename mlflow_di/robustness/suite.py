@@ -117,8 +117,8 @@ def run_suite(original, compressed: Sequence, data, corruptions: Sequence[str] |
 
     def score(row: int, images: np.ndarray, labels: np.ndarray) -> None:
         predicted = [np.asarray(model.predict(images, batch_size=batch)) for model in models]
-        correct[row] += [int(np.sum(p == labels)) for p in predicted]
-        agree[row] += [int(np.sum(p == predicted[0])) for p in predicted[1:]]
+        correct[row] += np.array([np.sum(p == labels) for p in predicted], np.int64)
+        agree[row] += np.array([np.sum(p == predicted[0]) for p in predicted[1:]], np.int64)
 
     with progress_bar(total=n * (1 + len(cells)), desc="robustness", unit="image", disable=not progress) as bar:
         for start in range(0, n, batch):
