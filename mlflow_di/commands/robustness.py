@@ -48,6 +48,7 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
     from mlflow_di.robustness import CORRUPTIONS, run_suite
 
     names = tuple(CORRUPTIONS) if "all" in corruptions else corruptions
+    compressed = tuple(uri for uri in compressed if uri.strip())  # MLproject passes "" when none is given
     if len(set(compressed)) != len(compressed):
         raise UserError("a --compressed model is named twice; give each once")
     refs = [ModelRef.parse(uri) for uri in (model_uri, *compressed)]
