@@ -3,17 +3,19 @@
 Pure logic, no MLflow: :mod:`mlflow_di.registry` finds the measurements in the tracking store
 and :mod:`mlflow_di.commands.gate` prints, tags and promotes.
 
-Five criteria, each read from the newest recorded run of one ``mlflow-di`` command:
+Six criteria, each read from the newest recorded run of one ``mlflow-di`` command:
 
-===========================  ===========  ===============  ==========================================
-criterion                    command      threshold        per compressed model?
-===========================  ===========  ===============  ==========================================
-``idc``                      coverage     >= min_idc       no (a property of the model's tests)
-``success_rate``             fuzz         <= max_...       yes (how often fuzzing finds a deviation)
-``mean_queries``             fuzz         >= min_...       yes (how hard a deviation is to find)
-``accuracy_drop``            compress     <= max_...       yes (what compression cost)
-``max_class_accuracy_drop``  compress     <= max_...       yes (what it cost the class hit hardest)
-===========================  ===========  ===============  ==========================================
+=============================  ==========  ===============  ==========================================
+criterion                      command     threshold        per compressed model?
+=============================  ==========  ===============  ==========================================
+``idc``                        coverage    >= min_idc       no (a property of the model's tests)
+``success_rate``               fuzz        <= max_...       yes (how often fuzzing finds a deviation)
+``mean_queries``               fuzz        >= min_...       yes (how hard a deviation is to find)
+``accuracy_drop``              compress    <= max_...       yes (what compression cost)
+``max_class_accuracy_drop``    compress    <= max_...       yes (what it cost the class hit hardest)
+``robustness_agreement_min``   robustness  >= min_...       yes (top-1 agreement with the original in
+                                                            the worst corruption/severity cell)
+=============================  ==========  ===============  ==========================================
 
 A threshold whose measurement is missing fails, with a message saying which command records it.
 A fuzz campaign that found no deviating input has no mean number of queries per deviation; it
@@ -57,6 +59,8 @@ CRITERIA = (
     Criterion("accuracy_drop", "compress", "max_accuracy_drop", greater_is_better=False, per_compressed=True),
     Criterion("max_class_accuracy_drop", "compress", "max_class_accuracy_drop", greater_is_better=False,
               per_compressed=True),
+    Criterion("robustness_agreement_min", "robustness", "min_robustness_agreement", greater_is_better=True,
+              per_compressed=True),
 )
 CRITERION = {c.metric: c for c in CRITERIA}
 
@@ -70,12 +74,13 @@ class Thresholds(JsonRoundTrip):
     min_mean_queries: float | None = None
     max_accuracy_drop: float | None = None
     max_class_accuracy_drop: float | None = None
+    min_robustness_agreement: float | None = None
 
     def __post_init__(self):
         for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
             if value is not None and not math.isfinite(value):
                 raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-        for name in ("min_idc", "max_success_rate"):
+        for name in ("min_idc", "max_success_rate", "min_robustness_agreement"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise UserError(f"--{name.replace('_', '-')} is a fraction between 0 and 1, got {value}")
@@ -84,7 +89,8 @@ class Thresholds(JsonRoundTrip):
         """Raise a UserError when no threshold is set (a gate that checks nothing must not pass)."""
         if not self.given():
             raise UserError("no threshold given; pass at least one of --min-idc, --max-success-rate, "
-                            "--min-mean-queries, --max-accuracy-drop, --max-class-accuracy-drop")
+                            "--min-mean-queries, --max-accuracy-drop, --max-class-accuracy-drop, "
+                            "--min-robustness-agreement")
         return self
 
     def given(self) -> list[tuple[Criterion, float]]:
@@ -215,11 +221,13 @@ def missing_message(criterion: Criterion, model_uri: str, compressed: str | None
     if criterion.command == "coverage":
         return (f"no coverage run recorded for {model_uri}; "
                 f"run `mlflow-di coverage --model-uri {model_uri} ...` first")
-    if criterion.command == "fuzz":
+    if criterion.command in ("fuzz", "robustness"):
         target = compressed or "COMPRESSED_URI"
         against = f" against {compressed}" if compressed else ""
-        return (f"no fuzz run recorded for {model_uri}{against}; "
-                f"run `mlflow-di fuzz --original {model_uri} --compressed {target} ...` first")
+        arguments = (f"--original {model_uri} --compressed {target} ..." if criterion.command == "fuzz"
+                     else f"--model-uri {model_uri} --compressed {target} --data SPEC")
+        return (f"no {criterion.command} run recorded for {model_uri}{against}; "
+                f"run `mlflow-di {criterion.command} {arguments}` first")
     against = f" producing {compressed}" if compressed else ""
     return (f"no compress run recorded for {model_uri}{against}; "
             f"run `mlflow-di compress --model-uri {model_uri} ...` first")

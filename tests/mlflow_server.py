@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import json
 import os
 import pathlib
 import secrets
@@ -221,7 +222,9 @@ def record_history(client, experiment_id: str, name: str, t0: int = 1_700_000_00
     """``models:/NAME/1`` with: coverage idc 0.40 (old), 0.62 (newest FINISHED), 0.99 (newer but FAILED);
     ``NAME-int8/1`` compressed from it (accuracy_drop 0.004, max_class_accuracy_drop 0.02) and fuzzed
     (success_rate 0.30, mean_queries 120, after an older 0.9/10 run); ``NAME-prune/1`` compressed
-    (accuracy_drop 0.05, max_class_accuracy_drop 0.2) and fuzzed (0.8, 40)."""
+    (accuracy_drop 0.05, max_class_accuracy_drop 0.2) and fuzzed (0.8, 40).
+    Robustness: one run of both exports (worst-cell agreement int8 0.90, prune 0.60), then a newer one
+    of int8 alone (0.95)."""
     subject = register_version(client, name)
     record_run(client, experiment_id, "coverage", subject, {"idc": 0.40}, start_time=t0)
     record_run(client, experiment_id, "coverage", subject, {"idc": 0.62, "nc": 0.9}, start_time=t0 + 10)
@@ -240,6 +243,13 @@ def record_history(client, experiment_id: str, name: str, t0: int = 1_700_000_00
                            {"success_rate": values[0], "mean_queries": values[1], "triggers": 5},
                            tags=fuzz_tags(version), start_time=t0 + 200 + 10 * offset + step)
         compressed[method] = version
+    uris = {method: f"models:/{version.name}/{version.version}" for method, version in compressed.items()}
+    for step, measured in enumerate([{"int8": 0.90, "prune": 0.60}, {"int8": 0.95}]):
+        slugs = {uris[method]: f"{name}-{method}_1" for method in measured}
+        metrics = {f"robustness_agreement_min.{slugs[uris[method]]}": value for method, value in measured.items()}
+        metrics["robustness_agreement_min"] = min(measured.values())
+        record_run(client, experiment_id, "robustness", subject, metrics,
+                   tags={"mlflow_di.robustness_compressed": json.dumps(slugs)}, start_time=t0 + 300 + step)
     return RecordedModel(subject, compressed["int8"], compressed["prune"], f"models:/{name}/1")
 
 

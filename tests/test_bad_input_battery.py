@@ -27,6 +27,8 @@ PREFIX = "mlflow-di: error: "
 COVERAGE = ["coverage", "--model-uri", "{pt}", "--train-data", "digits[0:20]", "--test-data", "digits[20:40]"]
 #: A fuzz command of the tiny model against itself on four digits.
 FUZZ = ["fuzz", "--original", "{pt}", "--compressed", "{pt}", "--seed-data", "digits[0:4]", "--num-seeds", "2"]
+#: A robustness command of the tiny model against itself on four digits, one corruption, one severity.
+ROBUSTNESS = ["robustness", "--model-uri", "{pt}", "--compressed", "{pt}", "--data", "digits[0:4]"]
 #: An inspect command of the tiny model on twenty digits.
 INSPECT = ["inspect", "--model-uri", "{pt}", "--data", "digits[0:20]"]
 
@@ -271,6 +273,18 @@ CASES = [
     # ---------------------------------------------------------------- repair
     ("repair-campaign-absent", ["repair", "--compressed", "{garbage_onnx}", "--campaign", "{empty_dir}/none"]),
     ("repair-campaign-folder-empty", ["repair", "--compressed", "{garbage_onnx}", "--campaign", "{empty_dir}"]),
+    # ---------------------------------------------------------------- robustness
+    ("robustness-unknown-corruption", [*ROBUSTNESS, "--corruptions", "jpeg,fog"]),
+    ("robustness-no-corruption", [*ROBUSTNESS, "--corruptions", ","]),
+    ("robustness-severity-zero", [*ROBUSTNESS, "--severities", "0"]),
+    ("robustness-severity-six", [*ROBUSTNESS, "--severities", "1,6"]),
+    ("robustness-severity-not-int", [*ROBUSTNESS, "--severities", "high"]),
+    ("robustness-no-images", [*ROBUSTNESS[:-1], "digits[4:4]"]),
+    ("robustness-num-images-zero", [*ROBUSTNESS, "--num-images", "0"]),
+    ("robustness-compressed-twice", [*ROBUSTNESS, "--compressed", "{pt}"]),
+    ("robustness-data-wrong-size", [*ROBUSTNESS[:-1], "npz:{npz_28}"]),
+    ("gate-min-robustness-agreement-above-one", ["gate", "--model-uri", "models:/absent/1",
+                                                 "--min-robustness-agreement", "1.5"]),
     # ---------------------------------------------------------------- tracking store
     ("tracking-server-down", ["--tracking-uri", "http://127.0.0.1:9", "gate", "--model-uri", "models:/m/1",
                               "--min-idc", "0.5"]),
@@ -318,6 +332,16 @@ FRAGMENTS = {
     "inspect-coverage-folder-without-idc": "idc.json",
     "repair-campaign-absent": "none",
     "repair-campaign-folder-empty": "campaign",
+    "robustness-unknown-corruption": "'fog'",
+    "robustness-no-corruption": "--corruptions",
+    "robustness-severity-zero": "--severities",
+    "robustness-severity-six": "from 1 to 5",
+    "robustness-severity-not-int": "--severities",
+    "robustness-no-images": "digits[4:4]",
+    "robustness-num-images-zero": "--num-images",
+    "robustness-compressed-twice": "named twice",
+    "robustness-data-wrong-size": "28x28",
+    "gate-min-robustness-agreement-above-one": "--min-robustness-agreement",
 }
 
 #: Cases the current code gets wrong (kept, asserted, reported; remove once fixed).

@@ -116,7 +116,10 @@ def test_measurements_are_the_newest_finished_runs_of_that_version(client, histo
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
         ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02,
         ("success_rate", "models:/lenet-prune/1"): 0.8, ("mean_queries", "models:/lenet-prune/1"): 40.0,
-        ("accuracy_drop", "models:/lenet-prune/1"): 0.05, ("max_class_accuracy_drop", "models:/lenet-prune/1"): 0.2}
+        ("accuracy_drop", "models:/lenet-prune/1"): 0.05, ("max_class_accuracy_drop", "models:/lenet-prune/1"): 0.2,
+        # the newest robustness run that measured each export: int8 alone later, prune only in the first
+        ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95,
+        ("robustness_agreement_min", "models:/lenet-prune/1"): 0.60}
     idc = next(m for m in found if m.metric == "idc")
     assert client.get_run(idc.run_id).data.metrics["idc"] == 0.62
     accuracy = next(m for m in found if m.metric == "accuracy_drop" and m.compressed == "models:/lenet-int8/1")
@@ -133,7 +136,8 @@ def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client,
     assert _values(found) == {
         ("idc", None): 0.62,  # the source's coverage, not a 'run coverage on the export' message
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
-        ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02}
+        ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02,
+        ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95}
     assert not any(m.missing for m in found)
 
 
@@ -182,6 +186,36 @@ def test_a_fuzz_run_without_deviations_measures_infinite_queries(client, history
     assert found[("mean_queries", "models:/lenet-int8/1")] == math.inf
 
 
+def test_a_compressed_model_with_only_a_robustness_run_is_gated_and_one_never_measured_is_missing(client, history):
+    from mlflow_di.mlflow_edge import recorded
+
+    lonely = register_version(client, "lenet-onnx")
+    experiment = client.get_experiment_by_name("recorded").experiment_id
+    record_run(client, experiment, "robustness", history.subject,
+               {"robustness_agreement_min": 0.7, "robustness_agreement_min.local_onnx": 0.7},
+               tags={"mlflow_di.robustness_compressed": '{"local.onnx": "local_onnx"}'}, start_time=1_800_000_000_000)
+    found = _values(recorded.measurements(history.uri))
+    assert found[("robustness_agreement_min", "local.onnx")] == 0.7  # found from its robustness run alone
+    assert found[("success_rate", "local.onnx")] is None
+    missing = {m.metric: m for m in recorded.measurements(history.uri, [f"models:/lenet-onnx/{lonely.version}"])}
+    assert missing["robustness_agreement_min"].value is None
+    assert missing["robustness_agreement_min"].missing == (
+        f"no robustness run recorded for {history.uri} against models:/lenet-onnx/1; run `mlflow-di robustness "
+        f"--model-uri {history.uri} --compressed models:/lenet-onnx/1 --data SPEC` first")
+
+
+def test_min_robustness_agreement_checks_every_compressed_model():
+    measured = [Measurement("robustness_agreement_min", 0.95, "models:/a/1"),
+                Measurement("robustness_agreement_min", 0.6, "models:/b/1")]
+    verdict = decide(URI, Thresholds(min_robustness_agreement=0.9), measured)
+    assert [(c.label, c.passed) for c in verdict.checks] == [
+        ("robustness_agreement_min [models:/a/1]", True), ("robustness_agreement_min [models:/b/1]", False)]
+    assert verdict.worst("robustness_agreement_min") == 0.6
+    assert decide(URI, Thresholds(min_robustness_agreement=0.6), measured).passed
+    with pytest.raises(UserError, match="between 0 and 1"):
+        Thresholds(min_robustness_agreement=1.2)
+
+
 def test_model_version_tags_resolve_aliases(client, history):
     from mlflow_di.mlflow_edge import recorded, registry
 
@@ -228,6 +262,18 @@ def test_gate_fail_exits_1_and_leaves_the_alias_alone(client, history, capsys):
     failed = [line.split() for line in out.splitlines() if line.endswith("FAIL")]
     assert failed == [["success_rate", "[models:/lenet-prune/1]", "0.8", "<=", "0.5", "FAIL"]]
     assert "alias 'champion' not moved" in out
+
+
+def test_gate_min_robustness_agreement_fails_the_export_below_it(client, history, capsys):
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, "--min-robustness-agreement", "0.9")
+    assert code == 1, out + err
+    rows = [line.split() for line in out.splitlines() if line.startswith("robustness_agreement_min")]
+    assert rows == [["robustness_agreement_min", "[models:/lenet-int8/1]", "0.95", ">=", "0.9", "PASS"],
+                    ["robustness_agreement_min", "[models:/lenet-prune/1]", "0.6", ">=", "0.9", "FAIL"]]
+    assert client.get_model_version("lenet", "1").tags["mlflow_di.robustness_agreement_min"] == "0.6"
+    code, out, _ = run_gate(capsys, "--model-uri", history.uri, "--compressed", "models:/lenet-int8/1",
+                            "--min-robustness-agreement", "0.9")
+    assert code == 0, out
 
 
 def test_gate_without_recorded_coverage_fails_and_says_what_to_run(client, capsys):

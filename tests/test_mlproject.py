@@ -35,6 +35,8 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
         ("compress", dict(model_uri="models:/digits-cnn/1", method="int8-dynamic")),
         ("fuzz", dict(original="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
                       num_seeds=10, timeout=5, out_dir=tmp_path / "campaign")),
+        ("robustness", dict(model_uri="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
+                            data="digits[1300:1400]", corruptions="jpeg,occlusion", severities="1,5")),
         ("gate", dict(model_uri="models:/digits-cnn/1", min_idc=0, max_accuracy_drop=1, min_mean_queries=0)),
     ]
     for entry, params in steps:
@@ -44,6 +46,7 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
     assert finished_commands(tmp_path).count("coverage") == 2
     assert finished_commands(tmp_path).count("gate") == 2
     assert finished_commands(tmp_path).count("inspect") == 1
+    assert finished_commands(tmp_path).count("robustness") == 1
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert client.get_model_version_by_alias("digits-cnn", "champion").version == 1
 

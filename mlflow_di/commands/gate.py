@@ -1,6 +1,6 @@
 """``mlflow-di gate``: pass or fail a registered model version on its recorded results.
 
-Reads the newest coverage / fuzz / compress runs recorded for the version, applies the
+Reads the newest coverage / fuzz / compress / robustness runs recorded for the version, applies the
 thresholds (:mod:`mlflow_di.gate`), logs the decision as a ``gate`` run, writes it and every
 measured value as model-version tags, and moves ``--promote-alias`` to the version only when
 every check passed. Exit code 0 pass, 1 fail, 2 error.
@@ -30,12 +30,16 @@ from mlflow_di.commands.options import Fraction, json_out_option, write_json_out
               help="Fail if compression lost more accuracy (source - compressed, 0..1).")
 @click.option("--max-class-accuracy-drop", type=click.FloatRange(-1, 1), default=None,
               help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1).")
+@click.option("--min-robustness-agreement", type=Fraction(), default=None,
+              help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
+                   "in the worst corruption and severity of the newest robustness run.")
 @click.option("--promote-alias", default=None, metavar="ALIAS",
               help="On pass, point this alias of the registered model at the version (never touched on fail).")
 @json_out_option
 def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_rate, min_mean_queries,
-            max_accuracy_drop, max_class_accuracy_drop, promote_alias: str | None, json_out: str | None) -> None:
-    """Pass or fail a registered model version on its recorded coverage, fuzzing and compression results.
+            max_accuracy_drop, max_class_accuracy_drop, min_robustness_agreement, promote_alias: str | None,
+            json_out: str | None) -> None:
+    """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
     """
@@ -43,7 +47,7 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     from mlflow_di.mlflow_edge import recorded, registry, runs
 
     thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop,
-                            max_class_accuracy_drop).require_any()
+                            max_class_accuracy_drop, min_robustness_agreement).require_any()
     version, source = recorded.gate_subject(model_uri)
     found = recorded.measurements(model_uri, list(compressed), resolved=(version, source))
     verdict = decide(model_uri, thresholds, found)

@@ -68,21 +68,39 @@ class CommaList(click.ParamType):
         return tuple(dict.fromkeys(names))
 
 
-class ClusterCounts(click.ParamType):
-    """Candidate cluster counts per neuron, e.g. ``2,3,4``: integers >= 2 (one cluster has no silhouette)."""
+class IntegerList(click.ParamType):
+    """Comma-separated integers from ``minimum`` to ``maximum`` (None: no upper bound), returned
+    sorted without repeats."""
 
-    name = "K[,K...]"
+    def __init__(self, what: str, example: str, minimum: int, maximum: int | None = None, metavar: str = "N"):
+        self.what, self.example, self.minimum, self.maximum = what, example, minimum, maximum
+        self.name = f"{metavar}[,{metavar}...]"
 
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
         try:
-            counts = tuple(int(item) for item in str(value).split(",") if item.strip())
+            numbers = tuple(int(item) for item in str(value).split(",") if item.strip())
         except ValueError:
-            self.fail(f"must be integers separated by commas, e.g. 2,3,4 (got '{value}')", param, ctx)
-        if not counts or min(counts) < 2:
-            self.fail(f"each cluster count must be at least 2, e.g. 2,3,4 (got '{value}')", param, ctx)
-        return tuple(sorted(set(counts)))
+            self.fail(f"must be integers separated by commas, e.g. {self.example} (got '{value}')", param, ctx)
+        if not numbers or min(numbers) < self.minimum or (self.maximum is not None and max(numbers) > self.maximum):
+            bounds = f"at least {self.minimum}" if self.maximum is None else f"from {self.minimum} to {self.maximum}"
+            self.fail(f"each {self.what} must be {bounds}, e.g. {self.example} (got '{value}')", param, ctx)
+        return tuple(sorted(set(numbers)))
+
+
+class ClusterCounts(IntegerList):
+    """Candidate cluster counts per neuron, e.g. ``2,3,4``: integers >= 2 (one cluster has no silhouette)."""
+
+    def __init__(self):
+        super().__init__("cluster count", "2,3,4", minimum=2, metavar="K")
+
+
+class Severities(IntegerList):
+    """Corruption severities, e.g. ``1,3,5``: integers from 1 to 5."""
+
+    def __init__(self):
+        super().__init__("severity", "1,3,5", minimum=1, maximum=5, metavar="S")
 
 
 class LayerNames(click.ParamType):

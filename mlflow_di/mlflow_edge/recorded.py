@@ -5,7 +5,9 @@ every run about a registry version carries the tags ``mlflow_di.model_name`` /
 ``mlflow_di.model_version``; fuzz runs also name the compressed model
 (``mlflow_di.compressed_uri``, and ``compressed_name``/``compressed_version`` for a registry
 version); a compressed version is registered from its compress run (its ``run_id``) and names
-its source in the version tags ``mlflow_di.source_name`` / ``source_version``. Runs are
+its source in the version tags ``mlflow_di.source_name`` / ``source_version``; robustness runs
+map each compressed model they measured (``models:/NAME/VERSION`` or its URI) to the slug of its
+metrics in the JSON tag ``mlflow_di.robustness_compressed``. Runs are
 searched across every experiment the user can read, newest first; only FINISHED runs count.
 
 Gating an export (a version with source tags) reads coverage from its source version (coverage
@@ -15,6 +17,7 @@ against this export.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 from mlflow_di.errors import UserError
@@ -88,11 +91,13 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
         subject, subject_uri = source, version_uri(source)
     subject_tags = {f"{TAG_PREFIX}model_name": subject.name, f"{TAG_PREFIX}model_version": str(subject.version)}
     found = [_coverage(subject_uri, subject_tags, client)]
+    robustness_runs = search_recorded_runs("robustness", subject_tags, ROBUSTNESS_METRIC, client)
     targets = [_CompressedTarget.of(uri, client) for uri in compressed] if compressed else \
-        _recorded_targets(subject_tags, client)
+        _recorded_targets(subject_tags, client, robustness_runs)
     for target in targets:
         found.extend(_fuzz(subject_uri, subject_tags, target, client))
         found.extend(_compress(subject_uri, subject, target, client))
+        found.append(_robustness(subject_uri, target, robustness_runs))
     return found
 
 
@@ -112,6 +117,14 @@ class _CompressedTarget:
     compress_run_id: str | None = None  # the run that registered it, for registry versions
 
     @classmethod
+    def named(cls, key: str) -> "_CompressedTarget":
+        """The target a recorded key names: ``models:/NAME/VERSION`` (a registry version) or a URI."""
+        if key.startswith("models:/") and key.count("/") == 2:
+            name, number = key.removeprefix("models:/").split("/")
+            return cls(key, {f"{TAG_PREFIX}compressed_name": name, f"{TAG_PREFIX}compressed_version": number})
+        return cls(key, {f"{TAG_PREFIX}compressed_uri": key})
+
+    @classmethod
     def of(cls, uri: str, client) -> "_CompressedTarget":
         if registry_ref(uri) is None:
             return cls(uri, {f"{TAG_PREFIX}compressed_uri": uri})
@@ -121,28 +134,23 @@ class _CompressedTarget:
                    version.run_id)
 
 
-def _recorded_targets(subject_tags: dict, client) -> list[_CompressedTarget]:
-    """Every compressed model that has a fuzz run against the subject or was compressed from it."""
+def _recorded_targets(subject_tags: dict, client, robustness_runs: list = ()) -> list[_CompressedTarget]:
+    """Every compressed model that has a fuzz or robustness run against the subject or was compressed from it."""
     targets: dict[str, _CompressedTarget] = {}
     for run in search_recorded_runs("fuzz", subject_tags, "success_rate", client):
         tags = run.data.tags
         name, number = tags.get(f"{TAG_PREFIX}compressed_name"), tags.get(f"{TAG_PREFIX}compressed_version")
-        if name and number:
-            key = f"models:/{name}/{number}"
-            target = _CompressedTarget(key, {f"{TAG_PREFIX}compressed_name": name,
-                                             f"{TAG_PREFIX}compressed_version": number})
-        elif tags.get(f"{TAG_PREFIX}compressed_uri"):
-            key = tags[f"{TAG_PREFIX}compressed_uri"]
-            target = _CompressedTarget(key, {f"{TAG_PREFIX}compressed_uri": key})
-        else:
-            continue
-        targets.setdefault(key, target)
+        key = f"models:/{name}/{number}" if name and number else tags.get(f"{TAG_PREFIX}compressed_uri")
+        if key:
+            targets.setdefault(key, _CompressedTarget.named(key))
+    for run in robustness_runs:
+        for key in _robustness_slugs(run):
+            targets.setdefault(key, _CompressedTarget.named(key))
     for run in search_recorded_runs("compress", subject_tags, "accuracy_drop", client):
         registered = client.search_model_versions(f"run_id = {_quote(run.info.run_id)}")
         for version in registered:
             key = version_uri(version)
-            target = targets.setdefault(key, _CompressedTarget(key, {
-                f"{TAG_PREFIX}compressed_name": version.name, f"{TAG_PREFIX}compressed_version": str(version.version)}))
+            target = targets.setdefault(key, _CompressedTarget.named(key))
             target.compress_run_id = run.info.run_id
     return [targets[key] for key in sorted(targets)]
 
@@ -202,3 +210,27 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> l
                         f"`mlflow-di compress` again") for metric in COMPRESS_METRICS]
 
 
+
+
+#: The run metric the gate's robustness criterion reads (``.SLUG`` per compressed model).
+ROBUSTNESS_METRIC = CRITERION["robustness_agreement_min"].metric
+
+
+def _robustness_slugs(run) -> dict:
+    """{compressed model's key: its metric slug} recorded on a robustness run ({} when unreadable)."""
+    try:
+        slugs = json.loads(run.data.tags.get(f"{TAG_PREFIX}robustness_compressed") or "{}")
+    except ValueError:
+        return {}
+    return slugs if isinstance(slugs, dict) else {}
+
+
+def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Measurement:
+    """The worst cell's agreement from the newest robustness run that measured ``target``."""
+    for run in runs:  # newest first
+        slug = _robustness_slugs(run).get(target.key)
+        value = run.data.metrics.get(f"{ROBUSTNESS_METRIC}.{slug}") if slug else None
+        if value is not None:
+            return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id)
+    return Measurement(ROBUSTNESS_METRIC, None, target.key,
+                       missing=missing_message(CRITERION[ROBUSTNESS_METRIC], subject_uri, target.key))

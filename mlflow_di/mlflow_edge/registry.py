@@ -75,6 +75,12 @@ def compressed_model_tags(uri: str) -> dict:
     return tags
 
 
+def compressed_key(uri: str) -> str:
+    """How the gate names a compressed model: ``models:/NAME/VERSION`` for a registry version
+    (aliases resolved), else the URI as given."""
+    return version_uri(resolve_version(uri)) if registry_ref(uri) is not None else uri
+
+
 def version_uri(version) -> str:
     return f"models:/{version.name}/{version.version}"
 

@@ -143,11 +143,13 @@ def bar_plot(
 
 
 def heatmap(values: np.ndarray, row_names: Sequence[str], column_names: Sequence[str], title: str,
-            symmetric: bool = True, colorbar_label: str = "") -> np.ndarray:
+            symmetric: bool = True, colorbar_label: str = "", annotate: str | None = None) -> np.ndarray:
     """Rows x columns matrix of scores as a coloured grid (NaN cells grey), e.g. units x hypotheses.
 
     ``symmetric``: a diverging map centred at 0 with limits +-max|v| (correlations); otherwise a
-    sequential map from 0 (mutual information, probe scores).
+    sequential map from 0 (mutual information, probe scores). ``annotate``: a format (e.g.
+    ``".1%"``) to write each finite value in its cell, for small grids where nearby colours hide
+    differences.
     """
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape != (len(row_names), len(column_names)) or values.size == 0:
@@ -167,5 +169,11 @@ def heatmap(values: np.ndarray, row_names: Sequence[str], column_names: Sequence
         axes.set_yticks(np.arange(0, len(row_names), step), list(row_names)[::step])
         axes.grid(False)
         axes.set_title(title)
+        if annotate:
+            for (row, column), value in np.ndenumerate(values):
+                if np.isfinite(value):
+                    dark = sum(image.cmap(image.norm(value))[:3]) < 1.5
+                    axes.text(column, row, format(value, annotate), ha="center", va="center", fontsize=8,
+                              color="white" if dark else "black")
         figure.colorbar(image, ax=axes, label=colorbar_label, shrink=0.8)
         return figure_to_rgb(figure)
