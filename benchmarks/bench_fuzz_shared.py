@@ -1,0 +1,136 @@
+"""One original against several exports: three separate campaigns vs one call that shares the original.
+
+The DeepImportance LeNet-5 (PyTorch) against its int8-static, int8-dynamic and prune-l1 (0.3) ONNX
+exports; MNIST test seeds [0:N], DFlare, ``--max-queries`` per seed, batch 64, one thread per model.
+Measured in one run: images the original evaluated, seconds inside the original's calls, wall
+seconds, and whether every per-seed record equals the separate campaign's. Also prints the
+per-class success rates and the triggers' median L-inf / SSIM of each export, and what the
+``--max-linf`` / ``--min-ssim`` constraints cost against the int8-static export. Writes its section
+of benchmarks/RESULTS.md.
+
+    .venv/bin/python -m benchmarks.bench_fuzz_shared [--shared ../shared] [--seeds 100] [--max-queries 2000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import tempfile
+import time
+
+import mlflow_di  # noqa: F401  (torchvision guard first)
+from benchmarks.results import write_section
+from mlflow_di.compression import compress
+from mlflow_di.data import load_images
+from mlflow_di.fuzz.campaign import run_campaign, run_campaigns
+from mlflow_di.fuzz.per_class import class_rows
+from mlflow_di.fuzz.dflare import DFlare
+from mlflow_di.fuzz.realism import Constraint, distance_summary
+from mlflow_di.models.classifier import OnnxClassifier
+
+BEGIN, END = "<!-- bench_fuzz_shared -->", "<!-- /bench_fuzz_shared -->"
+METHODS = ("int8-static", "int8-dynamic", "prune-l1")
+CONSTRAINTS = {"none": None, "--max-linf 64": Constraint(max_linf=64), "--min-ssim 0.6": Constraint(min_ssim=0.6),
+               "--max-linf 64 --min-ssim 0.6": Constraint(max_linf=64, min_ssim=0.6)}
+
+
+class Timed:
+    """A classifier wrapper that counts the images and seconds of its ``predict_proba`` calls."""
+
+    def __init__(self, model):
+        self.model, self.name = model, getattr(model, "name", "original")
+        self.images, self.seconds = 0, 0.0
+
+    def predict_proba(self, images):
+        began = time.perf_counter()
+        probabilities = self.model.predict_proba(images)
+        self.seconds += time.perf_counter() - began
+        self.images += len(images)
+        return probabilities
+
+
+def comparable(result) -> list[dict]:
+    """Records without seconds, probabilities to 5 places (float32 outputs differ in the last bits by batch)."""
+    def rounded(value):
+        if isinstance(value, float):
+            return round(value, 5)
+        if isinstance(value, (list, tuple)):
+            return [rounded(v) for v in value]
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        return value
+    return [rounded({k: v for k, v in r.to_dict().items() if k != "seconds"}) for r in result.records]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", default=str(pathlib.Path(__file__).resolve().parents[2] / "shared"))
+    parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--max-queries", type=int, default=2000)
+    args = parser.parse_args()
+    os.environ.setdefault("MLFLOW_DI_THREADS", "1")
+    shared = pathlib.Path(args.shared)
+    mnist = shared / "data" / "mnist"
+    source = mlflow_di.load_torch_model(f"keras:lenet5:{shared / 'models' / 'deepimportance' / 'LeNet5.h5'}")
+    seeds = source.preprocessing.prepare(load_images(f"mnist-test:{mnist}[0:{args.seeds}]"))
+    calib = load_images(f"mnist-train:{mnist}[0:500]").images
+    settings = dict(strategy="dflare", max_queries=args.max_queries, batch=64, seed=0, timeout=600, progress=False)
+    with tempfile.TemporaryDirectory() as folder:
+        exports = [OnnxClassifier(compress(source.module, source.preprocessing, method, f"{folder}/{method}",
+                                           calib_inputs=calib, amount=0.3).path, name=method) for method in METHODS]
+        separate, separate_original, separate_wall = [], Timed(source.classifier()), 0.0
+        for export in exports:
+            began = time.perf_counter()
+            separate.append(run_campaign(separate_original, export, seeds, **settings))
+            separate_wall += time.perf_counter() - began
+        shared_original = Timed(source.classifier())
+        began = time.perf_counter()
+        together = run_campaigns(shared_original, exports, seeds, **settings)
+        shared_wall = time.perf_counter() - began
+        constrained = {label: run_campaign(source.classifier(), exports[0], seeds, **{**settings, "strategy": DFlare(
+            constraint=constraint)}) for label, constraint in CONSTRAINTS.items()}
+    same = all(comparable(a) == comparable(b) for a, b in zip(separate, together))
+    lines = [BEGIN, "## One original against several exports (fuzz --compressed A --compressed B ...)", "",
+             f"Command: `.venv/bin/python -m benchmarks.bench_fuzz_shared --seeds {args.seeds} --max-queries "
+             f"{args.max_queries}`  ",
+             f"Original: DeepImportance LeNet-5 (PyTorch, 1 thread); exports {', '.join(METHODS)} (ONNX Runtime; "
+             f"int8-static calibrated on mnist-train[0:500], prune-l1 amount 0.3); seeds mnist-test[0:{args.seeds}], "
+             f"dflare, max {args.max_queries:,} queries per seed, batch 64. Same run for both modes.", "",
+             "| | three separate campaigns | one shared call | ratio |", "|---|---:|---:|---:|",
+             f"| images the original evaluated | {separate_original.images:,} | {shared_original.images:,} | "
+             f"{shared_original.images / separate_original.images:.3f} |",
+             f"| seconds inside the original's calls | {separate_original.seconds:.2f} | {shared_original.seconds:.2f} | "
+             f"{shared_original.seconds / separate_original.seconds:.3f} |",
+             f"| wall seconds (all three campaigns) | {separate_wall:.2f} | {shared_wall:.2f} | "
+             f"{shared_wall / separate_wall:.3f} |", "",
+             f"Every per-seed record equal to the separate campaign's (probabilities to 5 places): "
+             f"**{'yes' if same else 'NO'}**.", "",
+             "| export | success rate | triggers | mean queries | median trigger L-inf | median trigger SSIM | "
+             "classes with the lowest success rate |", "|---|---:|---:|---:|---:|---:|---|"]
+    for method, result in zip(METHODS, together):
+        s, realism = result.summary, distance_summary(result.records)
+        rows = [r for r in class_rows(result.records) if r["success_rate"] is not None]
+        lowest = sorted(rows, key=lambda r: (r["success_rate"], r["class"]))[:3]
+        mean = f"{s.mean_queries:.1f}" if s.mean_queries is not None else "-"
+        linf = realism.get("trigger_linf_median")
+        ssim = realism.get("trigger_ssim_median")
+        lines.append(f"| {method} | {s.success_rate:.1%} | {s.triggers} | {mean} | "
+                     f"{'-' if linf is None else f'{linf:.0f}'} | {'-' if ssim is None else f'{ssim:.3f}'} | "
+                     + ", ".join(f"{r['class']} ({r['success_rate']:.0%} of {r['fuzzed']})" for r in lowest) + " |")
+    lines += ["", f"Constraints against the int8-static export (same seeds and budget):", "",
+              "| constraint | success rate | mean queries | median trigger L-inf | median trigger SSIM | "
+              "mutants rejected unqueried per seed |", "|---|---:|---:|---:|---:|---:|"]
+    for label, result in constrained.items():
+        s, realism = result.summary, distance_summary(result.records)
+        mean = f"{s.mean_queries:.1f}" if s.mean_queries is not None else "-"
+        linf, ssim = realism.get("trigger_linf_median"), realism.get("trigger_ssim_median")
+        rejected = sum(r.constraint_rejections for r in result.records) / max(1, len(result.records))
+        lines.append(f"| {label} | {s.success_rate:.1%} | {mean} | {'-' if linf is None else f'{linf:.0f}'} | "
+                     f"{'-' if ssim is None else f'{ssim:.3f}'} | {rejected:.1f} |")
+    section = "\n".join(lines + [END])
+    print(section)
+    write_section(section, BEGIN, END)
+
+
+if __name__ == "__main__":
+    main()
