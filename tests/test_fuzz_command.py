@@ -74,6 +74,9 @@ def test_a_campaign_logs_success_by_class_and_how_far_triggers_are_from_their_se
     assert all(np.abs(t.astype(int) - s).max() <= 48 for t, s in zip(result.triggers, result.trigger_seeds))
     run = mlflow.search_runs(search_all_experiments=True, output_format="list",
                              filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
+    assert json.loads(run.data.tags["mlflow_di.fuzz_constraint"]) == {"max_linf": 48, "min_ssim": None}
+    # a constrained campaign answers another question: the gate does not read it
+    assert main(["gate", "--model-uri", registered_cnn, "--compressed", exports[1], "--max-success-rate", "1.0"]) == 1
     metrics = run.data.metrics
     assert metrics["trigger_linf_max"] <= 48 and metrics["trigger_l0_median"] >= 1
     labels = {r.label for r in result.records if not r.already_deviating}
@@ -84,7 +87,7 @@ def test_a_campaign_logs_success_by_class_and_how_far_triggers_are_from_their_se
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--min-ssim", "0.5"], "--min-ssim needs images larger than 11x11"),
+    (["--min-ssim", "0.5"], "--min-ssim needs images of at least 11x11"),
     (["--max-linf", "20", "--strategy", "diffchaser"], "work with the dflare strategies, not diffchaser"),
     (["--max-linf", "0"], "--max-linf"),
 ])
@@ -99,3 +102,15 @@ def test_the_same_export_twice_is_refused(registered_cnn, exports, capsys):
     assert main(["fuzz", "--original", registered_cnn, "--compressed", exports[0], "--compressed", exports[0],
                  "--seed-data", "digits[0:4]"]) == 2
     assert "is given twice" in capsys.readouterr().err
+
+
+def test_resume_finds_each_exports_folder_whatever_the_order(tmp_path):
+    from mlflow_di.commands.fuzz import export_folder
+
+    first = [export_folder(tmp_path, number, uri) for number, uri in enumerate(["models:/a/1", "b.onnx"])]
+    assert [p.name for p in first] == ["01-models_a_1", "02-b.onnx"]
+    for path in first:
+        path.mkdir()
+    again = [export_folder(tmp_path, number, uri, resume=True) for number, uri in enumerate(["b.onnx", "models:/a/1"])]
+    assert again == first[::-1]
+    assert export_folder(tmp_path, 2, "c[1].onnx", resume=True).name == "03-c_1_.onnx"

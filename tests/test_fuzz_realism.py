@@ -64,7 +64,7 @@ def test_bad_constraints_are_user_errors(kwargs, message):
 
 
 def test_min_ssim_on_images_too_small_for_the_window_is_refused():
-    with pytest.raises(UserError, match="--min-ssim needs images larger than 11x11"):
+    with pytest.raises(UserError, match="--min-ssim needs images of at least 11x11"):
         Constraint(min_ssim=0.5).check_seed(np.zeros((8, 8, 1), np.uint8))
 
 

@@ -7,6 +7,8 @@ ends (KILLED when interrupted).
 """
 from __future__ import annotations
 
+import glob
+import json
 import pathlib
 import re
 import time
@@ -60,7 +62,7 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
                    "rejected without a query. dflare strategies only.")
 @click.option("--min-ssim", type=click.FloatRange(-1.0, 1.0, min_open=True, max_open=True), default=None,
               help="Keep every queried input at least this structurally similar (SSIM) to its seed; images must be "
-                   "larger than 11x11. dflare strategies only.")
+                   "at least 11x11. dflare strategies only.")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it).")
 @click.option("--out-dir", type=WritablePath("dir"), default=None,
@@ -104,11 +106,14 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     if search.options().get("constraint"):
         search.constraint.check_seed(seeds.images[0])
     several = len(compressed) > 1
-    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, ",".join(compressed), strategy, seed,
-                                                                   resume)
+    constraint = search.options().get("constraint")
+    label = strategy + "".join(f"-{key.replace('_', '')}{value}" for key, value in (constraint or {}).items()
+                               if value is not None)
+    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, ",".join(compressed), label, seed, resume)
     if folder.exists() and any(folder.iterdir()) and not resume:
         raise UserError(f"'{folder}' already holds a campaign; pass --resume to continue it, or --out-dir for a new one")
-    folders = [folder / export_folder(number, uri) for number, uri in enumerate(compressed)] if several else [folder]
+    folders = [export_folder(folder, number, uri, resume) for number, uri in enumerate(compressed)] if several \
+        else [folder]
     campaign_tag = {"mlflow_di.campaign": str(folder.resolve())}
     if resume:
         closed = runs.close_orphaned_runs(campaign_tag, "a later --resume of the same campaign")
@@ -116,14 +121,18 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             click.echo(f"closed {len(closed)} run(s) of this campaign left RUNNING by a killed process (now KILLED)")
     model_tags = registry.model_version_tags(original)
     tags = {"mlflow_di.command": "fuzz", **campaign_tag, **model_tags}
+    if constraint:  # the gate reads unconstrained campaigns only (see mlflow_edge.recorded)
+        tags["mlflow_di.fuzz_constraint"] = json.dumps(constraint, sort_keys=True)
+    # resolved now, before hours of fuzzing: the versions fuzzed, whatever an alias points at later
+    compressed_tags = [registry.compressed_model_tags(uri) for uri in compressed]
     if not several:
-        tags.update(registry.compressed_model_tags(compressed[0]))
+        tags.update(compressed_tags[0])
     run_name = f"fuzz {original_ref.short} vs {', '.join(ref.short for ref in compressed_refs)}"
+    params = {"original": original, "seed_data": seed_data, "num_seeds": len(seeds), "timeout": timeout,
+              "max_queries": max_queries, "strategy": strategy, "max_linf": max_linf, "min_ssim": min_ssim,
+              "batch": batch, "seed": seed, "resume": resume, "original_runs_on": original_model.provider}
     with runs.tracked_run(run_name, tags=tags) as log:
-        log.params({"original": original, "compressed": ",".join(compressed), "seed_data": seed_data,
-                    "num_seeds": len(seeds), "timeout": timeout, "max_queries": max_queries, "strategy": strategy,
-                    "max_linf": max_linf, "min_ssim": min_ssim, "batch": batch, "seed": seed, "out_dir": str(folder),
-                    "resume": resume, "original_runs_on": original_model.provider,
+        log.params({**params, "compressed": ",".join(compressed), "out_dir": str(folder),
                     "compressed_runs_on": ",".join(m.provider for m in compressed_models)})
         click.echo(f"fuzzing {_plural(len(seeds), 'seed')} with {strategy}"
                    + (f" against {len(compressed)} compressed models" if several else "") + f"; campaign folder {folder}")
@@ -134,12 +143,11 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                                     max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders, resume=resume)
         summaries = [_summary(result) for result in results]
         if several:
-            for uri, ref, result, summary, sub in zip(compressed, compressed_refs, results, summaries, folders):
-                child_tags = {**tags, **registry.compressed_model_tags(uri)}
-                with runs.child_run(f"fuzz {original_ref.short} vs {ref.short}", tags=child_tags,
+            for uri, ref, model, result, summary, sub, own_tags in zip(compressed, compressed_refs, compressed_models,
+                                                                       results, summaries, folders, compressed_tags):
+                with runs.child_run(f"fuzz {original_ref.short} vs {ref.short}", tags={**tags, **own_tags},
                                     status="FINISHED" if result.complete else "KILLED") as child:
-                    child.params({"original": original, "compressed": uri, "seed_data": seed_data,
-                                  "strategy": strategy, "seed": seed, "max_queries": max_queries, "out_dir": str(sub)})
+                    child.params({**params, "compressed": uri, "out_dir": str(sub), "compressed_runs_on": model.provider})
                     _log_campaign(child, result, sub, original, uri, summary)
                 click.echo(f"{uri}:")
                 _print_summary(result, summary, sub)
@@ -174,9 +182,15 @@ def _strategy(name: str, max_linf, min_ssim):
     return dataclasses.replace(strategy, constraint=Constraint(max_linf=max_linf, min_ssim=min_ssim))
 
 
-def export_folder(number: int, uri: str) -> str:
-    """The sub-folder of one export's campaign when several are fuzzed at once: ``01-<uri slug>``."""
-    return f"{number + 1:02d}-" + re.sub(r"[^A-Za-z0-9.@-]+", "_", uri).strip("_")[-60:]
+def export_folder(folder: pathlib.Path, number: int, uri: str, resume: bool = False) -> pathlib.Path:
+    """The sub-folder of one export's campaign when several are fuzzed at once: ``NN-<uri slug>``;
+    on ``resume``, the existing one of that URI whatever its number (the exports may come in another order)."""
+    slug = re.sub(r"[^A-Za-z0-9.@-]+", "_", uri).strip("_")[-60:]
+    if resume:
+        earlier = sorted(folder.glob(f"[0-9][0-9]-{glob.escape(slug)}"))
+        if earlier:
+            return earlier[0]
+    return folder / f"{number + 1:02d}-{slug}"
 
 
 def _plural(count: int, noun: str) -> str:
@@ -355,6 +369,10 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
     state = "done" if result.complete else f"interrupted after {_plural(len(result.records), 'seed')} (resume with --resume)"
     click.echo(f"{state}: {_plural(summary['triggers'], 'trigger')} from {_plural(summary['fuzzed'], 'seed')}, success "
                f"rate {summary['success_rate']:.1%}, {_plural(summary['already_deviating'], 'seed')} already deviating")
+    constrained = sum(str(r.stop) == "constrained" for r in result.records)
+    if constrained:
+        click.echo(f"  {_plural(constrained, 'seed')} stopped as constrained: no mutant within --max-linf/--min-ssim "
+                   "could be found (loosen them to search further)")
     if summary["mean_queries"] is not None:
         click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}, median {summary['median_queries']:.0f}; "
                    f"seconds per trigger: mean {summary['mean_seconds']:.3f}")

@@ -8,7 +8,8 @@ same as when it runs alone (``batch=1``) with the same campaign seed, given a mo
 output for an image does not depend on the rest of the batch.
 
 Time: a seed is charged its own mutation/bookkeeping time plus its share of each batched
-model call, in proportion to the inputs it contributed. The per-seed ``timeout`` applies to
+model call, in proportion to the inputs it contributed (when several campaigns share the
+original, an input is charged the original's cost per distinct image, what it would cost alone). The per-seed ``timeout`` applies to
 that charged time, so a seed gets the same compute budget whether it runs alone or with 63
 others, and the seeds' times add up to the campaign's time.
 
@@ -79,7 +80,7 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
         raise UserError("no compressed model given")
     if out_dirs is not None and len(out_dirs) != len(compressed):
         raise UserError(f"{len(compressed)} compressed models but {len(out_dirs)} output folders")
-    _check_arguments(seeds, timeout, max_queries, batch, out_dirs, resume)
+    _check_arguments(seeds, timeout, max_queries, batch, out_dirs, resume, strategy)
     fingerprint = _fingerprint(seeds, progress)
     lanes = []
     for number, model in enumerate(compressed):
@@ -118,11 +119,14 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     return results
 
 
-def _check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dirs, resume) -> None:
+def _check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dirs, resume, strategy=None) -> None:
     if not isinstance(seeds, ImageSet):
         raise UserError(f"seeds must be an ImageSet (see mlflow_di.data.load_images), got {type(seeds).__name__}")
     if len(seeds) == 0:
         raise UserError("no seed images given")
+    constraint = getattr(strategy, "constraint", None)
+    if constraint is not None:  # before any file is written: SSIM needs images of at least its window
+        constraint.check_seed(seeds.images[0])
     if not timeout or timeout <= 0:
         raise UserError(f"timeout must be a positive number of seconds, got {timeout}")
     if max_queries is not None and max_queries < 1:
@@ -302,7 +306,9 @@ class _Lockstep:
         if total == 0:  # only exhausted searches this time
             return
         p_original, original_seconds, distinct = self._original_probabilities(lane_inputs)
-        original_share = original_seconds / total
+        # each input is charged what it costs the original alone (per distinct image), so a seed gets
+        # the compute budget of a separate campaign; charged times then add up to more than the wall time
+        original_share = original_seconds / distinct
         self.shared_original_inputs += distinct
         self._inputs += total
         start_original = 0

@@ -43,7 +43,7 @@ def ssim(image: np.ndarray, reference: np.ndarray) -> float:
     if a.shape != b.shape or a.ndim != 3:
         raise UserError(f"SSIM needs two images of one (H, W, C) shape, got {a.shape} and {b.shape}")
     if min(a.shape[:2]) <= 2 * SSIM_RADIUS:
-        raise UserError(f"SSIM needs images larger than {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} pixels, "
+        raise UserError(f"SSIM needs images of at least {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} pixels, "
                         f"got {a.shape[0]}x{a.shape[1]}")
     mean_a, mean_b = _filter(a), _filter(b)
     var_a = _filter(a * a) - mean_a ** 2
@@ -86,7 +86,7 @@ class Constraint:
     def check_seed(self, seed: np.ndarray) -> None:
         """A UserError when ``min_ssim`` is asked for on images too small for SSIM's window."""
         if self.min_ssim is not None and min(np.shape(seed)[:2]) <= 2 * SSIM_RADIUS:
-            raise UserError(f"--min-ssim needs images larger than {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} "
+            raise UserError(f"--min-ssim needs images of at least {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} "
                             f"pixels, got {np.shape(seed)[0]}x{np.shape(seed)[1]}; use --max-linf")
 
     def allows(self, image: np.ndarray, seed: np.ndarray) -> bool:
