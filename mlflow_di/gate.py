@@ -76,6 +76,9 @@ class Thresholds(JsonRoundTrip):
     max_class_accuracy_drop: float | None = None
     min_robustness_agreement: float | None = None
 
+    #: thresholds added after verdicts were written: written only when set (older verdicts keep their bytes)
+    JSON_OPTIONAL = {"max_class_accuracy_drop": None, "min_robustness_agreement": None}
+
     def __post_init__(self):
         for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
             if value is not None and not math.isfinite(value):
