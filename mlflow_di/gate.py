@@ -17,6 +17,24 @@ criterion                      command     threshold        per compressed model
                                                             the worst corruption/severity cell)
 =============================  ==========  ===============  ==========================================
 
+Relative checks compare the candidate with a baseline version (``gate --baseline
+models:/NAME@champion``) whose measurements are read the same way, in the spirit of
+``MetricThreshold(min_absolute_change=..., min_relative_change=...)``:
+
+==========================  ========  ===============================================  =========
+relation                    kind      passes when                                      threshold
+==========================  ========  ===============================================  =========
+``idc_drop``                drop      baseline idc - candidate idc <= max_idc_drop     0..1
+``success_rate_rise``       rise      candidate rate - baseline rate <= max_..._rise   0..1
+``mean_queries_ratio``      ratio     candidate / baseline mean queries >= min_...     > 0
+==========================  ========  ===============================================  =========
+
+A candidate export is paired with the baseline's export of the same compression method (the
+version tag ``mlflow_di.method``), or with the baseline itself when the baseline is an export. A
+baseline value that is missing fails the check and names the command to run on the baseline; a
+baseline that does not exist yet (``Baseline.uri`` None, ``--baseline-optional``) passes the
+relative checks as "no baseline".
+
 A threshold whose measurement is missing fails, with a message saying which command records it.
 A fuzz campaign that found no deviating input has no mean number of queries per deviation; it
 counts as infinitely many (the best outcome), so ``min_mean_queries`` passes.
@@ -65,6 +83,44 @@ CRITERIA = (
 CRITERION = {c.metric: c for c in CRITERIA}
 
 
+@dataclasses.dataclass(frozen=True)
+class Relation:
+    """One relative check: how the candidate's ``metric`` may differ from the baseline's."""
+
+    metric: str
+    kind: str  # "drop", "rise" or "ratio"
+    threshold_name: str
+
+    @property
+    def name(self) -> str:
+        """e.g. ``idc_drop``: the JUnit class name, the tag and the gate run's metric."""
+        return f"{self.metric}_{self.kind}"
+
+    @property
+    def greater_is_better(self) -> bool:
+        return self.kind == "ratio"
+
+    def change(self, candidate: float, baseline: float) -> float:
+        """The compared quantity: baseline - candidate (drop), candidate - baseline (rise), candidate / baseline (ratio)."""
+        if self.kind == "drop":
+            return baseline - candidate
+        if self.kind == "rise":
+            return candidate - baseline
+        if math.isinf(candidate) and math.isinf(baseline):
+            return 1.0  # neither campaign found a deviation: as hard as each other
+        if baseline == 0:
+            return math.inf if candidate > 0 else 1.0
+        return candidate / baseline
+
+
+RELATIONS = (
+    Relation("idc", "drop", "max_idc_drop"),
+    Relation("success_rate", "rise", "max_success_rate_rise"),
+    Relation("mean_queries", "ratio", "min_mean_queries_ratio"),
+)
+RELATION = {r.name: r for r in RELATIONS}
+
+
 @dataclasses.dataclass
 class Thresholds(JsonRoundTrip):
     """The limits a model version must meet; None = not checked."""
@@ -75,27 +131,52 @@ class Thresholds(JsonRoundTrip):
     max_accuracy_drop: float | None = None
     max_class_accuracy_drop: float | None = None
     min_robustness_agreement: float | None = None
+    max_idc_drop: float | None = None
+    max_success_rate_rise: float | None = None
+    min_mean_queries_ratio: float | None = None
+
+    #: thresholds added after verdicts were written: written only when set (older verdicts keep their bytes)
+    JSON_OPTIONAL = {"max_class_accuracy_drop": None, "min_robustness_agreement": None, "max_idc_drop": None,
+                     "max_success_rate_rise": None, "min_mean_queries_ratio": None}
 
     def __post_init__(self):
         for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
             if value is not None and not math.isfinite(value):
                 raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-        for name in ("min_idc", "max_success_rate", "min_robustness_agreement"):
+        for name in ("min_idc", "max_success_rate", "min_robustness_agreement", "max_idc_drop", "max_success_rate_rise"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise UserError(f"--{name.replace('_', '-')} is a fraction between 0 and 1, got {value}")
+        if self.min_mean_queries_ratio is not None and self.min_mean_queries_ratio <= 0:
+            raise UserError(f"--min-mean-queries-ratio must be above 0 (e.g. 0.8), got {self.min_mean_queries_ratio}")
 
     def require_any(self) -> "Thresholds":
         """Raise a UserError when no threshold is set (a gate that checks nothing must not pass)."""
-        if not self.given():
+        if not self.given() and not self.relative():
             raise UserError("no threshold given; pass at least one of --min-idc, --max-success-rate, "
                             "--min-mean-queries, --max-accuracy-drop, --max-class-accuracy-drop, "
-                            "--min-robustness-agreement")
+                            "--min-robustness-agreement (or, with --baseline, --max-idc-drop, "
+                            "--max-success-rate-rise, --min-mean-queries-ratio)")
         return self
 
     def given(self) -> list[tuple[Criterion, float]]:
         """The criteria with a threshold, in the order of :data:`CRITERIA`."""
         return [(c, getattr(self, c.threshold_name)) for c in CRITERIA if getattr(self, c.threshold_name) is not None]
+
+    def require_baseline(self, given: bool) -> "Thresholds":
+        """Raise a UserError unless relative thresholds and a baseline come together."""
+        names = [f"--{r.threshold_name.replace('_', '-')}" for r, _ in self.relative()]
+        if names and not given:
+            raise UserError(f"{', '.join(names)} compare(s) with a baseline; pass --baseline models:/NAME@champion "
+                            f"(or a version)")
+        if given and not names:
+            raise UserError("--baseline needs a relative threshold: --max-idc-drop, --max-success-rate-rise or "
+                            "--min-mean-queries-ratio")
+        return self
+
+    def relative(self) -> list[tuple[Relation, float]]:
+        """The relations with a threshold, in the order of :data:`RELATIONS`."""
+        return [(r, getattr(self, r.threshold_name)) for r in RELATIONS if getattr(self, r.threshold_name) is not None]
 
 
 @dataclasses.dataclass
@@ -103,7 +184,8 @@ class Measurement(JsonRoundTrip):
     """One recorded value (``value`` None: not recorded, ``missing`` says what to run).
 
     ``compressed`` names the compressed model for per-compressed criteria (None otherwise);
-    ``run_id`` is the run the value was read from.
+    ``run_id`` is the run the value was read from; ``method`` the compression method that made
+    ``compressed`` (how a baseline's export is paired with it), None when unknown.
     """
 
     metric: str
@@ -111,6 +193,9 @@ class Measurement(JsonRoundTrip):
     compressed: str | None = None
     run_id: str | None = None
     missing: str = ""
+    method: str | None = None
+
+    JSON_OPTIONAL = {"method": None}
 
     @property
     def found(self) -> bool:
@@ -119,7 +204,12 @@ class Measurement(JsonRoundTrip):
 
 @dataclasses.dataclass
 class Check(JsonRoundTrip):
-    """One threshold applied to one measurement."""
+    """One threshold applied to one measurement.
+
+    A relative check (``relation`` set: drop, rise or ratio) also holds the ``baseline`` value it was
+    compared with, the model it came from (``baseline_model``, ``baseline_run_id``) and the
+    ``change`` the threshold applies to; ``measured`` stays the candidate's value.
+    """
 
     metric: str
     compressed: str | None
@@ -129,19 +219,48 @@ class Check(JsonRoundTrip):
     passed: bool
     run_id: str | None = None
     message: str = ""
+    relation: str | None = None
+    baseline: float | None = None
+    change: float | None = None
+    baseline_model: str | None = None
+    baseline_run_id: str | None = None
+
+    JSON_OPTIONAL = {name: None for name in ("relation", "baseline", "change", "baseline_model", "baseline_run_id")}
 
     @property
     def comparison(self) -> str:
         return ">=" if self.greater_is_better else "<="
 
     @property
+    def criterion(self) -> str:
+        """``idc``, ``success_rate``, ... or, for a relative check, ``idc_drop``, ``success_rate_rise``, ..."""
+        return self.metric if self.relation is None else f"{self.metric}_{self.relation}"
+
+    @property
+    def compared(self) -> float | None:
+        """The value the threshold applies to: the change for a relative check, else the measured value."""
+        return self.measured if self.relation is None else self.change
+
+    @property
     def label(self) -> str:
-        """e.g. ``success_rate [models:/lenet5-int8/1]``."""
-        return self.metric if self.compressed is None else f"{self.metric} [{self.compressed}]"
+        """e.g. ``success_rate [models:/lenet5-int8/1]`` or ``success_rate rise [models:/lenet5-int8/1]``."""
+        name = self.metric if self.relation is None else f"{self.metric} {self.relation}"
+        return name if self.compressed is None else f"{name} [{self.compressed}]"
 
     def metric_threshold_args(self) -> dict:
-        """Keyword arguments of the equivalent ``mlflow.models.MetricThreshold``."""
+        """Keyword arguments of the equivalent ``mlflow.models.MetricThreshold`` (on :attr:`compared`)."""
         return {"threshold": self.threshold, "greater_is_better": self.greater_is_better}
+
+
+@dataclasses.dataclass
+class Baseline:
+    """What relative checks compare with: the baseline version's URI (None: it does not exist yet,
+    ``absent`` says why) and its measurements; ``is_export``: the baseline is itself an export."""
+
+    uri: str | None
+    measurements: list[Measurement] = dataclasses.field(default_factory=list)
+    is_export: bool = False
+    absent: str = ""
 
 
 @dataclasses.dataclass
@@ -152,8 +271,11 @@ class Verdict(JsonRoundTrip):
     thresholds: Thresholds
     checks: list[Check]
     measurements: list[Measurement]
+    baseline_uri: str | None = None
+    baseline_measurements: list[Measurement] = dataclasses.field(default_factory=list)
 
     JSON_DUMPS = {"indent": 2}
+    JSON_OPTIONAL = {"baseline_uri": None, "baseline_measurements": []}
 
     @property
     def passed(self) -> bool:
@@ -169,6 +291,14 @@ class Verdict(JsonRoundTrip):
         if not values:
             return None
         return min(values) if CRITERION[metric].greater_is_better else max(values)
+
+    def worst_change(self, relation: str) -> Check | None:
+        """The relative check of ``relation`` (e.g. ``idc_drop``) with the least favourable change, None if none."""
+        compared = [c for c in self.checks if c.criterion == relation and c.change is not None]
+        if not compared:
+            return None
+        pick = min if RELATION[relation].greater_is_better else max
+        return pick(compared, key=lambda c: c.change)
 
     def summary(self) -> str:
         """One line, e.g. ``fail: 3/4 checks passed; failed: success_rate [models:/c/1]``."""
@@ -189,20 +319,30 @@ class Verdict(JsonRoundTrip):
         return super().from_dict(values)
 
 
-def decide(model_uri: str, thresholds: Thresholds, measurements: list[Measurement]) -> Verdict:
-    """Apply every given threshold to every measurement of its criterion.
+def decide(model_uri: str, thresholds: Thresholds, measurements: list[Measurement],
+           baseline: Baseline | None = None) -> Verdict:
+    """Apply every given threshold to every measurement of its criterion, and every relative
+    threshold to every measurement compared with its baseline counterpart.
 
     A criterion without any measurement (e.g. no compressed model was ever fuzzed) gets one
     failed check saying which command to run.
     """
-    thresholds.require_any()
+    thresholds.require_any().require_baseline(baseline is not None)
     checks = []
     for criterion, threshold in thresholds.given():
-        relevant = [m for m in measurements if m.metric == criterion.metric]
-        if not relevant:
-            relevant = [Measurement(criterion.metric, None, missing=missing_message(criterion, model_uri))]
-        checks.extend(_check(criterion, threshold, m) for m in relevant)
-    return Verdict(model_uri, thresholds, checks, list(measurements))
+        checks.extend(_check(criterion, threshold, m) for m in _relevant(criterion, measurements, model_uri))
+    for relation, threshold in thresholds.relative():
+        checks.extend(_relative_check(relation, threshold, m, baseline)
+                      for m in _relevant(CRITERION[relation.metric], measurements, model_uri))
+    if baseline is None:
+        return Verdict(model_uri, thresholds, checks, list(measurements))
+    return Verdict(model_uri, thresholds, checks, list(measurements), baseline.uri, list(baseline.measurements))
+
+
+def _relevant(criterion: Criterion, measurements: list[Measurement], model_uri: str) -> list[Measurement]:
+    """The measurements of ``criterion``, or one missing measurement saying what to run."""
+    relevant = [m for m in measurements if m.metric == criterion.metric]
+    return relevant or [Measurement(criterion.metric, None, missing=missing_message(criterion, model_uri))]
 
 
 def _check(criterion: Criterion, threshold: float, measurement: Measurement) -> Check:
@@ -214,6 +354,53 @@ def _check(criterion: Criterion, threshold: float, measurement: Measurement) -> 
         passed, message = False, measurement.missing or missing_message(criterion, "the model")
     return Check(criterion.metric, measurement.compressed, measurement.value, float(threshold),
                  criterion.greater_is_better, bool(passed), measurement.run_id, message)
+
+
+def _relative_check(relation: Relation, threshold: float, measurement: Measurement, baseline: Baseline) -> Check:
+    check = Check(relation.metric, measurement.compressed, measurement.value, float(threshold),
+                  relation.greater_is_better, False, measurement.run_id, relation=relation.kind)
+    if baseline.uri is None:  # none yet (--baseline-optional): nothing to fall behind
+        check.passed, check.message = True, baseline.absent or "no baseline"
+        return check
+    counterpart, problem = pair(measurement, baseline)
+    if counterpart is not None:
+        check.baseline, check.baseline_model, check.baseline_run_id = (counterpart.value, counterpart.compressed
+                                                                       or baseline.uri, counterpart.run_id)
+    if not measurement.found:
+        check.message = measurement.missing or missing_message(CRITERION[relation.metric], "the model")
+    elif problem:
+        check.message = problem
+    else:
+        check.change = relation.change(measurement.value, counterpart.value)
+        check.passed = bool(check.change >= threshold if relation.greater_is_better else check.change <= threshold)
+    return check
+
+
+def pair(measurement: Measurement, baseline: Baseline) -> tuple[Measurement | None, str]:
+    """The baseline's measurement to compare ``measurement`` with, and what is wrong when there is none
+    with a value: the same metric, of the export made by the same method (any export when the
+    baseline is itself one); of several, the newest registered version."""
+    criterion = CRITERION[measurement.metric]
+    same = [m for m in baseline.measurements if m.metric == measurement.metric]
+    if measurement.compressed is not None and not baseline.is_export:
+        if measurement.method is None:
+            return None, (f"{measurement.compressed} has no recorded compression method (version tag "
+                          f"mlflow_di.method), so no export of {baseline.uri} can be paired with it")
+        same = [m for m in same if m.method == measurement.method]
+        if not same:
+            return None, (f"{baseline.uri} has no {measurement.method} export with recorded results; run `mlflow-di "
+                          f"compress --model-uri {baseline.uri} --method {measurement.method} ...`, then "
+                          f"`mlflow-di {criterion.command}` on that export, first")
+    same.sort(key=lambda m: (m.found, _version_number(m.compressed)))
+    if not same:
+        return None, missing_message(criterion, baseline.uri)
+    best = same[-1]
+    return best, "" if best.found else f"baseline: {best.missing or missing_message(criterion, baseline.uri)}"
+
+
+def _version_number(uri: str | None) -> int:
+    tail = (uri or "").rsplit("/", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
 
 
 def missing_message(criterion: Criterion, model_uri: str, compressed: str | None = None) -> str:

@@ -40,8 +40,8 @@ def to_dict(obj) -> dict:
 
 def _plain(value):
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if isinstance(value, JsonRoundTrip) and type(value).to_dict is not JsonRoundTrip.to_dict:
-            return value.to_dict()  # a class that adds to its dict (e.g. a derived field) keeps it nested too
+        if isinstance(value, JsonRoundTrip):
+            return value.to_dict()  # nested too: derived fields added, optional fields left out
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
         return _plain(value.value)
@@ -143,14 +143,18 @@ class JsonRoundTrip:
     """Mixin for dataclasses: ``to_dict``/``from_dict``/``to_json``/``from_json`` through this module.
 
     ``JSON_DUMPS`` (a class attribute, not a field) holds the :func:`json.dumps` options of
-    ``to_json``. A class that writes derived values (e.g. a property) overrides ``to_dict`` to
-    add them and ``from_dict`` to drop them again.
+    ``to_json``. ``JSON_OPTIONAL`` maps fields added after files were written to their default:
+    such a field is written only when it differs from it, so files written before keep their
+    bytes (reading fills the default in). A class that writes derived values (e.g. a property)
+    overrides ``to_dict`` to add them and ``from_dict`` to drop them again.
     """
 
     JSON_DUMPS: typing.ClassVar[dict] = {}
+    JSON_OPTIONAL: typing.ClassVar[dict] = {}
 
     def to_dict(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name not in self.JSON_OPTIONAL or getattr(self, f.name) != self.JSON_OPTIONAL[f.name]}
 
     @classmethod
     def from_dict(cls, values: dict):

@@ -233,16 +233,8 @@ def record_history(client, experiment_id: str, name: str, t0: int = 1_700_000_00
     compressed = {}
     for offset, (method, drop, class_drop, old, new) in enumerate([("int8", 0.004, 0.02, (0.9, 10.0), (0.30, 120.0)),
                                                                     ("prune", 0.05, 0.2, None, (0.8, 40.0))]):
-        run_id = record_run(client, experiment_id, "compress", subject,
-                            {"accuracy_drop": drop, "max_class_accuracy_drop": class_drop},
-                            tags={"mlflow_di.method": method}, start_time=t0 + 100 + offset)
-        version = register_version(client, f"{name}-{method}", run_id)
-        for step, values in enumerate([old, new]):
-            if values is not None:
-                record_run(client, experiment_id, "fuzz", subject,
-                           {"success_rate": values[0], "mean_queries": values[1], "triggers": 5},
-                           tags=fuzz_tags(version), start_time=t0 + 200 + 10 * offset + step)
-        compressed[method] = version
+        compressed[method] = record_export(client, experiment_id, subject, method, {"accuracy_drop": drop,
+                                           "max_class_accuracy_drop": class_drop}, [old, new], t0 + offset)
     uris = {method: f"models:/{version.name}/{version.version}" for method, version in compressed.items()}
     for step, measured in enumerate([{"int8": 0.90, "prune": 0.60}, {"int8": 0.95}]):
         slugs = {uris[method]: f"{name}-{method}_1" for method in measured}
@@ -251,6 +243,36 @@ def record_history(client, experiment_id: str, name: str, t0: int = 1_700_000_00
         record_run(client, experiment_id, "robustness", subject, metrics,
                    tags={"mlflow_di.robustness_compressed": json.dumps(slugs)}, start_time=t0 + 300 + step)
     return RecordedModel(subject, compressed["int8"], compressed["prune"], f"models:/{name}/1")
+
+
+def record_export(client, experiment_id: str, subject, method: str, compress_metrics: dict, fuzzed: list,
+                  t0: int = 1_700_000_000_000):
+    """``SUBJECT_NAME-METHOD``: a new version registered from a compress run of ``subject`` (version
+    tag ``mlflow_di.method`` as compress writes it), then one fuzz run per (success_rate, mean_queries)
+    of ``fuzzed`` (None: skipped), oldest first."""
+    run_id = record_run(client, experiment_id, "compress", subject, compress_metrics,
+                        tags={"mlflow_di.method": method}, start_time=t0 + 100)
+    version = register_version(client, f"{subject.name}-{method}", run_id)
+    client.set_model_version_tag(version.name, version.version, "mlflow_di.method", method)
+    for step, values in enumerate(fuzzed):
+        if values is not None:
+            record_run(client, experiment_id, "fuzz", subject,
+                       {"success_rate": values[0], "mean_queries": values[1], "triggers": 5},
+                       tags=fuzz_tags(version), start_time=t0 + 200 + step)
+    return version
+
+
+def record_candidate(client, experiment_id: str, name: str, idc: float | None, exports: dict,
+                     t0: int = 1_750_000_000_000):
+    """A new version of NAME with one coverage run (``idc``; None: none) and, per ``exports``
+    entry ``method: (success_rate, mean_queries)``, an export compressed from it (accuracy_drop
+    0.01) and fuzzed once: a candidate or a baseline for ``gate --baseline``."""
+    subject = register_version(client, name)
+    if idc is not None:
+        record_run(client, experiment_id, "coverage", subject, {"idc": idc}, start_time=t0)
+    for offset, (method, fuzz) in enumerate(exports.items()):
+        record_export(client, experiment_id, subject, method, {"accuracy_drop": 0.01}, [fuzz], t0 + offset)
+    return subject
 
 
 # ------------------------------------------------------------------------------ the gate command

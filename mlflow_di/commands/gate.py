@@ -3,7 +3,9 @@
 Reads the newest coverage / fuzz / compress / robustness runs recorded for the version, applies the
 thresholds (:mod:`mlflow_di.gate`), logs the decision as a ``gate`` run, writes it and every
 measured value as model-version tags, and moves ``--promote-alias`` to the version only when
-every check passed. Exit code 0 pass, 1 fail, 2 error.
+every check passed. With ``--baseline`` the candidate is also compared with another version
+(relative thresholds); ``--junit-xml`` and ``--summary-md`` write the verdict for CI systems
+(also when it fails). Exit code 0 pass, 1 fail, 2 error.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import datetime
 
 import click
 
-from mlflow_di.commands.options import Fraction, json_out_option, write_json_out
+from mlflow_di.commands.options import Fraction, WritablePath, json_out_option, write_json_out, write_text_out
 
 
 @click.command("gate")
@@ -33,24 +35,51 @@ from mlflow_di.commands.options import Fraction, json_out_option, write_json_out
 @click.option("--min-robustness-agreement", type=Fraction(), default=None,
               help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
                    "in the worst corruption and severity of the newest robustness run.")
+@click.option("--baseline", default=None, metavar="models:/NAME@ALIAS",
+              help="Compare with this registered version too (e.g. models:/NAME@champion), read the same way; "
+                   "needs at least one of the relative thresholds below.")
+@click.option("--baseline-optional", is_flag=True,
+              help="When the --baseline alias is not set yet (the first version), pass the relative checks as "
+                   "'no baseline' instead of stopping with an error.")
+@click.option("--max-idc-drop", type=Fraction(), default=None,
+              help="Fail if IDC is lower than the baseline's by more than this (0..1).")
+@click.option("--max-success-rate-rise", type=Fraction(), default=None,
+              help="Fail if the fuzzing success rate against an export is higher than against the baseline's "
+                   "export of the same method by more than this (0..1).")
+@click.option("--min-mean-queries-ratio", type=click.FloatRange(0, min_open=True), default=None,
+              help="Fail if mean queries per deviating input divided by the baseline's (same method) is lower, "
+                   "e.g. 0.8.")
 @click.option("--promote-alias", default=None, metavar="ALIAS",
               help="On pass, point this alias of the registered model at the version (never touched on fail).")
 @json_out_option
+@click.option("--junit-xml", type=WritablePath("file"), default=None,
+              help="Also write the checks as a JUnit XML report (one test case per check), also on fail.")
+@click.option("--summary-md", type=WritablePath("file"), default=None,
+              help="Also write a Markdown summary (e.g. to append to $GITHUB_STEP_SUMMARY), also on fail.")
 def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_rate, min_mean_queries,
-            max_accuracy_drop, max_class_accuracy_drop, min_robustness_agreement, promote_alias: str | None,
-            json_out: str | None) -> None:
+            max_accuracy_drop, max_class_accuracy_drop, min_robustness_agreement, baseline: str | None,
+            baseline_optional: bool, max_idc_drop, max_success_rate_rise, min_mean_queries_ratio,
+            promote_alias: str | None, json_out: str | None, junit_xml: str | None, summary_md: str | None) -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
     """
+    from mlflow_di.errors import UserError
     from mlflow_di.gate import Thresholds, decide
     from mlflow_di.mlflow_edge import recorded, registry, runs
 
-    thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop,
-                            max_class_accuracy_drop, min_robustness_agreement).require_any()
+    thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop, max_class_accuracy_drop,
+                            min_robustness_agreement, max_idc_drop, max_success_rate_rise,
+                            min_mean_queries_ratio).require_any()
+    baseline = baseline or None  # MLproject passes "" for unset
+    thresholds.require_baseline(baseline is not None)
+    if baseline and baseline.strip() == model_uri.strip():
+        raise UserError(f"--baseline {baseline} is the candidate itself (--model-uri); compare with another version")
+    baseline_version = recorded.baseline_version(baseline, baseline_optional) if baseline else None  # its errors first
     version, source = recorded.gate_subject(model_uri)
     found = recorded.measurements(model_uri, list(compressed), resolved=(version, source))
-    verdict = decide(model_uri, thresholds, found)
+    compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
+    verdict = decide(model_uri, thresholds, found, compared)
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     tags = {"mlflow_di.command": "gate", **registry.version_tags(version, model_uri),
             "mlflow_di.gate": "pass" if verdict.passed else "fail"}
@@ -63,16 +92,48 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
         if verdict.passed and promote_alias:
             registry.set_alias(version, promote_alias)
     write_json_out({**verdict.to_dict(), "checked_at": checked_at, "run_id": log.run_id}, json_out)
+    _write_ci_reports(verdict, checked_at, log.run_id, junit_xml, summary_md,
+                      _notes(verdict, version, source, baseline, promote_alias))
     _print_verdict(verdict, version, source, promote_alias, log.run_id)
     if not verdict.passed:
         click.get_current_context().exit(1)
 
 
+def _notes(verdict, version, source, baseline: str | None, promote_alias: str | None) -> tuple[str, ...]:
+    from mlflow_di.mlflow_edge import registry
+
+    notes = [f"{registry.version_uri(version)}" + (f", an export of {registry.version_uri(source)}" if source else "")]
+    if baseline and verdict.baseline_uri is None:
+        notes.append(f"no baseline yet: {baseline} is not set (relative checks passed as 'no baseline')")
+    elif baseline and baseline != verdict.baseline_uri:
+        notes.append(f"--baseline {baseline} is {verdict.baseline_uri}")
+    if promote_alias:
+        notes.append(f"alias '{promote_alias}' " + ("moved to this version" if verdict.passed else "not moved"))
+    return tuple(notes)
+
+
+def _write_ci_reports(verdict, checked_at: str, run_id: str, junit_xml: str | None, summary_md: str | None,
+                      notes: tuple[str, ...]) -> None:
+    """--junit-xml and --summary-md (each written atomically)."""
+    from mlflow_di.mlflow_edge import runs
+    from mlflow_di.reporting.ci import junit_xml as render_junit, summary_markdown
+
+    if junit_xml:
+        write_text_out(render_junit(verdict, run_id, checked_at), junit_xml)
+    if summary_md:
+        run_ids = [run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))]
+        links = runs.run_links(run_ids)
+        write_text_out(summary_markdown(verdict, lambda r: f"[`{r[:8]}`]({links[r]})" if r in links else f"`{r}`",
+                                        run_id, notes), summary_md)
+
+
 def _log_verdict(log, verdict, compressed, promote_alias: str | None) -> None:
-    from mlflow_di.gate import CRITERION
+    from mlflow_di.gate import CRITERION, RELATION
 
     params = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
     params["compressed"] = ",".join(compressed) or "all recorded"
+    if verdict.baseline_uri:
+        params["baseline"] = verdict.baseline_uri
     if promote_alias:
         params["promote_alias"] = promote_alias
     log.params(params)
@@ -81,6 +142,10 @@ def _log_verdict(log, verdict, compressed, promote_alias: str | None) -> None:
         value = verdict.worst(metric)
         if value is not None and value != float("inf"):
             metrics[metric] = value
+    for relation in RELATION:
+        check = verdict.worst_change(relation)
+        if check is not None and abs(check.change) != float("inf"):
+            metrics[relation] = check.change
     log.metrics(metrics)
     log.json(verdict.to_dict(), "gate/verdict.json")
     log.text(_report(verdict, promote_alias), "gate/report.html")
@@ -92,8 +157,8 @@ def _report(verdict, promote_alias: str | None) -> str:
 
     html = HtmlReport(f"Quality gate: {verdict.model_uri}")
     html.verdict(verdict.passed, verdict.summary())
-    html.section("Checks").table([{"check": c.label, "measured": _measured(c), "threshold": f"{c.comparison} {c.threshold:g}",
-                                   "result": "PASS" if c.passed else "FAIL"} for c in verdict.checks])
+    html.section("Checks").table([{"check": row[0], "measured": row[1], **_baseline_cells(verdict, row), "threshold": row[-2],
+                                   "result": row[-1]} for row in _rows(verdict)])
     if promote_alias:
         html.paragraph(f"Alias '{promote_alias}' " + ("moved to this version." if verdict.passed else "left untouched."))
     return html.render()
@@ -106,12 +171,14 @@ def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: 
     if source is not None:
         click.echo(f"  an export of {registry.version_uri(source)}: coverage is that model's, fuzzing and "
                    f"compression compare the two")
-    rows = [(c.label, _measured(c), f"{c.comparison} {c.threshold:g}", "PASS" if c.passed else "FAIL")
-            for c in verdict.checks]
-    widths = [max(len(r[i]) for r in rows + [("check", "measured", "threshold", "result")]) for i in range(4)]
-    for row in [("check", "measured", "threshold", "result")] + rows:
+    if verdict.baseline_uri:
+        click.echo(f"  compared with the baseline {verdict.baseline_uri}")
+    header = _header(verdict)
+    rows = [header, *_rows(verdict)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    for message in dict.fromkeys(c.message for c in verdict.failures if c.message):  # once each, in order
+    for message in dict.fromkeys(c.message for c in verdict.checks if c.message):  # once each, in order
         click.echo(f"  - {message}")
     result = "PASS" if verdict.passed else "FAIL"
     click.echo(f"verdict: {result} ({verdict.summary().split(': ', 1)[1]})")
@@ -123,9 +190,25 @@ def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: 
     click.echo(f"tags written on {registry.version_uri(version)}; gate run {run_id}")
 
 
-def _measured(check) -> str:
-    if check.measured is None:
-        return "missing"
-    if check.measured == float("inf"):
-        return "inf (no deviation found)"
-    return f"{check.measured:.4g}"
+def _header(verdict) -> tuple[str, ...]:
+    relative = any(c.relation for c in verdict.checks)
+    return ("check", "measured", *(("baseline", "change") if relative else ()), "threshold", "result")
+
+
+def _rows(verdict) -> list[tuple[str, ...]]:
+    """The table of checks: label, measured, (baseline, change when a check is relative), threshold, result."""
+    from mlflow_di.reporting.ci import threshold_text, value_text
+
+    relative = any(c.relation for c in verdict.checks)
+    rows = []
+    for c in verdict.checks:
+        compared = ()
+        if relative:
+            compared = ((value_text(c.baseline) if c.baseline_model else "-"),
+                        (value_text(c.change) if c.change is not None else "-")) if c.relation else ("-", "-")
+        rows.append((c.label, value_text(c.measured), *compared, threshold_text(c), "PASS" if c.passed else "FAIL"))
+    return rows
+
+
+def _baseline_cells(verdict, row) -> dict:
+    return dict(zip(("baseline", "change"), row[2:4])) if len(row) == 6 else {}

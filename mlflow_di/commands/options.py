@@ -189,8 +189,16 @@ seed_option = click.option("--seed", type=int, default=0, show_default=True, hel
 
 def write_json_out(payload: dict, path: str | None) -> None:
     """Write ``payload`` to ``path`` (the ``--json-out`` option, checked writable when parsed)."""
+    write_text_out(json.dumps(payload, indent=2, sort_keys=True, default=str), path)
+
+
+def write_text_out(text: str, path: str | None) -> None:
+    """Write ``text`` to ``path`` (an output option checked writable when parsed; None: not given)
+    atomically: a reader (a CI step) sees the old file or the whole new one, never half of it."""
     if not path:
         return
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, target)

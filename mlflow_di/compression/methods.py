@@ -57,6 +57,7 @@ class CompressionResult(JsonRoundTrip):
     float_path: str | None = None
 
     JSON_DUMPS = {"indent": 2, "sort_keys": True}
+    JSON_OPTIONAL = {"float_path": None}  # added later: results written before keep their bytes
 
 
 def torch_model_size_bytes(module: nn.Module) -> int:

@@ -80,11 +80,7 @@ class SeedRecord(JsonRoundTrip):
         self.stop = Stop(self.stop)
 
     #: fields added later, written only when set, so records of campaigns without them keep their bytes
-    _OPTIONAL = {"trigger_distances": None, "constraint_rejections": 0}
-
-    def to_dict(self) -> dict:
-        values = super().to_dict()
-        return {k: v for k, v in values.items() if k not in self._OPTIONAL or v != self._OPTIONAL[k]}
+    JSON_OPTIONAL = {"trigger_distances": None, "constraint_rejections": 0}
 
     @property
     def already_deviating(self) -> bool:

@@ -13,6 +13,10 @@ searched across every experiment the user can read, newest first; only FINISHED 
 Gating an export (a version with source tags) reads coverage from its source version (coverage
 is a property of the PyTorch model and its tests) and fuzz/compress results of the source
 against this export.
+
+Each compressed model's measurements carry its compression method (the version tag
+``mlflow_di.method`` that ``compress`` writes, else the producing run's tag of that name), by
+which :func:`mlflow_di.gate.pair` matches a candidate's export with a baseline's.
 """
 from __future__ import annotations
 
@@ -21,9 +25,9 @@ import json
 import math
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CRITERION, Measurement, missing_message
-from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, registry_ref, resolve_version,
-                                            version_uri)
+from mlflow_di.gate import CRITERION, Baseline, Measurement, missing_message
+from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, registry_ref, resolve_if_set,
+                                            resolve_version, version_uri)
 
 
 def _quote(value: str) -> str:
@@ -95,10 +99,44 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     targets = [_CompressedTarget.of(uri, client) for uri in compressed] if compressed else \
         _recorded_targets(subject_tags, client, robustness_runs)
     for target in targets:
-        found.extend(_fuzz(subject_uri, subject_tags, target, client))
-        found.extend(_compress(subject_uri, subject, target, client))
-        found.append(_robustness(subject_uri, target, robustness_runs))
+        of_target = [*_fuzz(subject_uri, subject_tags, target, client), *_compress(subject_uri, subject, target, client),
+                     _robustness(subject_uri, target, robustness_runs)]
+        method = _method(target, client)
+        for measurement in of_target:
+            measurement.method = method
+        found.extend(of_target)
     return found
+
+
+def baseline_version(uri: str, optional: bool = False, client=None):
+    """The version ``--baseline uri`` names; None when it is an alias not set yet and ``optional``.
+
+    An alias not set yet on an existing registered model (the first version ever) is a one-line
+    error unless ``optional``; so is any other baseline that cannot be found.
+    """
+    try:
+        version = resolve_if_set(uri, client or _client())
+    except UserError as exc:
+        raise UserError(f"--baseline: {exc}") from None
+    if version is None and not optional:
+        raise UserError(f"--baseline {uri}: the registered model has no such alias yet (the first version?); "
+                        f"pass --baseline-optional to pass the relative checks as 'no baseline' until it is set")
+    return version
+
+
+def baseline(uri: str, version, candidate, client=None) -> Baseline:
+    """The measurements of the baseline ``version`` (that ``uri`` named; None: not set yet) to compare
+    ``candidate`` (a resolved version) with, read as :func:`measurements` reads the candidate's.
+    A baseline that is the candidate itself is an error."""
+    if version is None:
+        return Baseline(None, absent=f"no baseline: {uri} is not set yet (--baseline-optional)")
+    client = client or _client()
+    if (version.name, str(version.version)) == (candidate.name, str(candidate.version)):
+        raise UserError(f"--baseline {uri} is the candidate itself ({version_uri(version)}); compare with another "
+                        f"version, e.g. the one the champion alias points to")
+    source = lineage_source(version, client)
+    return Baseline(version_uri(version), measurements(version_uri(version), client=client, resolved=(version, source)),
+                    is_export=source is not None)
 
 
 def _coverage(subject_uri: str, subject_tags: dict, client) -> Measurement:
@@ -178,6 +216,19 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
     missing = "" if mean_queries is not None else f"fuzz run {run_id} recorded no mean_queries"
     return [Measurement("success_rate", metrics["success_rate"], target.key, run_id),
             Measurement("mean_queries", mean_queries, target.key, run_id, missing)]
+
+
+def _method(target: _CompressedTarget, client) -> str | None:
+    """The compression method that made ``target``: its version tag, else its producing run's tag; None if unknown."""
+    if registry_ref(target.key) is not None:
+        try:
+            method = (resolve_version(target.key, client).tags or {}).get(f"{TAG_PREFIX}method")
+        except UserError:
+            method = None
+        if method:
+            return method
+    run = _producing_run(target, client)
+    return run.data.tags.get(f"{TAG_PREFIX}method") if run is not None else None
 
 
 def _producing_run(target: _CompressedTarget, client):

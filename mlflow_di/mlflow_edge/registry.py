@@ -9,7 +9,7 @@ import json
 import math
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CRITERION
+from mlflow_di.gate import CRITERION, RELATION
 from mlflow_di.mlflow_edge.connection import first_line, permission_errors, tracking_uri
 from mlflow_di.models.reference import ModelRef, RefKind
 
@@ -47,6 +47,24 @@ def resolve_version(uri: str, client=None):
     except MlflowException as exc:
         raise UserError(f"cannot find {uri} in the model registry at {tracking_uri()}: "
                         f"{first_line(exc.message)} (check the name/version/alias, or pass --tracking-uri)") from None
+
+
+def resolve_if_set(uri: str, client=None):
+    """:func:`resolve_version`, but None when ``uri`` is ``models:/NAME@ALIAS`` of an existing
+    registered model that has no such alias (yet)."""
+    from mlflow.exceptions import MlflowException
+
+    ref = registry_ref(uri)
+    if ref is not None and ref.alias is not None:
+        client = client or _client()
+        try:
+            with permission_errors(uri, "read"):
+                aliases = client.get_registered_model(ref.name).aliases or {}
+        except MlflowException:
+            aliases = None  # no such model: resolve_version says so
+        if aliases is not None and ref.alias not in aliases:
+            return None
+    return resolve_version(uri, client)
 
 
 def model_version_tags(uri: str) -> dict:
@@ -112,6 +130,13 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
     for metric in CRITERION:
         value = verdict.worst(metric)
         tags[f"{TAG_PREFIX}{metric}"] = "missing" if value is None else format_value(value)
+    # the baseline compared with ("none": no --baseline this time) and, per relation, the least
+    # favourable change with the baseline value it came from
+    tags[f"{TAG_PREFIX}gate_baseline"] = verdict.baseline_uri or "none"
+    for relation in RELATION:
+        check = verdict.worst_change(relation)
+        tags[f"{TAG_PREFIX}{relation}"] = "missing" if check is None else format_value(check.change)
+        tags[f"{TAG_PREFIX}{relation}_baseline"] = "missing" if check is None else format_value(check.baseline)
     return tags
 
 

@@ -131,3 +131,18 @@ def end_project_run(status: str) -> None:
     if run_id:
         with contextlib.suppress(MlflowException, OSError):
             mlflow.MlflowClient().set_terminated(run_id, status=status)
+
+
+def run_links(run_ids) -> dict[str, str]:
+    """{run id: its page in the MLflow UI} for an http(s) tracking server; {} for other stores
+    (a sqlite file has no UI address) and for runs that cannot be read."""
+    base = tracking_uri().rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        return {}
+    client, links = mlflow.MlflowClient(), {}
+    for run_id in dict.fromkeys(r for r in run_ids if r):
+        try:
+            links[run_id] = f"{base}/#/experiments/{client.get_run(run_id).info.experiment_id}/runs/{run_id}"
+        except MlflowException:
+            continue
+    return links

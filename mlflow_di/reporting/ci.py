@@ -1,0 +1,105 @@
+"""The gate's verdict for CI systems: a JUnit XML report and a Markdown summary.
+
+Pure renderers (a :class:`mlflow_di.gate.Verdict` in, text out); ``mlflow-di gate --junit-xml``
+and ``--summary-md`` write them. JUnit: one ``testsuite`` named ``mlflow-di gate``, one
+``testcase`` per check (``classname`` the criterion, e.g. ``success_rate`` or ``idc_drop``;
+``name`` the check's label with the compressed model), a failed or missing check as a
+``failure`` whose message reads ``value X vs threshold Y``. Markdown (for
+``$GITHUB_STEP_SUMMARY``): a heading with PASS/FAIL, a table of the checks and the runs the
+values came from.
+"""
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from typing import Callable
+
+SUITE = "mlflow-di gate"
+
+
+def value_text(value: float | None) -> str:
+    """A measured value or change as the gate prints it (``missing``; ``inf`` for no deviation found)."""
+    if value is None:
+        return "missing"
+    if math.isinf(value):
+        return "inf (no deviation found)" if value > 0 else "-inf"
+    return f"{value:.4g}"
+
+
+def threshold_text(check) -> str:
+    return f"{check.comparison} {check.threshold:g}"
+
+
+def details(check) -> str:
+    """One line: candidate, baseline and change of a check, the runs they came from, and its message."""
+    parts = [f"{'candidate ' if check.relation else ''}value {value_text(check.measured)}"
+             + (f" (run {check.run_id})" if check.run_id else "")]
+    if check.relation and check.baseline_model:
+        parts.append(f"baseline {value_text(check.baseline)} from {check.baseline_model}"
+                     + (f" (run {check.baseline_run_id})" if check.baseline_run_id else ""))
+        parts.append(f"{check.relation} {value_text(check.change)}")
+    if check.message:
+        parts.append(check.message)
+    return "; ".join(parts)
+
+
+def junit_xml(verdict, gate_run_id: str | None = None, checked_at: str | None = None) -> str:
+    """The verdict as JUnit XML: ``<testsuites>`` holding the one suite ``mlflow-di gate``."""
+    tests, failures = str(len(verdict.checks)), str(len(verdict.failures))
+    root = ET.Element("testsuites", name="mlflow-di", tests=tests, failures=failures, errors="0")
+    suite = ET.SubElement(root, "testsuite", name=SUITE, tests=tests, failures=failures, errors="0", skipped="0")
+    if checked_at:
+        suite.set("timestamp", checked_at)
+    properties = ET.SubElement(suite, "properties")
+    for name, value in (("model_uri", verdict.model_uri), ("baseline", verdict.baseline_uri),
+                        ("gate_run_id", gate_run_id), ("summary", verdict.summary())):
+        if value:
+            ET.SubElement(properties, "property", name=name, value=value)
+    for check in verdict.checks:
+        case = ET.SubElement(suite, "testcase", classname=check.criterion, name=check.label)
+        if check.passed:
+            ET.SubElement(case, "system-out").text = details(check)
+            continue
+        failure = ET.SubElement(case, "failure", type="missing" if check.compared is None else "threshold",
+                                message=f"value {value_text(check.compared)} vs threshold {threshold_text(check)}")
+        failure.text = details(check)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate_run_id: str | None = None,
+                     notes: tuple[str, ...] = ()) -> str:
+    """The verdict as Markdown: heading, notes, a table of checks, messages of failed checks, the gate run.
+
+    ``run_link(run_id)`` gives the text naming a run (e.g. a Markdown link to the MLflow UI);
+    default: the id in backticks.
+    """
+    link = run_link or (lambda run_id: f"`{run_id}`")
+    relative = any(c.relation for c in verdict.checks)
+    lines = [f"## mlflow-di gate: {'PASS' if verdict.passed else 'FAIL'} for `{verdict.model_uri}`", ""]
+    lines += [f"- {note}" for note in notes]
+    if verdict.baseline_uri:
+        lines.append(f"- baseline: `{verdict.baseline_uri}`")
+    lines.append(f"- {verdict.summary()}")
+    lines.append("")
+    header = ["criterion", "model", "value", "threshold", *(["baseline", "change"] if relative else []), "result", "runs"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for check in verdict.checks:
+        runs = [link(run_id) for run_id in (check.run_id, check.baseline_run_id) if run_id]
+        row = [check.criterion, f"`{check.compressed}`" if check.compressed else "", value_text(check.measured),
+               threshold_text(check)]
+        if relative:
+            row += [value_text(check.baseline) if check.relation and check.baseline_model else "",
+                    value_text(check.change) if check.relation and check.change is not None else ""]
+        row += ["PASS" if check.passed else "**FAIL**", ", ".join(runs)]
+        lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
+    messages = list(dict.fromkeys(c.message for c in verdict.checks if c.message))
+    if messages:
+        lines += ["", *[f"- {_cell(message)}" for message in messages]]
+    if gate_run_id:
+        lines += ["", f"Gate run: {link(gate_run_id)}"]
+    return "\n".join(lines) + "\n"
