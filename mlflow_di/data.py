@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import pathlib
 import pickle
 import re
@@ -265,6 +266,20 @@ class ImageSet:
         """This set with ``transform`` applied to each image as it is read (lazily, also for in-memory sets)."""
         images = self.images if isinstance(self.images, LazyImages) else LazyImages(_ArrayRows(self.images, self.name))
         return ImageSet(images.map(transform, image_shape), self.labels, self.name)
+
+
+def fingerprint(data: ImageSet, batch_size: int = BATCH_SIZE, progress: bool = False,
+                desc: str = "fingerprint") -> str:
+    """SHA-256 (hex) of every image's pixels in order, then the labels: the same digest whether
+    ``data`` is lazy or in memory, whatever ``batch_size`` (the set is read that many images at a time)."""
+    from mlflow_di.progress import progress_bar
+
+    digest = hashlib.sha256()
+    for images in progress_bar(data.batches(batch_size), total=-(-len(data) // batch_size), desc=desc,
+                               unit="batch", disable=not progress, leave=False):
+        digest.update(np.ascontiguousarray(images).tobytes())
+    digest.update(np.ascontiguousarray(data.labels).tobytes())
+    return digest.hexdigest()
 
 
 class _ArrayRows:

@@ -77,8 +77,11 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
     selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
-    calib = prepare(load_images(calib_data)) if calib_data else None
-    evaluation = prepare(load_images(eval_data)) if eval_data else calib
+    raw_calib = load_images(calib_data) if calib_data else None
+    raw_eval = load_images(eval_data) if eval_data else raw_calib
+    calib = prepare(raw_calib) if raw_calib is not None else None
+    evaluation = prepare(raw_eval) if eval_data else calib
+    inputs = _inputs(raw_calib, raw_eval)
     source_tags = registry.model_version_tags(model_uri)
     lineage_base = {"mlflow_di.source_uri": model_uri,
                     "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
@@ -87,7 +90,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
         registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags,
-                                        device, selection))
+                                        device, selection, inputs))
     return registered
 
 
@@ -125,8 +128,20 @@ def _load_triggers(folder: str):
     return load_campaign(folder)
 
 
+def _inputs(raw_calib, raw_eval) -> dict:
+    """{context: dataset} of the data as the specs load them, each read once for all methods' runs."""
+    from mlflow_di.mlflow_edge import datasets
+
+    inputs = {}
+    if raw_calib is not None:
+        inputs["calibration"] = datasets.spec_dataset(raw_calib)
+    if raw_eval is not None:
+        inputs["evaluation"] = inputs["calibration"] if raw_eval is raw_calib else datasets.spec_dataset(raw_eval)
+    return inputs
+
+
 def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device,
-                  selection: "Selection | None" = None) -> str:
+                  selection: "Selection | None" = None, inputs: dict | None = None) -> str:
     import mlflow_di
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
@@ -135,6 +150,9 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
         tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags}
         with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:
+            for context, dataset in (inputs or {}).items():  # calibration data: read by int8-static only
+                if context != "calibration" or method == "int8-static":
+                    log.input(dataset, context)
             outcome = _export(source, method, calib, evaluation, amount, pathlib.Path(scratch), selection)
             result = outcome.result
             params = {"amount": amount} if method.startswith("prune") else {}
@@ -160,7 +178,6 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                                 if key not in ("source_accuracy", "eval_images")
                                 and not key.startswith("class_accuracy_drop.")})
                 metrics["kept_float_layers"] = len(outcome.kept_float)
-            log.metrics(metrics)
             log.json(result.to_dict(), "compress/result.json")
             _log_tables(log, deviation, outcome)
             log.text(_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
@@ -168,6 +185,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
                        "mlflow_di.version": mlflow_di.__version__}
             info = models.log_onnx_model(result.path, compressed.preprocessing, name, lineage)
+            # logged once the export is a LoggedModel, so they are its own metrics too (its page in the UI)
+            log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=(inputs or {}).get("evaluation"))
             version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
             registry.write_version_tags(version, lineage)
         _print_summary(method, name, info.registered_model_version, metrics, result, deviation, outcome)

@@ -50,7 +50,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite, parse_criteria
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
-    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
     from mlflow_di.models.loading import load_torch_model
     from mlflow_di.models.reference import ModelRef
@@ -68,12 +68,17 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     suite = CoverageSuite(criteria, layers=subject_layers, top_m=top_m, clusters=clusters, rule=rule,
                           only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks,
                           batch_size=batch_size)
-    train = model.preprocessing.prepare(load_images(train_data))  # lazy: resized per batch if the model says so
-    tests = [model.preprocessing.prepare(load_images(spec)) for spec in test_data]
+    raw_train, raw_tests = load_images(train_data), [load_images(spec) for spec in test_data]
+    train = model.preprocessing.prepare(raw_train)  # lazy: resized per batch if the model says so
+    tests = [model.preprocessing.prepare(raw) for raw in raw_tests]
     for data in (train, *tests):  # fail before any run starts when the data does not fit the model
         model.preprocessing.check_images(data.images[:1])
     tags = {"mlflow_di.command": "coverage", **registry.model_version_tags(model_uri)}
+    model_id = registry.logged_model_id(model_uri)
     with runs.tracked_run(f"coverage {ref.short}", tags=tags) as log:
+        lineage = [datasets.spec_dataset(raw) for raw in (raw_train, *raw_tests)]
+        for dataset, context in zip(lineage, ["training"] + ["test"] * len(raw_tests)):
+            log.input(dataset, context)
         log.params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
                     "layers": _layers_param(layers, layer), "top_m": top_m, "clusters": ",".join(map(str, clusters)),
                     "rule": rule, "criteria": ",".join(parse_criteria(criteria)), "only_correct": not all_inputs,
@@ -86,7 +91,9 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
             results = _score_all(suite, tests)
             by_class = _per_class_idc(suite, model, train, tests) if per_class else None
         final = results[-1]
-        log.metrics({**final.metrics(), **(by_class.metrics() if by_class else {})})
+        log.metrics({**final.metrics(), **(by_class.metrics() if by_class else {})}, model_id=model_id,
+                    dataset=lineage[-1])
+        _log_growth(log, results)
         summary = dict(final.summary(), sets=[r.summary() for r in results])
         if by_class is not None:
             summary.update(by_class.metrics(), per_class=by_class.to_dict())
@@ -94,6 +101,27 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         _log_review_artifacts(log, suite, model, tests[0], results, by_class)
     write_json_out(summary, json_out)
     _print_summary(final, by_class)
+
+
+#: Most points of the ``idc_growth`` step metric (a long test set is sampled evenly, its last input kept).
+GROWTH_POINTS = 200
+
+
+def _log_growth(log, results: list) -> None:
+    """IDC of the subject layer after each test input as the step metric ``idc_growth`` (step: inputs seen,
+    over the test sets in order: each set's curve counts the sets before it)."""
+    import numpy as np
+
+    from mlflow_di.coverage.suite import growth_curve
+
+    primary = results[-1].primary
+    if primary is None:
+        return
+    curve = np.concatenate([growth_curve(result.idc[primary]) for result in results])
+    if not len(curve):
+        return
+    steps = np.unique(np.linspace(1, len(curve), min(GROWTH_POINTS, len(curve))).round().astype(int))
+    log.metric_series("idc_growth", {int(step): float(curve[step - 1]) for step in steps})
 
 
 def _layers_param(layers, layer) -> str:

@@ -81,7 +81,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.fuzz.campaign import run_campaigns
-    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error
     from mlflow_di.models.loading import load_classifier
     from mlflow_di.models.reference import ModelRef
@@ -95,8 +95,10 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     compressed_refs = [ModelRef.parse(uri) for uri in compressed]
     original_model = load_classifier(original_ref, preprocessing_original, device)
     compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
-    seeds = original_model.preprocessing.prepare(load_images(seed_data))  # lazy: resized per batch if the model says so
+    raw_seeds = load_images(seed_data)
+    seeds = original_model.preprocessing.prepare(raw_seeds)  # lazy: resized per batch if the model says so
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
+    raw_seeds = raw_seeds.subset(slice(0, num_seeds))
     for role, model in [("original", original_model)] + [(f"compressed {uri}", m) for uri, m in
                                                           zip(compressed, compressed_models)]:
         try:  # fail before any run starts when the seeds do not fit a model
@@ -127,6 +129,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     compressed_tags = [registry.compressed_model_tags(uri) for uri in compressed]
     if not several:
         tags.update(compressed_tags[0])
+    model_ids = [registry.logged_model_id(uri) for uri in compressed]  # the models the gate judges
     run_name = f"fuzz {original_ref.short} vs {', '.join(ref.short for ref in compressed_refs)}"
     params = {"original": original, "seed_data": seed_data, "num_seeds": len(seeds), "timeout": timeout,
               "max_queries": max_queries, "strategy": strategy, "max_linf": max_linf, "min_ssim": min_ssim,
@@ -142,13 +145,19 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
                                     max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders, resume=resume)
         summaries = [_summary(result) for result in results]
+        # the seeds as the spec loads them; the campaign's fingerprint is theirs unless the original resized them
+        known = None if original_model.preprocessing.has_raw_step else results[0].config.seeds_sha256
+        lineage = datasets.spec_dataset(raw_seeds, seed_data, first=num_seeds, sha256=known)
+        log.input(lineage, "seeds")
         if several:
-            for uri, ref, model, result, summary, sub, own_tags in zip(compressed, compressed_refs, compressed_models,
-                                                                       results, summaries, folders, compressed_tags):
+            for uri, ref, model, result, summary, sub, own_tags, model_id in zip(
+                    compressed, compressed_refs, compressed_models, results, summaries, folders, compressed_tags,
+                    model_ids):
                 with runs.child_run(f"fuzz {original_ref.short} vs {ref.short}", tags={**tags, **own_tags},
                                     status="FINISHED" if result.complete else "KILLED") as child:
                     child.params({**params, "compressed": uri, "out_dir": str(sub), "compressed_runs_on": model.provider})
-                    _log_campaign(child, result, sub, original, uri, summary)
+                    child.input(lineage, "seeds")
+                    _log_campaign(child, result, sub, original, uri, summary, model_id, lineage)
                 click.echo(f"{uri}:")
                 _print_summary(result, summary, sub)
             comparison = _compare_exports(original_model, compressed, compressed_models, results, summaries)
@@ -156,7 +165,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             _log_comparison(log, original, compressed, results, summaries, comparison)
             _print_sharing(comparison)
         else:
-            _log_campaign(log, results[0], folder, original, compressed[0], summaries[0])
+            _log_campaign(log, results[0], folder, original, compressed[0], summaries[0], model_ids[0], lineage)
             _print_summary(results[0], summaries[0], folder)
         if not all(result.complete for result in results):  # the run ends KILLED; everything found is logged and on disk
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
@@ -234,15 +243,21 @@ def _seed_rows(result) -> list[dict]:
     return rows
 
 
-def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: str, summary: dict) -> None:
-    """One campaign's metrics, files, per-seed and per-class tables, trigger grid and HTML report."""
+#: Triggers logged as the stepped image series ``triggers`` (the grid pages show them all).
+TRIGGER_SERIES = 16
+
+
+def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: str, summary: dict,
+                  model_id: str | None = None, dataset=None) -> None:
+    """One campaign's metrics (also on the compressed model's LoggedModel when ``model_id``), files,
+    per-seed and per-class tables, trigger grid and series, and HTML report."""
     from mlflow_di import reporting as rp
     from mlflow_di.deviation import matrix_rows
     from mlflow_di.fuzz.per_class import class_rows, trigger_matrix
     from mlflow_di.fuzz.realism import distance_rows
 
     by_class = class_rows(result.records)
-    log.metrics(_metrics(summary, by_class))
+    log.metrics(_metrics(summary, by_class), model_id=model_id, dataset=dataset)
     log.folder(folder, "fuzz/campaign")
     log.json(summary, "fuzz/summary.json")
     rows = _seed_rows(result)
@@ -257,6 +272,7 @@ def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: 
     if len(result.triggers):
         pages = _trigger_grid_pages(result)
         log.image(pages[0], "fuzz/trigger_grid.png")
+        log.image_series(result.triggers[:TRIGGER_SERIES], "triggers")
         for number, page in enumerate(pages[1:], start=2):
             log.image(page, f"fuzz/trigger_grid_{number}.png")
         html.section("Triggers").gallery(pages, "every trigger: seed | trigger | amplified difference, with both "

@@ -52,14 +52,15 @@ def command(model_uri, data_spec, layer, units, coverage, top_m, importance_inpu
     from mlflow_di.coverage.activations import default_layer
     from mlflow_di.data import load_images
     from mlflow_di.inspection import Inspection
-    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
     from mlflow_di.models.loading import load_torch_model
     from mlflow_di.models.reference import ModelRef
 
     ref = ModelRef.parse(model_uri)
     model = load_torch_model(ref, preprocessing, device)
-    data = model.preprocessing.prepare(load_images(data_spec))
+    raw = load_images(data_spec)
+    data = model.preprocessing.prepare(raw)
     model.preprocessing.check_images(data.images[:1])
     hypotheses = _hypotheses(hypothesis_specs, data)
     fitted_idc = _load_idc(coverage, model) if coverage else None
@@ -75,6 +76,7 @@ def command(model_uri, data_spec, layer, units, coverage, top_m, importance_inpu
                     "measures": ",".join(measures), "tolerance": tolerance, "confidence": confidence,
                     "early_stop": early_stop, "seed": seed, "device": describe_device(model.device),
                     "batch_size": batch_size})
+        log.input(datasets.spec_dataset(raw), "inspection")
         with out_of_memory_as_user_error("inspect", batch_size):
             important = _important_neurons(fitted_idc, model, data, layer, units, top_m, importance_inputs, seed)
             selected = important if units == "important" else None

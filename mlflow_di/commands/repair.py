@@ -52,7 +52,7 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     Returns the registered version's URI."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
-    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.loading import load_classifier, resolve
     from mlflow_di.models.reference import ModelRef
     from mlflow_di.repair import HeadSettings, repair, training_set
@@ -71,7 +71,8 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
                         "(pyfunc) compressed models")
     compressed_model = load_classifier(compressed_ref, device=device)
     original_model = load_classifier(original_ref, device=device)
-    test = compressed_model.preprocessing.prepare(load_images(eval_data)) if eval_data else None
+    raw_test = load_images(eval_data) if eval_data else None
+    test = compressed_model.preprocessing.prepare(raw_test) if raw_test is not None else None
     shared = shared_seed_images(test.images, fuzzed) if test is not None else 0
     if shared:
         seeds = ", ".join(sorted({c.config.data for c in fuzzed}))
@@ -88,6 +89,8 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
         log.params({"compressed": compressed, "original": original, "campaigns": json.dumps(list(campaigns)),
                     "eval_data": eval_data or "none", "folds": folds, "mutants": mutants, "hidden": hidden,
                     "epochs": epochs, "seed": seed, "register_as": name})
+        if raw_test is not None:
+            log.input(datasets.spec_dataset(raw_test), "evaluation")
         result, head, _ = repair(fuzzed, original_model, compressed_model, settings, folds=folds,
                                  mutants_per_seed=mutants, seed=seed, test_data=test, data=data)
         with tempfile.TemporaryDirectory(prefix="mlflow-di-repair-") as scratch:

@@ -41,7 +41,7 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
     """Accuracy of MODEL-URI and agreement of each COMPRESSED model with it under image corruptions."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
-    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error
     from mlflow_di.models.loading import load_classifier
     from mlflow_di.models.reference import ModelRef
@@ -53,7 +53,8 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
         raise UserError("a --compressed model is named twice; give each once")
     refs = [ModelRef.parse(uri) for uri in (model_uri, *compressed)]
     models = [load_classifier(ref, None, device) for ref in refs]
-    images = models[0].preprocessing.prepare(load_images(data))  # lazy: resized per batch if the model says so
+    raw = load_images(data)
+    images = models[0].preprocessing.prepare(raw)  # lazy: resized per batch if the model says so
     images = images.subset(slice(0, num_images), f"{images.name} (first {min(num_images, len(images))})")
     for role, model in zip(["original", *compressed], models):
         try:  # fail before any run starts when the images do not fit a model
@@ -72,6 +73,7 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
                     "num_images": len(images), "corruptions": ",".join(names),
                     "severities": ",".join(map(str, severities)), "seed": seed, "batch": batch,
                     "original_runs_on": models[0].provider})
+        log.input(datasets.spec_dataset(raw.subset(slice(0, num_images)), data, first=num_images), "evaluation")
         click.echo(f"robustness on {images.name}: {len(names)} corruptions x {len(severities)} severities, "
                    f"{len(images)} images, {len(models)} model(s)")
         with out_of_memory_as_user_error("the robustness suite", batch):

@@ -32,7 +32,7 @@ import time
 import numpy as np
 from mlflow_di.progress import progress_bar as tqdm
 
-from mlflow_di.data import ImageSet
+from mlflow_di.data import ImageSet, fingerprint
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.fitness import labels_differ, top1_labels
 from mlflow_di.fuzz.realism import distances
@@ -148,12 +148,7 @@ SEED_BATCH = 256
 
 def _fingerprint(seeds: ImageSet, progress: bool = False) -> str:
     """SHA-256 of every seed's pixels, then the labels (the same digest whether the seeds are lazy or not)."""
-    digest = hashlib.sha256()
-    for images in tqdm(seeds.batches(SEED_BATCH), total=-(-len(seeds) // SEED_BATCH), desc="seed fingerprint",
-                       unit="batch", disable=not progress, leave=False):
-        digest.update(np.ascontiguousarray(images).tobytes())
-    digest.update(np.ascontiguousarray(seeds.labels).tobytes())
-    return digest.hexdigest()
+    return fingerprint(seeds, SEED_BATCH, progress, desc="seed fingerprint")
 
 
 def _predict(model, images: np.ndarray, role: str) -> np.ndarray:

@@ -99,6 +99,31 @@ def compressed_key(uri: str) -> str:
     return version_uri(resolve_version(uri)) if registry_ref(uri) is not None else uri
 
 
+def logged_model_id(uri: str, client=None) -> str | None:
+    """The id of the LoggedModel behind the registry version ``uri`` (``models:/NAME/VERSION`` or
+    ``@ALIAS``): the version's ``model_id`` (MLflow 3), else the ``m-...`` id of a ``models:/m-...``
+    source; None for other URIs, for versions registered from a run artifact (MLflow 2 style) and
+    when the registry cannot be read (results are then logged to the run only)."""
+    if registry_ref(uri) is None:
+        return None
+    try:
+        version = resolve_version(uri, client)
+    except UserError:
+        return None
+    return version_model_id(version)
+
+
+def version_model_id(version) -> str | None:
+    """The LoggedModel id of an already resolved ``version`` (see :func:`logged_model_id`)."""
+    model_id = getattr(version, "model_id", None)
+    if model_id:
+        return model_id
+    source = getattr(version, "source", None) or ""
+    if source.startswith("models:/m-"):
+        return source.removeprefix("models:/").split("/")[0]
+    return None
+
+
 def version_uri(version) -> str:
     return f"models:/{version.name}/{version.version}"
 

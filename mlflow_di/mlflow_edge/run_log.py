@@ -50,9 +50,48 @@ class RunLog:
                 mlflow.log_params(fresh)
         self._log(write, "params.json", lambda path: _merge_json(path, params))
 
-    def metrics(self, metrics: dict, step: int | None = None) -> None:
+    def metrics(self, metrics: dict, step: int | None = None, model_id: str | None = None, dataset=None) -> None:
+        """Log metrics; with ``model_id`` (a LoggedModel's id, see ``registry.logged_model_id``) they are
+        also the model's own metrics (its page in the UI), with ``dataset`` (a ``SpecDataset``) the data
+        they were measured on."""
         clean = {key: float(value) for key, value in metrics.items() if value is not None}
-        self._log(lambda: mlflow.log_metrics(clean, step=step), "metrics.json", lambda path: _merge_json(path, clean))
+        extra = {"model_id": model_id, "dataset": dataset} if model_id else {}
+        self._log(lambda: mlflow.log_metrics(clean, step=step, **extra), "metrics.json",
+                  lambda path: _merge_json(path, clean))
+
+    def metric_series(self, key: str, values: dict[int, float]) -> None:
+        """One metric at several steps ({step: value}) in one request: a curve in the run's charts."""
+        from mlflow.entities import Metric
+        from mlflow.utils.time import get_current_time_millis
+
+        now = get_current_time_millis()
+        points = [Metric(key, float(value), now, int(step)) for step, value in values.items()]
+        self._log(lambda: mlflow.MlflowClient().log_batch(self.run_id, metrics=points),
+                  f"metric_series/{key}.json", lambda path: path.write_text(json.dumps(
+                      {str(step): float(value) for step, value in values.items()})))
+
+    def input(self, dataset, context: str) -> None:
+        """Record that the run read ``dataset`` (a ``datasets.SpecDataset``) as ``context``
+        (``training``, ``test``, ``seeds``, ``calibration``, ``evaluation``, ``inspection``)."""
+        from mlflow_di.mlflow_edge.datasets import ensure_registered
+
+        ensure_registered()
+        self._log(lambda: mlflow.log_input(dataset, context=context), "inputs.json",
+                  lambda path: _merge_json(path, {f"{context}: {dataset.name}": dataset.to_dict()}))
+
+    def image_series(self, images, key: str) -> None:
+        """Images as one stepped series (step 0, 1, ...): the UI's image slider for ``key``."""
+        def keep(path):
+            from PIL import Image
+
+            path.mkdir(parents=True, exist_ok=True)
+            for step, image in enumerate(images):
+                Image.fromarray(image).save(path / f"{step}.png")
+
+        def write():
+            for step, image in enumerate(images):
+                mlflow.log_image(image, key=key, step=step, synchronous=True)
+        self._log(write, f"images/{key}", keep)
 
     def tags(self, tags: dict) -> None:
         self._log(lambda: mlflow.set_tags(tags), "tags.json", lambda path: _merge_json(path, tags))
