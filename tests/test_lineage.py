@@ -156,3 +156,29 @@ def test_compress_and_fuzz_record_their_data_and_put_results_on_the_exports(regi
     if triggers:  # the stepped image series, besides the grid
         paths = [a.path for a in mlflow_client.list_artifacts(run.info.run_id, "images")]
         assert len([p for p in paths if p.endswith(".png") and "triggers" in p]) == min(triggers, 16)
+
+
+def test_inputs_series_and_images_are_kept_locally_once_the_store_failed(tracking_uri, monkeypatch, capsys):
+    from mlflow.exceptions import MlflowException
+
+    from mlflow_di.mlflow_edge import runs
+
+    dataset = datasets.spec_dataset(load_images("digits[0:10]"))
+    with runs.tracked_run("store goes away") as log:
+        log.input(dataset, "test")
+        log.metric_series("idc_growth", {1: 0.1, 2: 0.2})
+        monkeypatch.setattr(mlflow, "log_text", lambda *a, **k: (_ for _ in ()).throw(
+            MlflowException("API request failed: connection refused")))
+        log.text("x", "report.html")
+        log.input(dataset, "training")
+        log.metric_series("idc_growth", {3: 0.3})
+        log.image_series(np.zeros((2, 8, 8, 1), np.uint8)[..., 0], "triggers")
+        log.metrics({"idc": 0.3}, model_id="m-nowhere", dataset=dataset)
+    run = mlflow.get_run(log.run_id)
+    assert set(_inputs(run)) == {("test", "digits[0:10]")}
+    assert [p.step for p in mlflow.MlflowClient().get_metric_history(log.run_id, "idc_growth")] == [1, 2]
+    kept = pathlib.Path("mlflow-di-unlogged") / log.run_id
+    assert "training: digits[0:10]" in json.loads((kept / "inputs.json").read_text())
+    assert json.loads((kept / "metric_series" / "idc_growth.json").read_text()) == {"3": 0.3}
+    assert sorted(p.name for p in (kept / "images" / "triggers").iterdir()) == ["0.png", "1.png"]
+    assert json.loads((kept / "metrics.json").read_text()) == {"idc": 0.3}
