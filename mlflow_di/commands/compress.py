@@ -150,9 +150,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
         tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags}
         with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:
-            for context, dataset in (inputs or {}).items():  # calibration data: read by int8-static only
-                if context != "calibration" or method == "int8-static":
-                    log.input(dataset, context)
+            log.inputs((dataset, context) for context, dataset in (inputs or {}).items()  # calibration: int8-static
+                       if context != "calibration" or method == "int8-static")
             outcome = _export(source, method, calib, evaluation, amount, pathlib.Path(scratch), selection)
             result = outcome.result
             params = {"amount": amount} if method.startswith("prune") else {}

@@ -77,8 +77,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     model_id = registry.logged_model_id(model_uri)
     with runs.tracked_run(f"coverage {ref.short}", tags=tags) as log:
         lineage = [datasets.spec_dataset(raw) for raw in (raw_train, *raw_tests)]
-        for dataset, context in zip(lineage, ["training"] + ["test"] * len(raw_tests)):
-            log.input(dataset, context)
+        log.inputs(zip(lineage, ["training"] + ["test"] * len(raw_tests)))
         log.params({"model_uri": model_uri, "train_data": train_data, "test_data": " + ".join(test_data),
                     "layers": _layers_param(layers, layer), "top_m": top_m, "clusters": ",".join(map(str, clusters)),
                     "rule": rule, "criteria": ",".join(parse_criteria(criteria)), "only_correct": not all_inputs,

@@ -72,12 +72,24 @@ class RunLog:
 
     def input(self, dataset, context: str) -> None:
         """Record that the run read ``dataset`` (a ``datasets.SpecDataset``) as ``context``
-        (``training``, ``test``, ``seeds``, ``calibration``, ``evaluation``, ``inspection``)."""
+        (``training``, ``test``, ``seeds``, ``calibration``, ``evaluation``, ``inspection``).
+
+        MLflow keeps one input per dataset and run (a second context of the same dataset is
+        dropped): a dataset read in several roles goes through :meth:`inputs`."""
         from mlflow_di.mlflow_edge.datasets import ensure_registered
 
         ensure_registered()
         self._log(lambda: mlflow.log_input(dataset, context=context), "inputs.json",
                   lambda path: _merge_json(path, {f"{context}: {dataset.name}": dataset.to_dict()}))
+
+    def inputs(self, pairs) -> None:
+        """:meth:`input` for each (dataset, context); the same data (name and digest) in several roles is
+        one input whose context names them all (``calibration,evaluation``)."""
+        roles: dict = {}
+        for dataset, context in pairs:
+            roles.setdefault((dataset.name, dataset.digest), (dataset, []))[1].append(context)
+        for dataset, contexts in roles.values():
+            self.input(dataset, ",".join(dict.fromkeys(contexts)))
 
     def image_series(self, images, key: str) -> None:
         """Images as one stepped series (step 0, 1, ...): the UI's image slider for ``key``."""
