@@ -24,20 +24,15 @@ import torch
 from mlflow_di.coverage.generation import generate
 from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 from mlflow_di.data import load_images
-from mlflow_di.models import zoo
 from mlflow_di.models.loading import load_torch_model
-from mlflow_di.models.torch_model import TorchModel
-from mlflow_di.models.training import train_classifier
+from mlflow_di.models.training import train_zoo_model
 
 SHARED = pathlib.Path(os.environ.get("MLFLOW_DI_SHARED", pathlib.Path(__file__).resolve().parents[2] / "shared"))
 
 
 def digits_cnn():
-    spec = zoo.architecture("digits-cnn")
-    model = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="digits-cnn")
     train = load_images("digits[0:600]")
-    train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels), epochs=40,
-                     progress=False)
+    model = train_zoo_model("digits-cnn", train, epochs=40)
     return model, train, load_images("digits[1300:1400]")
 
 

@@ -20,13 +20,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def cnn():
     """digits-cnn trained briefly, and its IDC (4 important neurons) fitted on digits[0:600]."""
-    from mlflow_di.models.training import train_classifier
+    from mlflow_di.models.training import train_zoo_model
 
-    spec = zoo.architecture("digits-cnn")
-    model = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn")
     train = load_images("digits[0:600]")
-    train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
-                     progress=False)
+    model = train_zoo_model("digits-cnn", train, epochs=5, name="cnn")
     idc = ImportanceDrivenCoverage(top_m=4, progress=False).fit(model, train)
     return model, idc, load_images("digits[1300:1360]")
 
