@@ -31,6 +31,8 @@ FUZZ = ["fuzz", "--original", "{pt}", "--compressed", "{pt}", "--seed-data", "di
 ROBUSTNESS = ["robustness", "--model-uri", "{pt}", "--compressed", "{pt}", "--data", "digits[0:4]"]
 #: An inspect command of the tiny model on twenty digits.
 INSPECT = ["inspect", "--model-uri", "{pt}", "--data", "digits[0:20]"]
+#: A generate command of the tiny model on twenty digits, from a coverage run that does not exist.
+GENERATE = ["generate", "--model-uri", "{pt}", "--coverage", "0123456789abcdef0123456789abcdef", "--data", "digits[0:20]"]
 
 
 def coverage(*extra, train="digits[0:20]", model="{pt}"):
@@ -291,6 +293,12 @@ CASES = [
     ("inspect-top-m-above-layer", [*INSPECT, "--units", "important", "--top-m", "9999"]),
     ("inspect-coverage-run-absent", [*INSPECT, "--coverage", "0123456789abcdef0123456789abcdef"]),
     ("inspect-coverage-folder-without-idc", [*INSPECT, "--coverage", "{empty_dir}"]),
+    # ---------------------------------------------------------------- generate
+    ("generate-coverage-run-absent", GENERATE),
+    ("generate-coverage-folder-without-idc", [*GENERATE, "--coverage", "{empty_dir}"]),
+    ("generate-budget-zero", [*GENERATE, "--budget", "0"]),
+    ("generate-num-seeds-zero", [*GENERATE, "--num-seeds", "0"]),
+    ("generate-data-wrong-size", [*GENERATE[:-1], "npz:{npz_28}"]),
     # ---------------------------------------------------------------- repair
     ("repair-campaign-absent", ["repair", "--compressed", "{garbage_onnx}", "--campaign", "{empty_dir}/none"]),
     ("repair-campaign-folder-empty", ["repair", "--compressed", "{garbage_onnx}", "--campaign", "{empty_dir}"]),
@@ -357,6 +365,11 @@ FRAGMENTS = {
     "inspect-top-m-above-layer": "--top-m",
     "inspect-coverage-run-absent": "0123456789abcdef0123456789abcdef",
     "inspect-coverage-folder-without-idc": "idc.json",
+    "generate-coverage-run-absent": "0123456789abcdef0123456789abcdef",
+    "generate-coverage-folder-without-idc": "idc.json",
+    "generate-budget-zero": "--budget",
+    "generate-num-seeds-zero": "--num-seeds",
+    "generate-data-wrong-size": "28x28",
     "repair-campaign-absent": "none",
     "repair-campaign-folder-empty": "campaign",
     "robustness-unknown-corruption": "'fog'",

@@ -53,6 +53,7 @@ def command(model_uri, data_spec, layer, units, coverage, top_m, importance_inpu
     from mlflow_di.data import load_images
     from mlflow_di.inspection import Inspection
     from mlflow_di.mlflow_edge import datasets, registry, runs
+    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
     from mlflow_di.models.loading import load_torch_model
     from mlflow_di.models.reference import ModelRef
@@ -63,7 +64,7 @@ def command(model_uri, data_spec, layer, units, coverage, top_m, importance_inpu
     data = model.preprocessing.prepare(raw)
     model.preprocessing.check_images(data.images[:1])
     hypotheses = _hypotheses(hypothesis_specs, data)
-    fitted_idc = _load_idc(coverage, model) if coverage else None
+    fitted_idc = coverage_idc(coverage, model) if coverage else None
     layer = layer or (fitted_idc.layers_[0] if fitted_idc is not None else default_layer(model.module))
     check_layers(model, [layer], top_m if units == "important" and fitted_idc is None else 1)
     query = Inspection(hypotheses, measures=measures, tolerance=tolerance, confidence=confidence,
@@ -113,26 +114,6 @@ def _is_folder(value: str) -> bool:
     import os
 
     return os.path.isdir(value)
-
-
-def _load_idc(coverage: str, model):
-    """The fitted IDC of a coverage run id or of a folder ``coverage`` saved (``coverage/model``)."""
-    import pathlib
-
-    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
-    from mlflow_di.coverage.suite import IDC_FILE
-    from mlflow_di.errors import UserError
-
-    if _is_folder(coverage):
-        folder = pathlib.Path(coverage)
-    else:
-        from mlflow_di.mlflow_edge.run_artifacts import download_run_folder
-
-        folder = download_run_folder(coverage, "coverage/model")
-    if not (folder / IDC_FILE).is_file():
-        raise UserError(f"--coverage {coverage} holds no IDC model ({IDC_FILE} missing); give a coverage run "
-                        f"that measured idc")
-    return ImportanceDrivenCoverage.load(folder / IDC_FILE, model)
 
 
 def _important_neurons(fitted_idc, model, data, layer, units, top_m, importance_inputs, seed):

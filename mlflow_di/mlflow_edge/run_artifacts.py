@@ -1,7 +1,8 @@
 """Reading and adding artifacts of an earlier run (e.g. a coverage run's fitted model and report).
 
-``inspect --coverage RUN_ID`` reads the IDC model a ``coverage`` run logged and writes the labels
-of its important neurons back onto that run, so the coverage report shows them.
+``inspect --coverage RUN_ID`` and ``generate --coverage RUN_ID`` read the IDC model a ``coverage``
+run logged (:func:`coverage_idc`); ``inspect`` writes the labels of its important neurons back
+onto that run, so the coverage report shows them.
 """
 from __future__ import annotations
 
@@ -36,3 +37,17 @@ def add_text_artifact(run_id: str, text: str, artifact_path: str) -> None:
         local.write_text(text, encoding="utf-8")
         with mlflow_errors(f"cannot add '{artifact_path}' to run '{run_id}'"):
             mlflow.tracking.MlflowClient().log_artifact(run_id, str(local), str(target.parent) or None)
+
+
+def coverage_idc(coverage: str, model):
+    """The fitted IDC of a coverage run id, or of a folder a coverage run saved (``coverage/model``), attached to ``model``."""
+    import os
+
+    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
+    from mlflow_di.coverage.suite import IDC_FILE
+
+    folder = pathlib.Path(coverage) if os.path.isdir(coverage) else download_run_folder(coverage, "coverage/model")
+    if not (folder / IDC_FILE).is_file():
+        raise UserError(f"--coverage {coverage} holds no IDC model ({IDC_FILE} missing); give a coverage run "
+                        f"that measured idc")
+    return ImportanceDrivenCoverage.load(folder / IDC_FILE, model)

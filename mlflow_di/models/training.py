@@ -120,3 +120,16 @@ def _check_training_data(inputs: torch.Tensor, targets: torch.Tensor, epochs: in
         raise UserError("no training images given")
     if epochs < 1 or batch_size < 1:
         raise UserError(f"epochs and batch_size must be positive, got epochs={epochs}, batch_size={batch_size}")
+
+
+def train_zoo_model(arch: str, data, epochs: int, seed: int = 0, name: str | None = None, progress: bool = False):
+    """A :class:`~mlflow_di.models.torch_model.TorchModel` of zoo architecture ``arch`` (built with
+    ``seed``) trained on ``data`` (an ImageSet of raw images) for ``epochs``."""
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+
+    model = TorchModel(zoo.build(arch, seed=seed), zoo.architecture(arch).preprocessing, name=name or arch,
+                       metadata={"arch": arch})
+    train_classifier(model.module, model.to_tensor(np.asarray(data.images)), torch.from_numpy(data.labels),
+                     epochs=epochs, seed=seed, progress=progress)
+    return model
