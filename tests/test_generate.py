@@ -128,6 +128,10 @@ def test_generate_command_end_to_end(registered_cnn, mlflow_client, tmp_path, ca
     assert summary["kept"] == metrics["kept"] and summary["seeds"] == 40
     generated = load_images(f"npz:{out}")
     assert len(generated) == summary["kept"] > 0
+    inputs = {i.tags[0].value: i.dataset for i in mlflow_client.get_run(run.info.run_id).inputs.dataset_inputs}
+    assert set(inputs) == {"seeds", "generated"}
+    assert inputs["seeds"].name == "digits[1300:1400] (first 40)"
+    assert len(mlflow.data.get_source(inputs["generated"]).load()) == summary["kept"]
     artifacts = {a.path for a in mlflow_client.list_artifacts(run.info.run_id, "generation")}
     assert {"generation/generated.npz", "generation/idc_growth.png", "generation/report.html",
             "generation/preview.png", "generation/summary.json"} <= artifacts

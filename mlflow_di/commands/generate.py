@@ -10,6 +10,8 @@ set (logged, and written locally), with the IDC growth of both searches and a pr
 """
 from __future__ import annotations
 
+import pathlib
+
 import click
 
 from mlflow_di.commands.options import (WritablePath, device_option, json_out_option, preprocessing_option,
@@ -49,7 +51,7 @@ def command(model_uri, coverage, data_spec, budget, num_seeds, layer, max_depth,
     from mlflow_di.coverage.generation import generate
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
-    from mlflow_di.mlflow_edge import registry, runs
+    from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.mlflow_edge.run_artifacts import coverage_idc
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
     from mlflow_di.models.loading import load_torch_model
@@ -57,7 +59,8 @@ def command(model_uri, coverage, data_spec, budget, num_seeds, layer, max_depth,
 
     ref = ModelRef.parse(model_uri)
     model = load_torch_model(ref, preprocessing, device)
-    data = model.preprocessing.prepare(load_images(data_spec))
+    raw = load_images(data_spec)
+    data = model.preprocessing.prepare(raw)
     model.preprocessing.check_images(data.images[:1])
     seeds = data.subset(slice(0, num_seeds), f"{data.name}[0:{num_seeds}]") if num_seeds < len(data) else data
     idc = coverage_idc(coverage, model)
@@ -81,6 +84,12 @@ def command(model_uri, coverage, data_spec, budget, num_seeds, layer, max_depth,
         out = out or f"{DEFAULT_OUT_DIR}/{log.run_id}.npz"
         _write_npz(result, out)
         _log_npz(log, out)
+        read = [(datasets.spec_dataset(raw.subset(slice(0, len(seeds)), raw.name), data_spec,
+                                       first=len(seeds) if len(seeds) < len(raw) else None), "seeds")]
+        if len(result.images):  # the written set, reloadable as its npz: spec
+            generated = f"npz:{pathlib.Path(out).resolve()}"
+            read.append((datasets.spec_dataset(load_images(generated), generated), "generated"))
+        log.inputs(read)
         log.table(_kept_rows(result), "generation/kept.json")
         _log_report(log, result, seeds, model.name)
     write_json_out({**summary, "out": out}, json_out)
