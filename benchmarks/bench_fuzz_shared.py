@@ -26,6 +26,7 @@ from mlflow_di.fuzz.campaign import run_campaign, run_campaigns
 from mlflow_di.fuzz.per_class import class_rows
 from mlflow_di.fuzz.dflare import DFlare
 from mlflow_di.fuzz.realism import Constraint, distance_summary
+from mlflow_di.fuzz.results import comparable_records
 from mlflow_di.models.classifier import OnnxClassifier
 
 BEGIN, END = "<!-- bench_fuzz_shared -->", "<!-- /bench_fuzz_shared -->"
@@ -51,19 +52,6 @@ class Timed:
         self.seconds += time.perf_counter() - began
         self.images += len(images)
         return probabilities
-
-
-def comparable(result) -> list[dict]:
-    """Records without seconds, probabilities to 5 places (float32 outputs differ in the last bits by batch)."""
-    def rounded(value):
-        if isinstance(value, float):
-            return round(value, 5)
-        if isinstance(value, (list, tuple)):
-            return [rounded(v) for v in value]
-        if isinstance(value, dict):
-            return {k: rounded(v) for k, v in value.items()}
-        return value
-    return [rounded({k: v for k, v in r.to_dict().items() if k != "seconds"}) for r in result.records]
 
 
 def main() -> None:
@@ -95,7 +83,7 @@ def main() -> None:
         constrained = {label: run_campaign(source.classifier(), exports[0], few, **{
             **settings, "timeout": CONSTRAINED_TIMEOUT, "strategy": DFlare(constraint=constraint)})
             for label, constraint in CONSTRAINTS.items()}
-    same = all(comparable(a) == comparable(b) for a, b in zip(separate, together))
+    same = all(comparable_records(a) == comparable_records(b) for a, b in zip(separate, together))
     lines = [BEGIN, "## One original against several exports (fuzz --compressed A --compressed B ...)", "",
              f"Command: `.venv/bin/python -m benchmarks.bench_fuzz_shared --seeds {args.seeds} --max-queries "
              f"{args.max_queries}`  ",

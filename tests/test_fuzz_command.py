@@ -8,20 +8,7 @@ import pytest
 
 from mlflow_di.cli import main
 from mlflow_di.fuzz import load_campaign
-
-
-def comparable(result) -> list[dict]:
-    """Records without seconds, probabilities to 5 places: the original's float32 outputs differ in the
-    last bits when an input is evaluated in a batch of another size (decisions do not: see fuzz.dflare)."""
-    def rounded(value):
-        if isinstance(value, float):
-            return round(value, 5)
-        if isinstance(value, (list, tuple)):
-            return [rounded(v) for v in value]
-        if isinstance(value, dict):
-            return {k: rounded(v) for k, v in value.items()}
-        return value
-    return [rounded({k: v for k, v in r.to_dict().items() if k != "seconds"}) for r in result.records]
+from mlflow_di.fuzz.results import comparable_records
 
 
 @pytest.fixture()
@@ -48,7 +35,7 @@ def test_one_call_fuzzes_several_exports_with_the_records_of_separate_calls(regi
     assert [p.name[:3] for p in folders] == ["01-", "02-"]
     for number, folder in enumerate(folders):
         alone, together = load_campaign(tmp_path / f"alone{number}"), load_campaign(folder)
-        assert comparable(alone) == comparable(together)
+        assert comparable_records(alone) == comparable_records(together)
     client = mlflow.MlflowClient()
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string="tags.`mlflow_di.command` = 'fuzz'")

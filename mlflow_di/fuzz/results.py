@@ -251,3 +251,19 @@ class CampaignResult:
             complete=values.get("complete", True),
             run_stats=RunStats.from_dict(values["run_stats"]) if values.get("run_stats") else None,
         )
+
+
+def comparable_records(result: "CampaignResult", digits: int = 5) -> list[dict]:
+    """A campaign's records without the wall-clock ``seconds`` and with floats rounded to ``digits``
+    places: what two runs of one campaign must agree on (the models' float32 outputs for an input
+    differ in the last bits with the size of the batch it was evaluated in; the searches' decisions
+    do not, see :mod:`mlflow_di.fuzz.dflare`)."""
+    def rounded(value):
+        if isinstance(value, float):
+            return round(value, digits)
+        if isinstance(value, (list, tuple)):
+            return [rounded(v) for v in value]
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        return value
+    return [rounded({k: v for k, v in r.to_dict().items() if k != "seconds"}) for r in result.records]
