@@ -37,10 +37,11 @@ from mlflow_di.commands.options import Fraction, WritablePath, json_out_option, 
                    "in the worst corruption and severity of the newest robustness run.")
 @click.option("--baseline", default=None, metavar="models:/NAME@ALIAS",
               help="Compare with this registered version too (e.g. models:/NAME@champion), read the same way; "
-                   "needs at least one of the relative thresholds below.")
+                   "'previous': the candidate's predecessor (the highest version number of the same registered "
+                   "model below the candidate's). Needs at least one of the relative thresholds below.")
 @click.option("--baseline-optional", is_flag=True,
-              help="When the --baseline alias is not set yet (the first version), pass the relative checks as "
-                   "'no baseline' instead of stopping with an error.")
+              help="When the --baseline alias is not set yet (the first version), or the candidate has no previous "
+                   "version, pass the relative checks as 'no baseline' instead of stopping with an error.")
 @click.option("--max-idc-drop", type=Fraction(), default=None,
               help="Fail if IDC is lower than the baseline's by more than this (0..1).")
 @click.option("--max-success-rate-rise", type=Fraction(), default=None,
@@ -75,7 +76,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     thresholds.require_baseline(baseline is not None)
     if baseline and baseline.strip() == model_uri.strip():
         raise UserError(f"--baseline {baseline} is the candidate itself (--model-uri); compare with another version")
-    baseline_version = recorded.baseline_version(baseline, baseline_optional) if baseline else None  # its errors first
+    baseline_version = (recorded.baseline_version(baseline, baseline_optional, candidate_uri=model_uri)
+                        if baseline else None)  # its errors first
     version, source = recorded.gate_subject(model_uri)
     found = recorded.measurements(model_uri, list(compressed), resolved=(version, source))
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
@@ -104,7 +106,8 @@ def _notes(verdict, version, source, baseline: str | None, promote_alias: str | 
 
     notes = [f"{registry.version_uri(version)}" + (f", an export of {registry.version_uri(source)}" if source else "")]
     if baseline and verdict.baseline_uri is None:
-        notes.append(f"no baseline yet: {baseline} is not set (relative checks passed as 'no baseline')")
+        what = "the version has no previous one" if baseline.strip() == "previous" else f"{baseline} is not set"
+        notes.append(f"no baseline yet: {what} (relative checks passed as 'no baseline')")
     elif baseline and baseline != verdict.baseline_uri:
         notes.append(f"--baseline {baseline} is {verdict.baseline_uri}")
     if promote_alias:

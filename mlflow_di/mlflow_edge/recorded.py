@@ -26,8 +26,8 @@ import math
 
 from mlflow_di.errors import UserError
 from mlflow_di.gate import CRITERION, Baseline, Measurement, missing_message
-from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, registry_ref, resolve_if_set,
-                                            resolve_version, version_uri)
+from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, previous_version, registry_ref,
+                                            resolve_if_set, resolve_version, version_uri)
 
 
 def _quote(value: str) -> str:
@@ -108,14 +108,29 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     return found
 
 
-def baseline_version(uri: str, optional: bool = False, client=None):
+PREVIOUS = "previous"
+
+
+def baseline_version(uri: str, optional: bool = False, client=None, candidate_uri: str | None = None):
     """The version ``--baseline uri`` names; None when it is an alias not set yet and ``optional``.
 
-    An alias not set yet on an existing registered model (the first version ever) is a one-line
-    error unless ``optional``; so is any other baseline that cannot be found.
+    ``uri`` ``previous`` means the predecessor of the candidate ``candidate_uri``: the highest
+    version number of the same registered model below the candidate's
+    (:func:`~mlflow_di.mlflow_edge.registry.previous_version`); the first version has none, which
+    is treated like an alias not set yet. An alias not set yet on an existing registered model
+    (the first version ever) is a one-line error unless ``optional``; so is any other baseline
+    that cannot be found.
     """
+    client = client or _client()
+    if uri.strip() == PREVIOUS:
+        candidate = resolve_version(candidate_uri, client)
+        version = previous_version(candidate, client)
+        if version is None and not optional:
+            raise UserError(f"--baseline previous: {version_uri(candidate)} has no previous version (the first "
+                            f"version?); pass --baseline-optional to pass the relative checks as 'no baseline'")
+        return version
     try:
-        version = resolve_if_set(uri, client or _client())
+        version = resolve_if_set(uri, client)
     except UserError as exc:
         raise UserError(f"--baseline: {exc}") from None
     if version is None and not optional:
@@ -129,6 +144,9 @@ def baseline(uri: str, version, candidate, client=None) -> Baseline:
     ``candidate`` (a resolved version) with, read as :func:`measurements` reads the candidate's.
     A baseline that is the candidate itself is an error."""
     if version is None:
+        if uri.strip() == PREVIOUS:
+            return Baseline(None, absent=f"no baseline: {version_uri(candidate)} has no previous version "
+                                         f"(--baseline-optional)")
         return Baseline(None, absent=f"no baseline: {uri} is not set yet (--baseline-optional)")
     client = client or _client()
     if (version.name, str(version.version)) == (candidate.name, str(candidate.version)):

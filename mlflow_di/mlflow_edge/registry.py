@@ -67,6 +67,32 @@ def resolve_if_set(uri: str, client=None):
     return resolve_version(uri, client)
 
 
+def previous_version(version, client=None):
+    """The predecessor of the resolved ``version``: the highest version number of the same
+    registered model below its own, or None when it is the first (lowest) one."""
+    from mlflow.exceptions import MlflowException
+
+    client = client or _client()
+    number, best, token = int(version.version), None, None
+    name = f"'{version.name}'" if "'" not in version.name else f'"{version.name}"'
+    try:
+        with permission_errors(version_uri(version), "read"):
+            while True:
+                page = client.search_model_versions(f"name = {name}", page_token=token)
+                for other in page:
+                    if other.name == version.name and int(other.version) < number and \
+                            (best is None or int(other.version) > int(best.version)):
+                        best = other
+                token = page.token
+                if not token:
+                    break
+    except MlflowException as exc:
+        raise UserError(f"cannot list the versions of '{version.name}' in the model registry at {tracking_uri()}: "
+                        f"{first_line(exc.message)}") from None
+    # search results may leave out tags (the lineage tags matter): read the version itself
+    return None if best is None else resolve_version(version_uri(best), client)
+
+
 def model_version_tags(uri: str) -> dict:
     """Run tags naming the registry version ``uri`` is (aliases resolved); {} for other URIs.
 
