@@ -192,3 +192,23 @@ def test_data_read_in_two_roles_is_one_input_naming_both(tracking_uri):
         log.inputs([(same, "calibration"), (same, "evaluation"), (other, "test"), (same, "evaluation")])
     inputs = _inputs(mlflow.get_run(log.run_id))
     assert set(inputs) == {("calibration,evaluation", "digits[0:10]"), ("test", "digits[5:9]")}
+
+
+def test_the_gate_reads_coverage_from_the_models_own_page_first(registered_cnn, mlflow_client):
+    from mlflow_di.mlflow_edge import recorded
+
+    assert main(["coverage", "--model-uri", registered_cnn, "--train-data", "digits[0:300]",
+                 "--test-data", "digits[600:700]", "--criteria", "idc", "--top-m", "3"]) == 0
+    measured = _runs(mlflow_client, "coverage")[0]
+    # a newer coverage run of the same version that never reached the model's page (e.g. logged by hand)
+    experiment = measured.info.experiment_id
+    stray = mlflow_client.create_run(experiment, tags={"mlflow_di.command": "coverage", "mlflow_di.model_name": "cnn",
+                                                       "mlflow_di.model_version": "1"})
+    mlflow_client.log_metric(stray.info.run_id, "idc", 0.01)
+    mlflow_client.set_terminated(stray.info.run_id, "FINISHED")
+    idc = next(m for m in recorded.measurements(registered_cnn, client=mlflow_client) if m.metric == "idc")
+    assert idc.run_id == measured.info.run_id and idc.value == pytest.approx(measured.data.metrics["idc"])
+    # without a LoggedModel to read, the newest recorded run counts, as before
+    runs = recorded.recorded_runs("coverage", {"mlflow_di.model_name": "cnn", "mlflow_di.model_version": "1"}, "idc",
+                                  mlflow_client, model_id=None)
+    assert runs[0].info.run_id == stray.info.run_id

@@ -7,8 +7,10 @@ every run about a registry version carries the tags ``mlflow_di.model_name`` /
 version); a compressed version is registered from its compress run (its ``run_id``) and names
 its source in the version tags ``mlflow_di.source_name`` / ``source_version``; robustness runs
 map each compressed model they measured (``models:/NAME/VERSION`` or its URI) to the slug of its
-metrics in the JSON tag ``mlflow_di.robustness_compressed``. Runs are
-searched across every experiment the user can read, newest first; only FINISHED runs count.
+metrics in the JSON tag ``mlflow_di.robustness_compressed``. Coverage and fuzz results are read
+first from the runs that logged them on the version's LoggedModel (what the model's page shows,
+:func:`logged_model_runs`), else searched across every experiment the user can read; newest
+first either way, and only FINISHED runs with the contract's tags count.
 
 Gating an export (a version with source tags) reads coverage from its source version (coverage
 is a property of the PyTorch model and its tests) and fuzz/compress results of the source
@@ -27,7 +29,7 @@ import math
 from mlflow_di.errors import UserError
 from mlflow_di.gate import CRITERION, Baseline, Measurement, missing_message
 from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, previous_version, registry_ref,
-                                            resolve_if_set, resolve_version, version_uri)
+                                            resolve_if_set, resolve_version, version_model_id, version_uri)
 
 
 def _quote(value: str) -> str:
@@ -71,6 +73,43 @@ def search_recorded_runs(command: str, tags: dict, metric: str, client=None, max
             return runs
 
 
+def logged_model_runs(model_id: str | None, command: str, tags: dict, metric: str, client=None) -> list:
+    """The runs that logged ``metric`` on the LoggedModel ``model_id`` (the model's own page in the
+    UI), newest first, kept only when they pass :func:`search_recorded_runs`'s test: FINISHED runs
+    of ``mlflow-di COMMAND`` carrying ``tags``. Empty for no id or a LoggedModel that cannot be read."""
+    from mlflow.exceptions import MlflowException
+
+    if not model_id:
+        return []
+    client = client or _client()
+    try:
+        logged = client.get_logged_model(model_id)
+    except MlflowException:
+        return []
+    wanted = {f"{TAG_PREFIX}command": command, **{key: str(value) for key, value in tags.items()}}
+    runs, seen = [], set()
+    for entry in sorted((m for m in logged.metrics or [] if m.key == metric and m.run_id),
+                        key=lambda m: m.timestamp, reverse=True):
+        if entry.run_id in seen:
+            continue
+        seen.add(entry.run_id)
+        try:
+            run = client.get_run(entry.run_id)
+        except MlflowException:
+            continue
+        if run.info.status == "FINISHED" and metric in run.data.metrics and \
+                all(run.data.tags.get(key) == value for key, value in wanted.items()):
+            runs.append(run)
+    return runs
+
+
+def recorded_runs(command: str, tags: dict, metric: str, client=None, model_id: str | None = None) -> list:
+    """What the gate reads: the runs the LoggedModel ``model_id`` shows ``metric`` from, when it has
+    any (:func:`logged_model_runs`), else :func:`search_recorded_runs` across experiments."""
+    return logged_model_runs(model_id, command, tags, metric, client) or \
+        search_recorded_runs(command, tags, metric, client, max_results=100)
+
+
 def gate_subject(uri: str, client=None) -> tuple:
     """(the version ``uri`` names, the version it was exported from or None)."""
     client = client or _client()
@@ -94,7 +133,7 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
         compressed = [version_uri(subject)]
         subject, subject_uri = source, version_uri(source)
     subject_tags = {f"{TAG_PREFIX}model_name": subject.name, f"{TAG_PREFIX}model_version": str(subject.version)}
-    found = [_coverage(subject_uri, subject_tags, client)]
+    found = [_coverage(subject_uri, subject_tags, client, version_model_id(subject))]
     robustness_runs = search_recorded_runs("robustness", subject_tags, ROBUSTNESS_METRIC, client)
     targets = [_CompressedTarget.of(uri, client) for uri in compressed] if compressed else \
         _recorded_targets(subject_tags, client, robustness_runs)
@@ -157,8 +196,8 @@ def baseline(uri: str, version, candidate, client=None) -> Baseline:
                     is_export=source is not None)
 
 
-def _coverage(subject_uri: str, subject_tags: dict, client) -> Measurement:
-    runs = search_recorded_runs("coverage", subject_tags, "idc", client, max_results=1)
+def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None = None) -> Measurement:
+    runs = recorded_runs("coverage", subject_tags, "idc", client, model_id)
     if not runs:
         return Measurement("idc", None, missing=missing_message(CRITERION["idc"], subject_uri))
     return Measurement("idc", runs[0].data.metrics["idc"], run_id=runs[0].info.run_id)
@@ -171,6 +210,7 @@ class _CompressedTarget:
     key: str
     fuzz_tags: dict
     compress_run_id: str | None = None  # the run that registered it, for registry versions
+    model_id: str | None = None  # its LoggedModel, whose page shows the fuzz results (read first)
 
     @classmethod
     def named(cls, key: str) -> "_CompressedTarget":
@@ -187,7 +227,7 @@ class _CompressedTarget:
         version = resolve_version(uri, client)
         return cls(version_uri(version), {f"{TAG_PREFIX}compressed_name": version.name,
                                           f"{TAG_PREFIX}compressed_version": str(version.version)},
-                   version.run_id)
+                   version.run_id, version_model_id(version))
 
 
 def _recorded_targets(subject_tags: dict, client, robustness_runs: list = ()) -> list[_CompressedTarget]:
@@ -217,7 +257,7 @@ FUZZ_CONSTRAINT_TAG = f"{TAG_PREFIX}fuzz_constraint"
 
 
 def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, client) -> list[Measurement]:
-    found = search_recorded_runs("fuzz", {**subject_tags, **target.fuzz_tags}, "success_rate", client, max_results=100)
+    found = recorded_runs("fuzz", {**subject_tags, **target.fuzz_tags}, "success_rate", client, target.model_id)
     runs = [run for run in found if FUZZ_CONSTRAINT_TAG not in run.data.tags]
     if not runs:
         message = missing_message(CRITERION["success_rate"], subject_uri, target.key)
