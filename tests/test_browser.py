@@ -1,5 +1,6 @@
-"""The MLflow UI shows a fuzz run's artifacts: headless Chromium on the run's Artifacts tab lists
-``fuzz/trigger_grid.png`` and ``fuzz/report.html``, and the grid image loads.
+"""The MLflow UI shows what mlflow-di recorded: headless Chromium on a fuzz run's Artifacts tab lists
+``fuzz/trigger_grid.png`` and ``fuzz/report.html`` and the grid image loads; a registered version's
+page leads to its LoggedModel, which shows the coverage metrics with the data they were measured on.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``apt-get install -y chromium chromium-driver``)
 and ``selenium``; skips without them. Selenium is pointed at /usr/bin/chromedriver and
@@ -85,3 +86,34 @@ def test_fuzz_run_page_lists_the_report_and_shows_the_trigger_grid(mlflow_server
         "const img = document.querySelector('img[alt=\"fuzz/trigger_grid.png\"]');"
         "return img && img.complete ? [img.naturalWidth, img.naturalHeight] : null;"))
     assert size == [GRID_COLUMNS * TILE, GRID_ROWS * TILE]
+
+
+def test_a_version_page_leads_to_its_model_page_with_the_metrics_and_datasets(mlflow_server, use_server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from mlflow_di.cli import main
+    from mlflow_di.mlflow_edge import models as edge_models, runs
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+
+    use_server(mlflow_server)
+    name = f"cnn-{uuid.uuid4().hex[:8]}"
+    model = TorchModel(zoo.build("digits-cnn", seed=0), zoo.architecture("digits-cnn").preprocessing, name=name,
+                       metadata={"arch": "digits-cnn"})
+    with runs.tracked_run("train"):
+        edge_models.log_torch_model(model, registered_model_name=name)
+    assert main(["coverage", "--model-uri", f"models:/{name}/1", "--train-data", "digits[0:200]",
+                 "--test-data", "digits[600:700]", "--criteria", "idc", "--top-m", "3"]) == 0
+
+    browser.get(f"{mlflow_server.url}/#/models/{name}/versions/1")
+    wait = WebDriverWait(browser, WAIT)
+    wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, 'a[href*="/models/m-"]'))).click()
+
+    def page(driver) -> str:
+        return driver.execute_script("return document.body.innerText")
+
+    wait.until(lambda d: "Datasets used" in page(d) and "digits[600:700]" in page(d))
+    text = page(browser)
+    assert "\nidc\n" in text and "coverage " in text  # the metric, from the coverage run
