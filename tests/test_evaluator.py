@@ -172,3 +172,32 @@ def test_bad_rows_are_one_clear_error(mlflow_client, evaluation_rows, pixel_mode
         mlflow.models.evaluate(pixel_model_path, evaluation_rows, targets="label",
                                model_type="classifier", evaluators=["mlflow_di"],
                                evaluator_config={"mlflow_di": {"input_shape": (7, 7, 1)}})
+
+
+def test_train_data_and_rows_of_other_sizes_go_through_the_models_resize_step(digits_model, tmp_path):
+    """A model with a raw-image step (resize=8) fits IDC on a folder of 16x16 and 24x24 digits and scores
+    16x16 rows: the step runs as each batch is read, as in the commands (a mixed batch cannot be stacked)."""
+    import dataclasses
+    import types
+
+    from PIL import Image
+
+    from mlflow_di.mlflow_edge.evaluator import EvaluatorConfig, evaluate_images
+
+    train = load_images("digits[0:300]")
+    for index, (image, label) in enumerate(zip(train.images, train.labels)):
+        scale = 2 if index % 2 else 3
+        (tmp_path / f"{label}").mkdir(exist_ok=True)
+        big = np.kron(image[..., 0], np.ones((scale, scale), np.uint8))
+        Image.fromarray(big).save(tmp_path / f"{label}" / f"{index}.png")
+    scored = load_images("digits[1000:1200]")
+    rows = np.kron(scored.images, np.ones((1, 2, 2, 1), np.uint8))
+    resizing = dataclasses.replace(digits_model, preprocessing=digits_model.preprocessing.override("resize=8"))
+    model = types.SimpleNamespace(unwrap_python_model=lambda: types.SimpleNamespace(torch_model=resizing))
+    dataset = types.SimpleNamespace(features_data=rows.reshape(len(rows), -1).astype(np.int64),
+                                    labels_data=scored.labels, name="rows16")
+    config = EvaluatorConfig.from_dict({"input_shape": (16, 16, 1), "top_m": 4, "clusters": (2, 3),
+                                        "train_data": f"folder:{tmp_path}"})
+    metrics, _ = evaluate_images(model, dataset, config)
+    assert metrics["mlflow_di/idc_fit_images"] == 300 and metrics["mlflow_di/idc_scored_images"] == 200
+    assert 0 < metrics["mlflow_di/idc"] <= 1

@@ -114,8 +114,10 @@ def evaluate_images(model, dataset, config: EvaluatorConfig) -> tuple[dict, dict
     from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 
     torch_model = white_box_model(model, config).to(resolve_device(config.device))
-    data = image_set(dataset, config.input_shape or torch_model.preprocessing.input_shape)
-    train, test = _analysis_split(data, config)
+    # the model's raw-image step (resize/center_crop) applies to the rows and to train_data alike
+    data = torch_model.preprocessing.prepare(image_set(dataset, config.input_shape or
+                                                       torch_model.preprocessing.input_shape))
+    train, test = _analysis_split(data, config, torch_model.preprocessing)
     coverage = ImportanceDrivenCoverage(layers=config.layer, top_m=config.top_m, clusters=config.clusters,
                                         rule=config.rule, seed=config.seed, batch_size=config.batch_size,
                                         progress=False).fit(torch_model, train)
@@ -178,11 +180,11 @@ def image_set(dataset, input_shape) -> ImageSet:
     return ImageSet(images, np.asarray(dataset.labels_data).astype(np.int64), getattr(dataset, "name", "evaluation"))
 
 
-def _analysis_split(data: ImageSet, config: EvaluatorConfig) -> tuple[ImageSet, ImageSet]:
+def _analysis_split(data: ImageSet, config: EvaluatorConfig, preprocessing: Preprocessing) -> tuple[ImageSet, ImageSet]:
     if config.train_data:
         from mlflow_di.data import load_images
 
-        return load_images(config.train_data), data
+        return preprocessing.prepare(load_images(config.train_data)), data
     n_fit = int(round(len(data) * config.train_fraction))
     if n_fit < 1 or n_fit >= len(data):
         raise UserError(f"cannot split {len(data)} evaluation images into fit and score parts; "
