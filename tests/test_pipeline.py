@@ -54,8 +54,14 @@ def test_a_valid_policy_round_trips_and_has_defaults():
 
 @pytest.mark.parametrize("name", ["demo.yaml", "lenet5.yaml"])
 def test_the_shipped_policies_validate(name):
+    import click
+
+    from mlflow_di.commands.pipeline import _step_arguments, command
+
     policy = load_policy(EXAMPLES / name)
     assert policy.gate.thresholds and policy.compress and policy.fuzz
+    with click.Context(command) as ctx:  # also the names only the commands know (methods, strategy, ...)
+        assert set(_step_arguments(ctx, policy, "models:/m/1")) == set(policy.steps)
 
 
 def test_the_demo_policy_is_what_the_demo_runs():
