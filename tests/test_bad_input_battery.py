@@ -127,6 +127,11 @@ def assets(tmp_path_factory) -> dict[str, str]:
 
     # outputs
     path("afile", "out/somefile.txt").write_text("a regular file\n")
+    # pipeline policies
+    path("policy_unknown_key", "policies/unknown-key.yaml").write_text(
+        "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, budget: 10}\ncompress: {methods: [fp32]}\n")
+    path("policy_bad_value", "policies/bad-value.yaml").write_text(
+        "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, max_queries: ten}\ncompress: {methods: [fp32]}\n")
     paths["adir"] = str(root / "out")
     path("_campaign", "out/campaign/seeds.jsonl").write_text("{}\n")
     paths["campaign"] = str(root / "out/campaign")
@@ -314,6 +319,10 @@ CASES = [
     ("robustness-data-wrong-size", [*ROBUSTNESS[:-1], "npz:{npz_28}"]),
     ("gate-min-robustness-agreement-above-one", ["gate", "--model-uri", "models:/absent/1",
                                                  "--min-robustness-agreement", "1.5"]),
+    # ---------------------------------------------------------------- pipeline
+    ("pipeline-policy-missing", ["pipeline", "--policy", "{empty_dir}/absent.yaml", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-unknown-key", ["pipeline", "--policy", "{policy_unknown_key}", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-bad-value", ["pipeline", "--policy", "{policy_bad_value}", "--model-uri", "models:/m/1"]),
     # ---------------------------------------------------------------- tracking store
     ("tracking-server-down", ["--tracking-uri", "http://127.0.0.1:9", "gate", "--model-uri", "models:/m/1",
                               "--min-idc", "0.5"]),
@@ -389,6 +398,9 @@ FRAGMENTS = {
     "gate-max-idc-drop-above-one": "--max-idc-drop",
     "gate-min-mean-queries-ratio-zero": "--min-mean-queries-ratio",
     "gate-junit-xml-under-a-file": "--junit-xml",
+    "pipeline-policy-missing": "absent.yaml",
+    "pipeline-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
+    "pipeline-policy-bad-value": "bad-value.yaml: fuzz.max_queries must be a positive integer, got 'ten'",
     "gate-summary-md-is-a-dir": "--summary-md",
 }
 

@@ -45,10 +45,17 @@ def use_experiment(name: str) -> str:
     return experiment_id
 
 
-def _start_run(run_name: str, experiment: str | None, tags: dict):
+def _start_run(run_name: str, experiment: str | None, tags: dict, run_id: str | None = None):
     """The first run inside ``mlflow run`` is the one it created (``MLFLOW_RUN_ID``); later runs of
-    the same process (the demo's steps) are new runs beside it; outside, runs go to ``experiment``."""
+    the same process (the demo's steps) are new runs beside it; outside, runs go to ``experiment``.
+    While a run is active (a pipeline's parent run) the new run is its child. ``run_id``: reopen
+    that earlier run (a resumed pipeline's parent) instead of starting one."""
     global _project_experiment
+    parent = mlflow.active_run()
+    if parent is not None:
+        return mlflow.start_run(experiment_id=parent.info.experiment_id, run_name=run_name, tags=tags, nested=True)
+    if run_id:
+        return mlflow.start_run(run_id=run_id, tags=tags)
     project_run = os.environ.pop("MLFLOW_RUN_ID", None)
     if project_run:
         run = mlflow.start_run(run_id=project_run, tags=tags)
@@ -62,15 +69,16 @@ def _start_run(run_name: str, experiment: str | None, tags: dict):
 
 
 @contextlib.contextmanager
-def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None = None):
-    """Start an MLflow run and yield its :class:`RunLog`; the run never stays RUNNING.
+def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None = None, run_id: str | None = None):
+    """Start an MLflow run (a child of the active run, if one is active; ``run_id``: reopen that
+    run) and yield its :class:`RunLog`; the run never stays RUNNING.
 
     FINISHED on success, FAILED on any error, KILLED on Ctrl-C / SIGTERM. Whatever the command
     logged before the failure stays logged; whatever could not be logged (the server went away)
     is kept on disk and the command says where.
     """
     try:
-        run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
+        run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})}, run_id)
     except MlflowException as exc:
         raise UserError(f"cannot start a run at {tracking_uri()}: {first_line(exc.message)}") from None
     with _ended(RunLog(run)) as log:

@@ -1,0 +1,190 @@
+"""``mlflow-di pipeline``: run what a policy declares for a registered model, as linked runs.
+
+The policy (:mod:`mlflow_di.policy`) names the exports to make, the coverage data and settings,
+the fuzzing budget, robustness (optional) and the gate's thresholds and alias. Each step is the
+command a user would run (``compress``, ``coverage``, ``fuzz`` with every export at once,
+``robustness``, ``gate``), invoked in process; their runs are children of one ``pipeline`` run.
+
+Resumable: a state file (JSON, written atomically after each step) records the finished steps
+and their outputs. Run again with the same policy (same bytes) and model, the finished steps are
+skipped and an interrupted fuzz campaign continues (``fuzz --resume`` on the folder it recorded);
+a changed policy starts over. Exit code: the gate's (0 pass, 1 fail), 2 on bad input.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import time
+
+import click
+
+from mlflow_di.commands.options import WritablePath, write_text_out
+
+PIPELINES = pathlib.Path("mlflow-di-pipelines")
+STATE_FILE = "state.json"
+
+
+@click.command("pipeline")
+@click.option("--policy", "policy_path", required=True, type=click.Path(dir_okay=False),
+              help="The policy YAML file (see examples/policies/demo.yaml).")
+@click.option("--model-uri", required=True, metavar="models:/NAME/VERSION", help="The registered version to test.")
+@click.option("--state-dir", type=WritablePath("dir"), default=None,
+              help="Where the pipeline keeps its state and fuzz campaign (default: mlflow-di-pipelines/<model>/).")
+@click.option("--restart", is_flag=True, help="Ignore the recorded state and run every step again.")
+@click.pass_context
+def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str | None, restart: bool) -> None:
+    """Run the steps POLICY declares on MODEL-URI (compress, coverage, fuzz, robustness, gate) as child runs of one run."""
+    from mlflow_di.mlflow_edge import runs
+    from mlflow_di.policy import load_policy
+
+    policy = load_policy(policy_path)
+    steps = _step_arguments(ctx, policy, model_uri)  # every value checked before any run starts
+    folder = pathlib.Path(state_dir) if state_dir else PIPELINES / _slug(model_uri)
+    state = _state(folder, policy, model_uri, restart)
+    if all(step in state["done"] for step in policy.steps):
+        click.echo(f"every step already finished (state {folder / STATE_FILE}); pass --restart to run them again")
+        _exit(ctx, state["done"]["gate"]["exit_code"])
+        return
+    tags = {"mlflow_di.command": "pipeline", "mlflow_di.pipeline_state": str((folder / STATE_FILE).resolve())}
+    with runs.tracked_run(f"pipeline {model_uri}", tags=tags, run_id=state.get("run_id")) as log:
+        log.params({"policy": str(policy_path), "policy_sha256": policy.sha256, "model_uri": model_uri})
+        log.text(pathlib.Path(policy_path).read_text(), "pipeline/policy.yaml")
+        state["run_id"] = log.run_id
+        _save(folder, state)
+        for number, step in enumerate(policy.steps, 1):
+            title = f"{number}/{len(policy.steps)} {step}"
+            if step in state["done"]:
+                _banner(f"{title}: finished earlier, skipped")
+                continue
+            _banner(f"{title}: {_describe(step, steps[step], state)}")
+            state["done"][step] = _run_step(ctx, step, steps[step], state, folder)
+            _save(folder, state)
+        code = state["done"]["gate"]["exit_code"]
+        log.tags({"mlflow_di.gate": "pass" if code == 0 else "fail"})
+    click.echo("")
+    click.echo(f"pipeline run {log.run_id}: gate {'passed' if code == 0 else 'failed'}; state {folder / STATE_FILE}")
+    _exit(ctx, code)
+
+
+def _exit(ctx: click.Context, code: int) -> None:
+    if code:
+        ctx.exit(code)
+
+
+def _banner(title: str) -> None:
+    click.echo("")
+    click.secho(f"== {title}", bold=True)
+
+
+def _slug(model_uri: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.@-]+", "_", model_uri).strip("_")[-120:] or "model"
+
+
+# ---------------------------------------------------------------------------------------------- state
+
+def _state(folder: pathlib.Path, policy, model_uri: str, restart: bool) -> dict:
+    """The recorded state when it belongs to this policy and model, else a fresh one (saying why)."""
+    fresh = {"policy_sha256": policy.sha256, "model_uri": model_uri, "done": {}}
+    path = folder / STATE_FILE
+    if restart or not path.exists():
+        return fresh
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        click.echo(f"cannot read the state {path} ({exc}); starting over")
+        return fresh
+    if state.get("policy_sha256") != policy.sha256 or state.get("model_uri") != model_uri:
+        what = "the policy changed" if state.get("model_uri") == model_uri else f"it was {state.get('model_uri')}'s"
+        click.echo(f"state {path} does not match ({what}); starting over")
+        return fresh
+    if state.get("done"):
+        click.echo(f"resuming from {path}: {', '.join(state['done'])} finished earlier")
+    state.setdefault("done", {})
+    return state
+
+
+def _save(folder: pathlib.Path, state: dict) -> None:
+    write_text_out(json.dumps(state, indent=2, sort_keys=True), str(folder / STATE_FILE))
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dict]:
+    """{step: the keyword arguments of its command}, each policy value converted and checked by the
+    command's own option type (a bad one is a UserError naming the policy key)."""
+    from mlflow_di.commands import compress, coverage, fuzz, gate, robustness
+
+    commands = {"compress": compress.command, "coverage": coverage.command, "fuzz": fuzz.command,
+                "robustness": robustness.command, "gate": gate.command}
+    steps = {}
+    for step in policy.steps:
+        section = policy.to_dict()[step]
+        if step == "gate":
+            section = {**section.pop("thresholds"), **section}
+        steps[step] = _converted(ctx, commands[step], section, f"{policy.source}: {step}")
+    return steps
+
+
+def _converted(ctx: click.Context, command: click.Command, values: dict, where: str) -> dict:
+    from mlflow_di.errors import UserError
+
+    params = {param.name: param for param in command.params}
+    kwargs = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        param = params[key]
+        if isinstance(value, list) and not param.multiple:
+            value = ",".join(str(item) for item in value)  # the option's comma-separated form
+        try:
+            kwargs[key] = param.type_cast_value(ctx, value)
+        except click.BadParameter as exc:
+            raise UserError(f"{where}.{key}: {exc.message}") from None
+    return kwargs
+
+
+def _describe(step: str, arguments: dict, state: dict) -> str:
+    if step == "compress":
+        return ", ".join(arguments["methods"])
+    if step == "coverage":
+        return ", ".join(arguments.get("criteria") or ("IDC and the classic criteria",))
+    if step == "fuzz":
+        return f"{arguments.get('strategy', 'dflare')} against {', '.join(_exports(state)) or 'no export'}"
+    if step == "robustness":
+        return f"on {arguments['data']}"
+    return ", ".join(f"{key.replace('_', '-')} {value:g}" for key, value in arguments.items() if isinstance(value, float))
+
+
+def _exports(state: dict) -> list[str]:
+    return state["done"].get("compress", {}).get("exports", [])
+
+
+def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folder: pathlib.Path) -> dict:
+    """Run ``step``; returns what the state records for it."""
+    from mlflow_di.commands import compress, coverage, fuzz, gate, robustness
+
+    model_uri = state["model_uri"]
+    finished = {"finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if step == "compress":
+        return {**finished, "exports": list(ctx.invoke(compress.command, model_uri=model_uri, **arguments))}
+    if step == "coverage":
+        ctx.invoke(coverage.command, model_uri=model_uri, **arguments)
+        return finished
+    if step == "fuzz":
+        campaign = state.setdefault("fuzz_campaign", str(folder / f"campaign-{time.strftime('%Y%m%d-%H%M%S')}"))
+        _save(folder, state)  # recorded before it starts: a crash resumes this folder
+        resume = pathlib.Path(campaign).is_dir() and any(pathlib.Path(campaign).iterdir())
+        if resume:
+            click.echo(f"resuming the campaign in {campaign}")
+        ctx.invoke(fuzz.command, original=model_uri, compressed=tuple(_exports(state)), out_dir=campaign,
+                   resume=resume, **arguments)
+        return {**finished, "campaign": campaign}
+    if step == "robustness":
+        ctx.invoke(robustness.command, model_uri=model_uri, compressed=tuple(_exports(state)), **arguments)
+        return finished
+    try:
+        ctx.invoke(gate.command, model_uri=model_uri, compressed=tuple(_exports(state)), **arguments)
+    except click.exceptions.Exit as stop:
+        return {**finished, "exit_code": stop.exit_code}
+    return {**finished, "exit_code": 0}

@@ -1,0 +1,231 @@
+"""A pipeline policy: what ``mlflow-di pipeline`` runs for a model, read from a YAML file.
+
+Pure: YAML in, frozen dataclasses out. Every section is optional but ``gate``; a key a section
+does not know, a value of the wrong type or out of range is a :class:`UserError` of one line that
+names the file and the key path (``policy.yaml: fuzz.max_queries must be a positive integer, got
+'ten'``). Which names a list may hold (compression methods, criteria, strategies, corruptions)
+is the commands' business: ``commands/pipeline.py`` checks those values with the commands' own
+option types before any run starts, naming the same key path.
+
+Each section's keys are the options of the command it runs, with underscores (``calib_data`` is
+``compress --calib-data``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import pathlib
+
+from mlflow_di.errors import UserError
+from mlflow_di.gate import Thresholds
+
+#: The steps in the order they run; a step runs when its section is present (the gate always).
+STEPS = ("compress", "coverage", "fuzz", "robustness", "gate")
+
+
+def _kind(kind: str, default=dataclasses.MISSING):
+    return dataclasses.field(default=default, metadata={"kind": kind})
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressPolicy:
+    methods: tuple = _kind("names")
+    calib_data: str | None = _kind("text", None)
+    eval_data: str | None = _kind("text", None)
+    amount: float = _kind("fraction", 0.3)
+
+
+@dataclasses.dataclass(frozen=True)
+class CoveragePolicy:
+    train_data: str = _kind("text")
+    test_data: tuple = _kind("texts")
+    criteria: tuple | None = _kind("names", None)
+    layer: str | None = _kind("text", None)
+    top_m: int = _kind("positive integer", 6)
+    clusters: tuple = _kind("integers", (2, 3, 4))
+    per_class: bool = _kind("boolean", False)
+    seed: int = _kind("integer", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class FuzzPolicy:
+    seed_data: str = _kind("text")
+    num_seeds: int = _kind("positive integer", 500)
+    timeout: float = _kind("positive number", 180.0)
+    max_queries: int | None = _kind("positive integer", None)
+    strategy: str = _kind("text", "dflare")
+    batch: int = _kind("positive integer", 64)
+    seed: int = _kind("integer", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RobustnessPolicy:
+    data: str = _kind("text")
+    corruptions: tuple = _kind("names", ("all",))
+    severities: tuple = _kind("integers", (1, 2, 3, 4, 5))
+    num_images: int = _kind("positive integer", 1000)
+    seed: int = _kind("integer", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatePolicy:
+    thresholds: dict = _kind("thresholds")
+    baseline: str | None = _kind("text", None)
+    baseline_optional: bool = _kind("boolean", False)
+    promote_alias: str | None = _kind("text", None)
+
+
+SECTIONS = {"compress": CompressPolicy, "coverage": CoveragePolicy, "fuzz": FuzzPolicy,
+            "robustness": RobustnessPolicy, "gate": GatePolicy}
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    gate: GatePolicy
+    compress: CompressPolicy | None = None
+    coverage: CoveragePolicy | None = None
+    fuzz: FuzzPolicy | None = None
+    robustness: RobustnessPolicy | None = None
+    source: str = "policy"  # the file it came from, for messages
+    sha256: str = ""  # of the file's bytes: a changed policy starts a pipeline over
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        """The steps this policy runs, in order."""
+        return tuple(step for step in STEPS if getattr(self, step) is not None)
+
+    def to_dict(self) -> dict:
+        """The policy as a YAML-ready mapping (sections present only, lists as lists)."""
+        out = {}
+        for step in self.steps:
+            section = dataclasses.asdict(getattr(self, step))
+            out[step] = {key: list(value) if isinstance(value, tuple) else value for key, value in section.items()}
+        return out
+
+
+def load_policy(path: str | pathlib.Path) -> Policy:
+    """Read and check the policy file at ``path``."""
+    path = pathlib.Path(path)
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read the policy {path}: {exc.strerror or exc}") from None
+    return parse_policy(content, path.name)
+
+
+def parse_policy(content: bytes | str, source: str = "policy") -> Policy:
+    """Check the YAML text ``content`` (``source`` names it in messages) and build the :class:`Policy`."""
+    import yaml
+
+    raw = content.encode() if isinstance(content, str) else content
+    try:
+        document = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"{source}: not valid YAML{where}: {problem}") from None
+    return from_mapping(document, source, hashlib.sha256(raw).hexdigest())
+
+
+def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
+    """Build the :class:`Policy` from an already parsed mapping (see :func:`parse_policy`)."""
+    if not isinstance(document, dict):
+        raise UserError(f"{source}: a policy is a mapping of sections ({', '.join(STEPS)}), got {_shown(document)}")
+    _no_unknown(document, SECTIONS, source, "", "section")
+    if "gate" not in document:
+        raise UserError(f"{source}: the gate section is required (gate: {{thresholds: {{min_idc: 0.5}}}})")
+    sections = {name: _section(name, document[name], SECTIONS[name], source) for name in document}
+    if "fuzz" in sections and "compress" not in sections:
+        raise UserError(f"{source}: fuzz needs a compress section (the exports to fuzz against the model)")
+    if "compress" in sections and "int8-static" in sections["compress"].methods and not sections["compress"].calib_data:
+        raise UserError(f"{source}: compress.calib_data is required for int8-static")
+    return Policy(**sections, source=source, sha256=sha256)
+
+
+def _section(name: str, values, cls, source: str):
+    if not isinstance(values, dict):
+        raise UserError(f"{source}: {name} must be a mapping of keys, got {_shown(values)}")
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    _no_unknown(values, fields, source, f"{name}.", "key")
+    for field in fields.values():
+        if field.default is dataclasses.MISSING and field.name not in values:
+            raise UserError(f"{source}: {name}.{field.name} is required")
+    return cls(**{key: _value(f"{name}.{key}", value, fields[key].metadata["kind"], source)
+                  for key, value in values.items()})
+
+
+def _no_unknown(values: dict, known, source: str, prefix: str, what: str) -> None:
+    for key in values:
+        if key not in known:
+            raise UserError(f"{source}: unknown {what} {prefix}{key}; known: {', '.join(known)}")
+
+
+def _value(path: str, value, kind: str, source: str):
+    """``value`` of key ``path`` as ``kind`` wants it (None stays None: the option's default)."""
+    def bad(expected: str):
+        return UserError(f"{source}: {path} must be {expected}, got {_shown(value)}")
+
+    if value is None:
+        return None
+    if kind == "text":
+        if not isinstance(value, str) or not value.strip():
+            raise bad("a non-empty string")
+        return value
+    if kind in ("texts", "names"):
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items or not all(isinstance(v, str) and v.strip() for v in items):
+            raise bad("a list of non-empty strings")
+        return tuple(dict.fromkeys(items) if kind == "names" else items)
+    if kind == "integers":
+        if not isinstance(value, list) or not value or not all(_is_int(v) for v in value):
+            raise bad("a list of integers")
+        return tuple(value)
+    if kind == "boolean":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if kind in ("integer", "positive integer"):
+        if not _is_int(value) or (kind == "positive integer" and value < 1):
+            raise bad(f"a {kind}")
+        return value
+    if kind in ("positive number", "fraction"):
+        if not _is_number(value) or (kind == "positive number" and value <= 0) or (kind == "fraction" and not 0 <= value < 1):
+            raise bad("a positive number" if kind == "positive number" else "a number from 0 to below 1")
+        return float(value)
+    if kind == "thresholds":
+        return _thresholds(path, value, source)
+    raise AssertionError(f"unknown kind {kind}")  # pragma: no cover - a field declared wrongly
+
+
+def _thresholds(path: str, value, source: str) -> dict:
+    known = {field.name for field in dataclasses.fields(Thresholds)}
+    if not isinstance(value, dict) or not value:
+        raise UserError(f"{source}: {path} must be a mapping of at least one threshold ({', '.join(sorted(known))}), "
+                        f"got {_shown(value)}")
+    _no_unknown(value, sorted(known), source, f"{path}.", "threshold")
+    for name, number in value.items():
+        if not _is_number(number):
+            raise UserError(f"{source}: {path}.{name} must be a number, got {_shown(number)}")
+    try:
+        Thresholds(**value)
+    except UserError as exc:  # its message names the option: "--min-idc is a fraction ..."
+        option, _, message = str(exc).partition(" ")
+        if not option.startswith("--"):
+            raise UserError(f"{source}: {path}: {exc}") from None
+        raise UserError(f"{source}: {path}.{option[2:].replace('-', '_')} {message}") from None
+    return {name: float(number) for name, number in value.items()}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

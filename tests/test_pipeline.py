@@ -1,0 +1,148 @@
+"""mlflow-di pipeline: the policy file (strict, one-line errors naming the key), the steps as child
+runs of one run, and resuming after a crash at the step it reached."""
+import json
+import pathlib
+
+import pytest
+import yaml
+
+from mlflow_di.cli import main
+from mlflow_di.errors import UserError
+from mlflow_di.policy import Policy, load_policy, parse_policy
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "policies"
+GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    (GATE + "fuzz:\n  seed_data: digits\n  max_queries: ten\ncompress: {methods: [fp32]}\n",
+     "policy.yaml: fuzz.max_queries must be a positive integer, got 'ten'"),
+    (GATE + "fuzz: {seed_data: digits, num_seeds: 0}\ncompress: {methods: [fp32]}\n", "fuzz.num_seeds must be a positive"),
+    (GATE + "compress: {methods: [fp32], colour: red}\n", "unknown key compress.colour"),
+    (GATE + "deploy: {}\n", "unknown section deploy"),
+    ("compress: {methods: [fp32]}\n", "the gate section is required"),
+    ("gate: {thresholds: {min_idc: 1.5}}\n", "gate.thresholds.min_idc is a fraction between 0 and 1"),
+    ("gate: {thresholds: {min_idk: 0.5}}\n", "unknown threshold gate.thresholds.min_idk"),
+    ("gate: {thresholds: {min_idc: high}}\n", "gate.thresholds.min_idc must be a number, got 'high'"),
+    ("gate: {thresholds: {}}\n", "gate.thresholds must be a mapping of at least one threshold"),
+    (GATE + "coverage: {train_data: digits}\n", "coverage.test_data is required"),
+    (GATE + "coverage: {train_data: digits, test_data: [digits], per_class: 1}\n", "coverage.per_class must be true or false"),
+    (GATE + "compress: {methods: [fp32], amount: 1.5}\n", "compress.amount must be a number from 0 to below 1"),
+    (GATE + "robustness: {data: digits, severities: [high]}\n", "robustness.severities must be a list of integers"),
+    (GATE + "fuzz: {seed_data: digits}\n", "fuzz needs a compress section"),
+    (GATE + "compress: {methods: [int8-static]}\n", "compress.calib_data is required for int8-static"),
+    ("- gate\n", "a policy is a mapping of sections"),
+    ("gate: [1\n", "not valid YAML"),
+])
+def test_a_bad_policy_is_one_line_naming_the_key(text, fragment):
+    with pytest.raises(UserError) as error:
+        parse_policy(text, "policy.yaml")
+    message = str(error.value)
+    assert fragment in message and "\n" not in message and message.startswith("policy.yaml: ")
+
+
+def test_a_valid_policy_round_trips_and_has_defaults():
+    policy = parse_policy(GATE + "compress: {methods: [int8-dynamic, int8-dynamic]}\nfuzz: {seed_data: 'digits[0:9]'}\n")
+    assert policy.steps == ("compress", "fuzz", "gate")
+    assert policy.compress.methods == ("int8-dynamic",) and policy.fuzz.num_seeds == 500
+    again = parse_policy(yaml.safe_dump(policy.to_dict()))
+    assert again.to_dict() == policy.to_dict() and isinstance(again, Policy)
+    assert policy.sha256 and policy.sha256 != again.sha256  # of the bytes
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "lenet5.yaml"])
+def test_the_shipped_policies_validate(name):
+    import click
+
+    from mlflow_di.commands.pipeline import _step_arguments, command
+
+    policy = load_policy(EXAMPLES / name)
+    assert policy.gate.thresholds and policy.compress and policy.fuzz
+    with click.Context(command) as ctx:  # also the names only the commands know (methods, strategy, ...)
+        assert set(_step_arguments(ctx, policy, "models:/m/1")) == set(policy.steps)
+
+
+def test_the_demo_policy_is_what_the_demo_runs():
+    from mlflow_di.commands import demo
+
+    policy = load_policy(EXAMPLES / "demo.yaml")
+    assert policy.compress.methods == demo.DEMO_METHODS and policy.compress.calib_data == demo.CALIB_SPEC
+    assert policy.coverage.train_data == demo.TRAIN_SPEC and policy.coverage.test_data == (demo.TEST_SPEC,)
+    assert policy.fuzz.seed_data == demo.TEST_SPEC and policy.fuzz.num_seeds == 100 and policy.fuzz.timeout == 30
+    assert policy.gate.thresholds == demo.GATE and policy.gate.promote_alias == "champion"
+
+
+def test_registry_names_are_checked_before_any_run(tmp_path, tracking_uri, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(GATE + "compress: {methods: [int4-magic]}\n")
+    assert main(["pipeline", "--policy", str(path), "--model-uri", "models:/absent/1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mlflow-di: error: p.yaml: compress.methods: unknown compression method 'int4-magic'")
+    assert len(err.splitlines()) == 1
+
+
+TINY = """
+compress: {methods: [int8-dynamic], eval_data: "digits[600:700]"}
+coverage: {train_data: "digits[0:200]", test_data: ["digits[600:700]"], criteria: [idc]}
+fuzz: {seed_data: "digits[600:700]", num_seeds: 3, max_queries: 20, timeout: 10}
+gate: {thresholds: {min_idc: 0}, promote_alias: champion}
+"""
+
+
+def _runs_by_command(client) -> dict[str, list]:
+    experiment = client.get_experiment_by_name("mlflow-di")
+    found = {}
+    for run in client.search_runs([experiment.experiment_id]):
+        found.setdefault(run.data.tags.get("mlflow_di.command"), []).append(run)
+    return found
+
+
+def test_pipeline_runs_children_of_one_run_and_resumes_after_a_crash(registered_cnn, mlflow_client, tmp_path,
+                                                                     monkeypatch, capsys):
+    from mlflow_di.commands import fuzz
+
+    policy = tmp_path / "tiny.yaml"
+    policy.write_text(TINY)
+    argv = ["pipeline", "--policy", str(policy), "--model-uri", registered_cnn, "--state-dir", str(tmp_path / "state")]
+    real = fuzz.command.callback
+
+    def crash(**kwargs):
+        raise KeyboardInterrupt  # the process dies in the fuzz step
+
+    monkeypatch.setattr(fuzz.command, "callback", crash)
+    assert main(argv) == 130
+    state = json.loads((tmp_path / "state" / "state.json").read_text())
+    assert set(state["done"]) == {"compress", "coverage"} and state["done"]["compress"]["exports"]
+    monkeypatch.setattr(fuzz.command, "callback", real)
+
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "compress: finished earlier, skipped" in out
+    state = json.loads((tmp_path / "state" / "state.json").read_text())
+    assert code == state["done"]["gate"]["exit_code"] and code in (0, 1)
+    found = _runs_by_command(mlflow_client)
+    assert {command: len(found[command]) for command in ("pipeline", "compress", "coverage", "fuzz", "gate")} == \
+        {"pipeline": 1, "compress": 1, "coverage": 1, "fuzz": 1, "gate": 1}  # nothing ran twice, one parent
+    parent = found["pipeline"][0]
+    assert parent.info.status == "FINISHED" and parent.data.params["model_uri"] == registered_cnn
+    for command in ("compress", "coverage", "fuzz", "gate"):
+        assert found[command][0].data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert found[command][0].info.status == "FINISHED"
+
+    assert main(argv) == code  # every step finished: nothing runs again
+    assert "every step already finished" in capsys.readouterr().out
+    assert len(_runs_by_command(mlflow_client)["gate"]) == 1
+
+    policy.write_text(TINY.replace("min_idc: 0", "min_idc: 0.0"))  # another policy: starts over
+    monkeypatch.setattr(fuzz.command, "callback", crash)
+    assert main(argv) == 130
+    assert "(the policy changed); starting over" in capsys.readouterr().out
+    assert len(_runs_by_command(mlflow_client)["compress"]) == 2
+
+
+def test_a_command_alone_still_starts_a_top_level_run(registered_cnn, mlflow_client):
+    assert main(["gate", "--model-uri", registered_cnn, "--max-accuracy-drop", "1"]) in (0, 1)
+    gate_run = _runs_by_command(mlflow_client)["gate"][0]
+    assert "mlflow.parentRunId" not in gate_run.data.tags
