@@ -153,8 +153,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             for uri, ref, model, result, summary, sub, own_tags, model_id in zip(
                     compressed, compressed_refs, compressed_models, results, summaries, folders, compressed_tags,
                     model_ids):
-                with runs.child_run(f"fuzz {original_ref.short} vs {ref.short}", tags={**tags, **own_tags},
-                                    status="FINISHED" if result.complete else "KILLED") as child:
+                with runs.tracked_run(f"fuzz {original_ref.short} vs {ref.short}", tags={**tags, **own_tags},
+                                      status="FINISHED" if result.complete else "KILLED") as child:  # nested
                     child.params({**params, "compressed": uri, "out_dir": str(sub), "compressed_runs_on": model.provider})
                     child.input(lineage, "seeds")
                     _log_campaign(child, result, sub, original, uri, summary, model_id, lineage)

@@ -69,41 +69,22 @@ def _start_run(run_name: str, experiment: str | None, tags: dict, run_id: str | 
 
 
 @contextlib.contextmanager
-def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None = None, run_id: str | None = None):
+def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None = None, run_id: str | None = None,
+                status: str = "FINISHED"):
     """Start an MLflow run (a child of the active run, if one is active; ``run_id``: reopen that
     run) and yield its :class:`RunLog`; the run never stays RUNNING.
 
-    FINISHED on success, FAILED on any error, KILLED on Ctrl-C / SIGTERM. Whatever the command
-    logged before the failure stays logged; whatever could not be logged (the server went away)
-    is kept on disk and the command says where.
+    ``status`` (FINISHED) when the block succeeds, FAILED on any error, KILLED on Ctrl-C / SIGTERM;
+    ``status='KILLED'`` ends a child that holds the results of an interrupted campaign, which the
+    gate must not read as finished. Whatever the command logged before the failure stays logged;
+    whatever could not be logged (the server went away) is kept on disk and the command says where.
     """
     try:
         run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})}, run_id)
     except MlflowException as exc:
         raise UserError(f"cannot start a run at {tracking_uri()}: {first_line(exc.message)}") from None
-    with _ended(RunLog(run)) as log:
-        yield log
-
-
-@contextlib.contextmanager
-def child_run(run_name: str, tags: dict | None = None, status: str = "FINISHED"):
-    """A run nested under the active one (the UI shows it under its parent), ended like
-    :func:`tracked_run`; ``status`` is how it ends when its block succeeds (KILLED for the
-    results of an interrupted campaign, which the gate must not read as finished)."""
     try:
-        run = mlflow.start_run(nested=True, run_name=run_name,
-                               tags={"mlflow_di.version": mlflow_di.__version__, **(tags or {})})
-    except MlflowException as exc:
-        raise UserError(f"cannot start a run at {tracking_uri()}: {first_line(exc.message)}") from None
-    with _ended(RunLog(run), status) as log:
-        yield log
-
-
-@contextlib.contextmanager
-def _ended(log: RunLog, status: str = "FINISHED"):
-    """Yield ``log``; end its run with ``status``, KILLED on Ctrl-C / SIGTERM, FAILED on an error."""
-    try:
-        yield log
+        yield (log := RunLog(run))
     except KeyboardInterrupt:
         log.end("KILLED")
         raise
