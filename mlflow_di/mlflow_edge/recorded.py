@@ -73,10 +73,12 @@ def search_recorded_runs(command: str, tags: dict, metric: str, client=None, max
             return runs
 
 
-def logged_model_runs(model_id: str | None, command: str, tags: dict, metric: str, client=None) -> list:
+def logged_model_runs(model_id: str | None, command: str, tags: dict, metric: str, client=None,
+                      max_results: int = 100) -> list:
     """The runs that logged ``metric`` on the LoggedModel ``model_id`` (the model's own page in the
     UI), newest first, kept only when they pass :func:`search_recorded_runs`'s test: FINISHED runs
-    of ``mlflow-di COMMAND`` carrying ``tags``. Empty for no id or a LoggedModel that cannot be read."""
+    of ``mlflow-di COMMAND`` carrying ``tags``; at most ``max_results`` (runs are fetched only until
+    then). Empty for no id or a LoggedModel that cannot be read."""
     from mlflow.exceptions import MlflowException
 
     if not model_id:
@@ -100,14 +102,17 @@ def logged_model_runs(model_id: str | None, command: str, tags: dict, metric: st
         if run.info.status == "FINISHED" and metric in run.data.metrics and \
                 all(run.data.tags.get(key) == value for key, value in wanted.items()):
             runs.append(run)
+            if len(runs) >= max_results:
+                break
     return runs
 
 
-def recorded_runs(command: str, tags: dict, metric: str, client=None, model_id: str | None = None) -> list:
-    """What the gate reads: the runs the LoggedModel ``model_id`` shows ``metric`` from, when it has
-    any (:func:`logged_model_runs`), else :func:`search_recorded_runs` across experiments."""
-    return logged_model_runs(model_id, command, tags, metric, client) or \
-        search_recorded_runs(command, tags, metric, client, max_results=100)
+def recorded_runs(command: str, tags: dict, metric: str, client=None, model_id: str | None = None,
+                  max_results: int = 1) -> list:
+    """What the gate reads: up to ``max_results`` runs the LoggedModel ``model_id`` shows ``metric``
+    from, when it has any (:func:`logged_model_runs`), else :func:`search_recorded_runs` across experiments."""
+    return logged_model_runs(model_id, command, tags, metric, client, max_results) or \
+        search_recorded_runs(command, tags, metric, client, max_results=max_results)
 
 
 def gate_subject(uri: str, client=None) -> tuple:
@@ -257,7 +262,8 @@ FUZZ_CONSTRAINT_TAG = f"{TAG_PREFIX}fuzz_constraint"
 
 
 def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, client) -> list[Measurement]:
-    found = recorded_runs("fuzz", {**subject_tags, **target.fuzz_tags}, "success_rate", client, target.model_id)
+    found = recorded_runs("fuzz", {**subject_tags, **target.fuzz_tags}, "success_rate", client, target.model_id,
+                          max_results=100)  # constrained campaigns are left out below
     runs = [run for run in found if FUZZ_CONSTRAINT_TAG not in run.data.tags]
     if not runs:
         message = missing_message(CRITERION["success_rate"], subject_uri, target.key)
