@@ -86,11 +86,12 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     lineage_base = {"mlflow_di.source_uri": model_uri,
                     "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
                     "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
+    original = _source_labels(source, evaluation, device)  # once: exports and pruning work on copies
     registered = []
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
         registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags,
-                                        device, selection, inputs))
+                                        device, selection, inputs, original))
     return registered
 
 
@@ -141,7 +142,8 @@ def _inputs(raw_calib, raw_eval) -> dict:
 
 
 def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device,
-                  selection: "Selection | None" = None, inputs: dict | None = None) -> str:
+                  selection: "Selection | None" = None, inputs: dict | None = None, original=None) -> str:
+    """One method's run and registered export; ``original``: the source's top-1 labels on ``evaluation``."""
     import mlflow_di
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
@@ -162,7 +164,6 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                     params["triggers"] = selection.triggers
             log.params({"model_uri": ref.uri, "method": method, **params,
                         "eval_data": evaluation.name if evaluation is not None else "none"})
-            original = _source_labels(source, evaluation, device)
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
             metrics, deviation = _compare(original, compressed, evaluation)
             metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
