@@ -156,6 +156,9 @@ CASES = [
     ("timeout-zero", [*FUZZ, "--timeout", "0"]),
     ("num-seeds-zero", [*FUZZ[:-2], "--num-seeds", "0"]),
     ("batch-zero", [*FUZZ, "--batch", "0"]),
+    ("workers-negative", [*FUZZ, "--workers", "-1"]),
+    ("ray-address-garbage", [*FUZZ, "--workers", "2", "--ray-address", "nowhere"]),
+    ("gpus-per-worker-negative", [*FUZZ, "--workers", "2", "--gpus-per-worker", "-0.5"]),
     ("amount-above-one", ["compress", "--model-uri", "{pt}", "--method", "prune-l1", "--amount", "1.5"]),
     ("amount-one", ["compress", "--model-uri", "{pt}", "--method", "prune-l1", "--amount", "1"]),
     ("clusters-one", [*COVERAGE, "--clusters", "1,2"]),
@@ -332,6 +335,9 @@ CASES = [
 #: What the one error line must name, for cases where a later, different error could hide the
 #: intended one (the command would otherwise go on and fail elsewhere).
 FRAGMENTS = {
+    "workers-negative": "--workers",
+    "ray-address-garbage": "--ray-address",
+    "gpus-per-worker-negative": "--gpus-per-worker",
     "json-out-under-a-file": "--json-out",
     "json-out-is-a-dir": "--json-out",
     "out-dir-is-a-file": "--out-dir",

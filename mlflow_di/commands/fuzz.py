@@ -15,8 +15,8 @@ import time
 
 import click
 
-from mlflow_di.commands.options import (LazyChoice, WritablePath, device_option, json_out_option, seed_option,
-                                        write_json_out)
+from mlflow_di.commands.options import (LazyChoice, WritablePath, device_option, json_out_option, ray_options,
+                                        seed_option, write_json_out)
 
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
                    "already_deviating", "fuzzed")
@@ -72,11 +72,13 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--preprocessing-original", default=None, metavar="KEY=VALUE,...", help="Override the original's preprocessing.")
 @click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...",
               help="Override the compressed models' preprocessing.")
+@ray_options("the campaign: each loads the models once and searches chunks of --batch seeds")
 @seed_option
 @json_out_option
 @device_option
 def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, max_linf, min_ssim, batch,
-            out_dir, resume, preprocessing_original, preprocessing_compressed, seed, json_out, device) -> None:
+            out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address, cpus_per_worker,
+            gpus_per_worker, seed, json_out, device) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
@@ -107,6 +109,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             raise UserError(f"{role} model: {exc}") from None
     if search.options().get("constraint"):
         search.constraint.check_seed(seeds.images[0])
+    executor = _executor(workers, ray_address, cpus_per_worker, gpus_per_worker)
     several = len(compressed) > 1
     constraint = search.options().get("constraint")
     label = strategy + "".join(f"-{key.replace('_', '')}{value}" for key, value in (constraint or {}).items()
@@ -133,7 +136,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     run_name = f"fuzz {original_ref.short} vs {', '.join(ref.short for ref in compressed_refs)}"
     params = {"original": original, "seed_data": seed_data, "num_seeds": len(seeds), "timeout": timeout,
               "max_queries": max_queries, "strategy": strategy, "max_linf": max_linf, "min_ssim": min_ssim,
-              "batch": batch, "seed": seed, "resume": resume, "original_runs_on": original_model.provider}
+              "batch": batch, "seed": seed, "resume": resume, "original_runs_on": original_model.provider,
+              "workers": workers, **({"ray_address": ray_address} if workers else {})}
     with runs.tracked_run(run_name, tags=tags) as log:
         log.params({**params, "compressed": ",".join(compressed), "out_dir": str(folder),
                     "compressed_runs_on": ",".join(m.provider for m in compressed_models)})
@@ -141,9 +145,13 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                    + (f" against {len(compressed)} compressed models" if several else "") + f"; campaign folder {folder}")
         click.echo(f"original runs on {original_model.provider}, compressed on "
                    f"{', '.join(sorted({m.provider for m in compressed_models}))}")
+        if executor is not None:
+            click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of {batch} seeds; "
+                       "this process writes the campaign folder")
         with out_of_memory_as_user_error("fuzzing", batch):
             results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
-                                    max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders, resume=resume)
+                                    max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders, resume=resume,
+                                    executor=executor)
         summaries = [_summary(result) for result in results]
         # the seeds as the spec loads them; the campaign's fingerprint is theirs unless the original resized them
         known = None if original_model.preprocessing.has_raw_step else results[0].config.seeds_sha256
@@ -171,6 +179,20 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
     write_json_out(summaries[0] if not several else {"campaigns": dict(zip(compressed, summaries)),
                                                      **comparison["metrics"]}, json_out)
+
+
+def _executor(workers: int, address: str, cpus: float, gpus: float):
+    """None (search in this process) for ``--workers 0``, else the Ray executor; Ray missing is one line."""
+    if not workers:
+        return None
+    import importlib.util
+
+    from mlflow_di.errors import UserError
+    from mlflow_di.fuzz.distributed import RayExecutor
+
+    if importlib.util.find_spec("ray") is None:
+        raise UserError("--workers needs Ray: pip install 'mlflow-di[ray]' (or run with --workers 0)")
+    return RayExecutor(workers=workers, address=address, cpus_per_worker=cpus, gpus_per_worker=gpus)
 
 
 def _strategy(name: str, max_linf, min_ssim):

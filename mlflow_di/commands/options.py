@@ -173,6 +173,42 @@ class DeviceSpec(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class RayAddress(click.ParamType):
+    """``local``, ``auto`` or ``[ray://]HOST:PORT`` (whether a cluster answers there is checked when used)."""
+
+    name = "ADDRESS"
+
+    def convert(self, value, param, ctx):
+        from mlflow_di.errors import UserError
+        from mlflow_di.fuzz.distributed import check_address
+
+        try:
+            return check_address(value)
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def ray_options(what: str):
+    """``--workers``, ``--ray-address``, ``--cpus-per-worker`` and ``--gpus-per-worker`` (``what``: the work spread)."""
+    options = [
+        click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
+                     help=f"Ray workers for {what}; 0 runs everything in this process (needs mlflow-di[ray] otherwise)."),
+        click.option("--ray-address", type=RayAddress(), default="local", show_default=True,
+                     help="local (start Ray on this machine), auto (the cluster this machine belongs to) or "
+                          "ray://HOST:PORT."),
+        click.option("--cpus-per-worker", type=click.FloatRange(0), default=1.0, show_default=True,
+                     help="CPUs Ray reserves for each worker (fractions allowed)."),
+        click.option("--gpus-per-worker", type=click.FloatRange(0), default=0.0, show_default=True,
+                     help="GPUs Ray reserves for each worker (fractions share one GPU); PyTorch models then run there."),
+    ]
+
+    def decorate(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return decorate
+
+
 preprocessing_option = click.option(
     "--preprocessing", default=None, metavar="KEY=VALUE,...",
     help="Override the model's stored preprocessing, e.g. 'scale=1,layout=NHWC,input_shape=28/28/1'.")

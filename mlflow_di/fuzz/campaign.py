@@ -44,7 +44,7 @@ from mlflow_di.fuzz.strategies import make_strategy
 
 def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeout: float = 180.0,
                  max_queries: int | None = None, batch: int = 64, seed: int = 0, out_dir=None,
-                 resume: bool = False, progress: bool = True) -> CampaignResult:
+                 resume: bool = False, progress: bool = True, executor=None) -> CampaignResult:
     """Search each seed for an input on which ``original`` and ``compressed`` disagree.
 
     ``original``/``compressed``: black boxes with ``predict_proba(uint8 NHWC) -> (N, C)``.
@@ -55,16 +55,16 @@ def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeo
     triggers are saved as seeds finish; ``resume=True`` continues a campaign found there.
 
     A KeyboardInterrupt stops the campaign early: finished seeds are kept (on disk too) and
-    the returned result has ``complete=False``.
+    the returned result has ``complete=False``. ``executor``: see :func:`run_campaigns`.
     """
     return run_campaigns(original, [compressed], seeds, strategy=strategy, timeout=timeout, max_queries=max_queries,
                          batch=batch, seed=seed, out_dirs=None if out_dir is None else [out_dir], resume=resume,
-                         progress=progress)[0]
+                         progress=progress, executor=executor)[0]
 
 
 def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare", timeout: float = 180.0,
                   max_queries: int | None = None, batch: int = 64, seed: int = 0, out_dirs: list | None = None,
-                  resume: bool = False, progress: bool = True) -> list[CampaignResult]:
+                  resume: bool = False, progress: bool = True, executor=None) -> list[CampaignResult]:
     """One campaign per model in ``compressed``, all against ``original``, sharing its calls.
 
     Each campaign is the one :func:`run_campaign` would run for that pair (per-seed records are
@@ -74,6 +74,10 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     campaign's own inputs through its compressed model. ``out_dirs``: one folder per campaign.
     The results' ``run_stats.original_inputs`` say how many images the original evaluated for
     that campaign's share; :attr:`RunStats.shared_original_inputs` how many all campaigns needed.
+
+    ``executor``: None searches here; a :class:`~mlflow_di.fuzz.distributed.RayExecutor` spreads
+    chunks of seeds over Ray workers (same per-seed records under ``max_queries``). Either way this
+    process alone writes the campaign folders.
     """
     strategy = make_strategy(strategy)
     if not compressed:
@@ -101,7 +105,7 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
             lane.store.create(lane.config)
     runner = _Lockstep(original, lanes, seeds, strategy, batch)
     try:
-        runner.run(progress)
+        runner.run(progress, executor)
     finally:
         for lane in lanes:
             if lane.store is not None:
@@ -245,33 +249,42 @@ class _Lockstep:
         #: images the original evaluated (each distinct input of an iteration once)
         self.shared_original_inputs = 0
 
-    def run(self, progress: bool) -> None:
+    def run(self, progress: bool, executor=None) -> None:
+        """Search every lane's seeds, here (``executor`` None) or as ``executor.execute(self)`` decides
+        (e.g. :class:`~mlflow_di.fuzz.distributed.RayExecutor`), which hands each finished seed to :meth:`save`."""
         self._triggers = sum(r.success for lane in self.lanes for r in lane.done.values())
         finished = sum(len(lane.done) for lane in self.lanes)
         self._progress = tqdm(total=len(self.seeds) * len(self.lanes), initial=finished, disable=not progress,
                               desc=f"fuzz {self.strategy.name}", unit="seed", dynamic_ncols=True)
-        for lane in self.lanes:
-            for row, index in enumerate(lane.todo):
-                if labels_differ(lane.p_original[row], lane.p_compressed[row]):
-                    self._finish_deviating(lane, int(index), lane.p_original[row], lane.p_compressed[row])
-                else:
-                    lane.pending.append((int(index), lane.p_original[row], lane.p_compressed[row]))
         try:
-            while any(lane.busy for lane in self.lanes):
-                for lane in self.lanes:
-                    while lane.pending and len(lane.active) < self.batch:
-                        lane.active.append(self._start(lane, *lane.pending.popleft()))
-                self._step()
-                for lane in self.lanes:
-                    lane.active = [a for a in lane.active if not self._maybe_finish(lane, a)]
+            if executor is None:
+                self.search_all()
+            else:
+                executor.execute(self)
         except KeyboardInterrupt:
-            unfinished = sum(len(lane.active) + len(lane.pending) for lane in self.lanes)
+            unfinished = sum(len(lane.todo) - len(lane.records) for lane in self.lanes)
             saved = sum(len(lane.records) for lane in self.lanes)
             self._progress.write(f"interrupted: {saved} seeds finished in this run are saved; {unfinished} not finished")
         finally:
             self._last_postfix = 0.0  # the final counts, whatever the rate limit
             self._refresh_progress()
             self._progress.close()
+
+    def search_all(self) -> None:
+        """Every lane's seeds in this process, ``batch`` at a time per lane (seeds already deviating are recorded at once)."""
+        for lane in self.lanes:
+            for row, index in enumerate(lane.todo):
+                if labels_differ(lane.p_original[row], lane.p_compressed[row]):
+                    self._finish_deviating(lane, int(index), lane.p_original[row], lane.p_compressed[row])
+                else:
+                    lane.pending.append((int(index), lane.p_original[row], lane.p_compressed[row]))
+        while any(lane.busy for lane in self.lanes):
+            for lane in self.lanes:
+                while lane.pending and len(lane.active) < self.batch:
+                    lane.active.append(self._start(lane, *lane.pending.popleft()))
+            self._step()
+            for lane in self.lanes:
+                lane.active = [a for a in lane.active if not self._maybe_finish(lane, a)]
 
     def _start(self, lane: _Lane, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> _Active:
         began = time.perf_counter()
@@ -361,7 +374,7 @@ class _Lockstep:
             stop = Stop.TIMEOUT
         else:
             return False
-        self._save(lane, self._record(a, stop), search.trigger, a.seed_image)
+        self.save(lane, self._record(a, stop), search.trigger, a.seed_image)
         lane.stats.search_seconds += a.seconds - a.model_seconds
         return True
 
@@ -387,9 +400,10 @@ class _Lockstep:
                             stop=Stop.ALREADY_DEVIATING, queries=0, seconds=0.0,
                             seed_labels=top1_labels(p_original, p_compressed),
                             seed_probabilities=_top1(p_original, p_compressed))
-        self._save(lane, record, None, self.seeds.images[index])
+        self.save(lane, record, None, self.seeds.images[index])
 
-    def _save(self, lane: _Lane, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray) -> None:
+    def save(self, lane: _Lane, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray) -> None:
+        """Keep one finished seed: in the lane, in its campaign folder (when it has one), on the progress bar."""
         lane.records[record.index] = record
         if trigger is not None:
             lane.images[record.index] = (trigger, seed_image)

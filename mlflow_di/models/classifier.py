@@ -25,6 +25,9 @@ class Classifier:
     backend = "abstract"
     provider = "cpu"  #: what runs the model, for logs (a backend names its device or execution provider)
     default_batch_size = 256
+    #: where the model was loaded from (:class:`mlflow_di.models.shipping.Origin`), set by
+    #: ``load_classifier``: a Ray worker loads its own copy from it; None for classifiers built in Python
+    origin = None
 
     def __init__(self, preprocessing: Preprocessing, name: str):
         self.preprocessing = preprocessing

@@ -24,6 +24,7 @@ from mlflow_di.models.classifier import Classifier, OnnxClassifier, TFLiteClassi
 from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.preprocessing import Preprocessing
 from mlflow_di.models.reference import URI_HELP, ModelRef, RefKind
+from mlflow_di.models.shipping import origin_of
 from mlflow_di.models.torch_model import TorchModel
 
 __all__ = ["URI_HELP", "ModelSource", "load_classifier", "load_repaired", "load_torch_model", "resolve"]
@@ -50,8 +51,10 @@ class ModelSource:
 _FILE_KINDS = {RefKind.ONNX: "onnx", RefKind.TFLITE: "tflite", RefKind.TORCH: "pytorch", RefKind.KERAS: "keras"}
 
 
-def resolve(uri: str | ModelRef) -> ModelSource:
-    """Find out what ``uri`` points to, downloading MLflow artifacts when needed."""
+def resolve(uri: str | ModelRef | ModelSource) -> ModelSource:
+    """Find out what ``uri`` points to, downloading MLflow artifacts when needed (a source is returned as it is)."""
+    if isinstance(uri, ModelSource):
+        return uri
     ref = ModelRef.parse(uri)
     if ref.is_mlflow:
         from mlflow_di.mlflow_edge.models import download_model
@@ -99,7 +102,7 @@ def _load_torch_module(source: ModelSource):
     return loaded
 
 
-def load_torch_model(uri: str, preprocessing: str | Preprocessing | None = None, device=None) -> TorchModel:
+def load_torch_model(uri: str | ModelSource, preprocessing: str | Preprocessing | None = None, device=None) -> TorchModel:
     """A white-box :class:`TorchModel` for ``uri`` (PyTorch and Keras references only).
 
     ``device`` (``auto``, ``cpu``, ``cuda[:N]`` or a ``torch.device``; None keeps the CPU) is where
@@ -141,8 +144,14 @@ def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None, 
     """A black-box :class:`Classifier` for ``uri``, whatever the backend, on ``device`` (see
     :func:`load_torch_model`; ONNX models choose their execution provider from it, TFLite runs on the CPU)."""
     source = resolve(uri)
+    classifier = _load_classifier(source, uri, preprocessing, device)
+    classifier.origin = origin_of(source, device)  # how a Ray worker loads the same model (models.shipping)
+    return classifier
+
+
+def _load_classifier(source: ModelSource, uri, preprocessing, device) -> Classifier:
     if source.kind in ("pytorch", "keras"):
-        return load_torch_model(uri, preprocessing, device).classifier()
+        return load_torch_model(source, preprocessing, device).classifier()
     if source.kind == "pytorch-pt2":
         classifier = _pt2_classifier(source, preprocessing)
         if device is not None:

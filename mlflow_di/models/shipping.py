@@ -1,0 +1,104 @@
+"""Models packed to travel to another process or machine (a Ray worker) and loaded there again.
+
+A worker should load the model the driver loaded, without access to the tracking server: the
+driver resolves a ``models:/`` or ``runs:/`` reference once (:func:`mlflow_di.models.loading.resolve`
+downloads it), and :func:`ship` packs the files it got (a whole MLflow model folder, or the one
+model file) into a :class:`Shipment` of bytes. :meth:`Shipment.load` unpacks them into a private
+temporary folder on the worker and loads that local copy with
+:func:`~mlflow_di.models.loading.load_classifier`, with the same preprocessing override and device
+request, so the worker needs no credentials and no shared file system.
+
+A model that did not come from :func:`~mlflow_di.models.loading.load_classifier` (a test double,
+a classifier built in Python) is pickled as it is, which needs it to be picklable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import tempfile
+
+from mlflow_di.errors import UserError
+from mlflow_di.models.preprocessing import Preprocessing
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """What :func:`~mlflow_di.models.loading.load_classifier` was given and found: enough to load the model again.
+
+    ``root``: the local folder or file holding the model (an MLflow model folder, or the file);
+    ``reference``: how to name it inside ``root``'s copy (``{root}`` is replaced by the copy's path);
+    ``device``: the device asked for (``auto`` is resolved again where the model is loaded).
+    """
+
+    root: pathlib.Path
+    reference: str
+    device: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Shipment:
+    """A model's files as bytes plus how to load them; picklable, small enough for an object store."""
+
+    files: dict[str, bytes]
+    reference: str
+    preprocessing: Preprocessing
+    device: str | None
+    name: str
+
+    @property
+    def size(self) -> int:
+        """Bytes shipped."""
+        return sum(len(data) for data in self.files.values())
+
+    def load(self, folder=None):
+        """The classifier, loaded from a copy of the files in ``folder`` (default: a new temporary folder).
+
+        The folder is kept for as long as the process lives: ONNX Runtime and TFLite read the file
+        when the session opens, PyTorch unpickles it at once; the copy costs disk, not memory.
+        """
+        from mlflow_di.models.loading import load_classifier
+
+        root = pathlib.Path(folder or tempfile.mkdtemp(prefix="mlflow-di-shipped-"))
+        for relative, data in self.files.items():
+            target = root / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        classifier = load_classifier(self.reference.replace("{root}", str(root)), self.preprocessing, self.device)
+        classifier.name = self.name
+        return classifier
+
+
+def origin_of(source, device) -> Origin:
+    """The :class:`Origin` of a model :func:`~mlflow_di.models.loading.resolve` found at ``source``."""
+    path = pathlib.Path(source.path)
+    if source.ref.is_mlflow:  # ship the whole MLflow model folder: MLmodel, data, metadata
+        root = next((parent for parent in (path, *path.parents) if (parent / "MLmodel").is_file()), None)
+        if root is None:
+            raise UserError(f"cannot find the MLflow model folder (with an MLmodel file) of '{source.uri}'")
+        return Origin(root, "{root}", _device_text(device))
+    reference = "{root}/" + path.name
+    if source.kind == "keras":
+        reference = f"keras:{source.ref.arch}:{reference}"
+    return Origin(path, reference, _device_text(device))
+
+
+def ship(model):
+    """``model`` ready to travel: a :class:`Shipment` when it knows its :class:`Origin`, else itself (pickled as it is)."""
+    origin = getattr(model, "origin", None)
+    if origin is None:
+        return model
+    root = origin.root
+    if root.is_dir():
+        files = {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+    else:
+        files = {root.name: root.read_bytes()}
+    return Shipment(files, origin.reference, model.preprocessing, origin.device, model.name)
+
+
+def unship(model):
+    """The model a worker uses: a :class:`Shipment` loaded, anything else as it came."""
+    return model.load() if isinstance(model, Shipment) else model
+
+
+def _device_text(device) -> str | None:
+    return None if device is None else str(device)
