@@ -1,0 +1,245 @@
+"""mlflow-di serve: the durable queue (one job per version, atomic claims, backoff, recovery),
+MLflow's webhook signature, the workers' exit-code rules, a bad policy refused at start, and the
+service end to end against a real ``mlflow server`` (webhook delivery, a bad signature refused,
+a service killed mid-job resuming the job once)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from mlflow_di.cli import main
+from mlflow_di.service import signature
+from mlflow_di.service.queue import JobQueue, backoff_delay, outcome
+from mlflow_di.service.worker import Runner, stop_orphan
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ------------------------------------------------------------------------------ the queue
+def test_a_version_is_queued_once_ever(tmp_path):
+    queue = JobQueue(tmp_path / "jobs.sqlite")
+    assert queue.enqueue("m", "1", "webhook") is True
+    assert queue.enqueue("m", "1", "poll") is False  # the poller saw it too
+    assert queue.enqueue("m", 2, "poll") is True and queue.enqueue("other", "1") is True
+    job = queue.claim()
+    queue.finish(job.id, "passed", 0)
+    assert queue.enqueue("m", "1", "webhook") is False  # not even after it finished
+    assert [(j.model, j.version, j.source) for j in queue.jobs()] == [("m", "1", "webhook"), ("m", "2", "poll"),
+                                                                      ("other", "1", "")]
+    assert queue.counts() == {"queued": 2, "running": 0, "passed": 1, "failed": 0, "error": 0}
+    queue.close()
+    again = JobQueue(tmp_path / "jobs.sqlite")  # durable
+    assert again.find("m", "1").state == "passed" and again.enqueue("m", "1") is False
+
+
+def test_claims_are_atomic_across_threads_and_connections(tmp_path):
+    path = tmp_path / "jobs.sqlite"
+    first, second = JobQueue(path), JobQueue(path)
+    for number in range(60):
+        first.enqueue("m", str(number))
+    claimed, lock = [], threading.Lock()
+
+    def take(queue):
+        while (job := queue.claim()) is not None:
+            with lock:
+                claimed.append(job.id)
+
+    threads = [threading.Thread(target=take, args=(queue,)) for queue in (first, second) * 3]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(claimed) == sorted(set(claimed)) and len(claimed) == 60
+    assert all(job.state == "running" and job.attempts == 1 for job in first.jobs())
+
+
+def test_a_crashing_job_is_retried_with_backoff_then_an_error(tmp_path):
+    clock = Clock()
+    queue = JobQueue(tmp_path / "jobs.sqlite", clock=clock)
+    queue.enqueue("m", "1")
+    job = queue.claim()
+    job = queue.retry(job.id, -9, "killed", max_attempts=3, base_delay=10)
+    assert job.state == "queued" and job.next_attempt_at == 1010 and job.exit_code == -9
+    assert queue.claim() is None  # not due yet
+    clock.now = 1010
+    job = queue.claim()
+    assert job.attempts == 2
+    job = queue.retry(job.id, 3, "crashed", max_attempts=3, base_delay=10)
+    assert job.next_attempt_at == 1010 + 20  # doubled
+    clock.now = 1030
+    job = queue.retry(queue.claim().id, 3, "crashed", max_attempts=3, base_delay=10)
+    assert job.state == "error" and "gave up after 3 attempts" in job.message
+    assert queue.claim() is None
+    assert [backoff_delay(n, 30) for n in (1, 2, 3)] == [30, 60, 120] and backoff_delay(30, 30) == 3600
+
+
+def test_jobs_left_running_by_a_dead_service_run_again(tmp_path):
+    path = tmp_path / "jobs.sqlite"
+    dead = JobQueue(path)
+    dead.enqueue("m", "1")
+    dead.enqueue("m", "2")
+    job = dead.claim()
+    dead.set_pid(job.id, 4242)  # ... and the service is killed here
+    restarted = JobQueue(path)
+    left = restarted.recover()
+    assert [(j.version, j.state, j.pid) for j in left] == [("1", "running", 4242)]
+    job = restarted.job(job.id)
+    assert job.state == "queued" and job.attempts == 0 and job.pid is None  # the interrupted run does not count
+    assert restarted.claim().version == "1"  # due at once, before the younger job
+    assert restarted.recover()[0].version == "1" and restarted.recover() == []
+
+
+def test_final_states_and_the_tags_they_call_for(tmp_path):
+    queue = JobQueue(tmp_path / "jobs.sqlite")
+    queue.enqueue("m", "1")
+    assert [job.tag_mark for job in queue.untagged()] == ["queued/0"]
+    queue.mark_tagged(1, "queued/0")
+    assert queue.untagged() == []
+    job = queue.claim()
+    assert [j.tag_mark for j in queue.untagged()] == ["running/1"]
+    queue.finish(job.id, "failed", 1, "gate said no")
+    assert queue.job(job.id).state == "failed" and queue.claim() is None
+    with pytest.raises(ValueError):
+        queue.finish(job.id, "running")
+    assert [outcome(code) for code in (0, 1, 2, 3, -9, 130, 143)] == \
+        ["passed", "failed", "error", "retry", "retry", "retry", "retry"]
+    first = queue.first_started_at()
+    assert queue.first_started_at() == first  # recorded once
+
+
+# ------------------------------------------------------------------------------ the workers
+def _runner(tmp_path, queue, code_for, stop=None, **kwargs):
+    lines = []
+    runner = Runner(queue, argv=lambda job: [sys.executable, "-c", code_for(job)],
+                    log_path=lambda job: tmp_path / "logs" / f"{job.model}-{job.version}.log", max_attempts=2,
+                    backoff_s=0, stop=stop or threading.Event(), report=lambda job, text: lines.append(f"{job.key} {text}"),
+                    **kwargs)
+    return runner, lines
+
+
+def test_exit_codes_decide_the_job(tmp_path):
+    queue = JobQueue(tmp_path / "jobs.sqlite")
+    codes = {"1": 0, "2": 1, "3": 2, "4": 3}
+    for version in codes:
+        queue.enqueue("m", version)
+    runner, lines = _runner(tmp_path, queue, lambda job: f"print('pipeline of {job.key}'); raise SystemExit({codes[job.version]})")
+    while (job := queue.claim()) is not None:
+        runner.run(job)
+    states = {job.version: (job.state, job.attempts) for job in queue.jobs()}
+    assert states == {"1": ("passed", 1), "2": ("failed", 1), "3": ("error", 1), "4": ("error", 2)}  # 3: retried once
+    assert "pipeline of m/4" in (tmp_path / "logs" / "m-4.log").read_text()
+    assert (tmp_path / "logs" / "m-4.log").read_text().count("=== attempt") == 2
+    assert any("m/4 queued again: pipeline exited with code 3" in line for line in lines)
+
+
+def test_stopping_the_service_stops_the_pipeline_and_leaves_its_job_running(tmp_path):
+    queue = JobQueue(tmp_path / "jobs.sqlite")
+    queue.enqueue("m", "1")
+    stop = threading.Event()
+    runner, lines = _runner(tmp_path, queue, lambda job: "import time; print('started', flush=True); time.sleep(60)", stop)
+    worker = threading.Thread(target=runner.loop)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while "started" not in ((tmp_path / "logs" / "m-1.log").read_text() if (tmp_path / "logs" / "m-1.log").exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    pid = queue.find("m", "1").pid
+    stop.set()
+    worker.join(30)
+    assert not worker.is_alive() and queue.find("m", "1").state == "running"
+    assert not pathlib.Path(f"/proc/{pid}").exists() or "Z" in pathlib.Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
+
+
+def test_an_orphaned_pipeline_is_stopped_only_when_it_is_ours(tmp_path):
+    marker = str(tmp_path / "pipelines" / "m-1")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker], start_new_session=True)
+    try:
+        cmdline, deadline = pathlib.Path(f"/proc/{child.pid}/cmdline"), time.monotonic() + 30
+        while marker.encode() not in cmdline.read_bytes():  # empty while the child is still exec-ing
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert stop_orphan(child.pid, str(tmp_path / "pipelines" / "m-2")) is False  # someone else's
+        assert child.poll() is None
+        assert stop_orphan(child.pid, marker, grace=5) is True
+        assert child.wait(10) is not None
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+# ------------------------------------------------------------------------------ signatures
+def _delivery(secret: str, body: bytes, timestamp: int | None = None, delivery_id: str | None = None) -> dict:
+    """Headers as MLflow's own delivery code signs them (its private helper, so a change of scheme shows here)."""
+    from mlflow.webhooks.delivery import _generate_hmac_signature
+
+    delivery_id = delivery_id or str(uuid.uuid4())
+    timestamp = str(int(time.time()) if timestamp is None else timestamp)
+    return {signature.DELIVERY_ID_HEADER: delivery_id, signature.TIMESTAMP_HEADER: timestamp,
+            signature.SIGNATURE_HEADER: _generate_hmac_signature(secret, delivery_id, timestamp, body.decode())}
+
+
+class Headers(dict):
+    """Case-insensitive ``get`` like ``http.client.HTTPMessage``."""
+
+    def get(self, key, default=None):
+        return next((value for name, value in self.items() if name.lower() == key.lower()), default)
+
+
+def test_mlflow_signatures_are_verified():
+    body = json.dumps({"entity": "model_version", "action": "created", "data": {"name": "m", "version": "1"}}).encode()
+    headers = Headers(_delivery("s3cret", body))
+    assert signature.check("s3cret", headers, body) is None
+    assert signature.sign("s3cret", headers.get(signature.DELIVERY_ID_HEADER), headers.get(signature.TIMESTAMP_HEADER),
+                          body) == headers.get(signature.SIGNATURE_HEADER)
+    lower = Headers({name.lower(): value for name, value in headers.items()})
+    assert signature.check("s3cret", lower, body) is None
+    rotated = Headers({**headers, signature.SIGNATURE_HEADER: "v1,b2xk " + headers[signature.SIGNATURE_HEADER]})
+    assert signature.check("s3cret", rotated, body) is None
+    assert "does not match" in signature.check("other", headers, body)
+    assert "does not match" in signature.check("s3cret", headers, body.replace(b'"1"', b'"2"'))
+    forged_id = Headers({**headers, signature.DELIVERY_ID_HEADER: str(uuid.uuid4())})
+    assert "does not match" in signature.check("s3cret", forged_id, body)
+    for header in (signature.SIGNATURE_HEADER, signature.TIMESTAMP_HEADER, signature.DELIVERY_ID_HEADER):
+        assert signature.check("s3cret", Headers({k: v for k, v in headers.items() if k != header}), body) == \
+            f"no {header} header"
+    old = Headers(_delivery("s3cret", body, timestamp=int(time.time()) - 3600))
+    assert "replay" in signature.check("s3cret", old, body)
+    assert "Unix seconds" in signature.check("s3cret", Headers({**headers, signature.TIMESTAMP_HEADER: "soon"}), body)
+
+
+# ------------------------------------------------------------------------------ refused at start
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_policy_with_a_mistake_is_refused_before_any_port_is_bound(tmp_path, capsys):
+    from tests.mlflow_server import free_port
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("gate: {thresholds: {min_idc: 0.5}}\ncompress: {methods: [int8-dynamic], amout: 0.2}\n")
+    port = free_port()
+    code = main(["serve", "--policy", str(policy), "--port", str(port), "--state-dir", str(tmp_path / "state")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines() == ["mlflow-di: error: policy.yaml: unknown key compress.amout; "
+                                              "known: methods, calib_data, eval_data, amount"]
+    assert not (tmp_path / "state").exists() and _port_is_free(port)
