@@ -23,6 +23,8 @@ from mlflow_di.service import signature
 from mlflow_di.service.queue import JobQueue, backoff_delay, outcome
 from mlflow_di.service.worker import Runner, stop_orphan
 
+from mlflow_server import free_port, start_server, use_server  # noqa: F401  (fixture)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -233,8 +235,6 @@ def _port_is_free(port: int) -> bool:
 
 
 def test_a_policy_with_a_mistake_is_refused_before_any_port_is_bound(tmp_path, capsys):
-    from tests.mlflow_server import free_port
-
     policy = tmp_path / "policy.yaml"
     policy.write_text("gate: {thresholds: {min_idc: 0.5}}\ncompress: {methods: [int8-dynamic], amout: 0.2}\n")
     port = free_port()
@@ -243,3 +243,157 @@ def test_a_policy_with_a_mistake_is_refused_before_any_port_is_bound(tmp_path, c
     assert code == 2 and err.splitlines() == ["mlflow-di: error: policy.yaml: unknown key compress.amout; "
                                               "known: methods, calib_data, eval_data, amount"]
     assert not (tmp_path / "state").exists() and _port_is_free(port)
+
+
+# ------------------------------------------------------------------------------ end to end
+#: The smallest pipeline that runs every kind of step: seconds per version.
+TINY = """
+compress: {methods: [int8-dynamic], eval_data: "digits[600:650]"}
+coverage: {train_data: "digits[0:100]", test_data: ["digits[600:650]"], criteria: [idc], clusters: [2]}
+fuzz: {seed_data: "digits[600:650]", num_seeds: 2, max_queries: 10, timeout: 10}
+gate: {thresholds: {min_idc: 0}}
+"""
+SECRET_VAR = "MLFLOW_DI_TEST_WEBHOOK_SECRET"
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+
+
+def _get(url: str) -> dict:
+    with LOCAL.open(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _post(url: str, body: bytes, headers: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **headers})
+    try:
+        with LOCAL.open(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _wait(what: str, predicate, timeout: float, service=None, log=None):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except (urllib.error.URLError, OSError, KeyError):
+            value = None
+        if value:
+            return value
+        if service is not None and service.poll() is not None:
+            pytest.fail(f"the service exited ({service.returncode}) while waiting for {what}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {timeout:.0f} s" + (f"; service log:\n{log.read_text()[-4000:]}" if log else ""))
+        time.sleep(0.5)
+
+
+def _register(name: str) -> None:
+    """A new version of ``name``: an untrained digits-cnn (the gate's threshold is 0 anyway)."""
+    from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+
+    spec = zoo.architecture("digits-cnn")
+    model = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name=name, metadata={"arch": "digits-cnn"})
+    with tracking.tracked_run(f"train {name}"):
+        edge_models.log_torch_model(model, registered_model_name=name)
+
+
+@pytest.mark.slow
+def test_the_service_gates_new_versions_once_and_resumes_after_a_kill(tmp_path, use_server, one_torch_thread):
+    import signal
+
+    server = start_server(tmp_path / "mlflow", extra_env={  # let it deliver webhooks to http://127.0.0.1
+        "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true"})
+    services = []
+    try:
+        client = use_server(server)
+        policy = tmp_path / "tiny.yaml"
+        policy.write_text(TINY)
+        port, state, secret = free_port(), tmp_path / "service", uuid.uuid4().hex
+        url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "MLFLOW_TRACKING_URI": server.url, SECRET_VAR: secret, "PYTHONPATH": str(REPO),
+               "OMP_NUM_THREADS": "1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+        log = tmp_path / "service.log"
+
+        def start(*extra):
+            with log.open("a") as out:
+                process = subprocess.Popen([sys.executable, "-m", "mlflow_di.cli", "serve", "--policy", str(policy),
+                                            "--state-dir", str(state), "--port", str(port), "--webhook-secret-env",
+                                            SECRET_VAR, "--retry-backoff", "1", *extra], env=env, cwd=tmp_path,
+                                           stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            services.append(process)
+            _wait("/health", lambda: _get(f"{url}/health")["status"] == "ok", 120, process, log)
+            return process
+
+        def job(version: str) -> dict | None:
+            return next((j for j in _get(f"{url}/jobs")["jobs"] if (j["model"], j["version"]) == ("svc", version)), None)
+
+        def status(version: str) -> str | None:
+            return client.get_model_version("svc", version).tags.get("mlflow_di.status")
+
+        # 1. webhooks only: the service registers its webhook; a new version is gated
+        service = start("--register-webhook", f"{url}/webhook", "--poll-seconds", "0")
+        _register("svc")
+        assert _wait("svc/1 gated", lambda: status("1") in ("passed", "failed") and status("1"), 240, service, log)
+        first = job("1")
+        assert first["source"] == "webhook" and first["attempts"] == 1 and first["state"] == status("1")
+        assert client.get_model_version("svc", "1").tags["mlflow_di.job_attempts"] == "1"
+
+        # a bad signature is refused and queues nothing; a signed repeat changes nothing
+        body = json.dumps({"entity": "model_version", "action": "created", "timestamp": "now",
+                           "data": {"name": "svc", "version": "7"}}).encode()
+        forged = _delivery("not-the-secret", body)
+        assert _post(f"{url}/webhook", body, forged)[0] == 401
+        assert _post(f"{url}/webhook", body, {})[0] == 401
+        repeat = body.replace(b'"7"', b'"1"')
+        code, answer = _post(f"{url}/webhook", repeat, _delivery(secret, repeat))
+        assert code == 200 and answer["job"]["attempts"] == 1 and answer["job"]["state"] == first["state"]
+        assert [(j["model"], j["version"]) for j in _get(f"{url}/jobs")["jobs"]] == [("svc", "1")]  # no export either
+
+        # 2. killed mid-job: the restarted service resumes the job, and it runs once
+        _register("svc")
+        pipeline_state = state / "pipelines" / "svc-2" / "state.json"
+        _wait("svc/2 compressed", lambda: "compress" in json.loads(pipeline_state.read_text())["done"], 240, service, log)
+        orphan = job("2")["pid"]
+        os.killpg(orphan, signal.SIGSTOP)  # frozen mid-job: still there when the service comes back
+        os.kill(service.pid, signal.SIGKILL)
+        service.wait(10)
+        assert job_state_in_queue(state, "2") == "running"
+        service = start("--poll-seconds", "1")  # polling now: sees svc/1 and svc/2 again, queues neither twice
+        assert _wait("svc/2 gated", lambda: status("2") in ("passed", "failed") and status("2"), 240, service, log)
+        second = job("2")
+        assert second["attempts"] == 1 and second["state"] == status("2")
+        assert f"svc/2 stopped pipeline process {orphan} left by the previous service" in log.read_text()
+        attempts_log = (state / "logs" / "svc-2.log").read_text()
+        assert attempts_log.count("=== attempt 1") == 2  # the interrupted run and the resumed one
+        assert "resuming from" in attempts_log and "compress: finished earlier, skipped" in attempts_log
+        experiment = client.get_experiment_by_name("mlflow-di")
+        pipelines = client.search_runs([experiment.experiment_id], "tags.mlflow_di.command = 'pipeline'")
+        by_version = sorted(run.data.params["model_uri"] for run in pipelines)
+        assert by_version == ["models:/svc/1", "models:/svc/2"]  # one parent run per version, also after the kill
+        assert all(run.info.status == "FINISHED" for run in pipelines)
+        gates = client.search_runs([experiment.experiment_id], "tags.mlflow_di.command = 'gate'")
+        assert sorted(run.data.tags["mlflow_di.model_uri"] for run in gates) == ["models:/svc/1", "models:/svc/2"]
+        assert [(j["model"], j["version"]) for j in _get(f"{url}/jobs")["jobs"]] == [("svc", "1"), ("svc", "2")]
+        health = _get(f"{url}/health")
+        assert health["jobs"]["queued"] == health["jobs"]["running"] == 0
+
+        # 3. SIGTERM: a quiet stop, exit 0
+        os.kill(service.pid, signal.SIGTERM)
+        assert service.wait(60) == 0, log.read_text()[-3000:]
+        assert "stopped" in log.read_text().splitlines()[-1]
+    finally:
+        for process in services:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        server.stop()
+
+
+def job_state_in_queue(state: pathlib.Path, version: str) -> str:
+    queue = JobQueue(state / "jobs.sqlite")
+    try:
+        return queue.find("svc", version).state
+    finally:
+        queue.close()

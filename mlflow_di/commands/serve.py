@@ -35,7 +35,7 @@ from mlflow_di.commands.options import WritablePath
 
 DEFAULT_STATE = "mlflow-di-service"
 DEFAULT_PORT = 5055
-WEBHOOK_NAME = "mlflow-di serve"
+WEBHOOK_NAME = "mlflow-di-serve"  # MLflow allows letters, digits, . _ - only
 #: Seconds before a failed tag write is tried again (the registry may be down for a while).
 TAG_RETRY_S = 30.0
 

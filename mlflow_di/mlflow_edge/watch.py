@@ -109,6 +109,8 @@ def ensure_webhook(name: str, url: str, secret: str, client=None) -> tuple[str, 
                                      description="mlflow-di serve: run the pipeline for every new model version")
         return hook.webhook_id, "created"
     except MlflowException as exc:
-        raise UserError(f"cannot register the webhook {url} at {uri}: {first_line(exc.message)} (a server that "
-                        "refuses http:// or private addresses needs MLFLOW_WEBHOOK_ALLOWED_SCHEMES / "
-                        "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS on its side)") from None
+        line = first_line(exc.message)
+        if any(word in line.lower() for word in ("scheme", "private", "public ip", "resolve")):
+            line += (" (a server delivers to http:// or private addresses only with MLFLOW_WEBHOOK_ALLOWED_SCHEMES "
+                     "and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS set on its side)")
+        raise UserError(f"cannot register the webhook {url} at {uri}: {line}") from None

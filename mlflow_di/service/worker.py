@@ -119,6 +119,8 @@ def stop_orphan(pid: int, marker: str, grace: float = STOP_GRACE_S) -> bool:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(pid, signal.SIGCONT)  # a stopped (Ctrl-Z'd, SIGSTOPped) pipeline acts on it too
         except (ProcessLookupError, PermissionError):
             return True
         deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 10.0)
