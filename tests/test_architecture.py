@@ -66,7 +66,7 @@ def test_help_imports_no_heavy_library():
     import sys
 
     code = ("import sys; from mlflow_di.cli import main\n"
-            "for cmd in ('demo','describe','import-keras','coverage','inspect','generate','compress','fuzz','repair','robustness','gate'):\n"
+            "for cmd in ('demo','describe','import-keras','coverage','inspect','generate','compress','fuzz','repair','robustness','gate','serve'):\n"
             "    try: main([cmd, '--help'])\n"
             "    except SystemExit: pass\n"
             "main(['coverage', '--clusters', '1'])\n"

@@ -135,9 +135,23 @@ class Service:
         self._print_lock = threading.Lock()
         self._seen: set[tuple[str, str]] = set()  # versions the poller already decided about
         self._threads: list[threading.Thread] = []
+        self.server = None
+        self._lock_file = None
 
     # ------------------------------------------------------------------------------ start
     def start(self, host: str, port: int, register_webhook: str | None) -> None:
+        """Check, bind, recover and start the threads; on any failure release what was taken."""
+        try:
+            self._start(host, port, register_webhook)
+        except BaseException:
+            self.stop.set()
+            if getattr(self, "server", None) is not None:
+                self.server.server_close()
+            if getattr(self, "_lock_file", None) is not None:
+                self._lock_file.close()  # releases the flock
+            raise
+
+    def _start(self, host: str, port: int, register_webhook: str | None) -> None:
         from mlflow_di.errors import UserError
         from mlflow_di.mlflow_edge import connection, watch
         from mlflow_di.service.http import ServiceServer
@@ -226,6 +240,7 @@ class Service:
             thread.join(timeout=30)
         running = len(self.queue.jobs("running"))
         self.queue.close()
+        self._lock_file and self._lock_file.close()
         self._say(f"stopped; {running} running job(s) resume on the next start" if running else "stopped")
 
     # ------------------------------------------------------------------------------ jobs
