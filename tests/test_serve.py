@@ -245,6 +245,34 @@ def test_a_policy_with_a_mistake_is_refused_before_any_port_is_bound(tmp_path, c
     assert not (tmp_path / "state").exists() and _port_is_free(port)
 
 
+# ------------------------------------------------------------------------------ the registry side
+def test_the_poller_sees_new_versions_only_and_never_exports(mlflow_client):
+    from mlflow_di.errors import UserError
+    from mlflow_di.mlflow_edge import watch
+    from mlflow_server import record_run, register_version
+
+    register_version(mlflow_client, "m")  # before the service first started
+    time.sleep(0.05)
+    since = int(time.time() * 1000)
+    subject = register_version(mlflow_client, "m")
+    register_version(mlflow_client, "n")
+    compress_run = record_run(mlflow_client, "0", "compress", subject)
+    register_version(mlflow_client, "m-int8", compress_run)  # an export, tags not written yet
+    found = [(v.name, str(v.version)) for v in watch.new_versions(since)]
+    assert found == [("m", "2"), ("n", "1"), ("m-int8", "1")]  # oldest first
+    assert [(v.name, str(v.version)) for v in watch.new_versions(since, ("m", "o'dd"))] == [("m", "2")]
+    assert len(watch.new_versions(0)) == 4  # --backfill
+    assert watch.made_by_mlflow_di("m-int8", "1") is True
+    assert watch.made_by_mlflow_di("m", "2") is False and watch.made_by_mlflow_di("n", "1") is False
+    with pytest.raises(UserError, match="cannot read models:/m/9"):
+        watch.made_by_mlflow_di("m", "9")
+    watch.write_status("m", "2", "running", 1)
+    assert {k: v for k, v in mlflow_client.get_model_version("m", "2").tags.items() if "job" in k or "status" in k} == \
+        {"mlflow_di.status": "running", "mlflow_di.job_attempts": "1"}
+    with pytest.raises(UserError, match="delivers no webhooks"):
+        watch.ensure_webhook("mlflow-di-serve", "http://127.0.0.1:9/webhook", "s")
+
+
 # ------------------------------------------------------------------------------ end to end
 #: The smallest pipeline that runs every kind of step: seconds per version.
 TINY = """
@@ -360,7 +388,8 @@ def test_the_service_gates_new_versions_once_and_resumes_after_a_kill(tmp_path, 
         os.kill(service.pid, signal.SIGKILL)
         service.wait(10)
         assert job_state_in_queue(state, "2") == "running"
-        service = start("--poll-seconds", "1")  # polling now: sees svc/1 and svc/2 again, queues neither twice
+        # polling now: sees svc/1 and svc/2 again, queues neither twice; the webhook is updated, not duplicated
+        service = start("--poll-seconds", "1", "--register-webhook", f"{url}/webhook")
         assert _wait("svc/2 gated", lambda: status("2") in ("passed", "failed") and status("2"), 240, service, log)
         second = job("2")
         assert second["attempts"] == 1 and second["state"] == status("2")
@@ -376,6 +405,7 @@ def test_the_service_gates_new_versions_once_and_resumes_after_a_kill(tmp_path, 
         gates = client.search_runs([experiment.experiment_id], "tags.mlflow_di.command = 'gate'")
         assert sorted(run.data.tags["mlflow_di.model_uri"] for run in gates) == ["models:/svc/1", "models:/svc/2"]
         assert [(j["model"], j["version"]) for j in _get(f"{url}/jobs")["jobs"]] == [("svc", "1"), ("svc", "2")]
+        assert [hook.name for hook in client.list_webhooks()] == ["mlflow-di-serve"]
         health = _get(f"{url}/health")
         assert health["jobs"]["queued"] == health["jobs"]["running"] == 0
 
