@@ -245,6 +245,26 @@ def test_a_policy_with_a_mistake_is_refused_before_any_port_is_bound(tmp_path, c
     assert not (tmp_path / "state").exists() and _port_is_free(port)
 
 
+def test_a_port_in_use_or_a_state_folder_in_use_is_refused(tmp_path, tracking_uri, capsys):
+    import fcntl
+
+    policy = tmp_path / "ok.yaml"
+    policy.write_text("gate: {thresholds: {min_idc: 0.5}}\n")
+    argv = ["serve", "--policy", str(policy), "--state-dir", str(tmp_path / "state"), "--poll-seconds", "1"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main([*argv, "--port", str(port)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"mlflow-di: error: cannot listen on 127.0.0.1:{port}: "
+                                                    "Address already in use (pass another --port)"]
+    with (tmp_path / "state" / "serve.lock").open("a+") as lock:  # as a running service holds it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main([*argv, "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "another mlflow-di serve" in err and "--state-dir" in err and len(err.splitlines()) == 1
+
+
 # ------------------------------------------------------------------------------ the registry side
 def test_the_poller_sees_new_versions_only_and_never_exports(mlflow_client):
     from mlflow_di.errors import UserError

@@ -145,9 +145,11 @@ class Service:
             self._start(host, port, register_webhook)
         except BaseException:
             self.stop.set()
-            if getattr(self, "server", None) is not None:
+            if self.server is not None:
                 self.server.server_close()
-            if getattr(self, "_lock_file", None) is not None:
+            if getattr(self, "queue", None) is not None:
+                self.queue.close()
+            if self._lock_file is not None:
                 self._lock_file.close()  # releases the flock
             raise
 
