@@ -181,7 +181,7 @@ class Service:
         from mlflow_di.service.worker import Runner
 
         runner = Runner(self.queue, self._argv, self._log_path, self.max_attempts, self.backoff_s, self.stop,
-                        self._report, env=self._child_env())
+                        self._report, env=self._child_env(), report_error=self._say)
         for number in range(self.workers):
             self._spawn(runner.loop, f"worker-{number + 1}")
         polling = f"polling every {self.poll_seconds:g} s" if self.poll_seconds else "not polling"
@@ -295,10 +295,13 @@ class Service:
         next_poll = time.monotonic() if self.poll_seconds else float("inf")
         retry_at: dict[int, float] = {}
         while not self.stop.is_set():
-            self._sync_tags(retry_at)
-            if time.monotonic() >= next_poll:
-                self._poll()
-                next_poll = time.monotonic() + self.poll_seconds
+            try:
+                self._sync_tags(retry_at)
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + self.poll_seconds
+                    self._poll()
+            except Exception as exc:  # noqa: BLE001 - the service outlives a registry hiccup; the next round retries
+                self._say(f"housekeeping failed ({type(exc).__name__}: {str(exc).strip()[:300]}); going on")
             self.wake.wait(min(1.0, max(0.05, next_poll - time.monotonic())))
             self.wake.clear()
 
@@ -369,4 +372,7 @@ class Service:
         name, version = data.get("name"), data.get("version")
         if not isinstance(name, str) or not name or version in (None, ""):
             return 400, {"error": "a model_version.created payload without data.name and data.version"}
-        return self.offer(name, str(version), data.get("run_id"), "webhook")
+        try:
+            return self.offer(name, str(version), data.get("run_id"), "webhook")
+        except Exception as exc:  # noqa: BLE001 - MLflow retries a 5xx delivery
+            return 503, {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}

@@ -42,15 +42,20 @@ class Runner:
     report: Callable[[Job, str], None]
     env: dict | None = None
     idle_s: float = 0.5
+    report_error: Callable[[str], None] = print
 
     def loop(self) -> None:
         """Run jobs until :attr:`stop` is set."""
         while not self.stop.is_set():
-            job = self.queue.claim()
-            if job is None:
-                self.stop.wait(self.idle_s)
-                continue
-            self.run(job)
+            try:
+                job = self.queue.claim()
+                if job is None:
+                    self.stop.wait(self.idle_s)
+                    continue
+                self.run(job)
+            except Exception as exc:  # noqa: BLE001 - e.g. a full disk: say so, keep the worker alive
+                self.report_error(f"worker: {type(exc).__name__}: {str(exc).strip()[:300]}")
+                self.stop.wait(5.0)
 
     def run(self, job: Job) -> Job:
         """Run one claimed job's pipeline to its end (or until the service stops); returns the job after."""
