@@ -90,8 +90,10 @@ def write_auth_config(folder: pathlib.Path) -> tuple[pathlib.Path, tuple[str, st
     return path, admin
 
 
-def start_server(folder: pathlib.Path, basic_auth: bool = False, timeout: float = START_TIMEOUT) -> MlflowServer:
+def start_server(folder: pathlib.Path, basic_auth: bool = False, timeout: float = START_TIMEOUT,
+                 extra_env: dict | None = None) -> MlflowServer:
     """Start ``mlflow server`` storing everything in ``folder``; return once ``/health`` answers OK.
+    ``extra_env``: more environment for the server (e.g. the ``MLFLOW_WEBHOOK_*`` settings).
 
     Raises RuntimeError with the server's log when it exits or stays unhealthy for ``timeout`` s.
     """
@@ -99,6 +101,7 @@ def start_server(folder: pathlib.Path, basic_auth: bool = False, timeout: float 
     env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
     env.update(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true",
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env.update(extra_env or {})
     admin = None
     extra = []
     if basic_auth:

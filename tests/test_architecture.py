@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mlflow_di"
-ENGINES = ("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "reporting")
+ENGINES = ("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "reporting", "service")
 FOUNDATIONS = ("models", "data.py", "deviation.py", "results_json.py", "errors.py", "gate.py", "policy.py", "_compat.py")
 
 
@@ -48,7 +48,7 @@ def test_commands_never_call_mlflow_directly(path):
     assert not _uses(imports_of(path), "mlflow"), f"{path.name} imports mlflow; go through mlflow_di.mlflow_edge"
 
 
-@pytest.mark.parametrize("path", modules("coverage", "fuzz", "compression", "repair", "inspection", "robustness"), ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize("path", modules("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "service"), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_engines_do_not_render_or_parse_options(path):
     names = imports_of(path)
     assert not _uses(names, "click") and not _uses(names, "mlflow_di.reporting")
@@ -66,7 +66,7 @@ def test_help_imports_no_heavy_library():
     import sys
 
     code = ("import sys; from mlflow_di.cli import main\n"
-            "for cmd in ('demo','describe','import-keras','coverage','inspect','generate','compress','fuzz','repair','robustness','gate'):\n"
+            "for cmd in ('demo','describe','import-keras','coverage','inspect','generate','compress','fuzz','repair','robustness','gate','serve'):\n"
             "    try: main([cmd, '--help'])\n"
             "    except SystemExit: pass\n"
             "main(['coverage', '--clusters', '1'])\n"

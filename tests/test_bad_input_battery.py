@@ -132,6 +132,7 @@ def assets(tmp_path_factory) -> dict[str, str]:
         "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, budget: 10}\ncompress: {methods: [fp32]}\n")
     path("policy_bad_value", "policies/bad-value.yaml").write_text(
         "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, max_queries: ten}\ncompress: {methods: [fp32]}\n")
+    path("policy_ok", "policies/ok.yaml").write_text("gate: {thresholds: {min_idc: 0.5}}\n")
     paths["adir"] = str(root / "out")
     path("_campaign", "out/campaign/seeds.jsonl").write_text("{}\n")
     paths["campaign"] = str(root / "out/campaign")
@@ -326,6 +327,22 @@ CASES = [
     ("pipeline-policy-missing", ["pipeline", "--policy", "{empty_dir}/absent.yaml", "--model-uri", "models:/m/1"]),
     ("pipeline-policy-unknown-key", ["pipeline", "--policy", "{policy_unknown_key}", "--model-uri", "models:/m/1"]),
     ("pipeline-policy-bad-value", ["pipeline", "--policy", "{policy_bad_value}", "--model-uri", "models:/m/1"]),
+    # ---------------------------------------------------------------- serve (refused before any port is bound)
+    ("serve-policy-unknown-key", ["serve", "--policy", "{policy_unknown_key}", "--state-dir", "{empty_dir}/service"]),
+    ("serve-policy-missing", ["serve", "--policy", "{empty_dir}/absent.yaml", "--state-dir", "{empty_dir}/service"]),
+    ("serve-webhook-secret-unset", ["serve", "--policy", "{policy_ok}", "--state-dir", "{empty_dir}/service",
+                                    "--webhook-secret-env", "MLFLOW_DI_NO_SUCH_SECRET_VARIABLE"]),
+    ("serve-register-webhook-without-secret", ["serve", "--policy", "{policy_ok}", "--state-dir", "{empty_dir}/service",
+                                               "--register-webhook", "http://127.0.0.1:9/webhook"]),
+    ("serve-register-webhook-not-a-url", ["serve", "--policy", "{policy_ok}", "--state-dir", "{empty_dir}/service",
+                                          "--register-webhook", "127.0.0.1:9/webhook"]),
+    ("serve-nothing-brings-jobs", ["serve", "--policy", "{policy_ok}", "--state-dir", "{empty_dir}/service",
+                                   "--poll-seconds", "0"]),
+    ("serve-workers-zero", ["serve", "--policy", "{policy_ok}", "--workers", "0"]),
+    ("serve-port-out-of-range", ["serve", "--policy", "{policy_ok}", "--port", "70000"]),
+    ("serve-poll-seconds-negative", ["serve", "--policy", "{policy_ok}", "--poll-seconds", "-5"]),
+    ("serve-max-attempts-zero", ["serve", "--policy", "{policy_ok}", "--max-attempts", "0"]),
+    ("serve-state-dir-is-a-file", ["serve", "--policy", "{policy_ok}", "--state-dir", "{afile}"]),
     # ---------------------------------------------------------------- tracking store
     ("tracking-server-down", ["--tracking-uri", "http://127.0.0.1:9", "gate", "--model-uri", "models:/m/1",
                               "--min-idc", "0.5"]),
@@ -408,6 +425,17 @@ FRAGMENTS = {
     "pipeline-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
     "pipeline-policy-bad-value": "bad-value.yaml: fuzz.max_queries must be a positive integer, got 'ten'",
     "gate-summary-md-is-a-dir": "--summary-md",
+    "serve-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
+    "serve-policy-missing": "absent.yaml",
+    "serve-webhook-secret-unset": "MLFLOW_DI_NO_SUCH_SECRET_VARIABLE is not set",
+    "serve-register-webhook-without-secret": "--webhook-secret-env",
+    "serve-register-webhook-not-a-url": "--register-webhook",
+    "serve-nothing-brings-jobs": "--poll-seconds 0",
+    "serve-workers-zero": "--workers",
+    "serve-port-out-of-range": "--port",
+    "serve-poll-seconds-negative": "--poll-seconds",
+    "serve-max-attempts-zero": "--max-attempts",
+    "serve-state-dir-is-a-file": "--state-dir",
 }
 
 #: Cases the current code gets wrong (kept, asserted, reported; remove once fixed).

@@ -1,0 +1,378 @@
+"""``mlflow-di serve``: run the pipeline for every new registered model version, as a service.
+
+New versions arrive two ways: MLflow 3 registry webhooks (``model_version.created``, POSTed to
+``/webhook``, signed with a secret read from an environment variable) and, for stores without
+webhooks or for what happened while the service was down, polling (``--poll-seconds``). On its
+first start the service records the time in its state folder; only versions created after it
+are jobs, unless ``--backfill`` enqueues the existing ones too. Versions mlflow-di registered
+itself (exports) are never jobs.
+
+Jobs live in a sqlite queue in the state folder (:mod:`mlflow_di.service.queue`): one per
+version, ever; ``--workers`` run at a time, each job's pipeline in a subprocess with its own
+state folder, retried with backoff when it crashes. Each transition is one log line and the
+version's ``mlflow_di.status`` tag (queued, running, passed, failed, error).
+
+Stopping (Ctrl-C, SIGTERM): the endpoints close, running pipelines are terminated and their jobs
+stay ``running``; the next start puts them back in the queue and the pipeline resumes from its
+state file. A killed service (SIGKILL) is handled the same way at the next start, after any
+pipeline it left behind is stopped. Exit code 0 when stopped, 2 on bad input at start (before
+any port is bound). Not an MLproject entry point: ``mlflow run`` is for jobs that end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import signal
+import sys
+import threading
+import time
+
+import click
+
+from mlflow_di.commands.options import WritablePath
+
+DEFAULT_STATE = "mlflow-di-service"
+DEFAULT_PORT = 5055
+WEBHOOK_NAME = "mlflow-di-serve"  # MLflow allows letters, digits, . _ - only
+#: Seconds before a failed tag write is tried again (the registry may be down for a while).
+TAG_RETRY_S = 30.0
+
+
+@click.command("serve")
+@click.option("--policy", "policy_path", required=True, type=click.Path(dir_okay=False),
+              help="The pipeline policy for every version (checked at start; see examples/policies/demo.yaml).")
+@click.option("--state-dir", type=WritablePath("dir"), default=DEFAULT_STATE, show_default=True,
+              help="The queue (jobs.sqlite), each job's pipeline state and log.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address the endpoints bind to (0.0.0.0 exposes them to the network).")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+              help="Port of /health, /jobs and POST /webhook (0: any free port, printed at start).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pipelines run at the same time.")
+@click.option("--poll-seconds", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Look for new versions this often (0: never; then only webhooks bring jobs).")
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="Only versions of this registered model (repeatable; default: every model).")
+@click.option("--backfill", is_flag=True,
+              help="Also queue the versions that existed before the service first started.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Runs of a pipeline that crashes before its job is an error.")
+@click.option("--retry-backoff", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds before the first retry; doubled for each further one.")
+@click.option("--webhook-secret-env", metavar="VAR", default=None,
+              help="Environment variable holding the webhook secret; POST /webhook is refused without it.")
+@click.option("--register-webhook", metavar="URL", default=None,
+              help="Register (or update) the registry webhook sending model_version.created to URL at start.")
+def command(policy_path, state_dir, host, port, workers, poll_seconds, models, backfill, max_attempts, retry_backoff,
+            webhook_secret_env, register_webhook) -> None:
+    """Run the pipeline POLICY declares for every new model version (webhooks and/or polling)."""
+    from mlflow_di.errors import UserError
+    from mlflow_di.policy import load_policy
+
+    policy = load_policy(policy_path)  # one line naming the file and the key; nothing bound yet
+    _check_steps(policy)
+    secret = _secret(webhook_secret_env)
+    if register_webhook is not None:
+        if not re.match(r"https?://[^/\s]+", register_webhook):
+            raise UserError(f"--register-webhook: '{register_webhook}' is not an http(s):// URL")
+        if secret is None:
+            raise UserError("--register-webhook needs --webhook-secret-env VAR: deliveries are signed with that secret")
+    if poll_seconds == 0 and secret is None:
+        raise UserError("--poll-seconds 0 with no --webhook-secret-env: nothing would ever bring a job")
+    service = Service(pathlib.Path(state_dir), policy_path, models, workers, max_attempts, retry_backoff, secret,
+                      poll_seconds, backfill)
+    service.start(host, port, register_webhook)
+    service.wait()
+
+
+def _check_steps(policy) -> None:
+    """The policy's values the step commands check (method names, strategy, ...), at start."""
+    from mlflow_di.commands import pipeline
+
+    with click.Context(pipeline.command) as ctx:
+        pipeline._step_arguments(ctx, policy, "models:/model/1")
+
+
+def _secret(variable: str | None) -> str | None:
+    from mlflow_di.errors import UserError
+
+    if variable is None:
+        return None
+    value = os.environ.get(variable)
+    if not value:
+        raise UserError(f"--webhook-secret-env: the environment variable {variable} is not set (or empty); "
+                        "export the webhook secret in it")
+    return value
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")[-100:] or "model"
+
+
+class Service:
+    """The running service: the queue, the HTTP endpoints, the workers and the housekeeping
+    thread (tags and polling). Built by :func:`command`; ``start`` then ``wait``."""
+
+    def __init__(self, state: pathlib.Path, policy_path: str, models, workers: int, max_attempts: int,
+                 backoff_s: float, secret: str | None, poll_seconds: float, backfill: bool):
+        self.state = state
+        self.policy_path = policy_path
+        self.models = tuple(models)
+        self.workers = workers
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.secret = secret
+        self.poll_seconds = poll_seconds
+        self.backfill = backfill
+        self.stop = threading.Event()
+        self.wake = threading.Event()  # a transition happened: write the tags now
+        self._print_lock = threading.Lock()
+        self._seen: set[tuple[str, str]] = set()  # versions the poller already decided about
+        self._threads: list[threading.Thread] = []
+        self.server = None
+        self._lock_file = None
+
+    # ------------------------------------------------------------------------------ start
+    def start(self, host: str, port: int, register_webhook: str | None) -> None:
+        """Check, bind, recover and start the threads; on any failure release what was taken."""
+        try:
+            self._start(host, port, register_webhook)
+        except BaseException:
+            self.stop.set()
+            if self.server is not None:
+                self.server.server_close()
+            if getattr(self, "queue", None) is not None:
+                self.queue.close()
+            if self._lock_file is not None:
+                self._lock_file.close()  # releases the flock
+            raise
+
+    def _start(self, host: str, port: int, register_webhook: str | None) -> None:
+        from mlflow_di.errors import UserError
+        from mlflow_di.mlflow_edge import connection, watch
+        from mlflow_di.service.http import ServiceServer
+        from mlflow_di.service.queue import JobQueue
+
+        self.state.mkdir(parents=True, exist_ok=True)
+        self._lock_state()
+        self.policy = self.state / "policy.yaml"  # the policy checked at start is the one every job runs
+        partial = self.state / ".policy.yaml.partial"
+        partial.write_bytes(pathlib.Path(self.policy_path).read_bytes())
+        os.replace(partial, self.policy)
+        self.queue = JobQueue(self.state / "jobs.sqlite")
+        try:
+            self.server = ServiceServer(host, port, self)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (pass another --port)") from None
+        self.tracking_uri = connection.tracking_uri()
+        if register_webhook:
+            webhook_id, how = watch.ensure_webhook(WEBHOOK_NAME, register_webhook, self.secret)
+            self._say(f"webhook {webhook_id} {how}: model_version.created -> {register_webhook}")
+        self.since_ms = 0 if self.backfill else int(self.queue.first_started_at() * 1000)
+        self._recover()
+        self._spawn(self.server.serve_forever, "http")
+        self._spawn(self._housekeeping, "housekeeping")
+        from mlflow_di.service.worker import Runner
+
+        runner = Runner(self.queue, self._argv, self._log_path, self.max_attempts, self.backoff_s, self.stop,
+                        self._report, env=self._child_env(), report_error=self._say)
+        for number in range(self.workers):
+            self._spawn(runner.loop, f"worker-{number + 1}")
+        polling = f"polling every {self.poll_seconds:g} s" if self.poll_seconds else "not polling"
+        hooks = "webhooks at POST /webhook" if self.secret else "no webhooks (no --webhook-secret-env)"
+        models = ", ".join(self.models) if self.models else "every model"
+        self._say(f"serving {self.server.url} for {self.tracking_uri} ({models}; {polling}; {hooks}; "
+                  f"{self.workers} worker(s); state {self.state})")
+
+    def _lock_state(self) -> None:
+        """One service per state folder: a second one would run the same jobs."""
+        from mlflow_di.errors import UserError
+
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): one service per folder is then the user's care
+            return
+        self._lock_file = (self.state / "serve.lock").open("a+")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.seek(0)
+            other = self._lock_file.read().strip() or "?"
+            raise UserError(f"another mlflow-di serve (pid {other}) uses the state folder {self.state}; "
+                            "stop it or pass another --state-dir") from None
+        self._lock_file.seek(0)
+        self._lock_file.truncate()
+        self._lock_file.write(str(os.getpid()))
+        self._lock_file.flush()
+
+    def _recover(self) -> None:
+        """Jobs a dead service left running: stop any pipeline it left behind, queue them again."""
+        from mlflow_di.service.worker import stop_orphan
+
+        for job in self.queue.recover():
+            if job.pid and stop_orphan(job.pid, str(self._pipeline_dir(job))):
+                self._report(job, f"stopped pipeline process {job.pid} left by the previous service")
+            self._report(self.queue.job(job.id), "queued again: the previous service stopped during its run")
+
+    def _spawn(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # ------------------------------------------------------------------------------ stop
+    def wait(self) -> None:
+        """Serve until Ctrl-C or SIGTERM; then stop and return (exit 0)."""
+        try:
+            while not self.stop.is_set():
+                self.stop.wait(0.5)
+        except KeyboardInterrupt:  # SIGTERM arrives as Terminated, a KeyboardInterrupt
+            pass
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        running = len(self.queue.jobs("running"))
+        self.queue.close()
+        self._lock_file and self._lock_file.close()
+        self._say(f"stopped; {running} running job(s) resume on the next start" if running else "stopped")
+
+    # ------------------------------------------------------------------------------ jobs
+    def _pipeline_dir(self, job) -> pathlib.Path:
+        return (self.state / "pipelines" / _slug(f"{job.model}-{job.version}")).resolve()
+
+    def _log_path(self, job) -> pathlib.Path:
+        return self.state / "logs" / f"{_slug(f'{job.model}-{job.version}')}.log"
+
+    def _argv(self, job) -> list[str]:
+        return [sys.executable, "-m", "mlflow_di.cli", "pipeline", "--policy", str(self.policy.resolve()),
+                "--model-uri", f"models:/{job.model}/{job.version}", "--state-dir", str(self._pipeline_dir(job))]
+
+    def _child_env(self) -> dict:
+        env = dict(os.environ)
+        env["MLFLOW_TRACKING_URI"] = self.tracking_uri
+        env["PYTHONUNBUFFERED"] = "1"
+        for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):  # each pipeline starts its own run
+            env.pop(name, None)
+        return env
+
+    def _say(self, line: str) -> None:
+        with self._print_lock:
+            click.echo(f"{_now()} {line}")
+
+    def _report(self, job, text: str) -> None:
+        self._say(f"{job.key} {text}")
+        self.wake.set()
+
+    def offer(self, name: str, version: str, run_id: str | None, source: str) -> tuple[int, dict]:
+        """Queue ``name``/``version`` if it is a job (a model we watch, not an export of ours);
+        (HTTP status, answer): 503 when the registry cannot say."""
+        from mlflow_di.errors import UserError
+        from mlflow_di.mlflow_edge import watch
+
+        if self.models and name not in self.models:
+            return 200, {"ignored": f"{name} is not a --model this service watches"}
+        try:
+            if watch.made_by_mlflow_di(name, version, run_id):
+                return 200, {"ignored": f"models:/{name}/{version} is an export registered by mlflow-di"}
+        except UserError as exc:
+            return 503, {"error": str(exc)}
+        if self.queue.enqueue(name, version, source):
+            self._report(self.queue.find(name, version), f"queued ({source})")
+        return 200, {"job": self.queue.find(name, version).to_dict()}
+
+    # ------------------------------------------------------------------------------ housekeeping
+    def _housekeeping(self) -> None:
+        """Write the tags the queue's transitions call for; poll the registry when due."""
+        next_poll = time.monotonic() if self.poll_seconds else float("inf")
+        retry_at: dict[int, float] = {}
+        while not self.stop.is_set():
+            try:
+                self._sync_tags(retry_at)
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + self.poll_seconds
+                    self._poll()
+            except Exception as exc:  # noqa: BLE001 - the service outlives a registry hiccup; the next round retries
+                self._say(f"housekeeping failed ({type(exc).__name__}: {str(exc).strip()[:300]}); going on")
+            self.wake.wait(min(1.0, max(0.05, next_poll - time.monotonic())))
+            self.wake.clear()
+
+    def _sync_tags(self, retry_at: dict[int, float]) -> None:
+        from mlflow_di.errors import UserError
+        from mlflow_di.mlflow_edge import watch
+
+        for job in self.queue.untagged():
+            if self.stop.is_set() or time.monotonic() < retry_at.get(job.id, 0.0):
+                continue
+            try:
+                watch.write_status(job.model, job.version, job.state, job.attempts)
+            except UserError as exc:
+                self._say(f"{job.key} tags not written ({exc}); trying again in {TAG_RETRY_S:g} s")
+                retry_at[job.id] = time.monotonic() + TAG_RETRY_S
+                continue
+            retry_at.pop(job.id, None)
+            self.queue.mark_tagged(job.id, job.tag_mark)
+
+    def _poll(self) -> None:
+        from mlflow_di.errors import UserError
+        from mlflow_di.mlflow_edge import watch
+
+        try:
+            versions = watch.new_versions(self.since_ms, self.models)
+        except UserError as exc:
+            self._say(f"poll failed ({exc}); trying again in {self.poll_seconds:g} s")
+            return
+        for version in versions:
+            key = (version.name, str(version.version))
+            if key in self._seen or self.stop.is_set():
+                continue
+            status, _ = self.offer(version.name, str(version.version), version.run_id, "poll")
+            if status == 200:
+                self._seen.add(key)
+
+    # ------------------------------------------------------------------------------ HTTP
+    def health(self) -> dict:
+        from mlflow_di import __version__
+
+        return {"status": "ok", "version": __version__, "jobs": self.queue.counts(), "workers": self.workers,
+                "poll_seconds": self.poll_seconds, "webhooks": self.secret is not None}
+
+    def jobs(self, state: str | None) -> dict:
+        from mlflow_di.service.queue import STATES
+
+        if state is not None and state not in STATES:
+            return {"error": f"unknown state {state!r}; one of {', '.join(STATES)}", "jobs": []}
+        return {"jobs": [job.to_dict() for job in self.queue.jobs(state)]}
+
+    def webhook(self, headers, body: bytes) -> tuple[int, dict]:
+        from mlflow_di.service import signature
+
+        if self.secret is None:
+            return 404, {"error": "webhooks are off: start the service with --webhook-secret-env VAR"}
+        reason = signature.check(self.secret, headers, body)
+        if reason is not None:
+            self._say(f"refused a webhook: {reason}")
+            return 401, {"error": reason}
+        try:
+            payload = json.loads(body)
+            event = f"{payload.get('entity')}.{payload.get('action')}"
+            data = payload.get("data") or {}
+        except (ValueError, AttributeError):
+            return 400, {"error": "the body is not a JSON webhook payload"}
+        if event != "model_version.created":
+            return 200, {"ignored": f"event {event}"}
+        name, version = data.get("name"), data.get("version")
+        if not isinstance(name, str) or not name or version in (None, ""):
+            return 400, {"error": "a model_version.created payload without data.name and data.version"}
+        try:
+            return self.offer(name, str(version), data.get("run_id"), "webhook")
+        except Exception as exc:  # noqa: BLE001 - MLflow retries a 5xx delivery
+            return 503, {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}

@@ -1,0 +1,116 @@
+"""What ``mlflow-di serve`` asks of the registry: new versions, whether mlflow-di made a version
+itself, the job status as version tags, and its webhook.
+
+New versions are found by creation time, newest first (``order_by creation_timestamp DESC``),
+paging only until a version older than the start line: a poll costs one page when nothing is new.
+A version made by mlflow-di itself (an export registered by ``compress`` or ``repair``) is never
+a job: testing an export would compress the export, and so on. Such a version is known by its
+creating run's ``mlflow_di.command`` tag, set when the run starts, so it is known at once (the
+lineage version tags come a moment after the version exists).
+"""
+from __future__ import annotations
+
+from mlflow_di.errors import UserError
+from mlflow_di.mlflow_edge.connection import first_line, mlflow_errors, tracking_uri
+from mlflow_di.mlflow_edge.registry import TAG_PREFIX, write_version_tags
+
+STATUS_TAG = f"{TAG_PREFIX}status"
+ATTEMPTS_TAG = f"{TAG_PREFIX}job_attempts"
+#: Commands whose runs register versions (exports) that the service must not test.
+PRODUCING_COMMANDS = ("compress", "repair")
+WEBHOOK_EVENT = "model_version.created"
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def _quoted(name: str) -> str:
+    return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def new_versions(since_ms: int, models: tuple[str, ...] = (), client=None) -> list:
+    """Registry versions created at or after ``since_ms`` (Unix milliseconds; 0: every version),
+    of ``models`` (every model when empty), oldest first, as ``ModelVersion`` objects."""
+    client = client or _client()
+    query = f"name IN ({', '.join(_quoted(name) for name in models)})" if models else None
+    found, token = [], None
+    with mlflow_errors("cannot list the registry's model versions"):
+        while True:
+            page = client.search_model_versions(query, max_results=200, order_by=["creation_timestamp DESC"],
+                                                page_token=token)
+            fresh = [version for version in page if (version.creation_timestamp or 0) >= since_ms]
+            found.extend(fresh)
+            token = page.token
+            if not token or len(fresh) < len(page):
+                break
+    return found[::-1]
+
+
+def made_by_mlflow_di(name: str, version: str, run_id: str | None = None, client=None) -> bool:
+    """True when ``name``/``version`` is an export mlflow-di registered (see the module's docstring).
+
+    Raises :class:`UserError` when the registry cannot say (the version does not exist, the
+    server is down)."""
+    from mlflow.exceptions import MlflowException
+
+    client = client or _client()
+    with mlflow_errors(f"cannot read models:/{name}/{version}"):
+        found = client.get_model_version(name, str(version))
+        if (found.tags or {}).get(f"{TAG_PREFIX}source_name"):
+            return True
+        run_id = run_id or found.run_id
+        if not run_id:
+            return False
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:
+            return False  # the run was deleted (or is in a store we cannot read): not ours to judge
+    return run.data.tags.get(f"{TAG_PREFIX}command") in PRODUCING_COMMANDS
+
+
+def write_status(name: str, version: str, state: str, attempts: int, client=None) -> None:
+    """Tag the version with its job's state (``mlflow_di.status``) and runs started (``mlflow_di.job_attempts``)."""
+    import types
+
+    target = types.SimpleNamespace(name=name, version=str(version))
+    with mlflow_errors(f"cannot tag models:/{name}/{version}"):
+        write_version_tags(target, {STATUS_TAG: state, ATTEMPTS_TAG: str(attempts)}, client or _client())
+
+
+def ensure_webhook(name: str, url: str, secret: str, client=None) -> tuple[str, str]:
+    """A webhook called ``name`` sending ``model_version.created`` to ``url``, signed with
+    ``secret``: an existing one with that name or URL is updated (no duplicates when the service
+    restarts), else one is created. Returns (webhook id, "created" or "updated")."""
+    client = client or _client()
+    uri = tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        raise UserError(f"--register-webhook needs an MLflow tracking server (http[s]://...), and {uri} "
+                        "delivers no webhooks; poll it instead (--poll-seconds)")
+    if not hasattr(client, "create_webhook"):
+        raise UserError("this MLflow has no webhooks (they came with MLflow 3.3); poll instead (--poll-seconds)")
+    from mlflow.exceptions import MlflowException
+
+    try:
+        existing, token = None, None
+        while existing is None:
+            page = client.list_webhooks(max_results=100, page_token=token)
+            existing = next((hook for hook in page if hook.name == name or hook.url == url), None)
+            token = page.token
+            if not token:
+                break
+        if existing is not None:
+            client.update_webhook(existing.webhook_id, name=name, url=url, events=[WEBHOOK_EVENT], secret=secret,
+                                  status="ACTIVE")
+            return existing.webhook_id, "updated"
+        hook = client.create_webhook(name=name, url=url, events=[WEBHOOK_EVENT], secret=secret,
+                                     description="mlflow-di serve: run the pipeline for every new model version")
+        return hook.webhook_id, "created"
+    except MlflowException as exc:
+        line = first_line(exc.message)
+        if any(word in line.lower() for word in ("scheme", "private", "public ip", "resolve")):
+            line += (" (a server delivers to http:// or private addresses only with MLFLOW_WEBHOOK_ALLOWED_SCHEMES "
+                     "and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS set on its side)")
+        raise UserError(f"cannot register the webhook {url} at {uri}: {line}") from None

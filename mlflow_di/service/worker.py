@@ -1,0 +1,144 @@
+"""Workers: each takes a job from the queue and runs its pipeline in a subprocess.
+
+Why a subprocess: a crash, a leak or an out-of-memory kill in one model's pipeline must not take
+the service (and the other jobs) with it. The child runs in its own session (process group), so
+stopping it stops everything it started, and a terminal's Ctrl-C reaches only the service, which
+then stops its children itself. The pipeline's output is appended to one log file per job, one
+header line per attempt.
+
+The child's exit code decides (:func:`mlflow_di.service.queue.outcome`): 0 passed, 1 failed (the
+gate said no), 2 error (bad input); anything else is retried with backoff until
+``max_attempts``. When the service stops, the child's process group is terminated and the job
+stays ``running`` in the queue: the next start puts it back and the pipeline resumes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import subprocess
+import threading
+import time
+from typing import Callable
+
+from mlflow_di.service.queue import Job, JobQueue, outcome
+
+#: Seconds a terminated pipeline gets to end its runs before it is killed.
+STOP_GRACE_S = 10.0
+
+
+@dataclasses.dataclass
+class Runner:
+    """What a worker needs: the queue, how to build a job's command line and log path, the
+    retry rules, a stop event, and ``report(job, line)`` for one-line transitions."""
+
+    queue: JobQueue
+    argv: Callable[[Job], list[str]]
+    log_path: Callable[[Job], pathlib.Path]
+    max_attempts: int
+    backoff_s: float
+    stop: threading.Event
+    report: Callable[[Job, str], None]
+    env: dict | None = None
+    idle_s: float = 0.5
+    report_error: Callable[[str], None] = print
+
+    def loop(self) -> None:
+        """Run jobs until :attr:`stop` is set."""
+        while not self.stop.is_set():
+            try:
+                job = self.queue.claim()
+                if job is None:
+                    self.stop.wait(self.idle_s)
+                    continue
+                self.run(job)
+            except Exception as exc:  # noqa: BLE001 - e.g. a full disk: say so, keep the worker alive
+                self.report_error(f"worker: {type(exc).__name__}: {str(exc).strip()[:300]}")
+                self.stop.wait(5.0)
+
+    def run(self, job: Job) -> Job:
+        """Run one claimed job's pipeline to its end (or until the service stops); returns the job after."""
+        log_path = self.log_path(job)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.report(job, f"running (attempt {job.attempts}, log {log_path})")
+        started = time.monotonic()
+        with log_path.open("ab") as log:
+            log.write(f"\n=== attempt {job.attempts} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            log.flush()
+            try:
+                child = subprocess.Popen(self.argv(job), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, start_new_session=True)
+            except OSError as exc:
+                return self._after(job, None, f"cannot start the pipeline: {exc}", started)
+            self.queue.set_pid(job.id, child.pid)
+            while child.poll() is None:
+                if self.stop.wait(0.5):
+                    stop_group(child)
+                    self.report(job, "stopped with the service; it resumes on the next start")
+                    return self.queue.job(job.id)
+        return self._after(job, child.returncode, f"pipeline exited with code {child.returncode}", started)
+
+    def _after(self, job: Job, code: int | None, message: str, started: float) -> Job:
+        seconds = time.monotonic() - started
+        result = outcome(code) if code is not None else "retry"
+        if result == "retry":
+            job = self.queue.retry(job.id, code, message, self.max_attempts, self.backoff_s)
+            if job.state == "queued":
+                wait = max(0.0, job.next_attempt_at - time.time())
+                self.report(job, f"queued again: {message} after {seconds:.1f} s; retry in {wait:.0f} s")
+            else:
+                self.report(job, f"error: {job.message}")
+        else:
+            job = self.queue.finish(job.id, result, code, message)
+            self.report(job, f"{result} (exit {code}, {seconds:.1f} s)")
+        return job
+
+
+def stop_group(child: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM the child's process group, SIGKILL it after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(child.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            child.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def stop_orphan(pid: int, marker: str, grace: float = STOP_GRACE_S) -> bool:
+    """Stop the process group of ``pid`` when it is still a pipeline of ours (its command line
+    contains ``marker``; a recycled pid is left alone). True when one was stopped.
+
+    Reads ``/proc``; where there is none, nothing is stopped (the rerun then waits on nothing and
+    the pipeline's state file keeps the two from repeating finished steps)."""
+    cmdline = pathlib.Path(f"/proc/{pid}/cmdline")
+    try:
+        if marker not in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+            return False
+    except OSError:
+        return False
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(pid, signal.SIGCONT)  # a stopped (Ctrl-Z'd, SIGSTOPped) pipeline acts on it too
+        except (ProcessLookupError, PermissionError):
+            return True
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 10.0)
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return True
+            time.sleep(0.2)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return status.rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie is gone (its parent died; init reaps it)
