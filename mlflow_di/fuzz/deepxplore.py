@@ -39,7 +39,8 @@ Where this departs from the reference, on purpose:
 - neurons are the model's hidden layers as the coverage criteria count them
   (:func:`~mlflow_di.coverage.activations.hidden_layers`; a conv channel is one neuron, its
   spatial mean its value); the reference takes every Keras layer but the input and flatten ones;
-- the gradient is normalised per seed (the reference normalises over its batch of one);
+- the gradient is normalised per seed (the reference normalises over its batch of one), and the
+  gradient pass runs on float64 copies of the models (see :func:`float64_copy`);
 - a disagreement seen in the batched gradient pass is checked again with every model's black-box
   ``predict_proba`` on the uint8 image before it is recorded, so every trigger is a real one.
 
@@ -156,20 +157,21 @@ def _pair(what: str, value, least: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------- white-box pass
 def model_input(model, pixels):
     """Raw pixels (B, H, W, C) float tensor (0..255, may need gradients) -> the model's input on its
-    device: the same float32 operations as :meth:`~mlflow_di.models.preprocessing.Preprocessing.apply_on`,
-    so gradients flow through the preprocessing."""
+    device: the operations of :meth:`~mlflow_di.models.preprocessing.Preprocessing.apply_on`, in the
+    pixels' float type, so gradients flow through the preprocessing."""
     import torch
 
     pre, device = model.preprocessing, model.device
     x = pixels.to(device) * pre.scale
-    x = (x - torch.tensor(pre.mean, dtype=torch.float32, device=device)) / torch.tensor(
-        pre.std, dtype=torch.float32, device=device)
+    x = (x - torch.tensor(pre.mean, dtype=pixels.dtype, device=device)) / torch.tensor(
+        pre.std, dtype=pixels.dtype, device=device)
     return x.permute(0, 3, 1, 2) if pre.layout == "NCHW" else x
 
 
 def forward(model, pixels, layers: list[str]):
-    """(pre-softmax outputs (B, classes), [output of each of ``layers``]) of one model, on the CPU,
-    keeping the autograd graph. A model that outputs probabilities gives their logarithm."""
+    """(pre-softmax outputs (B, classes), [output of each of ``layers``]) of one model, on the CPU, in
+    the pixels' float type, keeping the autograd graph. A model that outputs probabilities gives their
+    logarithm."""
     import torch
 
     modules = dict(model.module.named_modules())
@@ -177,7 +179,7 @@ def forward(model, pixels, layers: list[str]):
     hooks = [modules[name].register_forward_hook(lambda _m, _i, out, name=name: captured.__setitem__(name, out))
              for name in layers]
     try:
-        outputs = model.module(model_input(model, pixels)).float()
+        outputs = model.module(model_input(model, pixels)).to(pixels.dtype)
     finally:
         for hook in hooks:
             hook.remove()
@@ -207,6 +209,17 @@ def objective(logits: list, activations: list[list], labels, targets, neurons, l
     coverage = torch.stack([sum(values[k][layer][b, neuron].cpu() for k, (layer, neuron) in enumerate(chosen))
                             for b, chosen in enumerate(neurons)])
     return differential + float(lambda2) * coverage
+
+
+def float64_copy(model):
+    """A float64 copy of a white-box model for the gradient pass: float32 batched convolutions differ
+    in the last bits with the batch size, and rounding each step to whole 8-bit levels would turn
+    that into different images; in float64 a seed's path does not depend on its batch."""
+    import copy
+
+    from mlflow_di.models.torch_model import TorchModel
+
+    return TorchModel(copy.deepcopy(model.module).double(), model.preprocessing, model.name, model.metadata)
 
 
 def covered_neurons(activations: list, threshold: float) -> np.ndarray:
@@ -339,6 +352,7 @@ class _Runner:
         self.models, self.seeds, self.strategy, self.config = models, seeds, strategy, config
         self.store, self.done, self.batch = store, done, batch
         self.classifiers = [model.classifier() for model in models]
+        self.gradient_models = [float64_copy(model) for model in models]
         self.layers = [neuron_layers(model) for model in models]
         self.budget = int(strategy.iterations) if config.max_queries is None \
             else min(int(strategy.iterations), config.max_queries)
@@ -401,7 +415,7 @@ class _Runner:
         image = np.asarray(self.seeds.images[index])
         return _Seed(index=index, image=image, rng=rng, label=int(probabilities[0].argmax()),
                      target=draw_index(rng, len(self.models)), seed_probabilities=probabilities,
-                     offset=np.zeros(image.shape, np.float32), current=image.copy())
+                     offset=np.zeros(image.shape, np.float64), current=image.copy())
 
     def _step(self, active: list[_Seed]) -> list[_Seed]:
         """One iteration: evaluate every active seed's current image (and its gradient), record the
@@ -409,20 +423,19 @@ class _Runner:
         import torch
 
         began = time.perf_counter()
-        pixels = torch.from_numpy(np.stack([s.current for s in active]).astype(np.float32)).requires_grad_(True)
-        passes = [forward(model, pixels, layers) for model, layers in zip(self.models, self.layers)]
+        pixels = torch.from_numpy(np.stack([s.current for s in active]).astype(np.float64)).requires_grad_(True)
+        passes = [forward(model, pixels, layers) for model, layers in zip(self.gradient_models, self.layers)]
         labels = np.stack([output.detach().argmax(dim=1).numpy() for output, _ in passes], axis=1)  # (B, models)
         finished: dict[int, tuple[Stop, list[np.ndarray] | None]] = {}
         for b, s in enumerate(active):
             if s.steps:
                 s.queries += 1
         candidates = [b for b, s in enumerate(active) if s.steps and len(set(labels[b].tolist())) > 1]
-        if candidates:  # confirmed by the black boxes on the uint8 images: every recorded trigger is real
-            confirmed = self._predict(np.stack([active[b].current for b in candidates]))
-            for row, b in enumerate(candidates):
-                mine = [p[row] for p in confirmed]
-                if len({int(p.argmax()) for p in mine}) > 1:
-                    finished[b] = (Stop.TRIGGER, mine)
+        for b in candidates:  # confirmed by the black boxes on the uint8 image: every recorded trigger is real
+            # (one image per call: the recorded probabilities are then the same whatever the batch)
+            mine = [p[0] for p in self._predict(active[b].current[None])]
+            if len({int(p.argmax()) for p in mine}) > 1:
+                finished[b] = (Stop.TRIGGER, mine)
         for b, s in enumerate(active):
             if b not in finished and s.queries >= self.budget:
                 finished[b] = (Stop.MAX_QUERIES, None)
@@ -469,9 +482,9 @@ class _Runner:
     def _move(self, s: _Seed, gradient: np.ndarray) -> None:
         """One constrained gradient step of the seed's image."""
         gradient = gradient / (np.sqrt(np.mean(np.square(gradient))) + NORMALIZE_EPSILON)
-        direction, names = self.strategy.constrain(gradient.astype(np.float32), s.rng)
-        s.offset = s.offset + np.float32(self.strategy.step) * direction
-        seed = s.image.astype(np.float32)
+        direction, names = self.strategy.constrain(gradient, s.rng)
+        s.offset = s.offset + float(self.strategy.step) * direction
+        seed = s.image.astype(np.float64)
         if self.strategy.constraint != "lighting":  # lighting keeps one uniform offset (see the module docstring)
             s.offset = np.clip(seed + s.offset, 0, 255) - seed
         image = np.clip(seed + np.floor(s.offset + 0.5), 0, 255).astype(np.uint8)

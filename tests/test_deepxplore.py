@@ -1,0 +1,199 @@
+"""DeepXplore on tiny digits CNNs: the objective climbs, every generated input keeps its domain
+constraint, records do not depend on the batch, more than two models, resume, and the CLI end to end
+(with the NC it reached, and a one-line refusal of a model that is not PyTorch)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mlflow_di.cli import main
+from mlflow_di.data import load_images
+from mlflow_di.errors import UserError
+from mlflow_di.fuzz import deepxplore as dx
+from mlflow_di.fuzz import load_campaign, run_campaign
+from mlflow_di.fuzz.deepxplore import DeepXplore, run_deepxplore
+from mlflow_di.fuzz.results import comparable_records
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SEEDS = "digits[1300:1340]"
+
+
+@pytest.fixture(scope="module")
+def trained(one_torch_thread):
+    """digits-cnn trained briefly, and two pruned copies (50% unstructured, 30% channels)."""
+    from mlflow_di.compression.prune import prune_l1, prune_structured
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+    from mlflow_di.models.training import train_classifier
+
+    spec = zoo.architecture("digits-cnn")
+    original = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn")
+    train = load_images("digits[0:600]")
+    train_classifier(original.module, original.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
+                     progress=False)
+    pruned = TorchModel(prune_l1(original.module, 0.5).module, spec.preprocessing, name="cnn-pruned")
+    channels = TorchModel(prune_structured(original.module, 0.3).module, spec.preprocessing, name="cnn-channels")
+    return original, pruned, channels
+
+
+@pytest.fixture(scope="module")
+def seeds():
+    return load_images(SEEDS)
+
+
+def _objective(models, pixels, labels, targets, neurons, strategy):
+    passes = [dx.forward(m, pixels, dx.neuron_layers(m)) for m in models]
+    return dx.objective([o for o, _ in passes], [a for _, a in passes], labels, targets, neurons,
+                        strategy.lambda1, strategy.lambda2)
+
+
+@pytest.mark.parametrize("constraint", ["lighting", "occlusion", "blackout"])
+def test_a_constrained_gradient_step_increases_the_objective(trained, seeds, constraint):
+    models = trained[:2]
+    strategy = DeepXplore(constraint=constraint, occlusion_size=(4, 4), blackout_size=(2, 2), blackout_count=16)
+    images = seeds.images[:6].astype(np.float32)
+    labels = models[0].classifier().predict(seeds.images[:6])
+    targets, neurons = [0, 1, 0, 1, 0, 1], [[(0, 1), (1, 2)]] * 6
+    pixels = torch.from_numpy(images).requires_grad_(True)
+    before = _objective(models, pixels, labels, targets, neurons, strategy)
+    before.sum().backward()
+    rng = np.random.default_rng(0)
+    stepped = images.copy()
+    for b, gradient in enumerate(pixels.grad.numpy()):
+        gradient = gradient / np.sqrt(np.mean(gradient ** 2))
+        direction, _ = strategy.constrain(gradient, rng)
+        assert np.any(direction), "the step moves something"
+        stepped[b] += 0.5 * direction  # a small step: first-order ascent
+    with torch.no_grad():
+        after = _objective(models, torch.from_numpy(stepped), labels, targets, neurons, strategy)
+    assert torch.all(after > before.detach())
+
+
+@pytest.fixture()
+def generated(monkeypatch):
+    """Every image a search generates: (seed index, seed, image, the step's operators), as it is made."""
+    seen = []
+    move = dx._Runner._move
+
+    def spy(self, s, gradient):
+        before = len(s.operators)
+        move(self, s, gradient)
+        seen.append((s.index, s.image, s.current.copy(), s.operators[before:]))
+
+    monkeypatch.setattr(dx._Runner, "_move", spy)
+    return seen
+
+
+def test_lighting_changes_every_pixel_by_the_same_amount(trained, seeds, generated):
+    result = run_deepxplore(list(trained[:2]), seeds, DeepXplore(constraint="lighting"), progress=False)
+    assert result.summary.triggers >= 1 and generated
+    for _, seed, image, operators in generated:
+        assert operators == ["lighting"]
+        difference = image.astype(int) - seed
+        shifts = set(difference[(image > 0) & (image < 255)].tolist())  # pixels the clipping left alone
+        assert len(shifts) <= 1
+        for shift in shifts:
+            np.testing.assert_array_equal(image, np.clip(seed.astype(int) + shift, 0, 255))
+
+
+def test_occlusion_changes_only_its_rectangle(trained, seeds, generated):
+    strategy = DeepXplore(constraint="occlusion", occlusion_at=(2, 3), occlusion_size=(4, 3))
+    result = run_deepxplore(list(trained[:2]), seeds, strategy, progress=False)
+    assert result.summary.triggers >= 1 and generated
+    outside = np.ones((8, 8, 1), bool)
+    outside[2:6, 3:6] = False
+    for _, seed, image, _ in generated:
+        np.testing.assert_array_equal(image[outside], seed[outside])
+    for trigger, seed in zip(result.triggers, result.trigger_seeds):
+        np.testing.assert_array_equal(trigger[outside], seed[outside])
+        assert np.any(trigger != seed)
+
+
+def test_blackout_only_darkens_small_rectangles(trained, seeds, generated):
+    strategy = DeepXplore(constraint="blackout", blackout_size=(2, 2), blackout_count=2, step=40)
+    result = run_deepxplore(list(trained[:2]), seeds, strategy, progress=False)
+    assert generated
+    rectangles: dict[int, np.ndarray] = {}
+    for index, seed, image, operators in generated:
+        assert np.all(image <= seed), "blackout only darkens"
+        allowed = rectangles.setdefault(index, np.zeros((8, 8, 1), bool))
+        for name in operators:
+            if name != "blackout-none":
+                row, column = map(int, name.split("@")[1].split(","))
+                allowed[row:row + 2, column:column + 2] = True
+        assert not np.any((image != seed) & ~allowed), "only the darkened rectangles change"
+    assert any(np.any(image != seed) for _, seed, image, _ in generated)
+    for record in result.records:
+        if record.success:
+            assert all(op.startswith("blackout") for op in record.operators)
+
+
+def test_records_do_not_depend_on_the_batch(trained, seeds):
+    models = list(trained[:2])
+    strategy = DeepXplore(constraint="occlusion", occlusion_size=(5, 5))
+    alone = run_deepxplore(models, seeds, strategy, batch=1, seed=3, timeout=1e6, progress=False)
+    together = run_deepxplore(models, seeds, strategy, batch=8, seed=3, timeout=1e6, progress=False)
+    assert comparable_records(alone) == comparable_records(together)
+    np.testing.assert_array_equal(alone.triggers, together.triggers)
+    assert alone.summary.triggers >= 1
+    assert alone.neuron_coverage == together.neuron_coverage
+
+
+def test_three_models_deviate_together_and_records_say_which(trained, seeds):
+    result = run_deepxplore(list(trained), seeds, DeepXplore(constraint="occlusion", occlusion_size=(5, 5)),
+                            max_queries=10, progress=False)
+    assert result.config.compressed == "cnn-pruned,cnn-channels"
+    assert set(result.neuron_coverage) == {"original", "compressed_1", "compressed_2", "all"}
+    assert {r.target_model for r in result.records if not r.already_deviating} == {0, 1, 2}
+    found = [r for r in result.records if r.success]
+    assert found and all(r.queries <= 10 for r in result.records)
+    p = [m.classifier().predict_proba(result.triggers) for m in trained]
+    for row, record in enumerate(found):
+        labels = [int(q[row].argmax()) for q in p]
+        assert record.model_labels == labels and len(set(labels)) > 1
+        first = next(k for k in (1, 2) if labels[k] != labels[0])
+        assert record.trigger_labels == (labels[0], labels[first])
+    deviating = [r for r in result.records if r.already_deviating]
+    assert all(len(set(r.model_labels)) > 1 for r in deviating)
+
+
+def test_an_interrupted_campaign_resumes_to_the_same_records(trained, seeds, tmp_path, monkeypatch):
+    models = list(trained[:2])
+    strategy = DeepXplore(constraint="occlusion", occlusion_size=(5, 5))
+    reference = run_deepxplore(models, seeds, strategy, batch=4, timeout=1e6, progress=False)
+    calls = {"n": 0}
+    forward = dx.forward
+
+    def interrupting(*args):
+        calls["n"] += 1
+        if calls["n"] == 40:  # mid-campaign, as Ctrl-C would
+            raise KeyboardInterrupt
+        return forward(*args)
+
+    monkeypatch.setattr(dx, "forward", interrupting)
+    out = tmp_path / "campaign"
+    partial = run_deepxplore(models, seeds, strategy, batch=4, timeout=1e6, out_dir=out, progress=False)
+    assert not partial.complete and 0 < len(partial.records) < len(seeds)
+    resumed = run_deepxplore(models, seeds, strategy, batch=4, timeout=1e6, out_dir=out, resume=True, progress=False)
+    assert resumed.complete and comparable_records(resumed) == comparable_records(reference)
+    np.testing.assert_array_equal(resumed.triggers, reference.triggers)
+    loaded = load_campaign(out)
+    assert loaded.neuron_coverage == reference.neuron_coverage
+    with pytest.raises(UserError, match="strategy_options"):
+        run_deepxplore(models, seeds, DeepXplore(constraint="lighting"), out_dir=out, resume=True, progress=False)
+
+
+def test_the_black_box_runner_and_bad_settings_are_refused(trained, seeds):
+    with pytest.raises(UserError, match="white-box PyTorch"):
+        run_campaign(trained[0].classifier(), trained[1].classifier(), seeds, strategy="deepxplore", progress=False)
+    with pytest.raises(UserError, match="white-box PyTorch"):
+        run_deepxplore([trained[0], trained[1].classifier()], seeds, progress=False)
+    with pytest.raises(UserError, match="at least two models"):
+        run_deepxplore([trained[0]], seeds, progress=False)
+    with pytest.raises(UserError, match="outside the 8x8"):
+        run_deepxplore(list(trained[:2]), seeds, DeepXplore(constraint="occlusion", occlusion_at=(8, 0)),
+                       progress=False)
+    with pytest.raises(UserError, match="constraint"):
+        DeepXplore(constraint="fog")
