@@ -197,3 +197,55 @@ def test_the_black_box_runner_and_bad_settings_are_refused(trained, seeds):
                        progress=False)
     with pytest.raises(UserError, match="constraint"):
         DeepXplore(constraint="fog")
+
+
+def test_cli_runs_one_campaign_over_three_models_and_logs_the_coverage_reached(registered_cnn, tmp_path, capsys):
+    import mlflow
+
+    from mlflow_di.compression.prune import prune_l1, prune_structured
+    from mlflow_di.models.loading import load_torch_model
+
+    source = load_torch_model(registered_cnn)
+    copies = []
+    for name, module in (("pruned", prune_l1(source.module, 0.5).module),
+                         ("channels", prune_structured(source.module, 0.3).module)):
+        path = tmp_path / f"{name}.pt"
+        torch.save({"module": module, "mlflow_di": {"preprocessing": source.preprocessing.to_dict()}}, path)
+        copies.append(str(path))
+    folder, summary_file = tmp_path / "campaign", tmp_path / "summary.json"
+    args = ["fuzz", "--original", registered_cnn, "--compressed", copies[0], "--compressed", copies[1],
+            "--seed-data", "digits[1300:1320]", "--strategy", "deepxplore", "--dx-constraint", "occlusion",
+            "--dx-occlusion-size", "5,5", "--dx-iterations", "10", "--batch", "8", "--out-dir", str(folder)]
+    assert main([*args, "--json-out", str(summary_file)]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "neuron coverage reached" in printed
+    summary = json.loads(summary_file.read_text())
+    assert set(summary["neuron_coverage"]) == {"original", "compressed_1", "compressed_2", "all"}
+    assert summary["strategy"] == "deepxplore" and summary["fuzzed"] >= 1
+    result = load_campaign(folder)
+    assert result.neuron_coverage == summary["neuron_coverage"]
+    assert result.config.strategy_options["constraint"] == "occlusion"
+    assert all(len(r.model_labels) == 3 and r.queries <= 10 for r in result.records)
+    run = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                             filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
+    assert 0 < run.data.metrics["neuron_coverage.original"] <= 1
+    assert "neuron_coverage.compressed_2" in run.data.metrics and "success_rate" in run.data.metrics
+    assert run.data.params["dx_constraint"] == "occlusion" and run.data.params["dx_iterations"] == "10"
+    assert "mlflow_di.compressed_uri" not in run.data.tags  # one campaign over three models: not one export's
+    # resuming a finished campaign reruns nothing and gives the same records
+    assert main([*args, "--resume"]) == 0
+    assert comparable_records(load_campaign(folder)) == comparable_records(result)
+
+
+def test_cli_refuses_a_model_that_is_not_pytorch_in_one_line(tracking_uri, tmp_path, capsys):
+    from mlflow_di.models import zoo
+
+    path = tmp_path / "cnn.pt"
+    torch.save({"module": zoo.build("digits-cnn"),
+                "mlflow_di": {"preprocessing": zoo.architecture("digits-cnn").preprocessing.to_dict()}}, path)
+    onnx = tmp_path / "cnn-int8.onnx"
+    onnx.write_bytes(b"not read: refused by kind")
+    assert main(["fuzz", "--original", str(path), "--compressed", str(onnx), "--seed-data", "digits[0:4]",
+                 "--strategy", "deepxplore"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs the gradients of PyTorch models" in err[0] and "onnx" in err[0]
