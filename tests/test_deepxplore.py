@@ -249,3 +249,24 @@ def test_cli_refuses_a_model_that_is_not_pytorch_in_one_line(tracking_uri, tmp_p
                  "--strategy", "deepxplore"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs the gradients of PyTorch models" in err[0] and "onnx" in err[0]
+
+
+def test_a_fake_quantized_copy_agrees_with_the_int8_export_and_can_be_fuzzed(trained, seeds, tmp_path):
+    from mlflow_di.compression.fake_quant import fake_quantize
+    from mlflow_di.compression.methods import compress
+    from mlflow_di.models.classifier import OnnxClassifier
+    from mlflow_di.models.torch_model import TorchModel
+
+    original = trained[0]
+    calibration = load_images("digits[600:700]").images
+    export = compress(original.module, original.preprocessing, "int8-static", tmp_path, calib_inputs=calibration)
+    fake = TorchModel(fake_quantize(original.module, original.to_tensor(calibration)), original.preprocessing,
+                      name="cnn-fake-int8")
+    test = load_images("digits[1300:1797]").images
+    onnx_labels = OnnxClassifier(export.path, original.preprocessing).predict(test)
+    agreement = float((fake.classifier().predict(test) == onnx_labels).mean())
+    assert agreement >= 0.9  # measured 0.950 on these 497 digits (the float model's agreement is the same)
+    assert not torch.equal(fake.module.conv1[0][1].weight, original.module.conv1[0].weight)
+    result = run_deepxplore([original, fake], seeds, DeepXplore(constraint="occlusion", occlusion_size=(5, 5)),
+                            progress=False)
+    assert result.summary.fuzzed >= 1 and set(result.neuron_coverage) == {"original", "compressed", "all"}
