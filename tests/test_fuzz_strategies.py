@@ -37,7 +37,8 @@ def _step(search, f, g):
 
 def test_registry_names_and_what_they_are():
     assert set(STRATEGIES) == {"dflare", "dflare-d", "dflare-r", "dflare-paper", "dflare-paper-d", "dflare-paper-r",
-                               "diffchaser"}
+                               "diffchaser", "deepxplore"}
+    assert make_strategy("deepxplore").white_box  # run by fuzz.deepxplore, not the black-box runner
     default, paper = make_strategy("dflare"), make_strategy("dflare-paper")
     assert (default.fitness, default.acceptance, default.novelty, default.selection) == (
         "margin", "paper", True, "metropolis-hastings")

@@ -1,5 +1,9 @@
 """``mlflow-di fuzz``: DFlare (or a baseline) on a model and its compressed version, logged to MLflow.
 
+``--strategy deepxplore`` (white-box, every model PyTorch) runs one campaign over all the models
+given (``--compressed`` repeated adds models to the same campaign instead of one campaign per
+export) with :func:`mlflow_di.fuzz.deepxplore.run_deepxplore`, and logs the neuron coverage it reached.
+
 The campaign writes every finished seed to ``--out-dir`` as it goes, so Ctrl-C, SIGTERM or a
 crash keeps every trigger found; ``--resume`` continues the campaign in that folder (and closes
 the run a ``kill -9`` left RUNNING). Whatever was found is logged to the MLflow run before it
@@ -15,8 +19,8 @@ import time
 
 import click
 
-from mlflow_di.commands.options import (LazyChoice, WritablePath, device_option, json_out_option, ray_options,
-                                        seed_option, write_json_out)
+from mlflow_di.commands.options import (IntPair, LazyChoice, WritablePath, device_option, json_out_option,
+                                        ray_options, seed_option, write_json_out)
 
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
                    "already_deviating", "fuzzed")
@@ -56,13 +60,37 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy"), default="dflare",
               show_default=True, help="dflare (DFlare steering by the original's log-probability margin: far fewer "
                                       "queries), dflare-paper (the paper's fitness), their ablations -d (no novelty) "
-                                      "and -r (random operator), or diffchaser.")
+                                      "and -r (random operator), diffchaser, or deepxplore (white-box "
+                                      "gradient ascent; every model PyTorch, see --dx-*).")
 @click.option("--max-linf", type=click.IntRange(1, 255), default=None,
               help="Keep every queried input within this many 8-bit levels of its seed (L-inf); mutants beyond are "
                    "rejected without a query. dflare strategies only.")
 @click.option("--min-ssim", type=click.FloatRange(-1.0, 1.0, min_open=True, max_open=True), default=None,
               help="Keep every queried input at least this structurally similar (SSIM) to its seed; images must be "
                    "at least 11x11. dflare strategies only.")
+@click.option("--dx-constraint", type=click.Choice(["lighting", "occlusion", "blackout"]), default=None,
+              help="deepxplore: the domain constraint on each gradient step: lighting (every pixel by the same "
+                   "amount), occlusion (one rectangle, --dx-occlusion-at/-size), blackout (small rectangles, only "
+                   "darker). Default: lighting.")
+@click.option("--dx-step", type=click.FloatRange(0, min_open=True), default=None,
+              help="deepxplore: step size in 8-bit levels per unit of the RMS-normalised gradient (default 10, the "
+                   "paper's s; its MNIST script's pixels are 0..1, so its 10 is 2550 here).")
+@click.option("--dx-lambda1", type=click.FloatRange(0), default=None,
+              help="deepxplore: weight of the target model's confidence in the seed's label, lowered (default 1).")
+@click.option("--dx-lambda2", type=click.FloatRange(0), default=None,
+              help="deepxplore: weight of the not-yet-covered neuron's activation (default 0.1).")
+@click.option("--dx-threshold", type=click.FloatRange(0, 1, max_open=True), default=None,
+              help="deepxplore: neuron coverage threshold on the layer-scaled activation (default 0, the paper's).")
+@click.option("--dx-iterations", type=click.IntRange(1), default=None,
+              help="deepxplore: gradient steps per seed (default 20, the reference's); --max-queries caps it too.")
+@click.option("--dx-occlusion-at", type=IntPair("occlusion position", "0,0", 0, "ROW,COL"), default=None,
+              help="deepxplore occlusion: top-left corner of the rectangle (default 0,0).")
+@click.option("--dx-occlusion-size", type=IntPair("occlusion size", "10,10", 1), default=None,
+              help="deepxplore occlusion: rectangle size (default 10,10, the reference's MNIST one).")
+@click.option("--dx-blackout-size", type=IntPair("blackout size", "6,6", 1), default=None,
+              help="deepxplore blackout: size of each rectangle (default 6,6, the reference's MNIST one).")
+@click.option("--dx-blackout-count", type=click.IntRange(1), default=None,
+              help="deepxplore blackout: rectangles tried per step (default 1, the reference's).")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it).")
 @click.option("--out-dir", type=WritablePath("dir"), default=None,
@@ -78,7 +106,7 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @device_option
 def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, max_linf, min_ssim, batch,
             out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address, cpus_per_worker,
-            gpus_per_worker, seed, json_out, device) -> None:
+            gpus_per_worker, seed, json_out, device, **deepxplore) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
@@ -92,11 +120,18 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     repeated = sorted({uri for uri in compressed if compressed.count(uri) > 1})
     if repeated:
         raise UserError(f"--compressed {repeated[0]} is given twice; name each compressed model once")
-    search = _strategy(strategy, max_linf, min_ssim)
+    search = _strategy(strategy, max_linf, min_ssim, deepxplore)
+    white_box = strategy == "deepxplore"
+    executor = _executor(workers, ray_address, cpus_per_worker, gpus_per_worker, white_box)
     original_ref = ModelRef.parse(original)
     compressed_refs = [ModelRef.parse(uri) for uri in compressed]
-    original_model = load_classifier(original_ref, preprocessing_original, device)
-    compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
+    if white_box:  # one campaign over every model, with their gradients
+        torch_models = [_white_box_model(ref, pre, device) for ref, pre in
+                        [(original_ref, preprocessing_original)] + [(r, preprocessing_compressed) for r in compressed_refs]]
+        original_model, *compressed_models = [model.classifier() for model in torch_models]
+    else:
+        original_model = load_classifier(original_ref, preprocessing_original, device)
+        compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
     raw_seeds = load_images(seed_data)
     seeds = original_model.preprocessing.prepare(raw_seeds)  # lazy: resized per batch if the model says so
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
@@ -107,12 +142,13 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             model.preprocessing.check_images(seeds.images[:1])
         except UserError as exc:
             raise UserError(f"{role} model: {exc}") from None
-    if search.options().get("constraint"):
+    constraint = None if white_box else search.options().get("constraint")
+    if constraint:
         search.constraint.check_seed(seeds.images[0])
-    executor = _executor(workers, ray_address, cpus_per_worker, gpus_per_worker)
-    several = len(compressed) > 1
-    constraint = search.options().get("constraint")
-    label = strategy + "".join(f"-{key.replace('_', '')}{value}" for key, value in (constraint or {}).items()
+    if white_box:
+        search.check_image_shape(seeds.image_shape)
+    several = len(compressed) > 1 and not white_box
+    label = (f"{strategy}-{search.constraint}" if white_box else strategy) + "".join(f"-{key.replace('_', '')}{value}" for key, value in (constraint or {}).items()
                                if value is not None)
     folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, ",".join(compressed), label, seed, resume)
     if folder.exists() and any(folder.iterdir()) and not resume:
@@ -130,14 +166,15 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         tags["mlflow_di.fuzz_constraint"] = json.dumps(constraint, sort_keys=True)
     # resolved now, before hours of fuzzing: the versions fuzzed, whatever an alias points at later
     compressed_tags = [registry.compressed_model_tags(uri) for uri in compressed]
-    if not several:
+    if len(compressed) == 1:
         tags.update(compressed_tags[0])
     model_ids = [registry.logged_model_id(uri) for uri in compressed]  # the models the gate judges
     run_name = f"fuzz {original_ref.short} vs {', '.join(ref.short for ref in compressed_refs)}"
     params = {"original": original, "seed_data": seed_data, "num_seeds": len(seeds), "timeout": timeout,
               "max_queries": max_queries, "strategy": strategy, "max_linf": max_linf, "min_ssim": min_ssim,
               "batch": batch, "seed": seed, "resume": resume, "original_runs_on": original_model.provider,
-              "workers": workers, **({"ray_address": ray_address} if workers else {})}
+              "workers": workers, **({"ray_address": ray_address} if workers else {}),
+              **({f"dx_{key}": value for key, value in search.options().items()} if white_box else {})}
     with runs.tracked_run(run_name, tags=tags) as log:
         log.params({**params, "compressed": ",".join(compressed), "out_dir": str(folder),
                     "compressed_runs_on": ",".join(m.provider for m in compressed_models)})
@@ -149,9 +186,15 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of {batch} seeds; "
                        "this process writes the campaign folder")
         with out_of_memory_as_user_error("fuzzing", batch):
-            results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
-                                    max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders, resume=resume,
-                                    executor=executor)
+            if white_box:
+                from mlflow_di.fuzz.deepxplore import run_deepxplore
+
+                results = [run_deepxplore(torch_models, seeds, search, timeout=timeout, max_queries=max_queries,
+                                          batch=batch, seed=seed, out_dir=folders[0], resume=resume)]
+            else:
+                results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
+                                        max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders,
+                                        resume=resume, executor=executor)
         summaries = [_summary(result) for result in results]
         # the seeds as the spec loads them; the campaign's fingerprint is theirs unless the original resized them
         known = None if original_model.preprocessing.has_raw_step else results[0].config.seeds_sha256
@@ -173,7 +216,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             _log_comparison(log, original, compressed, results, summaries, comparison)
             _print_sharing(comparison)
         else:
-            _log_campaign(log, results[0], folder, original, compressed[0], summaries[0], model_ids[0], lineage)
+            _log_campaign(log, results[0], folder, original, ", ".join(compressed), summaries[0],
+                          model_ids[0] if len(compressed) == 1 else None, lineage)
             _print_summary(results[0], summaries[0], folder)
         if not all(result.complete for result in results):  # the run ends KILLED; everything found is logged and on disk
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
@@ -181,7 +225,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                                                      **comparison["metrics"]}, json_out)
 
 
-def _executor(workers: int, address: str, cpus: float, gpus: float):
+def _executor(workers: int, address: str, cpus: float, gpus: float, white_box: bool = False):
     """None (search in this process) for ``--workers 0``, else the Ray executor; Ray missing is one line."""
     if not workers:
         return None
@@ -190,13 +234,16 @@ def _executor(workers: int, address: str, cpus: float, gpus: float):
     from mlflow_di.errors import UserError
     from mlflow_di.fuzz.distributed import RayExecutor
 
+    if white_box:
+        raise UserError("--workers runs the black-box strategies on Ray; deepxplore runs in this process "
+                        "(drop --workers, or use --device cuda for speed)")
     if importlib.util.find_spec("ray") is None:
         raise UserError("--workers needs Ray: pip install 'mlflow-di[ray]' (or run with --workers 0)")
     return RayExecutor(workers=workers, address=address, cpus_per_worker=cpus, gpus_per_worker=gpus)
 
 
-def _strategy(name: str, max_linf, min_ssim):
-    """The strategy object, with the realism constraint when one is asked for."""
+def _strategy(name: str, max_linf, min_ssim, deepxplore: dict | None = None):
+    """The strategy object, with the realism constraint when one is asked for, or DeepXplore's ``--dx-*`` settings."""
     import dataclasses
 
     from mlflow_di.errors import UserError
@@ -205,12 +252,34 @@ def _strategy(name: str, max_linf, min_ssim):
     from mlflow_di.fuzz.strategies import make_strategy
 
     strategy = make_strategy(name)
+    given = {key[3:]: value for key, value in (deepxplore or {}).items() if value is not None}
+    if given and name != "deepxplore":
+        raise UserError(f"--dx-{next(iter(given)).replace('_', '-')} is a setting of --strategy deepxplore, not {name}")
+    if name == "deepxplore":
+        if max_linf is not None or min_ssim is not None:
+            raise UserError("--max-linf and --min-ssim work with the dflare strategies; deepxplore keeps its inputs "
+                            "realistic with --dx-constraint lighting|occlusion|blackout")
+        return dataclasses.replace(strategy, **given)
     if max_linf is None and min_ssim is None:
         return strategy
     if not isinstance(strategy, DFlare):
         raise UserError(f"--max-linf and --min-ssim work with the dflare strategies, not {name}; "
                         "pick --strategy dflare (or a dflare variant)")
     return dataclasses.replace(strategy, constraint=Constraint(max_linf=max_linf, min_ssim=min_ssim))
+
+
+def _white_box_model(ref, preprocessing, device):
+    """The white-box PyTorch model of ``ref`` for deepxplore; a one-line UserError for any other kind."""
+    from mlflow_di.errors import UserError
+    from mlflow_di.models.loading import load_torch_model, resolve
+
+    source = resolve(ref)
+    if source.kind not in ("pytorch", "keras"):
+        raise UserError(f"--strategy deepxplore needs the gradients of PyTorch models, but '{ref.uri}' is a "
+                        f"{source.kind} model; fuzz the PyTorch model it was made from (a pruned copy: "
+                        "mlflow_di.compression.prune; an int8 one: mlflow_di.compression.fake_quant.fake_quantize) "
+                        "or pick a black-box strategy such as dflare")
+    return load_torch_model(ref, preprocessing, device)
 
 
 def export_folder(folder: pathlib.Path, number: int, uri: str, resume: bool = False) -> pathlib.Path:
@@ -236,6 +305,7 @@ def _summary(result) -> dict:
             "mean_seconds": s.mean_seconds, "triggers": s.triggers, "seeds": s.seeds,
             "already_deviating": s.already_deviating, "fuzzed": s.fuzzed, "strategy": s.strategy,
             "complete": result.complete, **distance_summary(result.records),
+            **({"neuron_coverage": result.neuron_coverage} if result.neuron_coverage is not None else {}),
             "operators": {name: {"selected": o.selected, "accepted": o.accepted, "triggered": o.triggered}
                           for name, o in s.operators.items()}}
 
@@ -245,6 +315,8 @@ def _metrics(summary: dict, class_rows: list[dict]) -> dict:
     metrics = {k: v for k, v in summary.items() if k in SUMMARY_METRICS or k.startswith("trigger_")}
     for row in class_rows:
         metrics[f"class_success_rate.{row['class']}"] = row["success_rate"]
+    for role, value in (summary.get("neuron_coverage") or {}).items():  # deepxplore: NC reached per model
+        metrics[f"neuron_coverage.{role}"] = value
     return metrics
 
 
@@ -261,7 +333,9 @@ def _seed_rows(result) -> list[dict]:
                      "compressed_label": labels[1], "original_top1": round(float(probabilities[0]), 4),
                      "compressed_top1": round(float(probabilities[1]), 4),
                      **{key: distances.get(key) for key in ("l0", "l2", "linf", "ssim")},
-                     "operators": rp.operator_summary(r.operators)})
+                     "operators": rp.operator_summary(r.operators),
+                     **({"model_labels": ",".join(map(str, r.model_labels)), "target_model": r.target_model}
+                        if r.model_labels is not None else {})})
     return rows
 
 
@@ -291,6 +365,11 @@ def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: 
                        f"(success rate {summary['success_rate']:.1%}); "
                        f"{_plural(summary['already_deviating'], 'seed')} already deviated")
     html.section("Summary").metrics({k: summary[k] for k in SUMMARY_METRICS}, percent_keys=["success_rate"])
+    if summary.get("neuron_coverage"):
+        coverage = {f"neuron_coverage.{role}": value for role, value in summary["neuron_coverage"].items()}
+        html.section("Neuron coverage reached").metrics(coverage, percent_keys=list(coverage), caption=(
+            f"NC (threshold {result.config.strategy_options.get('threshold')}) of each model over the seeds and the "
+            "triggers; one query is one generated input through every model (a forward and backward pass each)"))
     if len(result.triggers):
         pages = _trigger_grid_pages(result)
         log.image(pages[0], "fuzz/trigger_grid.png")
@@ -414,4 +493,7 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
     if summary["mean_queries"] is not None:
         click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}, median {summary['median_queries']:.0f}; "
                    f"seconds per trigger: mean {summary['mean_seconds']:.3f}")
+    if summary.get("neuron_coverage"):
+        click.echo("  neuron coverage reached (seeds and triggers): " + ", ".join(
+            f"{role} {value:.1%}" for role, value in summary["neuron_coverage"].items()))
     click.echo(f"  triggers and per-seed records: {folder} (and the run's fuzz/campaign artifacts)")

@@ -143,6 +143,26 @@ class WritablePath(click.ParamType):
         return str(path)
 
 
+class IntPair(click.ParamType):
+    """Two whole numbers ``A,B`` (rows, columns), each at least ``minimum``, in the order given."""
+
+    def __init__(self, what: str, example: str, minimum: int, metavar: str = "ROWS,COLS"):
+        self.what, self.example, self.minimum = what, example, minimum
+        self.name = metavar
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            numbers = tuple(int(item) for item in str(value).split(","))
+        except ValueError:
+            numbers = ()
+        if len(numbers) != 2 or min(numbers) < self.minimum:
+            self.fail(f"the {self.what} is two whole numbers of at least {self.minimum} separated by a comma, "
+                      f"e.g. {self.example} (got '{value}')", param, ctx)
+        return numbers
+
+
 class Fraction(click.ParamType):
     """A fraction in [0, 1]."""
 

@@ -80,12 +80,15 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     process alone writes the campaign folders.
     """
     strategy = make_strategy(strategy)
+    if getattr(strategy, "white_box", False):
+        raise UserError(f"the {strategy.name} strategy needs white-box PyTorch models and their gradients; "
+                        "run it with mlflow_di.fuzz.deepxplore.run_deepxplore (fuzz --strategy deepxplore)")
     if not compressed:
         raise UserError("no compressed model given")
     if out_dirs is not None and len(out_dirs) != len(compressed):
         raise UserError(f"{len(compressed)} compressed models but {len(out_dirs)} output folders")
-    _check_arguments(seeds, timeout, max_queries, batch, out_dirs, resume, strategy)
-    fingerprint = _fingerprint(seeds, progress)
+    check_arguments(seeds, timeout, max_queries, batch, out_dirs, resume, strategy)
+    fingerprint = seed_fingerprint(seeds, progress)
     lanes = []
     for number, model in enumerate(compressed):
         config = CampaignConfig(
@@ -123,7 +126,7 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     return results
 
 
-def _check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dirs, resume, strategy=None) -> None:
+def check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dirs, resume, strategy=None) -> None:
     if not isinstance(seeds, ImageSet):
         raise UserError(f"seeds must be an ImageSet (see mlflow_di.data.load_images), got {type(seeds).__name__}")
     if len(seeds) == 0:
@@ -150,12 +153,12 @@ def _name(model, fallback: str) -> str:
 SEED_BATCH = 256
 
 
-def _fingerprint(seeds: ImageSet, progress: bool = False) -> str:
+def seed_fingerprint(seeds: ImageSet, progress: bool = False) -> str:
     """SHA-256 of every seed's pixels, then the labels (the same digest whether the seeds are lazy or not)."""
     return fingerprint(seeds, SEED_BATCH, progress, desc="seed fingerprint")
 
 
-def _predict(model, images: np.ndarray, role: str) -> np.ndarray:
+def predict_checked(model, images: np.ndarray, role: str) -> np.ndarray:
     """Probabilities, with a one-line UserError when the model cannot take these images."""
     try:
         probabilities = np.asarray(model.predict_proba(images))
@@ -178,7 +181,7 @@ def _check_seeds(original, lanes: list["_Lane"], seeds: ImageSet, progress: bool
     todo = np.asarray(union, dtype=np.int64)
     if len(todo) == 0:
         return
-    p_original = np.concatenate([_predict(original, seeds.images[todo[start:start + SEED_BATCH]], "original")
+    p_original = np.concatenate([predict_checked(original, seeds.images[todo[start:start + SEED_BATCH]], "original")
                                  for start in tqdm(range(0, len(todo), SEED_BATCH), desc="seed predictions",
                                                    unit="batch", disable=not progress, leave=False)])
     row_of = {int(index): row for row, index in enumerate(todo)}
@@ -187,7 +190,7 @@ def _check_seeds(original, lanes: list["_Lane"], seeds: ImageSet, progress: bool
         if len(indices) == 0:
             lane.todo = indices
             continue
-        p_compressed = np.concatenate([_predict(lane.compressed, seeds.images[indices[start:start + SEED_BATCH]],
+        p_compressed = np.concatenate([predict_checked(lane.compressed, seeds.images[indices[start:start + SEED_BATCH]],
                                                 "compressed") for start in range(0, len(indices), SEED_BATCH)])
         mine = p_original[[row_of[int(i)] for i in indices]]
         if mine.shape[1] != p_compressed.shape[1]:
@@ -384,14 +387,14 @@ class _Lockstep:
         record = SeedRecord(
             index=a.index, label=int(self.seeds.labels[a.index]), success=search.found, stop=stop,
             queries=search.queries, seconds=a.seconds,
-            seed_labels=top1_labels(*p_seed), seed_probabilities=_top1(*p_seed),
+            seed_labels=top1_labels(*p_seed), seed_probabilities=top1(*p_seed),
             operators=list(search.trigger_operators),
             operator_counts={name: [int(s), int(c)] for name, s, c in
                              zip(search.operator_names, search.stats.selected, search.stats.accepted)},
             constraint_rejections=int(search.constraint_rejections))
         if search.found:
             record.trigger_labels = top1_labels(*search.trigger_probabilities)
-            record.trigger_probabilities = _top1(*search.trigger_probabilities)
+            record.trigger_probabilities = top1(*search.trigger_probabilities)
             record.trigger_distances = distances(search.trigger, a.seed_image)
         return record
 
@@ -399,7 +402,7 @@ class _Lockstep:
         record = SeedRecord(index=index, label=int(self.seeds.labels[index]), success=False,
                             stop=Stop.ALREADY_DEVIATING, queries=0, seconds=0.0,
                             seed_labels=top1_labels(p_original, p_compressed),
-                            seed_probabilities=_top1(p_original, p_compressed))
+                            seed_probabilities=top1(p_original, p_compressed))
         self.save(lane, record, None, self.seeds.images[index])
 
     def save(self, lane: _Lane, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray) -> None:
@@ -433,5 +436,5 @@ def _speculation_depth(active: int, batch: int) -> int:
     return 1 if active >= batch else min(MAX_SPECULATION, -(-batch // active))
 
 
-def _top1(p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, float]:
+def top1(p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, float]:
     return float(np.max(p_original)), float(np.max(p_compressed))

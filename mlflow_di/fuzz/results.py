@@ -75,12 +75,20 @@ class SeedRecord(JsonRoundTrip):
     operator_counts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     trigger_distances: dict[str, float] | None = None
     constraint_rejections: int = 0
+    #: DeepXplore (any number of models): every model's top-1 label on the trigger, or on the seed when
+    #: none was found, in the order the models were given (original first); ``trigger_labels`` then
+    #: hold the original's label and that of the first model that deviates from it
+    model_labels: list[int] | None = None
+    #: DeepXplore: the number of the model (0 = original) whose confidence in the seed's label the
+    #: search lowered while keeping the others' (the paper's randomly picked model j)
+    target_model: int | None = None
 
     def __post_init__(self):
         self.stop = Stop(self.stop)
 
     #: fields added later, written only when set, so records of campaigns without them keep their bytes
-    JSON_OPTIONAL = {"trigger_distances": None, "constraint_rejections": 0}
+    JSON_OPTIONAL = {"trigger_distances": None, "constraint_rejections": 0, "model_labels": None,
+                     "target_model": None}
 
     @property
     def already_deviating(self) -> bool:
@@ -225,12 +233,18 @@ class CampaignResult:
     trigger_indices: np.ndarray
     complete: bool = True
     run_stats: RunStats | None = None
+    #: DeepXplore: neuron coverage reached per model (``original``, ``compressed`` or ``compressed_K``)
+    #: and ``all`` models together, over the seeds and the triggers (see :mod:`mlflow_di.fuzz.deepxplore`)
+    neuron_coverage: dict[str, float] | None = None
 
     def to_dict(self) -> dict:
         """Everything but the arrays (which travel beside the JSON, see :mod:`mlflow_di.fuzz.store`)."""
-        return {"config": self.config.to_dict(), "summary": self.summary.to_dict(),
-                "records": [r.to_dict() for r in self.records], "complete": self.complete,
-                "run_stats": self.run_stats.to_dict() if self.run_stats else None}
+        values = {"config": self.config.to_dict(), "summary": self.summary.to_dict(),
+                  "records": [r.to_dict() for r in self.records], "complete": self.complete,
+                  "run_stats": self.run_stats.to_dict() if self.run_stats else None}
+        if self.neuron_coverage is not None:  # only DeepXplore campaigns: the others keep their bytes
+            values["neuron_coverage"] = self.neuron_coverage
+        return values
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -250,6 +264,7 @@ class CampaignResult:
             trigger_indices=np.zeros(0, np.int64) if trigger_indices is None else trigger_indices,
             complete=values.get("complete", True),
             run_stats=RunStats.from_dict(values["run_stats"]) if values.get("run_stats") else None,
+            neuron_coverage=values.get("neuron_coverage"),
         )
 
 

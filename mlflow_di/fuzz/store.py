@@ -7,6 +7,7 @@ Layout::
     triggers/NNNNNN.npz     per triggering seed: ``trigger`` and ``seed`` (uint8 H, W, C)
     summary.json            CampaignSummary (at the end, or when interrupted)
     triggers.npz            all triggers: ``triggers``, ``seeds``, ``indices`` (at the end)
+    neuron_coverage.json    DeepXplore only: NC reached per model (at the end)
 
 A seed's trigger file is complete before its record line is appended, so every record that
 says ``success`` has its images even if the process dies right after. A torn last line (the
@@ -14,6 +15,7 @@ process died mid-write) is ignored and that seed runs again on resume.
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 
@@ -27,6 +29,7 @@ RECORDS = "records.jsonl"
 TRIGGER_DIR = "triggers"
 SUMMARY = "summary.json"
 ALL_TRIGGERS = "triggers.npz"
+NEURON_COVERAGE = "neuron_coverage.json"
 
 
 class CampaignStore:
@@ -101,9 +104,12 @@ class CampaignStore:
         with np.load(self.trigger_path(index)) as archive:
             return archive["trigger"], archive["seed"]
 
-    def finish(self, summary: CampaignSummary, triggers: np.ndarray, seeds: np.ndarray, indices: np.ndarray) -> None:
-        """Write the summary and the consolidated triggers; close the records file."""
+    def finish(self, summary: CampaignSummary, triggers: np.ndarray, seeds: np.ndarray, indices: np.ndarray,
+               neuron_coverage: dict | None = None) -> None:
+        """Write the summary and the consolidated triggers (and DeepXplore's neuron coverage); close the records file."""
         self.close()
+        if neuron_coverage is not None:
+            _write_atomically(self.directory / NEURON_COVERAGE, json.dumps(neuron_coverage, indent=2, sort_keys=True))
         _write_atomically(self.directory / SUMMARY, summary.to_json())
         partial = self.directory / "triggers.partial.npz"
         np.savez_compressed(partial, triggers=triggers, seeds=seeds, indices=indices)
@@ -118,7 +124,10 @@ class CampaignStore:
         """The campaign as it stands on disk (complete or not)."""
         config = self.read_config()
         records = sorted(self.read_records().values(), key=lambda r: r.index)
-        return assemble_result(config, records, self, complete=len(records) == config.seed_count)
+        result = assemble_result(config, records, self, complete=len(records) == config.seed_count)
+        if (self.directory / NEURON_COVERAGE).exists():
+            result.neuron_coverage = json.loads((self.directory / NEURON_COVERAGE).read_text())
+        return result
 
 
 def assemble_result(config: CampaignConfig, records: list[SeedRecord], store: "CampaignStore | None",

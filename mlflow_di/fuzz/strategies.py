@@ -1,5 +1,8 @@
 """Strategy names -> strategy objects: DFlare, the paper's DFlare, their ablations and DiffChaser.
 
+``deepxplore`` (Pei et al.) is white-box: it needs PyTorch models and is run by
+:func:`~mlflow_di.fuzz.deepxplore.run_deepxplore`, not by the black-box campaign runner.
+
 ``dflare`` (the default) is DFlare's Algorithm 1 with a fitness that keeps a signal where the
 paper's has none: minus the original model's log-probability margin between its two most likely
 classes (``fitness='margin'``, see :mod:`mlflow_di.fuzz.dflare`). ``dflare-paper`` is the paper's
@@ -27,7 +30,16 @@ STRATEGIES: dict[str, Callable[[], object]] = {
     "dflare-paper-d": lambda: DFlare(name="dflare-paper-d", fitness="gap", novelty=False),
     "dflare-paper-r": lambda: DFlare(name="dflare-paper-r", fitness="gap", selection="uniform"),
     "diffchaser": lambda: DiffChaser(),
+    # white-box: gradients of PyTorch models, run by fuzz.deepxplore.run_deepxplore (imported when
+    # asked for: that module uses the campaign runner's helpers, which import this registry)
+    "deepxplore": lambda: _deepxplore(),
 }
+
+
+def _deepxplore():
+    from mlflow_di.fuzz.deepxplore import DeepXplore
+
+    return DeepXplore()
 
 
 def make_strategy(strategy) -> object:
