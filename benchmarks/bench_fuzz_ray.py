@@ -91,6 +91,7 @@ def main() -> None:
             executor = RayExecutor(workers=workers, cpus_per_worker=1, chunk_size=32)
             runs[f"Ray, {workers} worker{'s' * (workers > 1)}"] = timed(seeds, original, export, executor, **settings)
     queries = sum(r.queries for r in local.records)
+    one_wall, two_wall = runs["Ray, 1 worker"][1], runs["Ray, 2 workers"][1]
     for label, (result, wall) in runs.items():
         same = comparable_records(result) == comparable_records(local)
         rows.append(f"| {label} | {wall:.1f} | {queries / wall:,.0f} | {local_wall / wall:.2f} | "
@@ -125,7 +126,23 @@ def main() -> None:
              "writing 64 records).  ",
              f"Driver ceiling (free model, 1 query per seed, {args.ceiling_seeds:,} seeds, records written to a "
              f"campaign folder): **{args.ceiling_seeds / ray_ceiling:,.0f} seeds/s** on 2 Ray workers; the "
-             f"in-process runner does {args.ceiling_seeds / local_ceiling:,.0f} seeds/s.", END]
+             f"in-process runner does {args.ceiling_seeds / local_ceiling:,.0f} seeds/s.", "",
+             f"2 workers against 1: **{one_wall / two_wall:.2f}x** (two worker processes on two cores, the driver "
+             "mostly waiting).", "",
+             "**Projection for a cluster** (N workers, each with its share of a GPU). A worker searches a chunk as one "
+             "local process does, so the campaign's rate is N times one worker's, until one of three limits: (1) the "
+             f"driver, which took in {args.ceiling_seeds / ray_ceiling:,.0f} finished seeds/s here; a worker "
+             "finishes about 64 seeds (one lockstep batch) per seed search time, so one driver keeps up with "
+             f"~{args.ceiling_seeds / ray_ceiling * 180 / 64:,.0f} workers when seeds search 180 s (the default "
+             f"--timeout), ~{args.ceiling_seeds / ray_ceiling * 10 / 64:,.0f} at 10 s per seed; (2) the fixed cost per campaign, worker "
+             f"start and model load ({fixed:.1f} s here for LeNet-5, more for a ResNet-50 file shipped through the "
+             "object store), paid once per worker, so it matters only for campaigns shorter than a few minutes; "
+             f"(3) chunk granularity: {per_chunk * 1000:.0f} ms per chunk against a chunk's search of 64 seeds x "
+             "seconds each is negligible, but the last chunks leave workers idle, so keep seeds/chunk_size at "
+             "several times N (5,000 seeds in chunks of 64 is 78 chunks: enough for ~20 workers; use smaller "
+             "--batch for more). GPUs: --gpus-per-worker 0.25 puts four workers on a GPU, which pays when one "
+             "worker's batched calls leave the GPU idle between steps (measure with bench_lockstep_backends on the "
+             "GPU before choosing).", END]
     section = "\n".join(lines)
     print(section)
     write_section(section, BEGIN, END)
