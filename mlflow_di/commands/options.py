@@ -178,34 +178,34 @@ class Fraction(click.ParamType):
         return number
 
 
-class DeviceSpec(click.ParamType):
+class CheckedBy(click.ParamType):
+    """A value an engine's own function checks (``checker``: ``"module:function"``, imported when first
+    used, returning the normalised value); its UserError becomes click's one-line usage error."""
+
+    checker = ""
+
+    def convert(self, value, param, ctx):
+        from mlflow_di.errors import UserError
+
+        module, _, function = self.checker.partition(":")
+        try:
+            return getattr(importlib.import_module(module), function)(value)
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DeviceSpec(CheckedBy):
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (checked here; whether CUDA exists is checked when used)."""
 
     name = "DEVICE"
-
-    def convert(self, value, param, ctx):
-        from mlflow_di.errors import UserError
-        from mlflow_di.models.device import check_device_spec
-
-        try:
-            return check_device_spec(value)
-        except UserError as exc:
-            self.fail(str(exc), param, ctx)
+    checker = "mlflow_di.models.device:check_device_spec"
 
 
-class RayAddress(click.ParamType):
+class RayAddress(CheckedBy):
     """``local``, ``auto`` or ``[ray://]HOST:PORT`` (whether a cluster answers there is checked when used)."""
 
     name = "ADDRESS"
-
-    def convert(self, value, param, ctx):
-        from mlflow_di.errors import UserError
-        from mlflow_di.fuzz.distributed import check_address
-
-        try:
-            return check_address(value)
-        except UserError as exc:
-            self.fail(str(exc), param, ctx)
+    checker = "mlflow_di.fuzz.distributed:check_address"
 
 
 def ray_options(what: str):
