@@ -8,7 +8,9 @@ is the commands' business: ``commands/pipeline.py`` checks those values with the
 option types before any run starts, naming the same key path.
 
 Each section's keys are the options of the command it runs, with underscores (``calib_data`` is
-``compress --calib-data``).
+``compress --calib-data``). The ``trust`` section is not a step: ``trust.pickled_models`` names
+the registered models whose pickled PyTorch versions the pipeline may load (loading a pickle runs
+its code; see :func:`mlflow_di.models.loading.only_trusted_pickles`).
 """
 from __future__ import annotations
 
@@ -76,7 +78,16 @@ class GatePolicy:
     promote_alias: str | None = _kind("text", None)
 
 
-SECTIONS = {"compress": CompressPolicy, "coverage": CoveragePolicy, "fuzz": FuzzPolicy,
+@dataclasses.dataclass(frozen=True)
+class TrustPolicy:
+    """Which pickled models the pipeline may load. A pickle runs code when loaded, and a pipeline (or
+    the service) loads whatever version it is given, so a pickled PyTorch model loads only when its
+    registered model is listed here; ONNX and TFLite models need no trust."""
+
+    pickled_models: tuple = _kind("texts", ())
+
+
+SECTIONS = {"trust": TrustPolicy, "compress": CompressPolicy, "coverage": CoveragePolicy, "fuzz": FuzzPolicy,
             "robustness": RobustnessPolicy, "gate": GatePolicy}
 
 
@@ -87,6 +98,7 @@ class Policy:
     coverage: CoveragePolicy | None = None
     fuzz: FuzzPolicy | None = None
     robustness: RobustnessPolicy | None = None
+    trust: TrustPolicy = TrustPolicy()
     source: str = "policy"  # the file it came from, for messages
     sha256: str = ""  # of the file's bytes: a changed policy starts a pipeline over
 
@@ -95,9 +107,14 @@ class Policy:
         """The steps this policy runs, in order."""
         return tuple(step for step in STEPS if getattr(self, step) is not None)
 
+    @property
+    def trusted_pickles(self) -> tuple[str, ...]:
+        """Registered models whose pickled versions the pipeline may load (``trust.pickled_models``)."""
+        return self.trust.pickled_models
+
     def to_dict(self) -> dict:
         """The policy as a YAML-ready mapping (sections present only, lists as lists)."""
-        out = {}
+        out = {"trust": {"pickled_models": list(self.trusted_pickles)}} if self.trusted_pickles else {}
         for step in self.steps:
             section = dataclasses.asdict(getattr(self, step))
             out[step] = {key: list(value) if isinstance(value, tuple) else value for key, value in section.items()}

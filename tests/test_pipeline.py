@@ -84,6 +84,7 @@ def test_registry_names_are_checked_before_any_run(tmp_path, tracking_uri, capsy
 
 
 TINY = """
+trust: {pickled_models: [cnn]}
 compress: {methods: [int8-dynamic], eval_data: "digits[600:700]"}
 coverage: {train_data: "digits[0:200]", test_data: ["digits[600:700]"], criteria: [idc]}
 fuzz: {seed_data: "digits[600:700]", num_seeds: 3, max_queries: 20, timeout: 10}
@@ -140,6 +141,20 @@ def test_pipeline_runs_children_of_one_run_and_resumes_after_a_crash(registered_
     assert main(argv) == 130
     assert "(the policy changed); starting over" in capsys.readouterr().out
     assert len(_runs_by_command(mlflow_client)["compress"]) == 2
+
+
+def test_a_policy_loads_only_the_pickles_it_trusts(registered_cnn, mlflow_client, tmp_path, capsys):
+    policy = tmp_path / "untrusting.yaml"
+    policy.write_text(TINY.replace("trust: {pickled_models: [cnn]}", "trust: {pickled_models: [other]}"))
+    argv = ["pipeline", "--policy", str(policy), "--model-uri", registered_cnn, "--state-dir", str(tmp_path / "state")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["mlflow-di: error: 'models:/cnn/1' is a pickled PyTorch model and loading it runs its code; the "
+                   "policy untrusting.yaml does not trust it: add 'cnn' to trust.pickled_models if you trust its "
+                   "authors (ONNX and TFLite models need no trust)"]
+    assert all(run.info.status != "RUNNING" for runs in _runs_by_command(mlflow_client).values() for run in runs)
+    # the same model named on the command line is a person's choice: it loads
+    assert main(["describe", registered_cnn]) == 0
 
 
 def test_a_command_alone_still_starts_a_top_level_run(registered_cnn, mlflow_client):

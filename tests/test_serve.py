@@ -296,6 +296,7 @@ def test_the_poller_sees_new_versions_only_and_never_exports(mlflow_client):
 # ------------------------------------------------------------------------------ end to end
 #: The smallest pipeline that runs every kind of step: seconds per version.
 TINY = """
+trust: {pickled_models: [svc]}
 compress: {methods: [int8-dynamic], eval_data: "digits[600:650]"}
 coverage: {train_data: "digits[0:100]", test_data: ["digits[600:650]"], criteria: [idc], clusters: [2]}
 fuzz: {seed_data: "digits[600:650]", num_seeds: 2, max_queries: 10, timeout: 10}

@@ -8,7 +8,8 @@ command a user would run (``compress``, ``coverage``, ``fuzz`` with every export
 Resumable: a state file (JSON, written atomically after each step) records the finished steps
 and their outputs. Run again with the same policy (same bytes) and model, the finished steps are
 skipped and an interrupted fuzz campaign continues (``fuzz --resume`` on the folder it recorded);
-a changed policy starts over. Exit code: the gate's (0 pass, 1 fail), 2 on bad input.
+a changed policy starts over. The steps load a pickled PyTorch model only when the policy trusts
+its registered model (``trust.pickled_models``): nobody chose the version a service hands over. Exit code: the gate's (0 pass, 1 fail), 2 on bad input.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ STATE_FILE = "state.json"
 def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str | None, restart: bool) -> None:
     """Run the steps POLICY declares on MODEL-URI (compress, coverage, fuzz, robustness, gate) as child runs of one run."""
     from mlflow_di.mlflow_edge import runs
+    from mlflow_di.models.loading import only_trusted_pickles
     from mlflow_di.policy import load_policy
 
     policy = load_policy(policy_path)
@@ -58,7 +60,8 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
                 _banner(f"{title}: finished earlier, skipped")
                 continue
             _banner(f"{title}: {_describe(step, steps[step], state)}")
-            state["done"][step] = _run_step(ctx, step, steps[step], state, folder)
+            with only_trusted_pickles(policy.trusted_pickles, f"the policy {policy.source}"):
+                state["done"][step] = _run_step(ctx, step, steps[step], state, folder)
             _save(folder, state)
         code = state["done"]["gate"]["exit_code"]
         log.tags({"mlflow_di.gate": "pass" if code == 0 else "fail"})

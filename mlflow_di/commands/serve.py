@@ -10,7 +10,9 @@ itself (exports) are never jobs.
 Jobs live in a sqlite queue in the state folder (:mod:`mlflow_di.service.queue`): one per
 version, ever; ``--workers`` run at a time, each job's pipeline in a subprocess with its own
 state folder, retried with backoff when it crashes. Each transition is one log line and the
-version's ``mlflow_di.status`` tag (queued, running, passed, failed, error).
+version's ``mlflow_di.status`` tag (queued, running, passed, failed, error). A pickled PyTorch
+version is loaded only when the policy trusts its registered model (``trust.pickled_models``):
+loading a pickle runs its code, and nobody chose the versions a service is handed.
 
 Stopping (Ctrl-C, SIGTERM): the endpoints close, running pipelines are terminated and their jobs
 stay ``running``; the next start puts them back in the queue and the pipeline resumes from its
@@ -81,6 +83,12 @@ def command(policy_path, state_dir, host, port, workers, poll_seconds, models, b
             raise UserError("--register-webhook needs --webhook-secret-env VAR: deliveries are signed with that secret")
     if poll_seconds == 0 and secret is None:
         raise UserError("--poll-seconds 0 with no --webhook-secret-env: nothing would ever bring a job")
+    untrusted = sorted(set(models) - set(policy.trusted_pickles))
+    if not policy.trusted_pickles or untrusted:
+        click.echo(f"note: {policy.source} trusts no pickled model"
+                   + (f" of {', '.join(untrusted)}" if models and policy.trusted_pickles else "")
+                   + ": versions logged as pickled PyTorch models will end in error (list their registered models "
+                   "under trust.pickled_models); ONNX and TFLite versions run")
     service = Service(pathlib.Path(state_dir), policy_path, models, workers, max_attempts, retry_backoff, secret,
                       poll_seconds, backfill)
     service.start(host, port, register_webhook)

@@ -9,11 +9,14 @@ The preprocessing travels with the model (:mod:`mlflow_di.models.metadata`) and
 
 Pickled PyTorch models run code when loaded: mlflow-di loads them (MLflow refuses by default,
 see ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION``) because white-box analysis needs the real module.
-Only point it at models you trust, as with any pickle.
+Only point it at models you trust, as with any pickle. Work that loads models no person chose
+one by one (a pipeline policy, the service) runs inside :func:`only_trusted_pickles`: a pickle is
+then loaded only when its registered model is named there; ONNX, TFLite and Keras weights load as usual.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
 import pathlib
@@ -27,7 +30,8 @@ from mlflow_di.models.reference import URI_HELP, ModelRef, RefKind
 from mlflow_di.models.shipping import origin_of
 from mlflow_di.models.torch_model import TorchModel
 
-__all__ = ["URI_HELP", "ModelSource", "load_classifier", "load_repaired", "load_torch_model", "resolve"]
+__all__ = ["URI_HELP", "ModelSource", "load_classifier", "load_repaired", "load_torch_model", "only_trusted_pickles",
+           "resolve"]
 
 
 @dataclasses.dataclass
@@ -82,8 +86,37 @@ def _pickle_allowed():
             os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = previous
 
 
+#: (registered model names or exact URIs whose pickles may load, who said so); None: any pickle
+#: loads (a person named the model on the command line).
+_TRUSTED_PICKLES: contextvars.ContextVar[tuple[frozenset, str] | None] = contextvars.ContextVar(
+    "trusted_pickles", default=None)
+
+
+@contextlib.contextmanager
+def only_trusted_pickles(names, where: str = "the policy"):
+    """Within this block a pickled PyTorch model loads only when its registered model name (or its
+    URI) is in ``names``; any other pickle is a one-line :class:`UserError` saying ``where`` to list it."""
+    token = _TRUSTED_PICKLES.set((frozenset(names), where))
+    try:
+        yield
+    finally:
+        _TRUSTED_PICKLES.reset(token)
+
+
+def _check_trusted(source: ModelSource) -> None:
+    trust = _TRUSTED_PICKLES.get()
+    if trust is None or source.ref.name in trust[0] or source.uri in trust[0]:
+        return
+    name = source.ref.name or source.uri
+    raise UserError(f"'{source.uri}' is a pickled PyTorch model and loading it runs its code; {trust[1]} does not "
+                    f"trust it: add '{name}' to trust.pickled_models if you trust its authors (ONNX and TFLite "
+                    "models need no trust)")
+
+
 def _load_torch_module(source: ModelSource):
     import torch
+
+    _check_trusted(source)
 
     try:
         with _pickle_allowed():
