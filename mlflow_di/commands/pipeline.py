@@ -126,6 +126,11 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
         if step == "gate":
             section = {**section.pop("thresholds"), **section}
         steps[step] = _converted(ctx, commands[step], section, f"{policy.source}: {step}")
+    if steps.get("fuzz", {}).get("strategy") == "deepxplore":
+        from mlflow_di.errors import UserError
+
+        raise UserError(f"{policy.source}: fuzz.strategy deepxplore needs PyTorch models, and the pipeline fuzzes "
+                        "the model against its ONNX exports; choose dflare (or another black-box strategy)")
     return steps
 
 
