@@ -200,7 +200,7 @@ class RayAddress(click.ParamType):
 
     def convert(self, value, param, ctx):
         from mlflow_di.errors import UserError
-        from mlflow_di.fuzz.distributed import check_address
+        from mlflow_di._ray import check_address
 
         try:
             return check_address(value)
