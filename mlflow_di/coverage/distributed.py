@@ -180,7 +180,7 @@ def _worker_data(ray, data: dict, model):
 
 
 def _quiet(ray) -> None:
-    """No Ray Data progress bars or execution banners in the command's output."""
+    """No Ray Data progress bars, execution banners or notices in the command's output (errors still show)."""
     import logging
 
     context = ray.data.DataContext.get_current()
@@ -188,7 +188,7 @@ def _quiet(ray) -> None:
     context.enable_operator_progress_bars = False
     context.print_on_execution_start = False
     context.enable_auto_log_stats = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
 def _cause(exc: BaseException) -> str:

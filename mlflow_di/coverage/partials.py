@@ -18,12 +18,12 @@ Same numbers as the local path (``passes=None``):
   rounds once at the end, so any split into batches gives the same bits; the local path uses the
   same sum.
 
-What stays per input (documented where it is produced): IDC's combination id of each test input
-(8 bytes per input, for the report's growth curve), the predicted class of each input and, in
-*trace files*, the rows the driver's math needs in full: the analysis inputs' activations of the
-IDC layers (the driver reads back only the columns of the ``top_m`` important neurons to cluster
-them) and the surprise-adequacy traces of LSC/DSC (their KDE and nearest-neighbour search need
-every training trace). Trace files are Parquet, one per batch, written by whoever computes the
+What stays per input (documented where it is produced): in a batch's result, only IDC's
+combination id of each test input (8 bytes per input, for the report's growth curve); in *trace
+files*, the rows the driver's math needs in full: the analysis inputs' activations of the IDC
+layers (the driver reads back only the columns of the ``top_m`` important neurons to cluster
+them) and the surprise-adequacy traces of LSC/DSC with each input's predicted class (their KDE
+and nearest-neighbour search need every training trace, and LSA/DSA are per input). Trace files are Parquet, one per batch, written by whoever computes the
 batch and read back by the driver batch by batch into arrays allocated once
 (:class:`~mlflow_di.coverage.activations.RowBuffer`), so no pass result travels through the
 driver's memory or Ray's object store as one piece.
