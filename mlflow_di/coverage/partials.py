@@ -143,24 +143,39 @@ def read_trace(folder: str | pathlib.Path, starts: Sequence[int], rows: int, col
                ) -> dict[str, np.ndarray]:
     """``columns`` of the batches written at ``starts`` (in that order), ``rows`` rows in all, read one
     file at a time into arrays allocated once."""
-    import pyarrow.parquet as pq
-
     from mlflow_di.coverage.activations import RowBuffer
 
-    folder = pathlib.Path(folder)
-    buffer, at = RowBuffer(rows), 0
+    buffer = RowBuffer(rows)
+    for at, table in _trace_tables(folder, starts, rows, columns):
+        buffer.write(at, {name: table.column(name).to_numpy() for name in columns})
+    return {name: buffer.arrays.get(name, np.empty(0)) for name in columns}
+
+
+def read_matrix(folder: str | pathlib.Path, starts: Sequence[int], rows: int, columns: Sequence[str],
+                dtype=np.float32) -> np.ndarray:
+    """``columns`` side by side as one (rows, len(columns)) array, allocated once and filled file by file."""
+    out = np.empty((rows, len(columns)), dtype=dtype)
+    for at, table in _trace_tables(folder, starts, rows, columns):
+        for index, name in enumerate(columns):
+            out[at:at + table.num_rows, index] = table.column(name).to_numpy()
+    return out
+
+
+def _trace_tables(folder, starts, rows, columns):
+    """(first row, table of ``columns``) of each batch's trace file, in ``starts`` order; checks files and rows."""
+    import pyarrow.parquet as pq
+
+    folder, at = pathlib.Path(folder), 0
     for start in starts:
         path = folder / f"{start:012d}.parquet"
         if not path.is_file():
             raise UserError(f"the trace file of the batch at input {start} is not in '{folder}': the workers "
                             "write where the driver cannot read; give a trace folder every node shares")
         table = pq.read_table(path, columns=list(columns))
-        values = {name: table.column(name).to_numpy() for name in columns}
-        buffer.write(at, values)
+        yield at, table
         at += table.num_rows
     if at != rows:
         raise UserError(f"the trace files in '{folder}' hold {at} rows, not {rows}")
-    return {name: buffer.arrays.get(name, np.empty(0)) for name in columns}
 
 
 def neuron_columns(prefix: str, neurons: Sequence[int]) -> list[str]:

@@ -179,7 +179,7 @@ class CoverageSuite(BaseEstimator):
     def _fit_with(self, passes, model, images: ImageSet) -> "CoverageSuite":
         """:meth:`fit` with the passes run by ``passes`` (see :mod:`mlflow_di.coverage.partials`)."""
         from mlflow_di.coverage.activations import PreprocessedImages, collect_activations
-        from mlflow_di.coverage.partials import FitJob, classic_settings, merge_fit, neuron_columns, read_trace
+        from mlflow_di.coverage.partials import FitJob, classic_settings, merge_fit, neuron_columns, read_matrix
 
         criteria, idc, classic = self._estimators(model)
         layers: list[str] = []
@@ -198,20 +198,14 @@ class CoverageSuite(BaseEstimator):
             if idc is not None:
                 n_analysis = sum(merged.n_analysis_by_batch)
 
-                def analysed_columns(layer, neurons):
-                    names = neuron_columns(layer, neurons)
-                    table = read_trace(output.traces / "idc", merged.starts, n_analysis, names)
-                    return np.stack([table[name] for name in names], axis=1) if names else np.zeros((n_analysis, 0))
+                def analysed_columns(layer, neurons):  # only the important neurons' columns are read
+                    return read_matrix(output.traces / "idc", merged.starts, n_analysis, neuron_columns(layer, neurons))
 
                 idc.fit_importance(model, images, merged.importance, n_analysis, analysed_columns)
             if classic is not None:
                 traces = predictions = None
                 if classic.sa_layers_:
-                    width = _sa_width(output.traces / "sa", merged.starts)
-                    names = neuron_columns("sa", range(width))
-                    table = read_trace(output.traces / "sa", merged.starts, merged.rows, ["prediction", *names])
-                    traces = _stacked(table, names, merged.rows)
-                    predictions = table["prediction"]
+                    traces, predictions = _sa_traces(output.traces / "sa", merged.starts, merged.rows)
                 classic.fit_statistics(merged.layer_sizes, merged.low, merged.high, traces, predictions, merged.rows,
                                        train_name=images_of(images)[1])
                 classic.model_ = model
@@ -254,16 +248,13 @@ class CoverageSuite(BaseEstimator):
 
     def _score_output(self, output, images: ImageSet, accumulate: CoverageResult | None) -> CoverageResult:
         """A scoring pass's partials merged into the result: cells united, IDC ids per input, SA traces read back."""
-        from mlflow_di.coverage.partials import merge_score, neuron_columns, read_trace
+        from mlflow_di.coverage.partials import merge_score
 
         _, name = images_of(images)
         merged = merge_score(output.partials)
         traces = predictions = None
         if self.classic_ is not None and self.classic_.sa_layers_:
-            width = _sa_width(output.traces / "sa", merged.starts)
-            names = neuron_columns("sa", range(width))
-            table = read_trace(output.traces / "sa", merged.starts, merged.rows, ["prediction", *names])
-            traces, predictions = _stacked(table, names, merged.rows), table["prediction"]
+            traces, predictions = _sa_traces(output.traces / "sa", merged.starts, merged.rows)
         criteria_report = None
         if self.classic_ is not None:
             criteria_report = self.classic_.score_cells(merged.cells, traces, predictions, merged.rows, data_name=name)
@@ -319,20 +310,16 @@ class CoverageSuite(BaseEstimator):
         return suite
 
 
-def _sa_width(folder, starts) -> int:
-    """Neurons of the SA trace in a pass's trace files (their ``sa#j`` columns)."""
+def _sa_traces(folder, starts, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(SA traces (rows, neurons) float32, predicted classes) from a pass's trace files (``sa#j``, ``prediction``)."""
     import pyarrow.parquet as pq
 
+    from mlflow_di.coverage.partials import neuron_columns, read_matrix
+
     schema = pq.read_schema(folder / f"{starts[0]:012d}.parquet")
-    return sum(1 for field in schema.names if field.startswith("sa#"))
-
-
-def _stacked(table: dict, names: list[str], rows: int) -> np.ndarray:
-    """Trace columns side by side as one (rows, len(names)) float32 array."""
-    out = np.empty((rows, len(names)), dtype=np.float32)
-    for column, name in enumerate(names):
-        out[:, column] = table[name]
-    return out
+    names = neuron_columns("sa", range(sum(1 for name in schema.names if name.startswith("sa#"))))
+    predictions = read_matrix(folder, starts, rows, ["prediction"], dtype=np.int64)[:, 0]
+    return read_matrix(folder, starts, rows, names), predictions
 
 
 def growth_curve(report: CoverageReport) -> np.ndarray:
