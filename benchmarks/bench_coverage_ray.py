@@ -60,7 +60,7 @@ def main() -> None:
     local_suite, local_results, local_s = timed(model, train, test)
     runs = {}
     for workers in (1, 2):
-        passes = RayPasses(workers=workers, cpus_per_worker=1.0, specs=[train_spec, test_spec])
+        passes = RayPasses(workers=workers, cpus_per_worker=1.0, specs=[train_spec, test_spec], progress=False)
         suite, results, seconds = timed(model, train, test, passes)
         equal = (json.dumps(results[-1].summary()) == json.dumps(local_results[-1].summary())
                  and suite.idc_.to_json() == local_suite.idc_.to_json()

@@ -39,7 +39,9 @@ class RayPasses:
     ImageSet whose ``name`` is one of them is re-read by each worker (and passed through the
     model's raw-image step when the driver's images have another shape); other sets travel
     through the object store. ``trace_dir``: where workers write trace files (a shared folder on
-    a cluster of several machines). ``stats`` (filled in per pass): batches, workers, seconds.
+    a cluster of several machines). ``progress``: a bar of the batches as they come back.
+    ``stats`` (filled in per pass): batches, workers, wall seconds, the workers' seconds inside
+    batches, the longest model and data load in a worker.
     """
 
     workers: int = 2
@@ -48,6 +50,7 @@ class RayPasses:
     gpus_per_worker: float = 0.0
     specs: Sequence[str] = ()
     trace_dir: str | None = None
+    progress: bool = True
     stats: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
@@ -106,8 +109,12 @@ class RayPasses:
                 # in lists, so Ray hands the actor references and the actor fetches the model and arrays once
                 fn_constructor_kwargs={"model": [ray.put(ship(model))], "data": [self._data(ray, s) for s in sets],
                                        "job": job, "traces": [str(output.traces) for output in outputs]})
+            from mlflow_di.progress import progress_bar
+
             try:
-                for row in results.iter_rows():
+                for row in progress_bar(results.iter_rows(), total=len(items), desc=f"batches on {workers} Ray "
+                                        f"worker{'s' if workers > 1 else ''}", disable=not self.progress,
+                                        leave=False):
                     partial = pickle.loads(row["partial"])
                     if "error" in partial:
                         raise UserError(partial["error"])
