@@ -5,16 +5,19 @@ fitted coverage model straight away (so a later failure never loses it), then sc
 set in turn, accumulating: ``--test-data orig --test-data augmented`` reports the coverage of
 the original set and of both together. ``--per-class`` adds IDC fitted and scored for each class
 on its own (on all test sets together), to show which classes the test data exercises least.
+``--workers N`` runs the passes over the images on Ray Data actors (``coverage/distributed.py``)
+and merges their partial results here: the numbers are those of ``--workers 0``.
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 
 import click
 
 from mlflow_di.commands.options import (ClusterCounts, CommaList, LayerNames, LazyChoice, batch_size_option,
-                                        device_option, json_out_option, preprocessing_option, seed_option,
-                                        write_json_out)
+                                        WritablePath, device_option, json_out_option, preprocessing_option,
+                                        ray_options, seed_option, write_json_out)
 
 HEATMAP_INPUTS = 8
 
@@ -44,8 +47,13 @@ HEATMAP_INPUTS = 8
 @preprocessing_option
 @device_option
 @batch_size_option
+@ray_options("the passes over the images: each loads the model and the data once and computes whole batches")
+@click.option("--trace-dir", type=WritablePath("dir"), default=None,
+              help="With --workers: folder for the workers' Parquet trace files (per-input rows the driver reads "
+                   "back); on a cluster of several machines, one every node shares (default: a temporary folder).")
 def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, rule, criteria, all_inputs,
-            reference_quirks, per_class, seed, json_out, preprocessing, device, batch_size) -> None:
+            reference_quirks, per_class, seed, json_out, preprocessing, device, batch_size, workers, ray_address,
+            cpus_per_worker, gpus_per_worker, trace_dir) -> None:
     """Measure how well test data covers MODEL-URI's important neurons (IDC) and the classic criteria."""
     from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite, parse_criteria
     from mlflow_di.data import load_images
@@ -60,6 +68,8 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     criteria = criteria or ALL_CRITERIA
     if per_class and "idc" not in criteria:
         raise UserError("--per-class needs idc among --criteria; add idc to --criteria or leave out --per-class")
+    passes = _passes(workers, ray_address, cpus_per_worker, gpus_per_worker, trace_dir, per_class,
+                     [train_data, *test_data])
     ref = ModelRef.parse(model_uri)
     model = load_torch_model(ref, preprocessing, device)
     subject_layers = layers or ([layer] if layer else None)
@@ -82,12 +92,15 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
                     "layers": _layers_param(layers, layer), "top_m": top_m, "clusters": ",".join(map(str, clusters)),
                     "rule": rule, "criteria": ",".join(parse_criteria(criteria)), "only_correct": not all_inputs,
                     "reference_quirks": reference_quirks, "per_class": per_class, "seed": seed,
-                    "device": describe_device(model.device), "batch_size": batch_size})
-        click.echo(f"fitting on {train.name} ({len(train)} images) on {describe_device(model.device)} ...")
-        with out_of_memory_as_user_error("coverage", batch_size):
-            suite.fit(model, train)
+                    "device": describe_device(model.device), "batch_size": batch_size,
+                    "workers": workers, **({"ray_address": ray_address} if workers else {})})
+        where = (f"on {workers} Ray worker{'s' if workers > 1 else ''} ({ray_address})" if workers
+                 else f"on {describe_device(model.device)}")
+        click.echo(f"fitting on {train.name} ({len(train)} images) {where} ...")
+        with out_of_memory_as_user_error("coverage", batch_size), (passes or contextlib.nullcontext()):
+            suite.fit(model, train, passes=passes)
             _log_fitted(log, suite)
-            results = _score_all(suite, tests)
+            results = _score_all(suite, tests, passes)
             by_class = _per_class_idc(suite, model, train, tests) if per_class else None
         final = results[-1]
         log.metrics({**final.metrics(), **(by_class.metrics() if by_class else {})}, model_id=model_id,
@@ -146,7 +159,28 @@ def check_layers(model, layers, top_m: int) -> None:
                             f"give --top-m {infos[name].neurons} or less")
 
 
-def _score_all(suite, tests) -> list:
+def _passes(workers: int, address: str, cpus: float, gpus: float, trace_dir, per_class: bool, specs: list):
+    """None (the passes in this process) for ``--workers 0``, else the Ray Data executor; what it cannot do is one line."""
+    if not workers:
+        return None
+    import importlib.util
+
+    from mlflow_di.errors import UserError
+
+    if per_class:
+        raise UserError("--per-class runs in this process; drop --per-class with --workers, or use --workers 0")
+    if importlib.util.find_spec("ray") is None:
+        raise UserError("--workers needs Ray: pip install 'mlflow-di[ray]' (or run with --workers 0)")
+    from mlflow_di.coverage.distributed import RayPasses
+
+    return RayPasses(workers=workers, address=address, cpus_per_worker=cpus, gpus_per_worker=gpus, specs=specs,
+                     trace_dir=trace_dir)
+
+
+def _score_all(suite, tests, passes=None) -> list:
+    if passes is not None:  # every test set in one pass: one pool of workers for all of them
+        click.echo(f"scoring {' + '.join(f'{t.name} ({len(t)} images)' for t in tests)} ...")
+        return suite.score_all(tests, passes=passes)
     results = []
     for test in tests:
         click.echo(f"scoring {test.name} ({len(test)} images) ...")

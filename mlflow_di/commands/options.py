@@ -205,7 +205,7 @@ class RayAddress(CheckedBy):
     """``local``, ``auto`` or ``[ray://]HOST:PORT`` (whether a cluster answers there is checked when used)."""
 
     name = "ADDRESS"
-    checker = "mlflow_di.fuzz.distributed:check_address"
+    checker = "mlflow_di._ray:check_address"
 
 
 def ray_options(what: str):

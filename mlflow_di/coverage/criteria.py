@@ -372,23 +372,39 @@ class ClassicCoverage(BaseEstimator):
         The layers are those of :meth:`resolve_layers` (called by :meth:`fit`), or else the given
         ``layers``/``sa_layers``. ``nearest_other`` (from a saved fit) skips DSA's quadratic step.
         """
-        self._check_settings()
-        criteria = self._criteria()
-        self.seconds_ = {}
         if not hasattr(self, "layers_"):
             self.resolve_layers(None)
         predictions = np.asarray(predictions).reshape(-1)
-        self.layer_sizes_ = [int(_layer_values(activations, layer).shape[1]) for layer in self.layers_]
+        layer_sizes = [int(_layer_values(activations, layer).shape[1]) for layer in self.layers_]
         neuron_values = _side_by_side(activations, self.layers_)
         if len(neuron_values) != len(predictions):
             raise UserError(f"{len(neuron_values)} activation rows but {len(predictions)} predictions")
-        self.train_name_, self.num_train_ = train_name, len(predictions)
+        low, high = neuron_bounds(neuron_values) if _BOUNDED & set(self._criteria()) else (None, None)
+        traces = _side_by_side(activations, self.sa_layers_) if self.sa_layers_ else None
+        return self.fit_statistics(layer_sizes, low, high, traces, predictions, len(predictions), train_name,
+                                   nearest_other)
+
+    def fit_statistics(self, layer_sizes: Sequence[int], low: np.ndarray | None, high: np.ndarray | None,
+                       traces: np.ndarray | None, predictions: np.ndarray | None, num_train: int,
+                       train_name: str = "train", nearest_other: np.ndarray | None = None) -> "ClassicCoverage":
+        """Fit from the statistics of a training pass (what :meth:`fit_activations` derives from the
+        activations, or a pass spread over workers merges, see :mod:`mlflow_di.coverage.partials`):
+        each layer's neuron count, the per-neuron min/max over the training inputs (None when no
+        criterion needs them), the SA traces (n, neurons of the SA layers side by side) and the
+        predicted classes (None without LSC/DSC): LSA's KDE and DSA's nearest neighbours need every
+        training trace, so those stay per input. ``resolve_layers`` must have run.
+        """
+        self._check_settings()
+        criteria = self._criteria()
+        self.seconds_ = {}
+        self.layer_sizes_ = [int(size) for size in layer_sizes]
+        self.train_name_, self.num_train_ = train_name, int(num_train)
         self.model_ = None
-        self.low_, self.high_ = (neuron_bounds(neuron_values) if _BOUNDED & set(criteria) else (None, None))
+        self.low_, self.high_ = (low, high) if _BOUNDED & set(criteria) else (None, None)
         self.likelihood_ = self.distance_ = None
         self.sa_traces_, self.sa_classes_ = None, None
         if self.sa_layers_:
-            traces = _side_by_side(activations, self.sa_layers_)
+            predictions = np.asarray(predictions).reshape(-1)
             self.sa_traces_, self.sa_classes_ = traces, predictions.astype(np.int64)
             if "lsc" in criteria:
                 with self._timed("lsa_fit"):
@@ -437,10 +453,28 @@ class ClassicCoverage(BaseEstimator):
         if "tknc" in criteria:
             with self._timed("tknc"):
                 cells.tknc = top_k_cells(values, self.layer_sizes_, self.tknc_k)
+        traces = _side_by_side(activations, self.sa_layers_) if self.sa_layers_ else None
+        return self._finish(cells, traces, predictions, data_name)
+
+    def score_cells(self, cells: Mapping[str, np.ndarray], traces: np.ndarray | None, predictions: np.ndarray | None,
+                    num_inputs: int, data_name: str = "test") -> CriteriaReport:
+        """The report of a scoring pass spread over workers (see :mod:`mlflow_di.coverage.partials`):
+        the united cells of NC/KMNC/NBC/SNAC/TKNC (``nc``, ``kmnc``, ``below``, ``above``, ``tknc``),
+        and every input's SA trace and predicted class (None without LSC/DSC), which LSA and DSA need
+        input by input."""
+        self._check_fitted()
+        self.seconds_ = {}
+        covered = CoveredCells(**{name: np.asarray(value, dtype=bool) for name, value in cells.items()})
+        if predictions is None:
+            predictions = np.zeros(num_inputs, dtype=np.int64)  # unused: only SA reads the classes
+        return self._finish(covered, traces, np.asarray(predictions).reshape(-1), data_name)
+
+    def _finish(self, cells: CoveredCells, traces, predictions: np.ndarray, data_name: str) -> CriteriaReport:
+        """LSC and DSC from the SA traces added to ``cells``: the report."""
+        criteria = self._criteria()
         lsa = dsa = None
         settings = self.settings()
         if self.sa_layers_:
-            traces = _side_by_side(activations, self.sa_layers_)
             if "lsc" in criteria:
                 with self._timed("lsc"):
                     lsa = self.likelihood_.score_samples(traces, predictions)

@@ -35,6 +35,7 @@ from mlflow_di.coverage.activations import (
     hidden_layers,
 )
 from mlflow_di.coverage.base import check_fitted, images_of, parse_saved, stamped
+from mlflow_di.coverage.partials import exact_column_sums
 from mlflow_di.coverage.quantize import check_candidates, choose_clusters, nearest_centroid
 from mlflow_di.coverage.relevance import RULES, LayerRelevance, layer_relevance
 from mlflow_di.data import ImageSet
@@ -355,15 +356,42 @@ class ImportanceDrivenCoverage(BaseEstimator):
         widths = {layer: attribution.activations[layer].shape[1] for layer in layers}
         self._check_widths(widths, clamp)
         correct = attribution.predictions == images.labels
-        fitted = {layer: self._fit_layer(layer, attribution.relevance[layer], attribution.activations[layer], correct,
+        fitted = {}
+        for layer in layers:
+            analysed = correct if self.only_correct else np.ones(len(correct), dtype=bool)
+            activations = attribution.activations[layer]
+            fitted[layer] = self._fit_layer(
+                layer, exact_column_sums(attribution.relevance[layer][analysed]), int(analysed.sum()),
+                lambda neurons, values=activations, rows=analysed: values[:, neurons][rows],
+                min(self.top_m, widths[layer]), ks)
+        return self._fitted(model, images, layers, fitted)
+
+    def fit_importance(self, model: TorchModel, images: ImageSet, importance: Mapping[str, np.ndarray],
+                       n_analysis: int, analysed_columns) -> "ImportanceDrivenCoverage":
+        """:meth:`fit` from the relevance pass's aggregates (a pass spread over workers, see
+        :mod:`mlflow_di.coverage.partials`): ``importance[layer]`` the summed relevance of each neuron
+        over the ``n_analysis`` analysis inputs (exact sums, as :meth:`fit_relevance` takes them), and
+        ``analysed_columns(layer, neurons)`` the analysis inputs' activations of those neurons,
+        (n_analysis, len(neurons)), in input order: clustering needs them input by input.
+        """
+        ks = self.check_params()
+        _check_analysis_set(images)
+        layers, clamp = self._resolve_layers(model.module)
+        widths = {layer: len(importance[layer]) for layer in layers}
+        self._check_widths(widths, clamp)
+        fitted = {layer: self._fit_layer(layer, np.asarray(importance[layer], np.float64), n_analysis,
+                                         lambda neurons, layer=layer: analysed_columns(layer, neurons),
                                          min(self.top_m, widths[layer]), ks)
                   for layer in layers}
+        return self._fitted(model, images, layers, fitted)
+
+    def _fitted(self, model, images, layers, fitted) -> "ImportanceDrivenCoverage":
         self.layers_ = layers
         self.fitted_layers_ = fitted
         self.model_ = model
         self.preprocessing_ = model.preprocessing.to_dict()
-        self.model_name_ = getattr(model, "name", type(module).__name__)
-        self.model_fingerprint_ = module_fingerprint(module)
+        self.model_name_ = getattr(model, "name", type(model.module).__name__)
+        self.model_fingerprint_ = module_fingerprint(model.module)
         self.analysis_data_ = images.name
         return self
 
@@ -376,19 +404,23 @@ class ImportanceDrivenCoverage(BaseEstimator):
                 raise UserError(f"top_m={self.top_m} exceeds the {width} neurons of layer '{layer}'; "
                                 f"choose top_m <= {width}")
 
-    def _fit_layer(self, layer: str, relevance: np.ndarray, activations: np.ndarray, correct: np.ndarray,
+    def _fit_layer(self, layer: str, importance: np.ndarray, n_analysis: int, analysed_columns,
                    top_m: int, ks: tuple[int, ...]) -> LayerCoverage:
-        """Pick the important neurons from per-input relevance and cluster their activations."""
-        analysed = correct if self.only_correct else np.ones(len(relevance), dtype=bool)
-        n_analysis = int(analysed.sum())
+        """Pick the important neurons from the summed relevance and cluster their activations.
+
+        ``importance``: each neuron's relevance summed over the analysis inputs (exactly rounded, see
+        :class:`~mlflow_di.coverage.partials.ExactSum`, so a pass split into batches anywhere gives the
+        same bits); ``analysed_columns(neurons)``: the analysis inputs' activations of ``neurons``.
+        """
         shortfall = too_few_to_cluster(n_analysis, ks, self.only_correct)
         if shortfall:
             raise UserError(f"{shortfall} for layer '{layer}'; give more training data")
-        importance = relevance[analysed].sum(axis=0, dtype=np.float64)
         important = np.argsort(-importance, kind="stable")[:top_m]
+        columns = analysed_columns(important)
         choices = [
-            choose_clusters(activations[analysed, neuron], ks, seed=self.seed, reference_quirks=self.reference_quirks)
-            for neuron in tqdm(important, desc=f"clustering {layer}", disable=not self.progress, leave=False)
+            choose_clusters(columns[:, column], ks, seed=self.seed, reference_quirks=self.reference_quirks)
+            for column in tqdm(range(len(important)), desc=f"clustering {layer}", disable=not self.progress,
+                               leave=False)
         ]
         total = math.prod(len(c.centroids) for c in choices)
         if total >= MAX_COMBINATIONS:

@@ -107,8 +107,16 @@ class CoverageSuite(BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "criteria_")
 
-    def fit(self, model, images: ImageSet) -> "CoverageSuite":
-        """Importance analysis + quantisation (IDC) and the criteria's statistics from ``images``."""
+    def fit(self, model, images: ImageSet, passes=None) -> "CoverageSuite":
+        """Importance analysis + quantisation (IDC) and the criteria's statistics from ``images``.
+
+        ``passes``: None runs the passes over the images here; a passes executor
+        (:class:`~mlflow_di.coverage.partials.LocalPasses`,
+        :class:`~mlflow_di.coverage.distributed.RayPasses`) runs them batch by batch and this
+        process merges the partial results into the same fitted suite (clustering stays here).
+        """
+        if passes is not None:
+            return self._fit_with(passes, model, images)
         criteria = parse_criteria(self.criteria)
         idc = classic = primary = None
         if "idc" in criteria:
@@ -125,9 +133,14 @@ class CoverageSuite(BaseEstimator):
         self.criteria_, self.idc_, self.classic_, self.primary_, self.model_ = criteria, idc, classic, primary, model
         return self
 
-    def score(self, images: ImageSet, accumulate: CoverageResult | None = None) -> CoverageResult:
-        """All criteria on ``images``; with ``accumulate``, coverage of the earlier sets plus this one."""
+    def score(self, images: ImageSet, accumulate: CoverageResult | None = None, passes=None) -> CoverageResult:
+        """All criteria on ``images``; with ``accumulate``, coverage of the earlier sets plus this one.
+
+        ``passes``: as for :meth:`fit`; the result is the same.
+        """
         check_fitted(self, "fit(model, images) or CoverageSuite.load(directory, model)")
+        if passes is not None:
+            return self._score_with(passes, images, accumulate)
         _, name = images_of(images)
         criteria_report, activations = None, {}
         if self.classic_ is not None:
@@ -142,6 +155,116 @@ class CoverageSuite(BaseEstimator):
                 idc_reports = self.idc_.score_activations(activations, accumulate=earlier, data=name)
             else:
                 idc_reports = self.idc_.score(images, accumulate=earlier)
+        data = f"{accumulate.data} + {name}" if accumulate is not None else name
+        return CoverageResult(idc_reports, self.primary_, criteria_report, data)
+
+    # ------------------------------------------------------------- passes spread over batches/workers
+    def _estimators(self, model):
+        """The unfitted IDC and classic estimators of these settings, their layers resolved on ``model``."""
+        criteria = parse_criteria(self.criteria)
+        idc = classic = None
+        if "idc" in criteria:
+            default = default_layer(model.module)
+            idc = ImportanceDrivenCoverage(
+                layers=[default] if self.layers is None else self.layers, top_m=self.top_m, clusters=self.clusters,
+                rule=self.rule, only_correct=self.only_correct, seed=self.seed,
+                reference_quirks=self.reference_quirks, batch_size=self.batch_size, progress=self.progress)
+        names = [c for c in criteria if c != "idc"]
+        if names:
+            classic = ClassicCoverage(names, batch_size=self.batch_size, progress=self.progress)
+            classic._check_settings()
+            classic.resolve_layers(model.module)
+        return criteria, idc, classic
+
+    def _fit_with(self, passes, model, images: ImageSet) -> "CoverageSuite":
+        """:meth:`fit` with the passes run by ``passes`` (see :mod:`mlflow_di.coverage.partials`)."""
+        from mlflow_di.coverage.activations import PreprocessedImages, collect_activations
+        from mlflow_di.coverage.partials import FitJob, classic_settings, merge_fit, neuron_columns, read_matrix
+
+        criteria, idc, classic = self._estimators(model)
+        layers: list[str] = []
+        if idc is not None:
+            idc.check_params()
+            if not isinstance(images, ImageSet):
+                raise UserError("IDC is fitted on an ImageSet (raw images and their labels)")
+            layers, clamp = idc._resolve_layers(model.module)
+            probe = PreprocessedImages(images.images[0:1], model.preprocessing)
+            idc._check_widths({layer: values.shape[1] for layer, values in
+                               collect_activations(model.module, probe, layers).items()}, clamp)
+        job = FitJob(layers, rule=self.rule, only_correct=self.only_correct,
+                     classic=None if classic is None else classic_settings(classic))
+        with passes.run(job, model, images, self.batch_size) as output:
+            merged = merge_fit(output.partials)
+            if idc is not None:
+                n_analysis = sum(merged.n_analysis_by_batch)
+
+                def analysed_columns(layer, neurons):  # only the important neurons' columns are read
+                    return read_matrix(output.traces / "idc", merged.starts, n_analysis, neuron_columns(layer, neurons))
+
+                idc.fit_importance(model, images, merged.importance, n_analysis, analysed_columns)
+            if classic is not None:
+                traces = predictions = None
+                if classic.sa_layers_:
+                    traces, predictions = _sa_traces(output.traces / "sa", merged.starts, merged.rows)
+                classic.fit_statistics(merged.layer_sizes, merged.low, merged.high, traces, predictions, merged.rows,
+                                       train_name=images_of(images)[1])
+                classic.model_ = model
+        primary = None
+        if idc is not None:
+            default = default_layer(model.module)
+            primary = default if default in idc.layers_ else idc.layers_[0]
+        self.criteria_, self.idc_, self.classic_, self.primary_, self.model_ = criteria, idc, classic, primary, model
+        return self
+
+    def score_all(self, sets: Sequence[ImageSet], passes=None) -> list[CoverageResult]:
+        """Each set's result accumulated onto the ones before it (as :meth:`score` with ``accumulate``);
+        with ``passes``, all sets go through one pass (on Ray: one actor pool for all of them)."""
+        check_fitted(self, "fit(model, images) or CoverageSuite.load(directory, model)")
+        results: list[CoverageResult] = []
+        if passes is None:
+            for images in sets:
+                results.append(self.score(images, accumulate=results[-1] if results else None))
+            return results
+        with passes.run_many(self._score_job(), self.model_, list(sets), self.batch_size) as outputs:
+            for images, output in zip(sets, outputs):
+                results.append(self._score_output(output, images, results[-1] if results else None))
+        return results
+
+    def _score_job(self):
+        from mlflow_di.coverage.partials import ScoreJob, classic_settings
+
+        classic_job = idc_job = None
+        if self.classic_ is not None:
+            classic_job = dict(classic_settings(self.classic_), low=self.classic_.low_, high=self.classic_.high_,
+                               layer_sizes=list(self.classic_.layer_sizes_))
+        if self.idc_ is not None:
+            idc_job = {"layers": dict(self.idc_.fitted_layers_), "preprocessing": self.idc_.preprocessing_}
+        return ScoreJob(classic_job, idc_job)
+
+    def _score_with(self, passes, images: ImageSet, accumulate: CoverageResult | None) -> CoverageResult:
+        """:meth:`score` with the pass run by ``passes``."""
+        with passes.run(self._score_job(), self.model_, images, self.batch_size) as output:
+            return self._score_output(output, images, accumulate)
+
+    def _score_output(self, output, images: ImageSet, accumulate: CoverageResult | None) -> CoverageResult:
+        """A scoring pass's partials merged into the result: cells united, IDC ids per input, SA traces read back."""
+        from mlflow_di.coverage.partials import merge_score
+
+        _, name = images_of(images)
+        merged = merge_score(output.partials)
+        traces = predictions = None
+        if self.classic_ is not None and self.classic_.sa_layers_:
+            traces, predictions = _sa_traces(output.traces / "sa", merged.starts, merged.rows)
+        criteria_report = None
+        if self.classic_ is not None:
+            criteria_report = self.classic_.score_cells(merged.cells, traces, predictions, merged.rows, data_name=name)
+            if accumulate is not None and accumulate.criteria is not None:
+                criteria_report = accumulate.criteria.merge(criteria_report, name=f"{accumulate.data} + {name}")
+        idc_reports = {}
+        if self.idc_ is not None:
+            earlier = (accumulate.idc if accumulate is not None else None) or {}
+            idc_reports = {layer: fitted.report(merged.combinations[layer], accumulate=earlier.get(layer), data=name)
+                           for layer, fitted in self.idc_.fitted_layers_.items()}
         data = f"{accumulate.data} + {name}" if accumulate is not None else name
         return CoverageResult(idc_reports, self.primary_, criteria_report, data)
 
@@ -185,6 +308,18 @@ class CoverageSuite(BaseEstimator):
             suite.classic_ = ClassicCoverage.load(directory / CRITERIA_DIR, model=model, progress=False)
         suite.model_ = model
         return suite
+
+
+def _sa_traces(folder, starts, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(SA traces (rows, neurons) float32, predicted classes) from a pass's trace files (``sa#j``, ``prediction``)."""
+    import pyarrow.parquet as pq
+
+    from mlflow_di.coverage.partials import neuron_columns, read_matrix
+
+    schema = pq.read_schema(folder / f"{starts[0]:012d}.parquet")
+    names = neuron_columns("sa", range(sum(1 for name in schema.names if name.startswith("sa#"))))
+    predictions = read_matrix(folder, starts, rows, ["prediction"], dtype=np.int64)[:, 0]
+    return read_matrix(folder, starts, rows, names), predictions
 
 
 def growth_curve(report: CoverageReport) -> np.ndarray:

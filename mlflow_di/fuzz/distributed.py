@@ -24,24 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 import numpy as np
 
+from mlflow_di._ray import LOCAL, check_address, connect as _connect, first_line as _first_line
 from mlflow_di.errors import UserError
 
-#: ``--ray-address`` values besides ``ray://HOST:PORT`` and ``HOST:PORT``.
-LOCAL, AUTO = "local", "auto"
-_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.-]+:\d+")
-
-
-def check_address(address: str | None) -> str:
-    """``address`` normalised: ``local`` (a new cluster on this machine), ``auto`` (the running one) or ``[ray://]HOST:PORT``."""
-    value = LOCAL if address is None else str(address).strip()
-    if value in (LOCAL, AUTO) or _ADDRESS.fullmatch(value):
-        return value
-    raise UserError(f"bad Ray address '{address}'; give local (start Ray on this machine), auto (the cluster "
-                    "this machine belongs to) or ray://HOST:PORT")
+__all__ = ["LOCAL", "RayExecutor", "check_address"]
 
 
 @dataclasses.dataclass
@@ -201,31 +190,3 @@ def _save_chunk(runner, outcome: dict) -> None:
         for field in dataclasses.fields(stats):
             setattr(lane.stats, field.name, getattr(lane.stats, field.name) + getattr(stats, field.name))
     runner.shared_original_inputs += outcome["shared_original_inputs"]
-
-
-def _connect(address: str):
-    """Ray, initialised for ``address``; True when this call started it (and should stop it)."""
-    # before Ray is imported: no usage statistics sent anywhere, and a local cluster on the loopback address
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address == LOCAL:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    try:
-        import ray
-    except ImportError:
-        raise UserError("fuzzing on Ray needs the ray extra: pip install 'mlflow-di[ray]'") from None
-    if ray.is_initialized():
-        return ray, False
-    kwargs = dict(include_dashboard=False, configure_logging=False, log_to_driver=False)
-    try:
-        if address == LOCAL:
-            ray.init(address="local", **kwargs)
-        else:
-            ray.init(address=address, **kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise UserError(f"cannot start or join Ray at '{address}': {_first_line(exc)}") from None
-    return ray, True
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -141,11 +141,13 @@ def load_torch_model(uri: str | ModelSource, preprocessing: str | Preprocessing 
     ``device`` (``auto``, ``cpu``, ``cuda[:N]`` or a ``torch.device``; None keeps the CPU) is where
     the module is moved; every engine then runs its batches there.
     """
-    model = _load_torch_model(uri, preprocessing)
+    source = resolve(uri)
+    model = _load_torch_model(source, preprocessing)
     if device is not None:
         from mlflow_di.models.device import resolve_device
 
         model.to(resolve_device(device))
+    model.origin = origin_of(source, device)  # how a Ray worker loads the same model (models.shipping)
     return model
 
 

@@ -44,6 +44,8 @@ class Shipment:
     preprocessing: Preprocessing
     device: str | None
     name: str
+    #: load it as a white-box ``TorchModel`` (coverage passes) instead of a black-box classifier
+    white_box: bool = False
 
     @property
     def size(self) -> int:
@@ -51,19 +53,21 @@ class Shipment:
         return sum(len(data) for data in self.files.values())
 
     def load(self, folder=None):
-        """The classifier, loaded from a copy of the files in ``folder`` (default: a new temporary folder).
+        """The classifier (a ``TorchModel`` when shipped white-box), loaded from a copy of the files in
+        ``folder`` (default: a new temporary folder).
 
         The folder is kept for as long as the process lives: ONNX Runtime and TFLite read the file
         when the session opens, PyTorch unpickles it at once; the copy costs disk, not memory.
         """
-        from mlflow_di.models.loading import load_classifier
+        from mlflow_di.models.loading import load_classifier, load_torch_model
 
         root = pathlib.Path(folder or tempfile.mkdtemp(prefix="mlflow-di-shipped-"))
         for relative, data in self.files.items():
             target = root / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        classifier = load_classifier(self.reference.replace("{root}", str(root)), self.preprocessing, self.device)
+        load = load_torch_model if self.white_box else load_classifier
+        classifier = load(self.reference.replace("{root}", str(root)), self.preprocessing, self.device)
         classifier.name = self.name
         return classifier
 
@@ -92,7 +96,10 @@ def ship(model):
         files = {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
     else:
         files = {root.name: root.read_bytes()}
-    return Shipment(files, origin.reference, model.preprocessing, origin.device, model.name)
+    from mlflow_di.models.torch_model import TorchModel
+
+    return Shipment(files, origin.reference, model.preprocessing, origin.device, model.name,
+                    white_box=isinstance(model, TorchModel))
 
 
 def unship(model):
