@@ -93,7 +93,7 @@ class Config:
     rq6_seed_sets: int = 500  # disjoint sets of training images, one generation run each
     rq6_seed_set_size: int = 20
     rq6_budget: int = 1000  # mutants per generation run
-    rq6_train_seeds: tuple[int, ...] = (0, 1, 2)
+    rq6_train_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     rq6_epochs: int = 10
     rq6_severity: int = 3
     rq6_test_inputs: int = 10_000  # first N test images for the clean, corrupted and mutated test sets

@@ -285,6 +285,6 @@ def run(config: Config, subjects, log: Log, out: pathlib.Path | None = None) -> 
     meta = {"K": stats["K"], "generation": stats, "triggers": triggers["stats"], "reference_model": reference,
             "train_inputs": len(train), "test_inputs": len(test), "train_data": train.name, "test_data": test.name,
             "arch": train_arch(subjects), "eval_set_seconds": eval_seconds,
-            "guide": "the tiny digits CNN" if subjects.tiny else "the DeepImportance LeNet-5 (LeNet5.h5)",
+            "guide": "the tiny digits CNN" if subjects.tiny else "the DeepImportance LeNet-5, LeNet5.h5,",
             "corruptions": sorted(corrupted), "severity": config.rq6_severity}
     return ExperimentResult("idc_rq6", rows, meta, config.to_dict())

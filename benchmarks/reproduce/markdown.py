@@ -280,7 +280,7 @@ def idc_rq6(result: ExperimentResult) -> tuple[str, list[str]]:
                     + [pct_ms([r[key] for r in records], 2) for key, _ in RQ6_MEASURES]
                     + [num_ms([r["train_seconds"] for r in records], 0)])
     ref = m["reference_model"]
-    rows.append([f"({m['guide']}: guides generation, not retrained)", "", ""] + [pct(ref[key], 2) for key, _ in RQ6_MEASURES] + [""])
+    rows.append([f"({m['guide'].rstrip(',')}: guides generation, not retrained)", "", ""] + [pct(ref[key], 2) for key, _ in RQ6_MEASURES] + [""])
     text = table(["training set", "inputs", "training seeds"] + [f"{label} %" for _, label in RQ6_MEASURES]
                  + ["training s"], rows)
     pairs = [("guided", "baseline"), ("random", "baseline"), ("guided", "random")]
@@ -306,7 +306,10 @@ def idc_rq6(result: ExperimentResult) -> tuple[str, list[str]]:
              f"Time: IDC fit {g['fit_seconds']:.0f} s, guided generation {g['generation_seconds']:.0f} s, random set "
              f"{g['random_seconds']:.0f} s. DFlare triggers: {t['triggers']} from {t['seeds']} seeds "
              f"({t['already_deviating']} already deviating; success {pct(t['success_rate'])}%, mean "
-             f"{t['mean_queries']:.0f} queries, {t['seconds']:.0f} s); `{t['pair']}`: {t['description']}.")
+             f"{t['mean_queries']:.0f} queries, {t['seconds']:.0f} s); `{t['pair']}`: {t['description']}. The "
+             f"retrained models classify the triggers' seeds (the clean test images they come from) correctly "
+             f"{pct(min(r['trigger_seeds'] for r in result.rows), 1)}-{pct(max(r['trigger_seeds'] for r in result.rows), 1)}% "
+             "of the time.")
     return text, rq6_checks(result)
 
 
@@ -496,13 +499,13 @@ def _method(result: ExperimentResult) -> str:
         return (f"One IDC model per hidden layer (m = {m['top_m']}, fewer where a layer is narrower), "
                 f"{m['runs']} run(s); U_O+DI as in RQ2. Values: mean (std) over runs.")
     if result.name == "idc_rq6":
-        return (f"IDC_{c['rq6_top_m']} of {m['guide']} ({m['generation']['coverage']['layer']}), fitted on the first "
+        return (f"IDC_{c['rq6_top_m']} (layer {m['generation']['coverage']['layer']}) of {m['guide'].rstrip(',')}, fitted on the first "
                 f"{c['rq6_idc_fit']:,} images of `{m['train_data']}`, guides `generate` (mutants kept only when the model "
                 f"keeps the seed's label and a new combination is covered) from {c['rq6_seed_sets']} disjoint sets of "
                 f"{c['rq6_seed_set_size']} training images (the first {c['rq6_seed_sets'] * c['rq6_seed_set_size']:,}), "
                 f"{c['rq6_budget']} mutants each; the random set holds, for each guided input, one label-preserving "
                 "mutant of the same seed with as many operators drawn from the same catalogue, without coverage "
-                f"feedback. {m['arch']} retrained from scratch ({c['rq6_epochs']} epochs, Adadelta lr 1.0, rho 0.95, "
+                f"feedback. `{m['arch']}` retrained from scratch ({c['rq6_epochs']} epochs, Adadelta lr 1.0, rho 0.95, "
                 f"batch 256, Keras init) on each training set with training seeds {_show(c['rq6_train_seeds'])}. "
                 f"Test inputs: the first {m['test_inputs']:,} of `{m['test_data']}` clean, under each of "
                 f"{len(m['corruptions'])} corruptions at severity {m['severity']} and as mild mutants (one chain of 1-3 "
