@@ -280,7 +280,7 @@ def idc_rq6(result: ExperimentResult) -> tuple[str, list[str]]:
                     + [pct_ms([r[key] for r in records], 2) for key, _ in RQ6_MEASURES]
                     + [num_ms([r["train_seconds"] for r in records], 0)])
     ref = m["reference_model"]
-    rows.append([f"({m['guide'].rstrip(',')}: guides generation, not retrained)", "", ""] + [pct(ref[key], 2) for key, _ in RQ6_MEASURES] + [""])
+    rows.append([f"guiding model, not retrained: {m['guide'].rstrip(',')}", "", ""] + [pct(ref[key], 2) for key, _ in RQ6_MEASURES] + [""])
     text = table(["training set", "inputs", "training seeds"] + [f"{label} %" for _, label in RQ6_MEASURES]
                  + ["training s"], rows)
     pairs = [("guided", "baseline"), ("random", "baseline"), ("guided", "random")]
