@@ -33,7 +33,12 @@ def _split(folder: pathlib.Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
             read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz"))
 
 
-def train_one(arch: str, seed: int, device, train, test) -> dict:
+def train_model(arch: str, seed: int, device, images: np.ndarray, labels: np.ndarray, epochs: int = 10):
+    """A zoo ``arch`` trained from scratch by the site's recipe on raw uint8 ``images``; (TorchModel, losses).
+
+    Keras' initialisation seeded by ``seed``; the batch order too. Also used by the reproduction
+    harness's RQ6 (benchmarks/reproduce/idc_rq6.py) to retrain LeNet-5 on augmented training sets.
+    """
     import torch
 
     from mlflow_di.models import zoo
@@ -43,10 +48,15 @@ def train_one(arch: str, seed: int, device, train, test) -> dict:
     spec = zoo.architecture(arch)
     model = TorchModel(keras_initialise(zoo.build(arch, seed=seed), seed), spec.preprocessing, arch).to(device)
     torch.manual_seed(seed)
-    started = time.perf_counter()
-    losses = train_classifier(model.module, model.to_tensor(train[0]), torch.from_numpy(train[1].astype(np.int64)),
-                              epochs=10, lr=1.0, batch_size=256, seed=seed, progress=False, optimizer="adadelta",
+    losses = train_classifier(model.module, model.to_tensor(images), torch.from_numpy(np.asarray(labels).astype(np.int64)),
+                              epochs=epochs, lr=1.0, batch_size=256, seed=seed, progress=False, optimizer="adadelta",
                               num_threads=None)
+    return model, losses
+
+
+def train_one(arch: str, seed: int, device, train, test) -> dict:
+    started = time.perf_counter()
+    model, losses = train_model(arch, seed, device, train[0], train[1])
     accuracy = float(np.mean(model.classifier().predict(test[0]) == test[1]))
     return {"arch": arch, "seed": seed, "test_accuracy": round(100 * accuracy, 2), "final_loss": round(losses[-1], 4),
             "seconds": round(time.perf_counter() - started, 1), "device": str(model.device)}

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_sensitivity", "idc_rq3", "idc_rq5", "dflare_table4", "dflare_rq4")
-TITLES = ("IDC RQ1", "IDC RQ2", "IDC sensitivity", "IDC RQ3", "IDC RQ5", "DFlare Table 4", "DFlare RQ4")
+EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_sensitivity", "idc_rq3", "idc_rq5", "idc_rq6", "dflare_table4", "dflare_rq4")
+TITLES = ("IDC RQ1", "IDC RQ2", "IDC sensitivity", "IDC RQ3", "IDC RQ5", "IDC RQ6", "DFlare Table 4", "DFlare RQ4")
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +103,54 @@ def test_a_full_re_render_keeps_the_sections_other_scripts_wrote():
     old = "# R\n\nold table\n\n<!-- train_x -->\n## Trained\n| a |\n<!-- /train_x -->\n\n<!-- mine -->x<!-- /mine -->\n"
     new = "# R\n\nnew table\n<!-- mine -->y<!-- /mine -->\n"
     assert kept_sections(old, new) == "\n\n<!-- train_x -->\n## Trained\n| a |\n<!-- /train_x -->\n"
+
+
+def test_rq6_tiny_retrains_three_arms_on_equal_sized_augmentations(tmp_path):
+    """RQ6 alone in tiny mode (~10 s): guided and random sets of the same size K, every arm trained with
+    every training seed, accuracies in [0, 1], and the section rendered with its difference table."""
+    completed = subprocess.run([sys.executable, "-m", "benchmarks.reproduce", "--tiny", "--out", str(tmp_path), "--quiet",
+                                "--only", "idc_rq6"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads((tmp_path / "idc_rq6.json").read_text())
+    meta, rows = result["meta"], result["rows"]
+    seeds = result["config"]["rq6_train_seeds"]
+    assert {(r["arm"], r["seed"]) for r in rows} == {(a, s) for a in ("baseline", "random", "guided") for s in seeds}
+    k = meta["K"]
+    assert k > 0 and sum(meta["generation"]["kept_per_run"]) == k
+    sizes = {r["arm"]: r["train_inputs"] for r in rows}
+    assert sizes["guided"] == sizes["random"] == sizes["baseline"] + k
+    coverage = meta["generation"]["coverage"]
+    assert coverage["training_plus_guided"] >= coverage["training_split"] and coverage["guided"] <= coverage["total"]
+    for row in rows:
+        for key in ("clean", "corrupted", "mutants", "triggers"):
+            assert 0.0 <= row[key] <= 1.0, (key, row)
+        assert len(row["per_corruption"]) == len(meta["corruptions"]) == 8
+    assert meta["triggers"]["triggers"] > 0
+    section = _section((tmp_path / "REPRODUCTION.md").read_text(), "IDC RQ6")
+    assert "guided - random" in section and "**Trend check" in section and f"K = {k}" in section
+    assert len(_table_numbers(section)) >= 20
+
+
+def test_rq6_random_control_keeps_the_label_and_the_chain_length():
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+
+    from benchmarks.reproduce.idc_rq6 import random_control
+
+    class Brightest:  # "predicts" 1 for images brighter than 100 on average, else 0
+        def classifier(self):
+            return self
+
+        def predict(self, images):
+            return (np.asarray(images).reshape(len(images), -1).mean(axis=1) > 100).astype(np.int64)
+
+    def brighten(image, rng):
+        return np.clip(image.astype(int) + int(rng.integers(0, 80)), 0, 255).astype(np.uint8)
+
+    seeds = np.full((6, 4, 4, 1), 60, np.uint8)
+    labels = np.array([0, 0, 0, 1, 1, 1])
+    depths = np.array([1, 2, 3, 1, 2, 3])
+    mutants, fallbacks = random_control(Brightest(), seeds, labels, depths, [brighten], np.random.default_rng(0))
+    assert fallbacks == 0
+    assert (Brightest().predict(mutants) == labels).all()
+    assert mutants.shape == seeds.shape and (mutants >= seeds).all()

@@ -8,6 +8,7 @@ One module per experiment, each ``run(config, subjects, log) -> ExperimentResult
 ``idc_sensitivity``    why IDC_6 differs from the paper: LRP rule, clustering quirks, |U_O|
 ``idc_rq3``            adversarial: U_O plus FGSM/BIM/JSMA/C&W (ART) and Gaussian sets (Table 4)
 ``idc_rq5``            layers: IDC of every hidden layer (Table 5)
+``idc_rq6``            retraining: training split + IDC-guided vs + random mutants, robustness
 ``dflare_table4``      DFlare, DFlare_D, DFlare_R and DiffChaser on four model pairs (Table 4)
 ``dflare_rq4``         dissemination: queries/time to a deviation vs % of mutated weights (RQ4)
 =====================  =====================================================================
@@ -16,4 +17,4 @@ One module per experiment, each ``run(config, subjects, log) -> ExperimentResult
 markdown report (see :mod:`benchmarks.reproduce.__main__`).
 """
 
-EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_sensitivity", "idc_rq3", "idc_rq5", "dflare_table4", "dflare_rq4")
+EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_sensitivity", "idc_rq3", "idc_rq5", "idc_rq6", "dflare_table4", "dflare_rq4")

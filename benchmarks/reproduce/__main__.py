@@ -35,7 +35,7 @@ from benchmarks.reproduce.results import ExperimentResult, Log, now  # noqa: E40
 RESULTS_DIR = REPO / "benchmarks" / "reproduce"
 FULL_MARKDOWN = REPO / "benchmarks" / "REPRODUCTION.md"
 #: Experiments whose ``run`` takes the output folder (they keep partial results or files there).
-TAKES_OUT = ("dflare_table4", "dflare_rq4")
+TAKES_OUT = ("dflare_table4", "dflare_rq4", "idc_rq6")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

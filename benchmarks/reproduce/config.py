@@ -86,6 +86,20 @@ class Config:
     rq4_seeds: int = 500
     rq4_runs: int = 5
     rq4_timeout: float = 180.0
+    # IDC RQ6 (the project site's RQ6): retrain LeNet-5 on the training split plus K IDC-guided inputs vs K random
+    # mutants of the same seeds vs nothing (benchmarks/reproduce/idc_rq6.py)
+    rq6_top_m: int = 6
+    rq6_idc_fit: int = 60_000  # first N training images the guiding IDC is fitted on
+    rq6_seed_sets: int = 500  # disjoint sets of training images, one generation run each
+    rq6_seed_set_size: int = 20
+    rq6_budget: int = 1000  # mutants per generation run
+    rq6_train_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    rq6_epochs: int = 10
+    rq6_severity: int = 3
+    rq6_test_inputs: int = 10_000  # first N test images for the clean, corrupted and mutated test sets
+    rq6_fuzz_seeds: int = 500
+    rq6_fuzz_timeout: float = 30.0
+    rq6_pair: str = "lenet5-tflite"
     # machine
     threads: int = 1
 
@@ -119,6 +133,8 @@ QUICK = dict(
     test_size=1000, rq1_inputs=1000, rq2_runs=2, rq2_copies=1,
     rq3_fast_inputs=1000, rq3_jsma_inputs=200, rq3_cw_inputs=10, rq3_cw_max_iter=20, rq5_runs=1,
     fuzz_seeds=50, fuzz_runs=1, fuzz_timeout=20.0, diffchaser_seeds=20, rq4_seeds=50, rq4_runs=1, rq4_timeout=20.0,
+    rq6_idc_fit=10_000, rq6_seed_sets=100, rq6_train_seeds=(0,), rq6_epochs=2, rq6_test_inputs=2000, rq6_fuzz_seeds=50,
+    rq6_fuzz_timeout=10.0,
 )
 
 #: The tiny mode's data are scikit-learn's 8x8 digits (no MNIST, no reference models).
@@ -131,6 +147,8 @@ TINY = dict(
     fuzz_seeds=12, fuzz_runs=1, fuzz_timeout=5.0, fuzz_max_queries=300,
     fuzz_pairs=("digits-int8-static", "digits-prune-l1"), calibration_size=100,
     rq4_percents=(10, 30, 50), rq4_seeds=12, rq4_runs=1, rq4_timeout=5.0,
+    rq6_top_m=4, rq6_idc_fit=600, rq6_seed_sets=6, rq6_seed_set_size=10, rq6_budget=200, rq6_train_seeds=(0, 1),
+    rq6_epochs=30, rq6_test_inputs=200, rq6_fuzz_seeds=12, rq6_fuzz_timeout=5.0, rq6_pair="digits-int8-static",
 )
 
 

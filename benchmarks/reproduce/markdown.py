@@ -23,6 +23,7 @@ TITLES = {
     "idc_sensitivity": "IDC sensitivity: why IDC_6 on U_O differs from the paper",
     "idc_rq3": "IDC RQ3: adversarial and noise inputs (paper Table 4)",
     "idc_rq5": "IDC RQ5: IDC per layer (paper Table 5)",
+    "idc_rq6": "IDC RQ6: retraining LeNet-5 with IDC-guided vs random inputs (the project site's RQ6)",
     "dflare_table4": "DFlare Table 4: DFlare, DFlare_D, DFlare_R, DiffChaser",
     "dflare_rq4": "DFlare RQ4: dissemination (mutated weights)",
 }
@@ -72,9 +73,10 @@ def settings_line(result: ExperimentResult) -> str:
     config = result.config
     full = make_config("full", shared=config["shared"]).to_dict()
     prefixes = {"idc_sensitivity": ("test_size",), "idc_rq1": ("rq1_",), "idc_rq2": ("rq2_",), "idc_rq3": ("rq3_",), "idc_rq5": ("rq5_", "rq2_"),
+                "idc_rq6": ("rq6_", "fuzz_max"),
                 "dflare_table4": ("fuzz_", "calibration", "prune", "diffchaser"), "dflare_rq4": ("rq4_", "fuzz_max", "fuzz_batch")}
     keys = [k for k in config if k.startswith(prefixes[result.name]) or k in ("analysis_size", "test_size")]
-    if result.name.startswith("dflare"):
+    if result.name.startswith("dflare") or result.name == "idc_rq6":
         keys = [k for k in keys if k not in ("analysis_size", "test_size")]
     differences = [f"`{k}={_show(config[k])}` (full: {_full_value(k, full)})" for k in keys
                    if _show(config[k]) != _show(full[k])]
@@ -244,6 +246,93 @@ def idc_rq5(result: ExperimentResult) -> tuple[str, list[str]]:
                   "mean abs. correlation with ink"], rows), checks
 
 
+RQ6_MEASURES = (("clean", "clean test"), ("corrupted", "corrupted test, mean of corruptions"),
+                ("mutants", "mutated test"), ("triggers", "DFlare triggers"))
+
+
+def _paired(result: ExperimentResult, arm: str, other: str, measure: str) -> list[float]:
+    """Per training seed: ``arm``'s value minus ``other``'s (same seed)."""
+    by = {(r["arm"], r["seed"]): r[measure] for r in result.rows}
+    return [by[(arm, s)] - by[(other, s)] for s in dict.fromkeys(r["seed"] for r in result.rows)
+            if (arm, s) in by and (other, s) in by]
+
+
+def _points(values, digits: int = 2) -> str:
+    """Percentage-point differences: mean (std) [min, max]."""
+    values = _finite(values)
+    if not values:
+        return "-"
+    mean, std = mean_std(values)
+    spread = f" ({100 * std:.{digits}f}) [{100 * min(values):+.{digits}f}, {100 * max(values):+.{digits}f}]" \
+        if len(values) > 1 else ""
+    return f"{100 * mean:+.{digits}f}{spread}"
+
+
+def idc_rq6(result: ExperimentResult) -> tuple[str, list[str]]:
+    m = result.meta
+    arms = [a for a in ("baseline", "random", "guided") if any(r["arm"] == a for r in result.rows)]
+    names = {"baseline": "training split alone", "random": f"+ {m['K']:,} random mutants",
+             "guided": f"+ {m['K']:,} IDC-guided inputs"}
+    rows = []
+    for arm in arms:
+        records = [r for r in result.rows if r["arm"] == arm]
+        rows.append([names[arm], f"{records[0]['train_inputs']:,}", ", ".join(str(r["seed"]) for r in records)]
+                    + [pct_ms([r[key] for r in records], 2) for key, _ in RQ6_MEASURES]
+                    + [num_ms([r["train_seconds"] for r in records], 0)])
+    ref = m["reference_model"]
+    rows.append([f"guiding model, not retrained: {m['guide'].rstrip(',')}", "", ""] + [pct(ref[key], 2) for key, _ in RQ6_MEASURES] + [""])
+    text = table(["training set", "inputs", "training seeds"] + [f"{label} %" for _, label in RQ6_MEASURES]
+                 + ["training s"], rows)
+    pairs = [("guided", "baseline"), ("random", "baseline"), ("guided", "random")]
+    diff_rows = [[f"{a} - {b}"] + [_points(_paired(result, a, b, key)) for key, _ in RQ6_MEASURES]
+                 for a, b in pairs if a in arms and b in arms]
+    text += ("\n\nDifferences between arms, paired by training seed, in percentage points: mean (std over seeds) "
+             "[min, max]:\n\n" + table(["arms"] + [label for _, label in RQ6_MEASURES], diff_rows))
+    corruptions = m.get("corruptions", [])
+    corruption_rows = [[names[arm]] + [pct_ms([r["per_corruption"][c] for r in result.rows if r["arm"] == arm], 2)
+                                       for c in corruptions] for arm in arms]
+    text += (f"\n\nAccuracy % per corruption (severity {m['severity']}), mean (std) over training seeds:\n\n"
+             + table(["training set"] + corruptions, corruption_rows))
+    g, t = m["generation"], m["triggers"]
+    c = g["coverage"]
+    text += (f"\n\nAugmentation: K = {m['K']:,} inputs per augmented arm ({100 * m['K'] / m['train_inputs']:.1f}% of the "
+             f"{m['train_inputs']:,} training inputs), from {len(g['kept_per_run'])} generation runs keeping "
+             f"{min(g['kept_per_run'])}-{max(g['kept_per_run'])} inputs each (chain length 1/2/3 operators: "
+             f"{'/'.join(str(d) for d in g['depths'])}; random mutants that kept needing a redraw: {g['random_fallbacks']}). "
+             f"IDC of the guiding model ({c['layer']}, {c['total']} combinations) covered by: the training split {c['training_split']}, "
+             f"the seeds {c['seeds']}, the guided set alone {c['guided']}, the random set alone {c['random']}; training split + "
+             f"guided {c['training_plus_guided']}, + random {c['training_plus_random']} (combinations outside the training "
+             f"split's: guided {c['guided_outside_training']}, random {c['random_outside_training']}). "
+             f"Time: IDC fit {g['fit_seconds']:.0f} s, guided generation {g['generation_seconds']:.0f} s, random set "
+             f"{g['random_seconds']:.0f} s. DFlare triggers: {t['triggers']} from {t['seeds']} seeds "
+             f"({t['already_deviating']} already deviating; success {pct(t['success_rate'])}%, mean "
+             f"{t['mean_queries']:.0f} queries, {t['seconds']:.0f} s); `{t['pair']}`: {t['description']}. The "
+             f"retrained models classify the triggers' seeds (the clean test images they come from) correctly "
+             f"{pct(min(r['trigger_seeds'] for r in result.rows), 1)}-{pct(max(r['trigger_seeds'] for r in result.rows), 1)}% "
+             "of the time.")
+    return text, rq6_checks(result)
+
+
+def rq6_checks(result: ExperimentResult) -> list[str]:
+    checks = ["'Beyond seed noise' below means: the paired difference has the same sign on every training seed "
+              "and its mean exceeds twice its standard error."]
+    for key, label in RQ6_MEASURES:
+        diffs = _finite(_paired(result, "guided", "random", key))
+        if not diffs:
+            continue
+        mean, std = mean_std(diffs)
+        noise = [abs(v) for arm in ("baseline", "random", "guided")
+                 for v in [mean_std([r[key] for r in result.rows if r["arm"] == arm])[1]] if not math.isnan(v)]
+        same_sign = all(d > 0 for d in diffs) or all(d < 0 for d in diffs)
+        beyond = len(diffs) > 1 and abs(mean) > 2 * std / math.sqrt(len(diffs)) and same_sign
+        sign = ("no difference on any seed" if not any(diffs) else
+                "same sign on every seed" if same_sign else "sign changes between seeds")
+        checks.append(f"{label}: guided - random {100 * mean:+.2f} points over {len(diffs)} seed(s) ({sign}; "
+                      f"largest per-arm seed std {100 * max(noise, default=0):.2f} points) "
+                      f"-> {'beyond' if beyond else 'within'} seed noise.")
+    return checks
+
+
 def dflare_table4(result: ExperimentResult) -> tuple[str, list[str]]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in result.rows:
@@ -409,6 +498,21 @@ def _method(result: ExperimentResult) -> str:
     if result.name == "idc_rq5":
         return (f"One IDC model per hidden layer (m = {m['top_m']}, fewer where a layer is narrower), "
                 f"{m['runs']} run(s); U_O+DI as in RQ2. Values: mean (std) over runs.")
+    if result.name == "idc_rq6":
+        return (f"IDC_{c['rq6_top_m']} (layer {m['generation']['coverage']['layer']}) of {m['guide'].rstrip(',')}, fitted on the first "
+                f"{c['rq6_idc_fit']:,} images of `{m['train_data']}`, guides `generate` (mutants kept only when the model "
+                f"keeps the seed's label and a new combination is covered) from {c['rq6_seed_sets']} disjoint sets of "
+                f"{c['rq6_seed_set_size']} training images (the first {c['rq6_seed_sets'] * c['rq6_seed_set_size']:,}), "
+                f"{c['rq6_budget']} mutants each; the random set holds, for each guided input, one label-preserving "
+                "mutant of the same seed with as many operators drawn from the same catalogue, without coverage "
+                f"feedback. `{m['arch']}` retrained from scratch ({c['rq6_epochs']} epochs, Adadelta lr 1.0, rho 0.95, "
+                f"batch 256, Keras init) on each training set with training seeds {_show(c['rq6_train_seeds'])}. "
+                f"Test inputs: the first {m['test_inputs']:,} of `{m['test_data']}` clean, under each of "
+                f"{len(m['corruptions'])} corruptions at severity {m['severity']} and as mild mutants (one chain of 1-3 "
+                "generation operators, no oracle); DFlare triggers labelled with their seeds' true labels. "
+                "Values: accuracy, mean (std) over training seeds."
+                + ("" if c["mode"] == "tiny" else " Unlike the IDC tables above, this experiment uses the 60,000-image "
+                   "MNIST training split (IDC analysis, seeds, retraining) and the 10,000-image test split."))
     if result.name == "dflare_table4":
         limit = f", at most {m['max_queries']} queries" if m.get("max_queries") else ""
         plans = m.get("plan") or {}

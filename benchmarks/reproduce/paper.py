@@ -26,6 +26,9 @@ IDC_TRENDS = {
     "idc_rq3": "adding adversarial inputs (FGSM, BIM, JSMA, C&W) raises IDC more than adding Gaussian-noise inputs "
                "(Table 4; its figures were not found)",
     "idc_rq5": "deeper layers give higher IDC than shallow ones (Table 5; its figures were not found)",
+    "idc_rq6": "(not in the paper; the project site's RQ6 as described in issue #13) augmenting the training set with "
+               "inputs that raise IDC, rather than the same number of randomly perturbed inputs, should make the "
+               "retrained model more robust on perturbed inputs; no figures to compare with",
 }
 
 #: DFlare Table 4: per-pair figures where the paper gives them, else its averages over the 21 pairs.
