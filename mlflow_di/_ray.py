@@ -25,6 +25,14 @@ def check_address(address: str | None) -> str:
                     "this machine belongs to) or ray://HOST:PORT")
 
 
+def check_workers(workers: int, cpus_per_worker: float, gpus_per_worker: float, what: str) -> None:
+    """One-line errors for worker settings no Ray pool can have (``what``: the work, for the message)."""
+    if workers < 1:
+        raise UserError(f"{what} on Ray needs at least 1 worker, got {workers}")
+    if cpus_per_worker < 0 or gpus_per_worker < 0:
+        raise UserError("--cpus-per-worker and --gpus-per-worker must not be negative")
+
+
 def connect(address: str):
     """Ray, initialised for ``address``; True when this call started it (and should stop it).
 

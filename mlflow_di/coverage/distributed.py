@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mlflow_di._ray import LOCAL, check_address, connect, first_line
+from mlflow_di._ray import LOCAL, check_address, check_workers, connect, first_line
 from mlflow_di.errors import UserError
 
 
@@ -54,10 +54,7 @@ class RayPasses:
     stats: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
-        if self.workers < 1:
-            raise UserError(f"coverage on Ray needs at least 1 worker, got {self.workers}")
-        if self.cpus_per_worker < 0 or self.gpus_per_worker < 0:
-            raise UserError("--cpus-per-worker and --gpus-per-worker must not be negative")
+        check_workers(self.workers, self.cpus_per_worker, self.gpus_per_worker, "coverage")
         self.address = check_address(self.address)
         self._ray = None
         self._started = False

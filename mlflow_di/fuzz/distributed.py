@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from mlflow_di._ray import LOCAL, check_address, connect as _connect, first_line as _first_line
+from mlflow_di._ray import LOCAL, check_address, check_workers, connect as _connect, first_line as _first_line
 from mlflow_di.errors import UserError
 
 __all__ = ["LOCAL", "RayExecutor", "check_address"]
@@ -51,14 +51,11 @@ class RayExecutor:
     gpus_per_worker: float = 0.0
     chunk_size: int | None = None
     max_retries: int = 3
-    #: filled in by :meth:`execute`: chunks run, chunks retried after a worker died, seconds per chunk
+    #: filled in by :meth:`execute`: chunks, workers started, each chunk's seconds inside its worker
     stats: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        if self.workers < 1:
-            raise UserError(f"a Ray executor needs at least 1 worker, got {self.workers}")
-        if self.cpus_per_worker < 0 or self.gpus_per_worker < 0:
-            raise UserError("--cpus-per-worker and --gpus-per-worker must not be negative")
+        check_workers(self.workers, self.cpus_per_worker, self.gpus_per_worker, "a fuzz campaign")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise UserError(f"chunk size must be at least 1 seed, got {self.chunk_size}")
         self.address = check_address(self.address)
