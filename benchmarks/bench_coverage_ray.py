@@ -82,8 +82,8 @@ def main() -> None:
              f"(DeepImportance weights), fit on {len(train):,} MNIST training images, score {len(test):,} MNIST test "
              "images, every criterion; images/s counts both sets over the wall time of fit + score (clustering, KDE "
              "and nearest neighbours on the driver included). One local Ray cluster with 2 CPUs, started before the "
-             f"clock. Machine: 2 cores shared with another engineer's jobs (load average {load:.1f} when it started), "
-             "so the absolute figures are noisy; the ratios are from one run.", "",
+             f"clock. Machine: {os.cpu_count()} cores, load average {load:.1f} when it started (other jobs on the "
+             "machine make the absolute figures noisy; the ratios are from one run).", "",
              "| where | wall s | images/s | images/s inside the batches | speed-up vs this process | "
              "results equal the local run's |",
              "|---|---:|---:|---:|---:|---|", *rows, "",
