@@ -403,10 +403,11 @@ class _Lockstep:
                             stop=Stop.ALREADY_DEVIATING, queries=0, seconds=0.0,
                             seed_labels=top1_labels(p_original, p_compressed),
                             seed_probabilities=top1(p_original, p_compressed))
-        self.save(lane, record, None, self.seeds.images[index])
+        self.save(lane, record, None, None)  # no trigger: the seed image is not stored
 
-    def save(self, lane: _Lane, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray) -> None:
-        """Keep one finished seed: in the lane, in its campaign folder (when it has one), on the progress bar."""
+    def save(self, lane: _Lane, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray | None) -> None:
+        """Keep one finished seed: in the lane, in its campaign folder (when it has one), on the progress bar.
+        ``seed_image`` is kept with its trigger; without a trigger it may be None."""
         lane.records[record.index] = record
         if trigger is not None:
             lane.images[record.index] = (trigger, seed_image)

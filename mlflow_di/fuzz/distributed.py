@@ -23,7 +23,6 @@ least ``batch`` seeds keep the lockstep's batched model calls full. The default 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 
@@ -142,8 +141,7 @@ class _Worker:
         runner = _Lockstep(self.original, lanes, seeds, self.strategy, self.batch)
         runner.run(progress=False)
         return {"lanes": [(lane.records, lane.images, lane.stats) for lane in lanes],
-                "shared_original_inputs": runner.shared_original_inputs, "seconds": time.perf_counter() - began,
-                "pid": os.getpid()}
+                "shared_original_inputs": runner.shared_original_inputs, "seconds": time.perf_counter() - began}
 
 
 class _SeedView:
@@ -166,9 +164,8 @@ def _payload(runner, chunk: np.ndarray) -> dict:
     """What a worker needs for ``chunk``: its seeds' images and labels, and per lane its share of the
     seeds with the driver's first predictions (so a worker never re-checks a seed)."""
     lanes = []
-    wanted = set(map(int, chunk))
     for lane in runner.lanes:
-        rows = [row for row, index in enumerate(lane.todo) if int(index) in wanted]
+        rows = np.flatnonzero(np.isin(lane.todo, chunk))
         lanes.append((lane.config, lane.todo[rows], lane.p_original[rows], lane.p_compressed[rows]))
     images = runner.seeds.images[chunk]  # one read of the chunk (a lazy set decodes just these)
     return {"images": {int(index): images[row] for row, index in enumerate(chunk)},
@@ -180,10 +177,7 @@ def _save_chunk(runner, outcome: dict) -> None:
     """A finished chunk's seeds into the driver's lanes and campaign folders, in seed order."""
     for lane, (records, images, stats) in zip(runner.lanes, outcome["lanes"]):
         for index in sorted(records):
-            trigger, seed_image = images.get(index, (None, None))
-            if seed_image is None:
-                seed_image = runner.seeds.images[index]
-            runner.save(lane, records[index], trigger, seed_image)
+            runner.save(lane, records[index], *images.get(index, (None, None)))  # (trigger, seed) of a trigger
         for field in dataclasses.fields(stats):
             setattr(lane.stats, field.name, getattr(lane.stats, field.name) + getattr(stats, field.name))
     runner.shared_original_inputs += outcome["shared_original_inputs"]

@@ -87,8 +87,9 @@ class CampaignStore:
     def trigger_path(self, index: int) -> pathlib.Path:
         return self.directory / TRIGGER_DIR / f"{index:06d}.npz"
 
-    def append(self, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray) -> None:
-        """Persist one finished seed: its images first (if it triggered), then its record line."""
+    def append(self, record: SeedRecord, trigger: np.ndarray | None, seed_image: np.ndarray | None) -> None:
+        """Persist one finished seed: its images first (if it triggered; ``seed_image`` is needed only
+        then), then its record line."""
         if trigger is not None:
             path = self.trigger_path(record.index)
             partial = path.with_suffix(".partial.npz")
