@@ -151,8 +151,7 @@ def load_torch_model(uri: str | ModelSource, preprocessing: str | Preprocessing 
     return model
 
 
-def _load_torch_model(uri: str, preprocessing) -> TorchModel:
-    source = resolve(uri)
+def _load_torch_model(source: ModelSource, preprocessing) -> TorchModel:
     uri = source.uri
     if source.kind == "pytorch-pt2":
         raise UserError(
@@ -179,12 +178,12 @@ def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None, 
     """A black-box :class:`Classifier` for ``uri``, whatever the backend, on ``device`` (see
     :func:`load_torch_model`; ONNX models choose their execution provider from it, TFLite runs on the CPU)."""
     source = resolve(uri)
-    classifier = _load_classifier(source, uri, preprocessing, device)
+    classifier = _load_classifier(source, preprocessing, device)
     classifier.origin = origin_of(source, device)  # how a Ray worker loads the same model (models.shipping)
     return classifier
 
 
-def _load_classifier(source: ModelSource, uri, preprocessing, device) -> Classifier:
+def _load_classifier(source: ModelSource, preprocessing, device) -> Classifier:
     if source.kind in ("pytorch", "keras"):
         return load_torch_model(source, preprocessing, device).classifier()
     if source.kind == "pytorch-pt2":
