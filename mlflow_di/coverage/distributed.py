@@ -146,7 +146,7 @@ class _PassWorker:
 
         from mlflow_di.models.shipping import unship
 
-        began, self.created = time.perf_counter(), time.time()
+        began = time.perf_counter()
         self.model = unship(ray.get(model[0]))
         self.sets = [_worker_data(ray, one, self.model) for one in data]
         self.job, self.traces = job, traces
@@ -162,8 +162,7 @@ class _PassWorker:
                 partial = self.job(self.model, images[start:stop], labels[start:stop], start, self.traces[number])
             except UserError as exc:
                 partial = {"start": start, "error": str(exc)}
-            partial.update(seconds=time.perf_counter() - began, load_seconds=self.load_seconds,
-                           created=self.created, computed=time.time())
+            partial.update(seconds=time.perf_counter() - began, load_seconds=self.load_seconds)
             partials.append(pickle.dumps(partial))
         return {"set": np.asarray(batch["set"]), "partial": np.array(partials, dtype=object)}
 
