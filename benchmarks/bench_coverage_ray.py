@@ -20,6 +20,7 @@ import time
 
 import mlflow_di  # noqa: F401  (torchvision guard first)
 from benchmarks.results import write_section
+from mlflow_di._ray import connect
 from mlflow_di.coverage.suite import CoverageSuite
 from mlflow_di.data import load_images
 from mlflow_di.models.loading import load_torch_model
@@ -50,13 +51,11 @@ def main() -> None:
     images = len(train) + len(test)
     load = os.getloadavg()[0]
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
     import torch
 
     from mlflow_di.coverage.distributed import RayPasses
 
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    ray, _ = connect("local", num_cpus=2)  # loopback only, as coverage --workers starts it
     local_suite, local_results, local_s = timed(model, train, test)
     runs = {}
     for workers in (1, 2):

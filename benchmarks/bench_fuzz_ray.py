@@ -25,6 +25,7 @@ import numpy as np
 
 import mlflow_di  # noqa: F401  (torchvision guard first)
 from benchmarks.results import write_section
+from mlflow_di._ray import connect
 from mlflow_di.compression import compress
 from mlflow_di.data import ImageSet, load_images
 from mlflow_di.fuzz.campaign import run_campaign
@@ -62,14 +63,11 @@ def main() -> None:
     parser.add_argument("--ceiling-seeds", type=int, default=20000)
     args = parser.parse_args()
     os.environ["MLFLOW_DI_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"  # workers inherit both
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
 
     shared = pathlib.Path(args.shared)
     mnist = shared / "data" / "mnist"
     began = time.perf_counter()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False, log_to_driver=False)
+    ray, _ = connect("local")  # every core, loopback only, as fuzz --workers starts it
     startup = time.perf_counter() - began
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     original = load_classifier(f"keras:lenet5:{shared / 'models' / 'deepimportance' / 'LeNet5.h5'}")

@@ -33,11 +33,11 @@ def check_workers(workers: int, cpus_per_worker: float, gpus_per_worker: float, 
         raise UserError("--cpus-per-worker and --gpus-per-worker must not be negative")
 
 
-def connect(address: str):
+def connect(address: str, num_cpus: int | None = None):
     """Ray, initialised for ``address``; True when this call started it (and should stop it).
 
     When Ray is already initialised in this process (a test session's cluster, a notebook), that
-    cluster is used and left running.
+    cluster is used and left running. ``num_cpus`` caps a ``local`` cluster (default: every core).
     """
     # before Ray is imported: no usage statistics sent anywhere, and a local cluster on the loopback address
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -50,11 +50,10 @@ def connect(address: str):
     if ray.is_initialized():
         return ray, False
     kwargs = dict(include_dashboard=False, configure_logging=False, log_to_driver=False)
+    if address == LOCAL and num_cpus is not None:
+        kwargs["num_cpus"] = num_cpus
     try:
-        if address == LOCAL:
-            ray.init(address="local", **kwargs)
-        else:
-            ray.init(address=address, **kwargs)
+        ray.init(address=address, **kwargs)  # "local", "auto" and HOST:PORT are Ray's own address forms
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise UserError(f"cannot start or join Ray at '{address}': {first_line(exc)}") from None
     return ray, True

@@ -126,9 +126,12 @@ def one_torch_thread():
 def ray_cluster():
     """One local Ray cluster for the whole session: 2 CPUs, bound to 127.0.0.1, no dashboard, no
     usage reports. Tests give workers fractional CPUs so two actors and the driver never deadlock."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the loopback address, not the host's
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    import importlib.util
+
+    from mlflow_di._ray import connect
+
+    if importlib.util.find_spec("ray") is None:  # not imported here: connect sets Ray's environment first
+        pytest.skip("ray is not installed (pip install 'mlflow-di[ray]')")
+    ray, _ = connect("local", num_cpus=2)  # the product's own start: loopback, no dashboard, no usage reports
     yield ray
     ray.shutdown()
