@@ -13,8 +13,10 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_sensitivity", "idc_rq3", "idc_rq5", "idc_rq6", "dflare_table4", "dflare_rq4")
-TITLES = ("IDC RQ1", "IDC RQ2", "IDC sensitivity", "IDC RQ3", "IDC RQ5", "IDC RQ6", "DFlare Table 4", "DFlare RQ4")
+EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_paper_era", "idc_sensitivity", "idc_classic", "idc_rq3", "idc_rq5", "idc_rq6",
+               "dflare_table4", "dflare_rq4")
+TITLES = ("IDC RQ1", "IDC RQ2", "IDC under the paper-era protocol", "IDC sensitivity", "Classic criteria on U_O",
+          "IDC RQ3", "IDC RQ5", "IDC RQ6", "DFlare Table 4", "DFlare RQ4")
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,12 @@ def test_tiny_results_hold_measured_values(tiny_run):
     rq2 = json.loads((out / "idc_rq2.json").read_text())["rows"]
     for row in rq2:  # adding inputs never lowers coverage
         assert all(s >= o - 1e-12 and d >= o - 1e-12 for o, s, d in zip(row["U_O"], row["U_O+S"], row["U_O+DI"]))
+    for row in json.loads((out / "idc_paper_era.json").read_text())["rows"]:
+        assert all(0.0 < v <= 1.0 for stage in ("pooled", "per_class", "reference", "paper_era") for v in row[stage])
+        assert len(row["paper_era_per_class"]) == 10
+    classic = json.loads((out / "idc_classic.json").read_text())["rows"]
+    assert [r["setting"] for r in classic] == ["defaults", "sadl buckets"]  # no reference layer set for the digits CNN
+    assert all(0.0 <= v <= 1.0 for r in classic for v in r["coverage"].values())
     rq3 = json.loads((out / "idc_rq3.json").read_text())["rows"]
     assert [r["set"] for r in rq3] == ["U_O", "U_O+fgsm", "U_O+bim", "U_O+jsma", "U_O+cw", "U_O+gauss"]
     assert all(0.0 <= r["success"] <= 1.0 for r in rq3[1:])

@@ -5,10 +5,11 @@ not); ``quick`` is the same pipeline on smaller sets (under 10 minutes on 2 core
 every experiment on the demo's 8x8 digits CNN in seconds, so the harness can be tested without
 the reference models.
 
-Data (MNIST): the 60,000-image training split is not available here, so the first
-``analysis_size`` images of the 10,000-image test split are the analysis ("training") set and the
-last ``test_size`` images are the test set U_O. DFlare's seeds are the first ``fuzz_seeds``
-images of the test split, as in the paper (500 test images).
+Data (MNIST, full mode): the first ``analysis_size`` images of the 60,000-image training split
+are the analysis ("training") set for importance analysis, clustering and the criteria's bounds,
+and the last ``test_size`` images of the 10,000-image test split are the test set U_O (all of it
+in full mode), as in the paper. DFlare's seeds are the first ``fuzz_seeds`` images of the test
+split, as in the paper (500 test images).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODES = ("full", "quick", "tiny")
-MNIST_SIZE = 10_000
+MNIST_SIZE = 10_000  # images in the test split
+MNIST_TRAIN_SIZE = 60_000
 IDC_MODELS = ("LeNet1", "LeNet4", "LeNet5")
 #: The paper's DFlare, its two ablations, the bug-faithful DFlare_D row (benchmarks/reproduce/dflare_variants.py),
 #: DiffChaser, and mlflow-di's default DFlare (log-margin fitness) for comparison.
@@ -40,11 +42,11 @@ class Config:
     mode: str
     shared: str
     # data
-    analysis_size: int = 5000
-    test_size: int = 5000
+    analysis_size: int = MNIST_TRAIN_SIZE  # first N training images
+    test_size: int = MNIST_SIZE  # last N test images
     idc_models: tuple[str, ...] = IDC_MODELS
     # IDC RQ1 (Table 2): flip the top 10% most relevant pixels of each input
-    rq1_inputs: int = 5000
+    rq1_inputs: int = MNIST_SIZE
     rq1_top_m: int = 6
     rq1_pixel_fraction: float = 0.10
     rq1_random_draws: int = 5
@@ -56,8 +58,8 @@ class Config:
     rq2_copies: int = 5
     # IDC RQ3 (Table 4): adversarial sets (DeepImportance's hyperparameters, see attacks.py)
     rq3_top_m: tuple[int, ...] = (6, 8)
-    rq3_fast_inputs: int = 5000  # FGSM, BIM and Gaussian noise
-    rq3_jsma_inputs: int = 5000
+    rq3_fast_inputs: int = MNIST_SIZE  # FGSM, BIM and Gaussian noise
+    rq3_jsma_inputs: int = MNIST_SIZE
     rq3_cw_inputs: int = 100
     rq3_cw_max_iter: int = 100
     rq3_cw_initial_const: float = 1.0
@@ -109,11 +111,11 @@ class Config:
 
     @property
     def analysis_spec(self) -> str:
-        return f"mnist:{self.mnist_dir}[0:{self.analysis_size}]"
+        return f"mnist-train:{self.mnist_dir}[0:{self.analysis_size}]"
 
     @property
     def test_spec(self) -> str:
-        return f"mnist:{self.mnist_dir}[{MNIST_SIZE - self.test_size}:{MNIST_SIZE}]"
+        return f"mnist-test:{self.mnist_dir}[{MNIST_SIZE - self.test_size}:{MNIST_SIZE}]"
 
     @property
     def mnist_dir(self) -> pathlib.Path:
@@ -130,7 +132,7 @@ class Config:
 
 
 QUICK = dict(
-    test_size=1000, rq1_inputs=1000, rq2_runs=2, rq2_copies=1,
+    analysis_size=10_000, test_size=1000, rq1_inputs=1000, rq2_runs=2, rq2_copies=1,
     rq3_fast_inputs=1000, rq3_jsma_inputs=200, rq3_cw_inputs=10, rq3_cw_max_iter=20, rq5_runs=1,
     fuzz_seeds=50, fuzz_runs=1, fuzz_timeout=20.0, diffchaser_seeds=20, rq4_seeds=50, rq4_runs=1, rq4_timeout=20.0,
     rq6_idc_fit=10_000, rq6_seed_sets=100, rq6_train_seeds=(0,), rq6_epochs=2, rq6_test_inputs=2000, rq6_fuzz_seeds=50,

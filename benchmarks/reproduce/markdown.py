@@ -20,7 +20,9 @@ CLASSIC = ("nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc")
 TITLES = {
     "idc_rq1": "IDC RQ1: important vs random neurons (paper Table 2)",
     "idc_rq2": "IDC RQ2: diversity of U_O, U_O+S, U_O+DI (paper Table 3)",
-    "idc_sensitivity": "IDC sensitivity: why IDC_6 on U_O differs from the paper",
+    "idc_paper_era": "IDC under the paper-era protocol: per class, reference LRP, comb_cov.py's pairing (paper Table 3)",
+    "idc_sensitivity": "IDC sensitivity: relevance rule, clustering quirks and the size of U_O",
+    "idc_classic": "Classic criteria on U_O: defaults, SADL's bucket rule, DeepImportance's layer set (paper Table 4, U_O row)",
     "idc_rq3": "IDC RQ3: adversarial and noise inputs (paper Table 4)",
     "idc_rq5": "IDC RQ5: IDC per layer (paper Table 5)",
     "idc_rq6": "IDC RQ6: retraining LeNet-5 with IDC-guided vs random inputs (the project site's RQ6)",
@@ -72,7 +74,7 @@ def settings_line(result: ExperimentResult) -> str:
     """The mode and every setting of this experiment that differs from the full configuration."""
     config = result.config
     full = make_config("full", shared=config["shared"]).to_dict()
-    prefixes = {"idc_sensitivity": ("test_size",), "idc_rq1": ("rq1_",), "idc_rq2": ("rq2_",), "idc_rq3": ("rq3_",), "idc_rq5": ("rq5_", "rq2_"),
+    prefixes = {"idc_sensitivity": ("test_size",), "idc_classic": ("test_size",), "idc_paper_era": ("rq2_runs", "rq2_top_m"), "idc_rq1": ("rq1_",), "idc_rq2": ("rq2_",), "idc_rq3": ("rq3_",), "idc_rq5": ("rq5_", "rq2_"),
                 "idc_rq6": ("rq6_", "fuzz_max"),
                 "dflare_table4": ("fuzz_", "calibration", "prune", "diffchaser"), "dflare_rq4": ("rq4_", "fuzz_max", "fuzz_batch")}
     keys = [k for k in config if k.startswith(prefixes[result.name]) or k in ("analysis_size", "test_size")]
@@ -170,6 +172,50 @@ def rq2_checks(result: ExperimentResult) -> list[str]:
     return checks
 
 
+STAGE_HEADERS = {
+    "pooled": "pooled (the product) %",
+    "per_class": "per class, mean (`--per-class`) %",
+    "reference": "per class, reference LRP and clustering %",
+    "paper_era": "paper-era: + comb_cov.py pairing %",
+}
+
+
+def idc_paper_era(result: ExperimentResult) -> tuple[str, list[str]]:
+    from benchmarks.reproduce.idc_paper_era import STAGES
+
+    rows = []
+    for r in result.rows:
+        figure = paper.IDC_UO.get((r["model"], f"idc_{r['top_m']}"))
+        rows.append([r["model"], r["layer"], r["top_m"]] + [pct_ms(r[stage]) for stage in STAGES]
+                    + ["" if figure is None else f"{figure:.1f}"])
+    text = table(["model", "layer", "m"] + [STAGE_HEADERS[s] for s in STAGES] + ["paper %"], rows)
+    first = [r for r in result.rows if r["top_m"] == min(x["top_m"] for x in result.rows)]
+    if first:
+        text += ("\n\nPaper-era IDC per class (mean over seeds), m = " + str(first[0]["top_m"]) + ": " + "; ".join(
+            f"{r['model']} " + " ".join(pct(v, 0) for v in r["paper_era_per_class"]) for r in first)
+            + " (classes 0-9, %).")
+    return text, paper_era_checks(result)
+
+
+def paper_era_checks(result: ExperimentResult) -> list[str]:
+    from benchmarks.reproduce.idc_paper_era import STAGES
+
+    compared = [(r, paper.IDC_UO[(r["model"], f"idc_{r['top_m']}")]) for r in result.rows
+                if (r["model"], f"idc_{r['top_m']}") in paper.IDC_UO]
+    if not compared:
+        return ["No cell has a paper figure to compare with (tiny mode or other models)."]
+    gaps = {stage: [abs(100 * _mean(r[stage]) - value) for r, value in compared] for stage in STAGES}
+    closest = min(STAGES, key=lambda s: _mean(gaps[s]))
+    checks = [f"Mean absolute gap to the paper's {len(compared)} U_O figures, in points: " + "; ".join(
+        f"{STAGE_HEADERS[s].rstrip(' %')} {_mean(gaps[s]):.1f} (max {max(gaps[s]):.1f})" for s in STAGES)
+        + f". Closest: {STAGE_HEADERS[closest].rstrip(' %')}."]
+    checks.append("Cell by cell (paper-era / paper): " + "; ".join(
+        f"{r['model']} IDC_{r['top_m']} {pct(_mean(r['paper_era']))} / {value:.1f}" for r, value in compared) + ".")
+    lowered = [r for r in result.rows if _mean(r["paper_era"]) < _mean(r["reference"])]
+    checks.append(f"The pairing lowers per-class IDC in {len(lowered)} of {len(result.rows)} (model, m) rows.")
+    return checks
+
+
 def idc_sensitivity(result: ExperimentResult) -> tuple[str, list[str]]:
     sizes = result.meta["sizes"]
     m = result.meta["top_m"]
@@ -188,12 +234,34 @@ def idc_sensitivity(result: ExperimentResult) -> tuple[str, list[str]]:
         if len(variants) < 2:
             continue
         same_neurons = variants[0]["important_neurons"] == variants[1]["important_neurons"]
-        checks.append(f"{model}: the reference settings pick {'the same' if same_neurons else 'different'} "
+        checks.append(f"{model}: the z-rule with reference clustering picks {'the same' if same_neurons else 'different'} "
                       f"important neurons, {variants[0]['combinations']:,} vs {variants[1]['combinations']:,} "
                       "combinations; "
                       f"IDC_{m} grows from {pct(variants[0]['idc'][str(sizes[0])])}% to "
                       f"{pct(variants[0]['idc'][str(sizes[-1])])}% as U_O grows from {sizes[0]:,} to {sizes[-1]:,} inputs.")
     return table(header, rows), checks
+
+
+CLASSIC = ("nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc")
+
+
+def idc_classic(result: ExperimentResult) -> tuple[str, list[str]]:
+    rows = []
+    for r in result.rows:
+        rows.append([r["model"], r["setting"], ", ".join(r["layers"]), ", ".join(r["sa_layers"])]
+                    + [pct(r["coverage"][c]) for c in CLASSIC])
+        figures = paper.CLASSIC_UO.get(r["model"])
+        if figures and r["setting"] == "reference layers":
+            rows.append([r["model"], "**paper (Table 4)**", "", ""] + [f"{figures[c]:.1f}" for c in CLASSIC])
+    text = table(["model", "setting", "layers counted", "SA layer"] + [f"{c.upper()} %" for c in CLASSIC], rows)
+    checks = []
+    for r in result.rows:
+        figures = paper.CLASSIC_UO.get(r["model"])
+        if figures:
+            gaps = [abs(100 * r["coverage"][c] - figures[c]) for c in CLASSIC]
+            checks.append(f"{r['model']} {r['setting']}: largest gap to the paper {max(gaps):.1f} points "
+                          f"({CLASSIC[gaps.index(max(gaps))].upper()}), mean {sum(gaps) / len(gaps):.1f}.")
+    return text, checks or ["No paper row to compare with."]
 
 
 def idc_rq3(result: ExperimentResult) -> tuple[str, list[str]]:
@@ -454,17 +522,19 @@ def _data_paragraph(results: dict) -> str:
     if any(c["mode"] == "tiny" for c in configs):
         return ("**Data.** Tiny mode: scikit-learn's 8x8 digits and a small CNN trained on them for a few epochs; "
                 "the numbers only show that the harness runs, they say nothing about the papers.")
-    analysis = sorted({c["analysis_size"] for c in configs}) or [5000]
-    tests = sorted({c["test_size"] for c in configs}) or [5000]
-    seeds = sorted({c["fuzz_seeds"] for c in configs}) or [500]
-    return ("**Data.** These IDC tables were run before ../shared held the MNIST training split, and have not "
-            "been re-run on it yet (the training-split LeNet accuracies at the end of this file were). The "
-            "analysis (\"training\") set for "
-            "importance analysis, clustering and the criteria's bounds is the **first "
-            f"{' / '.join(f'{n:,}' for n in analysis)} images of the 10,000-image MNIST test split**, and the test "
-            f"set **U_O is the last {' / '.join(f'{n:,}' for n in tests)}**. DFlare's seeds are the first "
-            f"{' / '.join(str(n) for n in seeds)} test images (the paper: 500 test images). Reference models: the "
-            "DeepImportance LeNet-1/4/5 (Keras HDF5 ported to PyTorch) and the DFlare LeNet-1/5 with their TFLite "
+    # the sizes of the IDC tables' sets (RQ6 and the DFlare experiments do not use them)
+    idc = [r.config for name, r in results.items() if r is not None and name.startswith("idc_") and name != "idc_rq6"]
+    analysis = sorted({c["analysis_size"] for c in idc}) or [60_000]
+    tests = sorted({c["test_size"] for c in idc}) or [10_000]
+    seeds = sorted({c["fuzz_seeds"] for n, r in results.items() if r is not None and n.startswith("dflare")
+                    for c in [r.config]}) or [500]
+    whole = [n for n in tests if n == 10_000]
+    return ("**Data.** The analysis (\"training\") set for importance analysis, clustering and the criteria's bounds "
+            f"is the **first {' / '.join(f'{n:,}' for n in analysis)} images of the 60,000-image MNIST training split**, "
+            f"and the test set **U_O is the last {' / '.join(f'{n:,}' for n in tests)} images of the 10,000-image test "
+            "split**" + (" (all of it, as in the paper)" if whole and len(tests) == 1 else "") + ". DFlare's seeds are "
+            f"the first {' / '.join(str(n) for n in seeds)} test images (the paper: 500 test images). Reference models: "
+            "the DeepImportance LeNet-1/4/5 (Keras HDF5 ported to PyTorch) and the DFlare LeNet-1/5 with their TFLite "
             "versions, from ../shared.")
 
 
@@ -482,10 +552,27 @@ def _method(result: ExperimentResult) -> str:
                 f"of 255) on the top {m['pixel_fraction']:.0%} pixels by |input LRP| (DI) or as many random other "
                 "pixels (S). IDC on the default subject layer (LeNet-1 conv2, LeNet-4 fc1, LeNet-5 fc2); classic "
                 "criteria over conv1, conv2, fc1, fc2 with DeepImportance's settings. Values: mean (std) over runs.")
+    if result.name == "idc_classic":
+        return (f"Bounds, SA traces and buckets from `{m['analysis']}`, scored on U_O (`{m['test']}`). NC threshold 0.75 on "
+                "per-input min-max scaled outputs, KMNC 1,000 sections, TKNC k = 3, LSC/DSC 1,000 buckets up to 2,000 / 2; "
+                "`sadl` buckets start at the test set's minimum SA (Kim et al.'s rule); the reference layer set adds the "
+                "pooling layers and the softmax output (and LeNet-5's separate logits layer) and takes the SA layer the "
+                "reference's script takes.")
+    if result.name == "idc_paper_era":
+        return (f"IDC_m of U_O (`{m['test']}`, {m['test_inputs']:,} inputs) on the default subject layer, each column "
+                "adding one ingredient of the paper-era Table 3 scripts (`TABLE3_VALIDATION_MNIST.py -C c` with "
+                "`coverages/comb_cov.py` of the DeepImportance repository's first commit) to the one before: pooled "
+                "over all classes (the product); per class, analysis and test inputs filtered by label, mean over the "
+                "classes (the product's `coverage --per-class`); per class with the reference relevance (the "
+                "reference LRP: no ReLU after conv layers, plain z-rule, signed sum over the class's correctly "
+                "classified analysis inputs) and the reference clustering (zeros dropped, fewer than 10 values -> "
+                "centroid 0, centroids rounded to 2 decimals); and finally comb_cov.py's pairing of neurons with "
+                "centroids (centroids stored in ascending neuron order, test activations read in relevance order). "
+                f"Values: mean (std) over {m['runs']} k-means seeds (the reference's k-means was unseeded).")
     if result.name == "idc_sensitivity":
         return (f"IDC with m = {m['top_m']} on the default subject layer, fitted on the analysis set (k-means seed 0) with the "
-                "package's defaults and with the reference code's LRP rule and clustering quirks; scored on growing "
-                "prefixes of U_O.")
+                "package's defaults and with the z-rule (conv ReLUs kept) and the reference code's clustering quirks; "
+                "scored on growing prefixes of U_O.")
     if result.name == "idc_rq3":
         sizes = ", ".join(f"{a.upper()} {n:,}" for a, n in m["attack_inputs"].items())
         cw = (f"C&W: max_iter {c['rq3_cw_max_iter']}, initial_const {c['rq3_cw_initial_const']:g} (reference 1000 and "
@@ -511,7 +598,7 @@ def _method(result: ExperimentResult) -> str:
                 f"{len(m['corruptions'])} corruptions at severity {m['severity']} and as mild mutants (one chain of 1-3 "
                 "generation operators, no oracle); DFlare triggers labelled with their seeds' true labels. "
                 "Values: accuracy, mean (std) over training seeds."
-                + ("" if c["mode"] == "tiny" else " Unlike the IDC tables above, this experiment uses the 60,000-image "
+                + ("" if c["mode"] == "tiny" else " Like the IDC tables above, this experiment uses the 60,000-image "
                    "MNIST training split (IDC analysis, seeds, retraining) and the 10,000-image test split."))
     if result.name == "dflare_table4":
         limit = f", at most {m['max_queries']} queries" if m.get("max_queries") else ""

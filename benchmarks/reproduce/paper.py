@@ -18,11 +18,16 @@ IDC_UO = {
     ("LeNet5", "idc_8"): 28.0, ("LeNet5", "idc_10"): 9.5, ("LeNet5", "idc_12"): 4.4,
 }
 
+#: The classic criteria on U_O, percent: the paper's Table 4 row for LeNet-5 (the others' rows were not found).
+CLASSIC_UO = {"LeNet5": {"nc": 75.3, "kmnc": 69.2, "nbc": 7.6, "snac": 13.8, "tknc": 88.8, "lsc": 13.8, "dsc": 54.9}}
+
 IDC_TRENDS = {
     "idc_rq1": "perturbing the most relevant pixels changes the important neurons' activations more than "
                "those of random neurons of the same layer (Table 2; its per-model figures were not found)",
     "idc_rq2": "U_O+DI raises IDC more than U_O+S; IDC falls steeply as m grows (LeNet-5: 47.0% -> 28.0% -> "
                "9.5% -> 4.4% for m = 6, 8, 10, 12). The other criteria's Table 3 figures were not found",
+    "idc_classic": "LeNet-5 on U_O: NC 75.3, KMNC 69.2, NBC 7.6, SNAC 13.8, TKNC 88.8, LSC 13.8, DSC 54.9 (Table 4's "
+                   "U_O row as quoted in the notes; the other models' rows were not found)",
     "idc_rq3": "adding adversarial inputs (FGSM, BIM, JSMA, C&W) raises IDC more than adding Gaussian-noise inputs "
                "(Table 4; its figures were not found)",
     "idc_rq5": "deeper layers give higher IDC than shallow ones (Table 5; its figures were not found)",
