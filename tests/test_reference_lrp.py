@@ -2,7 +2,6 @@
 comb_cov.py's pairing of neurons with centroids, on hand-computed cases and LRP's conservation."""
 import pathlib
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from benchmarks.reproduce.idc_paper_era import reference_class_idc  # noqa: E402
+from benchmarks.reproduce.idc_paper_era import class_idc  # noqa: E402
 from benchmarks.reproduce.reference_lrp import (  # noqa: E402
     _maxpool_relevance, reference_forward, reference_layers, reference_relevance, summed_relevance)
 
@@ -75,16 +74,11 @@ def test_unsupported_layers_are_named():
 
 
 def test_comb_cov_pairing_compares_each_neuron_with_another_neurons_centroids():
-    """Neuron 1 is the most relevant; its values sit near 100/200, neuron 0's near 0.5/10. Correctly
-    paired, the two test inputs cover 2 of 4 cells; paired as comb_cov.py does (neuron 1 with neuron
-    0's centroids), both inputs map to the same cell."""
-    rng = np.random.default_rng(0)
-    n = 40
-    low_high = np.where(np.arange(n) % 2 == 0, 0.5, 10.0) + rng.normal(0, 0.01, n)
-    big = np.where(np.arange(n) % 2 == 0, 100.0, 200.0) + rng.normal(0, 0.01, n)
-    traces = types.SimpleNamespace(
-        relevance=np.tile([1.0, 2.0], (n, 1)), analysis_values=np.stack([low_high, big], axis=1),
-        correct=np.ones(n, bool), test_values=np.array([[0.5, 100.0], [10.0, 200.0]]))
-    result = reference_class_idc(traces, np.zeros(n, int), np.zeros(2, int), label=0, top_m=2, seed=0)
-    assert result["reference"] == pytest.approx(2 / 4)
-    assert result["paper_era"] == pytest.approx(1 / 4)
+    """Neuron 1 is the more relevant; its values sit at 100/200, neuron 0's at 0.5/10. Correctly paired,
+    the two test inputs cover 2 of the 4 cells; paired as comb_cov.py does (neuron 1 with neuron 0's
+    centroids and the other way round), both inputs fall into one cell."""
+    order = np.array([1, 0])
+    centroids = {0: np.array([0.5, 10.0]), 1: np.array([100.0, 200.0])}
+    values = np.array([[0.5, 100.0], [10.0, 200.0]])
+    result = class_idc(order, centroids, values)
+    assert result == {"reference": 2 / 4, "paper_era": 1 / 4}

@@ -17,7 +17,9 @@ that protocol's ingredients one at a time, for each LeNet and m, so each one's e
    of the important neuron with the i-th smallest index.
 
 Test inputs of class c are U_O's inputs labelled c, as in the script. Every stage is run with
-``rq2_runs`` k-means seeds (the reference's k-means was unseeded).
+``rq2_runs`` k-means seeds (the reference's k-means was unseeded). The paper-era protocol is also
+scored on RQ2's U_O+S and U_O+DI (the same noise as RQ2's run of that seed), so its trend can be
+compared with the paper's. :class:`ReferenceTraces` also serves RQ3 and RQ5's paper-era columns.
 """
 from __future__ import annotations
 
@@ -30,72 +32,103 @@ from mlflow_di.coverage.per_class import PerClassCoverage
 from mlflow_di.coverage.quantize import choose_clusters, nearest_centroid
 
 from benchmarks.reproduce.config import Config
+from benchmarks.reproduce.idc_rq2 import noisy_sets
 from benchmarks.reproduce.reference_lrp import reference_relevance
 from benchmarks.reproduce.results import ExperimentResult, Log
 
 STAGES = ("pooled", "per_class", "reference", "paper_era")
+#: The paper-era protocol on RQ2's noisy unions too (the same noise as RQ2's run with the same seed).
+EXTENDED = ("paper_era_U_O+S", "paper_era_U_O+DI")
 
 
 class ReferenceTraces:
-    """One model's reference relevance (analysis set) and subject-layer activations (both sets)."""
+    """One model's reference relevance on the analysis set, and the per-class reference fits made from it.
 
-    def __init__(self, model, analysis, test):
-        self.layer = default_layer(model.module)
+    ``layer`` (default: the default subject layer) is the layer whose neurons are ranked and clustered;
+    :meth:`idc` scores any labelled set of inputs with the fits of every class, which are made once per
+    (class, m, seed) and reused for every set.
+    """
+
+    def __init__(self, model, analysis, layer: str | None = None):
+        self.model, self.layer = model, layer or default_layer(model.module)
         inputs = torch.as_tensor(np.asarray(model.preprocessing.apply(analysis.images)))
         self.relevance = reference_relevance(model.module, inputs, self.layer)
-        self.analysis_values = self._values(model, analysis.images)
-        self.test_values = self._values(model, test.images)
+        self.analysis_values = self.values(analysis.images)
+        self.analysis_labels = analysis.labels
         self.correct = model.classifier().predict(analysis.images) == analysis.labels
+        self._fits: dict[tuple[int, int, int], tuple[np.ndarray, dict]] = {}
 
-    def _values(self, model, images):
-        return collect_activations(model.module, PreprocessedImages(images, model.preprocessing), [self.layer])[self.layer]
+    def values(self, images) -> np.ndarray:
+        """(N, neurons) activations of the layer (conv neuron: channel mean), as the reference reads them."""
+        return collect_activations(self.model.module, PreprocessedImages(images, self.model.preprocessing),
+                                   [self.layer])[self.layer]
+
+    def fit(self, label: int, top_m: int, seed: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """Class ``label``'s important neurons (relevance order) and their centroids (reference clustering)."""
+        key = (label, top_m, seed)
+        if key not in self._fits:
+            members = (self.analysis_labels == label) & self.correct
+            order = np.argsort(-self.relevance[members].sum(0), kind="stable")[:top_m]
+            self._fits[key] = order, {int(n): choose_clusters(self.analysis_values[members, n], seed=seed,
+                                                              reference_quirks=True).centroids for n in order}
+        return self._fits[key]
+
+    def idc(self, values: np.ndarray, labels: np.ndarray, top_m: int, seed: int) -> dict[str, float | list]:
+        """Per-class IDC_m of the set (``values`` from :meth:`values`, true ``labels``): its mean over the
+        classes with reference pairing and with comb_cov.py's, and the latter per class."""
+        classes = [int(c) for c in np.unique(self.analysis_labels)]
+        scores = [class_idc(*self.fit(c, top_m, seed), values[labels == c]) for c in classes]
+        return {"reference": float(np.nanmean([s["reference"] for s in scores])),
+                "paper_era": float(np.nanmean([s["paper_era"] for s in scores])),
+                "paper_era_per_class": [s["paper_era"] for s in scores]}
 
 
-def reference_class_idc(traces: ReferenceTraces, analysis_labels, test_labels, label: int, top_m: int, seed: int
-                        ) -> dict[str, float]:
-    """IDC_m of class ``label`` with reference relevance and clustering: correctly paired and as comb_cov.py paired."""
-    members = (analysis_labels == label) & traces.correct
-    order = np.argsort(-traces.relevance[members].sum(0), kind="stable")[:top_m]  # relevance order
-    centroids = {int(n): choose_clusters(traces.analysis_values[members, n], seed=seed, reference_quirks=True).centroids
-                 for n in order}
-    values = traces.test_values[test_labels == label][:, order]
+def class_idc(order: np.ndarray, centroids: dict[int, np.ndarray], values: np.ndarray) -> dict[str, float]:
+    """IDC of one class's test activations ``values`` (N, neurons), correctly paired and as comb_cov.py paired."""
     total = int(np.prod([len(c) for c in centroids.values()]))
     paired = {"reference": [centroids[int(n)] for n in order],            # neuron i <-> its own centroids
               "paper_era": [centroids[int(n)] for n in np.sort(order)]}  # neuron i <-> i-th smallest index's
+    chosen = values[:, order]  # relevance order, as comb_cov.py reads them
     result = {}
     for stage, lists in paired.items():
-        cells = np.stack([nearest_centroid(values[:, i], c) for i, c in enumerate(lists)], axis=1)
+        cells = np.stack([nearest_centroid(chosen[:, i], c) for i, c in enumerate(lists)], axis=1)
         result[stage] = len(np.unique(cells, axis=0)) / total if len(cells) else float("nan")
     return result
 
 
-def measure_model(config: Config, subjects, name: str, log: Log) -> list[dict]:
+def measure_model(config: Config, subjects, name: str, model_index: int, log: Log) -> list[dict]:
     model, analysis, test = subjects.idc_models[name], subjects.analysis, subjects.test
     log(f"idc_paper_era: {name} reference relevance and activations")
-    traces = ReferenceTraces(model, analysis, test)
-    labels = [int(c) for c in np.unique(analysis.labels)]
-    rows = []
-    for m in config.rq2_top_m:
-        values: dict[str, list[float]] = {stage: [] for stage in STAGES}
-        per_class_reference: list[list[float]] = []
-        for seed in range(config.rq2_runs):
+    traces = subjects.reference_traces(name)
+    test_values = traces.values(test.images)
+    rows = {m: {"model": name, "layer": traces.layer, "top_m": m, **{k: [] for k in STAGES + EXTENDED}}
+            for m in config.rq2_top_m}
+    per_class = {m: [] for m in config.rq2_top_m}
+    for seed in range(config.rq2_runs):
+        added = noisy_sets(config, subjects, name, model_index, seed)  # RQ2's U_O+S and U_O+DI of this run
+        union = {key: (np.concatenate([test_values, traces.values(data.images)]), np.concatenate([test.labels, data.labels]))
+                 for key, data in added.items()}
+        for m in config.rq2_top_m:
             log(f"idc_paper_era: {name} m={m} seed {seed}")
-            values["pooled"].append(subjects.idc(name, m, seed).score(test).idc)
-            per_class = PerClassCoverage(ImportanceDrivenCoverage(top_m=m, seed=seed, progress=False), progress=False)
-            values["per_class"].append(per_class.fit(model, analysis).score(test).mean_idc)
-            classes = [reference_class_idc(traces, analysis.labels, test.labels, c, m, seed) for c in labels]
-            for stage in ("reference", "paper_era"):
-                values[stage].append(float(np.nanmean([c[stage] for c in classes])))
-            per_class_reference.append([c["paper_era"] for c in classes])
-        rows.append({"model": name, "layer": traces.layer, "top_m": m, **values,
-                     "paper_era_per_class": np.mean(per_class_reference, axis=0).tolist()})
-    return rows
+            row = rows[m]
+            row["pooled"].append(subjects.idc(name, m, seed).score(test).idc)
+            estimator = PerClassCoverage(ImportanceDrivenCoverage(top_m=m, seed=seed, progress=False), progress=False)
+            row["per_class"].append(estimator.fit(model, analysis).score(test).mean_idc)
+            original = traces.idc(test_values, test.labels, m, seed)
+            row["reference"].append(original["reference"])
+            row["paper_era"].append(original["paper_era"])
+            per_class[m].append(original["paper_era_per_class"])
+            for key, (values, labels) in union.items():
+                row[f"paper_era_U_O+{key}"].append(traces.idc(values, labels, m, seed)["paper_era"])
+    for m, row in rows.items():
+        row["paper_era_per_class"] = np.mean(per_class[m], axis=0).tolist()
+    return list(rows.values())
 
 
 def run(config: Config, subjects, log: Log) -> ExperimentResult:
     rows = []
-    for name in subjects.idc_models:
-        rows.extend(measure_model(config, subjects, name, log))
+    for index, name in enumerate(subjects.idc_models):
+        rows.extend(measure_model(config, subjects, name, index, log))
     meta = {"runs": config.rq2_runs, "analysis": subjects.analysis.name, "test": subjects.test.name,
             "test_inputs": len(subjects.test)}
     return ExperimentResult("idc_paper_era", rows, meta, config.to_dict())

@@ -7,7 +7,9 @@ A layer narrower than m (LeNet-1's conv1 has 4 channels) uses all of its neurons
 To explain differences between layers, each row also gives how alike the important neurons
 behave on U_O: the mean |Pearson r| between their activations, and their mean |r| with the
 amount of ink (mean pixel value) of the input. Strongly correlated neurons reach few of their
-cluster combinations.
+cluster combinations. ``paper_era_*``: each layer's IDC under the paper-era protocol (per class,
+reference LRP and clustering, comb_cov.py's pairing; :mod:`benchmarks.reproduce.idc_paper_era`),
+which DeepImportance's layer script used.
 """
 from __future__ import annotations
 
@@ -46,18 +48,25 @@ def measure_model(config: Config, subjects, name: str, model_index: int, log: Lo
         idc = ImportanceDrivenCoverage(layers="all", top_m=config.rq5_top_m, seed=run, progress=False).fit(
             model, subjects.analysis)
         original = idc.score(test)
-        with_di = idc.score(noisy_sets(config, subjects, name, model_index, run)["DI"], accumulate=original)
+        added = noisy_sets(config, subjects, name, model_index, run)["DI"]
+        with_di = idc.score(added, accumulate=original)
         activations = collect_activations(model.module, PreprocessedImages(test.images, model.preprocessing),
                                           idc.layers_)
         for layer, fitted in idc.fitted_layers_.items():
             row = by_layer.setdefault(layer, {"model": name, "layer": layer, "m": fitted.top_m, "combinations": [],
-                                              "U_O": [], "U_O+DI": [], "correlation": [], "ink_correlation": []})
+                                              "U_O": [], "U_O+DI": [], "correlation": [], "ink_correlation": [],
+                                              "paper_era_U_O": [], "paper_era_U_O+DI": []})
             row["combinations"].append(original[layer].total)
             row["U_O"].append(original[layer].idc)
             row["U_O+DI"].append(with_di[layer].idc)
             important = activations[layer][:, fitted.important_neurons]
             row["correlation"].append(mean_abs_correlation(important))
             row["ink_correlation"].append(ink_correlation(important, test.images))
+            traces = subjects.reference_traces(name, layer)
+            values = activations[layer]
+            row["paper_era_U_O"].append(traces.idc(values, test.labels, fitted.top_m, run)["paper_era"])
+            union = np.concatenate([values, traces.values(added.images)]), np.concatenate([test.labels, added.labels])
+            row["paper_era_U_O+DI"].append(traces.idc(*union, fitted.top_m, run)["paper_era"])
     return list(by_layer.values())
 
 

@@ -127,14 +127,19 @@ def idc_rq1(result: ExperimentResult) -> tuple[str, list[str]]:
     return text, checks
 
 
-def idc_rq2(result: ExperimentResult) -> tuple[str, list[str]]:
+def idc_rq2(result: ExperimentResult, paper_era: ExperimentResult | None = None) -> tuple[str, list[str]]:
+    """RQ2's table; with the paper-era results, their U_O figure beside each IDC row (same model and m)."""
+    era = {(r["model"], f"idc_{r['top_m']}"): r["paper_era"] for r in (paper_era.rows if paper_era else [])}
     rows = []
     for r in result.rows:
         paper_value = paper.IDC_UO.get((r["model"], r["criterion"]))
         combos = f"{int(_mean(r['combinations'])):,}" if r.get("combinations") else ""
+        era_value = era.get((r["model"], r["criterion"]))
         rows.append([r["model"], _criterion_name(r["criterion"]), combos, pct_ms(r["U_O"]), pct_ms(r["U_O+S"]),
-                     pct_ms(r["U_O+DI"]), "" if paper_value is None else f"{paper_value:.1f}"])
-    text = table(["model", "criterion", "combinations", "U_O %", "U_O+S %", "U_O+DI %", "paper U_O %"], rows)
+                     pct_ms(r["U_O+DI"]), "" if era_value is None else pct_ms(era_value),
+                     "" if paper_value is None else f"{paper_value:.1f}"])
+    text = table(["model", "criterion", "combinations", "U_O %", "U_O+S %", "U_O+DI %",
+                  "paper-era protocol U_O % (next section)", "paper U_O %"], rows)
     accuracy = result.meta.get("accuracy", {})
     if accuracy:
         text += "\n\nModel accuracy on the sets (mean over runs): " + "; ".join(
@@ -181,14 +186,16 @@ STAGE_HEADERS = {
 
 
 def idc_paper_era(result: ExperimentResult) -> tuple[str, list[str]]:
-    from benchmarks.reproduce.idc_paper_era import STAGES
+    from benchmarks.reproduce.idc_paper_era import EXTENDED, STAGES
 
     rows = []
     for r in result.rows:
         figure = paper.IDC_UO.get((r["model"], f"idc_{r['top_m']}"))
         rows.append([r["model"], r["layer"], r["top_m"]] + [pct_ms(r[stage]) for stage in STAGES]
-                    + ["" if figure is None else f"{figure:.1f}"])
-    text = table(["model", "layer", "m"] + [STAGE_HEADERS[s] for s in STAGES] + ["paper %"], rows)
+                    + ["" if figure is None else f"{figure:.1f}"]
+                    + [pct_ms(r[key]) if r.get(key) else "" for key in EXTENDED])
+    text = table(["model", "layer", "m"] + [STAGE_HEADERS[s] for s in STAGES] + ["paper U_O %"]
+                 + ["paper-era U_O+S %", "paper-era U_O+DI %"], rows)
     first = [r for r in result.rows if r["top_m"] == min(x["top_m"] for x in result.rows)]
     if first:
         text += ("\n\nPaper-era IDC per class (mean over seeds), m = " + str(first[0]["top_m"]) + ": " + "; ".join(
@@ -202,17 +209,23 @@ def paper_era_checks(result: ExperimentResult) -> list[str]:
 
     compared = [(r, paper.IDC_UO[(r["model"], f"idc_{r['top_m']}")]) for r in result.rows
                 if (r["model"], f"idc_{r['top_m']}") in paper.IDC_UO]
-    if not compared:
-        return ["No cell has a paper figure to compare with (tiny mode or other models)."]
-    gaps = {stage: [abs(100 * _mean(r[stage]) - value) for r, value in compared] for stage in STAGES}
-    closest = min(STAGES, key=lambda s: _mean(gaps[s]))
-    checks = [f"Mean absolute gap to the paper's {len(compared)} U_O figures, in points: " + "; ".join(
-        f"{STAGE_HEADERS[s].rstrip(' %')} {_mean(gaps[s]):.1f} (max {max(gaps[s]):.1f})" for s in STAGES)
-        + f". Closest: {STAGE_HEADERS[closest].rstrip(' %')}."]
-    checks.append("Cell by cell (paper-era / paper): " + "; ".join(
-        f"{r['model']} IDC_{r['top_m']} {pct(_mean(r['paper_era']))} / {value:.1f}" for r, value in compared) + ".")
+    checks = ["No cell has a paper figure to compare with (tiny mode or other models)."]
+    if compared:
+        gaps = {stage: [abs(100 * _mean(r[stage]) - value) for r, value in compared] for stage in STAGES}
+        closest = min(STAGES, key=lambda s: _mean(gaps[s]))
+        checks = [f"Mean absolute gap to the paper's {len(compared)} U_O figures, in points: " + "; ".join(
+            f"{STAGE_HEADERS[s].rstrip(' %')} {_mean(gaps[s]):.1f} (max {max(gaps[s]):.1f})" for s in STAGES)
+            + f". Closest: {STAGE_HEADERS[closest].rstrip(' %')}."]
+        checks.append("Cell by cell (paper-era / paper): " + "; ".join(
+            f"{r['model']} IDC_{r['top_m']} {pct(_mean(r['paper_era']))} / {value:.1f}" for r, value in compared) + ".")
     lowered = [r for r in result.rows if _mean(r["paper_era"]) < _mean(r["reference"])]
     checks.append(f"The pairing lowers per-class IDC in {len(lowered)} of {len(result.rows)} (model, m) rows.")
+    extended = [r for r in result.rows if r.get("paper_era_U_O+DI")]
+    if extended:
+        di = [r for r in extended if _mean(r["paper_era_U_O+DI"]) > _mean(r["paper_era_U_O+S"])]
+        s_o = [r for r in extended if _mean(r["paper_era_U_O+S"]) > _mean(r["paper_era"])]
+        checks.append(f"Under the paper-era protocol, U_O+DI > U_O+S in {len(di)} of {len(extended)} rows and "
+                      f"U_O+S > U_O in {len(s_o)} of {len(extended)} (the paper: DI > S > O).")
     return checks
 
 
@@ -269,19 +282,26 @@ def idc_rq3(result: ExperimentResult) -> tuple[str, list[str]]:
     matched = result.meta.get("matched_inputs")
     header = ["model", "set", "inputs", "attack success % (float / uint8)", "made in s"] + [f"IDC_{m} %" for m in ms] + \
         [c.upper() + " %" for c in CLASSIC] + [f"IDC_{m} %, U_O + first {matched}" for m in ms]
+    era = [m for m in ms if all(f"paper_era_idc_{m}" in r for r in result.rows)]
+    header += [f"paper-era IDC_{m} %" for m in era]
     rows = []
     for r in result.rows:
         success = "" if r["success"] is None else (
             f"{pct(r['success_float'])} / {pct(r['success'])}" if r["success_float"] is not None else f"- / {pct(r['success'])}")
         made = "" if r["set"] == "U_O" else f"{r['seconds']:.0f}"
         rows.append([r["model"], r["set"], f"{r['inputs']:,}", success, made] + [pct(r[f"idc_{m}"]) for m in ms]
-                    + [pct(r.get(c)) for c in CLASSIC] + [pct(r.get(f"matched_idc_{m}")) for m in ms])
-    return table(header, rows), [check for m in ms for check in rq3_checks(result, m)]
+                    + [pct(r.get(c)) for c in CLASSIC] + [pct(r.get(f"matched_idc_{m}")) for m in ms]
+                    + [pct(r[f"paper_era_idc_{m}"]) for m in era])
+    checks = [check for m in ms for check in rq3_checks(result, m)]
+    return table(header, rows), checks + [check for m in era for check in rq3_checks(result, m, "paper_era_idc")]
 
 
-def rq3_checks(result: ExperimentResult, m: int) -> list[str]:
+def rq3_checks(result: ExperimentResult, m: int, prefix: str = "idc") -> list[str]:
+    """Per model: each set's IDC_m gain over U_O and which adversarial sets beat the Gaussian one
+    (``prefix`` "paper_era_idc": under the paper-era protocol, which has no size-matched column)."""
     checks = []
-    key, matched_key = f"idc_{m}", f"matched_idc_{m}"
+    key, matched_key = f"{prefix}_{m}", f"matched_idc_{m}"
+    label = f"IDC_{m}" if prefix == "idc" else f"paper-era IDC_{m}"
     for model in dict.fromkeys(r["model"] for r in result.rows):
         rows = {r["set"]: r for r in result.rows if r["model"] == model}
         base = rows["U_O"][key]
@@ -290,19 +310,23 @@ def rq3_checks(result: ExperimentResult, m: int) -> list[str]:
         if gauss is None or not adversarial:
             continue
         above = [s.split("+")[1].upper() for s, r in adversarial.items() if r[key] > gauss[key]]
-        above_matched = [s.split("+")[1].upper() for s, r in adversarial.items()
-                         if r.get(matched_key, 0) > gauss.get(matched_key, 0)]
-        checks.append(f"{model} IDC_{m} gain over U_O: " + ", ".join(
+        text = (f"{model} {label} gain over U_O: " + ", ".join(
             f"{s.split('+')[1].upper()} {pct(r[key] - base)}" for s, r in rows.items() if s != "U_O")
             + f" points; adversarial sets above the Gaussian set: {len(above)} of {len(adversarial)} "
-            f"({', '.join(above) or 'none'}); size-matched: {len(above_matched)} of {len(adversarial)} "
-            f"({', '.join(above_matched) or 'none'}).")
+            f"({', '.join(above) or 'none'})")
+        if prefix == "idc":
+            above_matched = [s.split("+")[1].upper() for s, r in adversarial.items()
+                             if r.get(matched_key, 0) > gauss.get(matched_key, 0)]
+            text += f"; size-matched: {len(above_matched)} of {len(adversarial)} ({', '.join(above_matched) or 'none'})"
+        checks.append(text + ".")
     return checks
 
 
 def idc_rq5(result: ExperimentResult) -> tuple[str, list[str]]:
+    era = all(r.get("paper_era_U_O") for r in result.rows)
     rows = [[r["model"], r["layer"], r["m"], f"{int(_mean(r['combinations'])):,}", pct_ms(r["U_O"]),
              pct_ms(r["U_O+DI"]), num_ms(r.get("correlation", []), 2), num_ms(r.get("ink_correlation", []), 2)]
+            + ([pct_ms(r["paper_era_U_O"]), pct_ms(r["paper_era_U_O+DI"])] if era else [])
             for r in result.rows]
     checks = []
     for model in dict.fromkeys(r["model"] for r in result.rows):
@@ -310,8 +334,13 @@ def idc_rq5(result: ExperimentResult) -> tuple[str, list[str]]:
         rising = all(b[1] >= a[1] for a, b in zip(values, values[1:]))
         checks.append(f"{model}: IDC on U_O by layer " + ", ".join(f"{layer} {pct(v)}" for layer, v in values)
                       + (" (rises with depth)" if rising else " (does not rise steadily with depth)") + ".")
+    if era:
+        for model in dict.fromkeys(r["model"] for r in result.rows):
+            values = [(r["layer"], _mean(r["paper_era_U_O"])) for r in result.rows if r["model"] == model]
+            checks.append(f"{model}, paper-era protocol: " + ", ".join(f"{layer} {pct(v)}" for layer, v in values) + ".")
     return table(["model", "layer", "m", "combinations", "U_O %", "U_O+DI %", "important neurons' mean abs. correlation",
-                  "mean abs. correlation with ink"], rows), checks
+                  "mean abs. correlation with ink"] + (["paper-era U_O %", "paper-era U_O+DI %"] if era else []),
+                 rows), checks
 
 
 RQ6_MEASURES = (("clean", "clean test"), ("corrupted", "corrupted test, mean of corruptions"),
@@ -505,6 +534,7 @@ def render(results: dict[str, ExperimentResult | None], markdown_path: pathlib.P
             continue
         parts += [settings_line(result), "", _method(result), ""]
         text, checks = (dflare_rq4(result, markdown_path, out) if name == "dflare_rq4"
+                        else idc_rq2(result, results.get("idc_paper_era")) if name == "idc_rq2"
                         else globals()[name](result))
         parts += [text, "", "**Trend check (computed from the table):** " + " ".join(checks)]
         if name in paper.IDC_TRENDS and name != "idc_sensitivity":

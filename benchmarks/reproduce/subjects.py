@@ -179,6 +179,13 @@ class Subjects:
         return ClassicCoverage(progress=False).fit(self.idc_models[model_name], self.analysis)
 
     @functools.lru_cache(maxsize=None)
+    def reference_traces(self, model_name: str, layer: str | None = None):
+        """The paper-era protocol's reference relevance and per-class fits for one layer (default subject layer)."""
+        from benchmarks.reproduce.idc_paper_era import ReferenceTraces
+
+        return ReferenceTraces(self.idc_models[model_name], self.analysis, layer)
+
+    @functools.lru_cache(maxsize=None)
     def relevant_mask(self, model_name: str, fraction: float) -> np.ndarray:
         """(N, H, W) mask of each U_O input's most relevant pixels (input LRP), at most ``fraction``."""
         return relevant_pixel_mask(self.idc_models[model_name], self.test.images, fraction)
