@@ -34,12 +34,11 @@ def test_the_relus_after_convolutions_are_dropped_and_the_others_kept():
 def test_a_dense_layer_by_hand():
     """z-rule with the bias in the denominator: R_j = a_j w_jk / (sum_j a_j w_jk + b_k) R_k."""
     model = nn.Sequential()
-    model.add_module("hidden", nn.Identity())
+    model.add_module("hidden", nn.Flatten())  # a pass-through leaf the relevance is read at
     model.add_module("out", nn.Linear(2, 2))
     with torch.no_grad():
         model.out.weight[:] = torch.tensor([[1.0, 3.0], [0.0, 1.0]])
         model.out.bias[:] = torch.tensor([1.0, 0.0])
-    model.hidden = nn.Flatten()  # a pass-through leaf the relevance is read at
     x = torch.tensor([[[[2.0, 1.0]]]])  # logits: 1*2 + 3*1 + 1 = 6 and 1: class 0 starts with 6
     relevance = reference_relevance(model, x, "hidden")
     np.testing.assert_allclose(relevance, [[2 / 6 * 6, 3 / 6 * 6]])  # the bias keeps its 1/6 share

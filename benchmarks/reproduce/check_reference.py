@@ -24,13 +24,12 @@ import mlflow_di  # noqa: F401  (torchvision guard)
 import numpy as np
 import torch
 
-from mlflow_di.coverage.activations import PreprocessedImages, collect_activations
-from mlflow_di.coverage.quantize import choose_clusters
 from mlflow_di.data import load_images
 from mlflow_di.models.keras_import import import_keras
 
 from benchmarks.reproduce.config import default_shared
-from benchmarks.reproduce.reference_lrp import reference_relevance, summed_relevance
+from benchmarks.reproduce.idc_paper_era import ReferenceTraces
+from benchmarks.reproduce.reference_lrp import summed_relevance
 from benchmarks.results import write_section
 
 COMMIT = "91cb0a2"
@@ -59,14 +58,14 @@ def _channels_first(stored: np.ndarray) -> np.ndarray:
     return np.moveaxis(stored, -1, 0) if stored.ndim == 3 else stored
 
 
-def check_relevance(repo, model, name, train, predictions) -> list[dict]:
+def check_relevance(repo, traces: ReferenceTraces, name, train) -> list[dict]:
     """Stored totalR vs our summed reference relevance, per stored class file and layer."""
     rows = []
     for path in stored_files(repo, rf"experiments/{name}_totalR_(-?\d)_relevances\.h5"):
         label = int(re.search(r"totalR_(-?\d)_", path).group(1))
-        chosen = predictions == train.labels if label < 0 else (train.labels == label) & (predictions == label)
-        x = torch.as_tensor(np.asarray(model.preprocessing.apply(train.images[chosen])))
-        ours = summed_relevance(model.module, x)
+        chosen = traces.correct if label < 0 else (train.labels == label) & traces.correct
+        x = torch.as_tensor(np.asarray(traces.model.preprocessing.apply(train.images[chosen])))
+        ours = summed_relevance(traces.model.module, x)
         stored = read_h5(repo, path)
         neuron_errors, element_errors = [], []
         for index in range(len(stored)):
@@ -88,22 +87,19 @@ def _relative_error(ours: np.ndarray, theirs: np.ndarray) -> float:
     return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
 
 
-def check_centroids(repo, model, name, train, predictions) -> dict:
-    """Stored per-class centroids vs ours, neuron by neuron in the stored (ascending) order."""
-    layer, keras_index = SUBJECT[name]
-    x = torch.as_tensor(np.asarray(model.preprocessing.apply(train.images)))
-    relevance = reference_relevance(model.module, x, layer)
-    values = collect_activations(model.module, PreprocessedImages(train.images, model.preprocessing), [layer])[layer]
+def check_centroids(repo, traces: ReferenceTraces, name) -> dict:
+    """Stored per-class centroids vs ours (the paper-era experiment's own fits, k-means seed 0),
+    neuron by neuron in the stored (ascending) order."""
+    keras_index = SUBJECT[name][1]
     counts = {"neurons": 0, "same_k": 0, "same_centroids": 0, "files": 0}
     for path in stored_files(repo, rf"experiments/{name}_\d_{keras_index}_\d+_silhouette_quantization\.h5"):
         label, m = map(int, re.search(rf"{name}_(\d)_{keras_index}_(\d+)_", path).groups())
-        members = (train.labels == label) & (predictions == label)
-        important = np.sort(np.argsort(-relevance[members].sum(0), kind="stable")[:m])
+        order, centroids = traces.fit(label, m, seed=0)
         stored = read_h5(repo, path)
         counts["files"] += 1
-        for i, neuron in enumerate(important):
+        for i, neuron in enumerate(np.sort(order)):
             theirs = np.sort(np.ravel(stored[f"q{i}"]))
-            ours = np.sort(choose_clusters(values[members, neuron], seed=0, reference_quirks=True).centroids)
+            ours = np.sort(centroids[int(neuron)])
             counts["neurons"] += 1
             if len(ours) == len(theirs):
                 counts["same_k"] += 1
@@ -150,9 +146,9 @@ def main(argv=None) -> int:
     relevance_rows, centroid_rows = [], []
     for name in SUBJECT:
         model = import_keras(name.lower(), args.shared / "models" / "deepimportance" / f"{name}.h5")
-        predictions = model.classifier().predict(train.images)
-        relevance_rows += check_relevance(args.repo, model, name, train, predictions)
-        centroid_rows.append(check_centroids(args.repo, model, name, train, predictions))
+        traces = ReferenceTraces(model, train, SUBJECT[name][0])
+        relevance_rows += check_relevance(args.repo, traces, name, train)
+        centroid_rows.append(check_centroids(args.repo, traces, name))
         print(relevance_rows[-1], centroid_rows[-1], flush=True)
     section = render(relevance_rows, centroid_rows, "python -m benchmarks.reproduce.check_reference --repo PATH --write")
     print(section)

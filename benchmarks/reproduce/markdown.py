@@ -196,7 +196,8 @@ def idc_paper_era(result: ExperimentResult) -> tuple[str, list[str]]:
                     + [pct_ms(r[key]) if r.get(key) else "" for key in EXTENDED])
     text = table(["model", "layer", "m"] + [STAGE_HEADERS[s] for s in STAGES] + ["paper U_O %"]
                  + ["paper-era U_O+S %", "paper-era U_O+DI %"], rows)
-    first = [r for r in result.rows if r["top_m"] == min(x["top_m"] for x in result.rows)]
+    smallest = min((r["top_m"] for r in result.rows), default=None)
+    first = [r for r in result.rows if r["top_m"] == smallest]
     if first:
         text += ("\n\nPaper-era IDC per class (mean over seeds), m = " + str(first[0]["top_m"]) + ": " + "; ".join(
             f"{r['model']} " + " ".join(pct(v, 0) for v in r["paper_era_per_class"]) for r in first)
@@ -556,13 +557,11 @@ def _data_paragraph(results: dict) -> str:
     idc = [r.config for name, r in results.items() if r is not None and name.startswith("idc_") and name != "idc_rq6"]
     analysis = sorted({c["analysis_size"] for c in idc}) or [60_000]
     tests = sorted({c["test_size"] for c in idc}) or [10_000]
-    seeds = sorted({c["fuzz_seeds"] for n, r in results.items() if r is not None and n.startswith("dflare")
-                    for c in [r.config]}) or [500]
-    whole = [n for n in tests if n == 10_000]
+    seeds = sorted({r.config["fuzz_seeds"] for n, r in results.items() if r is not None and n.startswith("dflare")}) or [500]
     return ("**Data.** The analysis (\"training\") set for importance analysis, clustering and the criteria's bounds "
             f"is the **first {' / '.join(f'{n:,}' for n in analysis)} images of the 60,000-image MNIST training split**, "
             f"and the test set **U_O is the last {' / '.join(f'{n:,}' for n in tests)} images of the 10,000-image test "
-            "split**" + (" (all of it, as in the paper)" if whole and len(tests) == 1 else "") + ". DFlare's seeds are "
+            "split**" + (" (all of it, as in the paper)" if tests == [10_000] else "") + ". DFlare's seeds are "
             f"the first {' / '.join(str(n) for n in seeds)} test images (the paper: 500 test images). Reference models: "
             "the DeepImportance LeNet-1/4/5 (Keras HDF5 ported to PyTorch) and the DFlare LeNet-1/5 with their TFLite "
             "versions, from ../shared.")

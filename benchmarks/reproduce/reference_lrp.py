@@ -91,11 +91,6 @@ def _backward(layers, values):
         relevance = _propagate(layers[index][1], values[index], relevance)
 
 
-def reference_predictions(module: nn.Module, x: torch.Tensor) -> np.ndarray:
-    """The ReLU-less network's predicted classes (the start of its relevance)."""
-    return reference_forward(reference_layers(module), x)[-1].argmax(1).numpy()
-
-
 def _start_relevance(logits: torch.Tensor) -> torch.Tensor:
     mask = F.one_hot(logits.argmax(1), logits.shape[1]).to(logits.dtype)
     return logits * mask
