@@ -52,6 +52,17 @@ def test_noise_saturates_instead_of_wrapping():
     assert brightened.min() == 255  # 200 * 1.49 = 298 clips to 255
 
 
+def test_saturation_rounds_half_to_even_and_clips_like_numpy():
+    from mlflow_di.fuzz.mutations import _saturate
+
+    ties = np.arange(-3, 260, 0.5, dtype=np.float32)
+    spread = np.random.default_rng(0).normal(128, 200, 30_000).astype(np.float32)
+    for values in (ties.reshape(1, -1, 1), spread.reshape(100, 100, 3)):
+        expected = np.clip(np.rint(values), 0, 255).astype(np.uint8)
+        np.testing.assert_array_equal(_saturate(values.copy()), expected)
+    assert _saturate(np.array([[[0.5, 1.5, 2.5, -0.5, 255.5]]], np.float32)).tolist() == [[[0, 2, 2, 0, 255]]]
+
+
 def test_gaussian_noise_is_unbiased_and_small():
     rng = np.random.default_rng(0)
     image = np.full((64, 64, 1), 128, np.uint8)
@@ -111,7 +122,7 @@ def test_default_operators_are_the_seven_of_the_reference():
         operator_names([GaussianNoise(), GaussianNoise()])
 
 
-@pytest.mark.parametrize("shape", [(28, 28, 1), (9, 9, 3), (6, 6, 2)])
+@pytest.mark.parametrize("shape", [(28, 28, 1), (9, 9, 3), (6, 6, 2), (48, 48, 3)])  # 48x48x3: the uint8 path
 @pytest.mark.parametrize("k", [3, 5, 7])
 def test_median_blur_equals_opencv_on_uint8(shape, k):
     import cv2

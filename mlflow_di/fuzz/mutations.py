@@ -41,15 +41,19 @@ from mlflow_di.fuzz._random import draw_index
 _MEDIAN_CHANNELS = (1, 3, 4)
 #: Kernel sizes OpenCV's median filter also accepts on float32 images.
 _FLOAT_MEDIAN_KERNELS = (3, 5)
+#: Images with at most this many values take the float32 median (several times faster on MNIST
+#: sizes); larger ones the uint8 one (16x faster for k = 3 at 224x224x3). Both give the same image.
+_FLOAT_MEDIAN_MAX_VALUES = 4096
 
 
-def _saturate_in_place(values: np.ndarray) -> np.ndarray:
-    """Float pixel values -> uint8 by rounding and clipping (never wrapping); ``values`` is a
-    scratch array the caller no longer needs."""
-    np.rint(values, out=values)
-    np.maximum(values, 0, out=values)  # np.clip's wrapper costs more than both on 784 values
-    np.minimum(values, 255, out=values)
-    return values.astype(np.uint8)
+def _saturate(values: np.ndarray) -> np.ndarray:
+    """Float32 pixel values -> uint8, rounded half to even and clipped to 0..255 (never wrapping).
+
+    One OpenCV pass (its saturating cast rounds like ``np.rint``); the same bytes as
+    ``np.clip(np.rint(values), 0, 255).astype(np.uint8)`` in a quarter of the time at 224x224x3.
+    """
+    flat = values.reshape(values.shape[0], -1)  # one channel per cv2 value: any channel count works
+    return cv2.add(flat, 0.0, dtype=cv2.CV_8U).reshape(values.shape)
 
 
 def _with_channel_axis(filtered: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -68,7 +72,7 @@ class GaussianNoise:
         values = rng.standard_normal(image.shape, dtype=np.float32)
         values *= np.float32(self.sigma)
         values += image  # in place: the same float32 sums as image + noise, without temporaries
-        return _saturate_in_place(values)
+        return _saturate(values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +112,7 @@ class MultiplicativeNoise:
         values *= np.float32(sigma)
         values += np.float32(1.0 + mean)
         values *= image  # in place: the same float32 products as image * factor
-        return _saturate_in_place(values)
+        return _saturate(values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +165,7 @@ class MedianBlur:
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         k = self.kernels[draw_index(rng, len(self.kernels))]
         if image.shape[2] in _MEDIAN_CHANNELS:
-            if k in _FLOAT_MEDIAN_KERNELS:
+            if k in _FLOAT_MEDIAN_KERNELS and image.size <= _FLOAT_MEDIAN_MAX_VALUES:
                 # Same result (a median of integers is one of them), several times faster on small images.
                 return _with_channel_axis(cv2.medianBlur(image.astype(np.float32), k).astype(np.uint8), image)
             return _with_channel_axis(cv2.medianBlur(image, k), image)
