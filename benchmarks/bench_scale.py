@@ -5,7 +5,8 @@ For each family (random weights, generated images labelled by the model itself):
 - scoring every criterion per image vs one plain forward pass per image;
 - DFlare's campaign seconds per query vs the two models' own batched inference per input (the
   original against a copy of itself on the same device, so every seed runs its full query budget
-  and the ratio is the search's overhead: mutations, fitness, novelty, bookkeeping);
+  and the ratio is the search's overhead: mutations, fitness, novelty, bookkeeping), with the
+  searches' share of a query and each mutation operator's milliseconds per call at this size;
 - peak memory (process RSS, and the GPU's allocator peak on CUDA).
 
     .venv/bin/python -m benchmarks.bench_scale [--families resnet18,mobilenet_v3_small] [--device auto]
@@ -67,6 +68,7 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     from mlflow_di.coverage.suite import CoverageSuite
     from mlflow_di.data import ImageSet
     from mlflow_di.fuzz.campaign import run_campaign
+    from mlflow_di.fuzz.mutations import MedianBlur, default_operators
     from mlflow_di.models.classifier import TorchClassifier
     from mlflow_di.models.device import describe_device, resolve_device
     from mlflow_di.models.preprocessing import Preprocessing
@@ -109,6 +111,11 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     both_models = _timed(lambda: (classifier.predict_proba(images[:seeds]), pruned.predict_proba(images[:seeds])),
                          device, 3) / seeds
     per_query = campaign / max(total_queries, 1)
+    stats = result.run_stats
+    rng = np.random.default_rng(0)
+    operators = [(op.name, op) for op in default_operators()]
+    operators += [(f"median_blur_k{k}", MedianBlur(kernels=(k,))) for k in (3, 5, 7)]  # its cost varies with k
+    mutation = {name: _timed(lambda op=op: op(images[0], rng), torch.device("cpu"), 20) for name, op in operators}
     peak = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
     if device.type == "cuda":
         peak["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20)
@@ -119,6 +126,10 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
             "score_all_ms_per_image": round(score_all * 1e3, 3), "score_all_ratio": round(score_all / fwd, 2),
             "campaign_queries": total_queries, "campaign_ms_per_query": round(per_query * 1e3, 3),
             "models_ms_per_input": round(both_models * 1e3, 3), "campaign_overhead_ratio": round(per_query / both_models, 2),
+            # where a query's time went: the searches (mutations, fitness, selection) vs the models' calls
+            "campaign_search_ms_per_query": round(stats.search_seconds / max(total_queries, 1) * 1e3, 3),
+            "campaign_model_ms_per_input": round(stats.model_seconds / max(stats.inputs, 1) * 1e3, 3),
+            "mutation_ms_per_call": {name: round(seconds * 1e3, 3) for name, seconds in mutation.items()},
             **peak}
 
 
@@ -129,11 +140,12 @@ def section(rows: list[dict], device_type: str, command: str) -> str:
              f"Command: `{command}`  ", f"Machine: {platform.machine()}, {device}; random-init torchvision models, "
              f"generated {rows[0]['size']}x{rows[0]['size']} RGB images labelled by the model itself.", "",
              "| family | IDC fit / (fwd+bwd) | score all criteria / fwd | campaign s per query / models' inference per input "
-             "| fwd+bwd ms/img | fwd ms/img | campaign ms/query | peak RSS MiB | peak GPU MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| fwd+bwd ms/img | fwd ms/img | campaign ms/query | of which searches | peak RSS MiB | peak GPU MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['family']} | {r['idc_fit_ratio']} | {r['score_all_ratio']} | {r['campaign_overhead_ratio']} | "
                      f"{r['forward_backward_ms_per_image']} | {r['forward_ms_per_image']} | {r['campaign_ms_per_query']} | "
+                     f"{r.get('campaign_search_ms_per_query', '-')} | "
                      f"{r['peak_rss_mib']} | {r.get('peak_gpu_mib', '-')} |")
     lines += ["", "```", *(json.dumps(r) for r in rows), "```", end]
     return "\n".join(lines)
