@@ -68,7 +68,9 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     from mlflow_di.coverage.suite import CoverageSuite
     from mlflow_di.data import ImageSet
     from mlflow_di.fuzz.campaign import run_campaign
-    from mlflow_di.fuzz.mutations import MedianBlur, default_operators
+    from mlflow_di.fuzz.device_mutations import mutation_device, on_device, with_operators_on
+    from mlflow_di.fuzz.dflare import DFlare
+    from mlflow_di.fuzz.mutations import MedianBlur
     from mlflow_di.models.classifier import TorchClassifier
     from mlflow_di.models.device import describe_device, resolve_device
     from mlflow_di.models.preprocessing import Preprocessing
@@ -105,7 +107,10 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     pruned = TorchClassifier(copy.deepcopy(model.module), preprocessing, f"{family}-copy")
     seed_set = data.subset(slice(0, seeds))
     started = time.perf_counter()
-    result = run_campaign(classifier, pruned, seed_set, max_queries=queries, timeout=1e9, batch=seeds, progress=False)
+    mutations_on = mutation_device(classifier)  # as the fuzz command does: the GPU of a CUDA original
+    strategy = with_operators_on(DFlare(), mutations_on)
+    result = run_campaign(classifier, pruned, seed_set, strategy=strategy, max_queries=queries, timeout=1e9,
+                          batch=seeds, progress=False)
     campaign = time.perf_counter() - started
     total_queries = sum(r.queries for r in result.records)
     both_models = _timed(lambda: (classifier.predict_proba(images[:seeds]), pruned.predict_proba(images[:seeds])),
@@ -113,8 +118,9 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     per_query = campaign / max(total_queries, 1)
     stats = result.run_stats
     rng = np.random.default_rng(0)
-    operators = [(op.name, op) for op in default_operators()]
-    operators += [(f"median_blur_k{k}", MedianBlur(kernels=(k,))) for k in (3, 5, 7)]  # its cost varies with k
+    operators = [(op.name, op) for op in strategy.operators]
+    operators += [(f"median_blur_k{k}", op) for k in (3, 5, 7)  # its cost varies with k
+                  for op in on_device([MedianBlur(kernels=(k,))], mutations_on)]
     mutation = {name: _timed(lambda op=op: op(images[0], rng), torch.device("cpu"), 20) for name, op in operators}
     peak = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
     if device.type == "cuda":
@@ -129,6 +135,7 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
             # where a query's time went: the searches (mutations, fitness, selection) vs the models' calls
             "campaign_search_ms_per_query": round(stats.search_seconds / max(total_queries, 1) * 1e3, 3),
             "campaign_model_ms_per_input": round(stats.model_seconds / max(stats.inputs, 1) * 1e3, 3),
+            "mutations_on": str(mutations_on or "cpu"),
             "mutation_ms_per_call": {name: round(seconds * 1e3, 3) for name, seconds in mutation.items()},
             **peak}
 

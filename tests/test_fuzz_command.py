@@ -69,6 +69,7 @@ def test_a_campaign_logs_success_by_class_and_how_far_triggers_are_from_their_se
     labels = {r.label for r in result.records if not r.already_deviating}
     assert {f"class_success_rate.{label}" for label in labels} <= set(metrics)
     assert run.data.params["max_linf"] == "48"
+    assert run.data.params["mutations_on"] == "cpu"  # the GPU only for a CUDA original (fuzz/device_mutations.py)
     paths = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "fuzz")}
     assert {"fuzz/per_class.json", "fuzz/trigger_matrix.json", "fuzz/trigger_distances.json"} <= paths
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mlflow_di.fuzz import DFlare, run_campaign
+from mlflow_di.fuzz.device_mutations import with_operators_on
 from mlflow_di.fuzz.dflare import MAX_STRENGTH
 from mlflow_di.fuzz.fitness import log_margin
 from mlflow_di.fuzz.strategies import STRATEGIES, make_strategy
@@ -193,8 +194,9 @@ def seeds():
 
 @pytest.mark.parametrize("strategy", ["dflare", "dflare-d", "dflare-r", "dflare-paper",
                                       DFlare(name="plateaus", restart=5, escalate=3),
-                                      DFlare(name="strict", acceptance="strict")],
-                         ids=["dflare", "dflare-d", "dflare-r", "dflare-paper", "plateaus", "strict"])
+                                      DFlare(name="strict", acceptance="strict"),
+                                      with_operators_on(DFlare(name="device-operators"), "cpu")],
+                         ids=["dflare", "dflare-d", "dflare-r", "dflare-paper", "plateaus", "strict", "device-operators"])
 def test_each_strategy_is_deterministic_and_independent_of_batch(seeds, strategy):
     pair = (Brightness(LOW, classes=3), Brightness(HIGH, classes=3))
     runs = [run_campaign(*pair, seeds, strategy=strategy, max_queries=400, timeout=1e6, batch=batch, seed=2,

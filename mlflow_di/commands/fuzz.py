@@ -111,6 +111,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.fuzz.campaign import run_campaigns
+    from mlflow_di.fuzz.device_mutations import mutation_device, with_operators_on
     from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error
     from mlflow_di.models.loading import load_classifier
@@ -132,6 +133,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     else:
         original_model = load_classifier(original_ref, preprocessing_original, device)
         compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
+    mutations_on = None if white_box else mutation_device(original_model, executor)  # a CUDA original's GPU
+    search = with_operators_on(search, mutations_on)
     raw_seeds = load_images(seed_data)
     seeds = original_model.preprocessing.prepare(raw_seeds)  # lazy: resized per batch if the model says so
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
@@ -173,7 +176,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     params = {"original": original, "seed_data": seed_data, "num_seeds": len(seeds), "timeout": timeout,
               "max_queries": max_queries, "strategy": strategy, "max_linf": max_linf, "min_ssim": min_ssim,
               "batch": batch, "seed": seed, "resume": resume, "original_runs_on": original_model.provider,
-              "workers": workers, **({"ray_address": ray_address} if workers else {}),
+              "workers": workers, **({"ray_address": ray_address} if workers else {}), "mutations_on": str(mutations_on or "cpu"),
               **({f"dx_{key}": value for key, value in search.options().items()} if white_box else {})}
     with runs.tracked_run(run_name, tags=tags) as log:
         log.params({**params, "compressed": ",".join(compressed), "out_dir": str(folder),
@@ -182,6 +185,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                    + (f" against {len(compressed)} compressed models" if several else "") + f"; campaign folder {folder}")
         click.echo(f"original runs on {original_model.provider}, compressed on "
                    f"{', '.join(sorted({m.provider for m in compressed_models}))}")
+        if mutations_on is not None:
+            click.echo(f"noise and median-blur mutations run on {mutations_on}")
         if executor is not None:
             click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of {batch} seeds; "
                        "this process writes the campaign folder")

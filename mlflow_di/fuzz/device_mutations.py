@@ -1,0 +1,142 @@
+"""DFlare's costly mutation operators on a torch device: the GPU the models already run on.
+
+At 224x224x3 the two noise operators cost ~1.6 ms per call on the CPU (150,528 normal draws) and
+the median blur up to 4.5 ms (k = 7), while a GPU runs both models in ~0.17 ms per input
+(benchmarks/RESULTS.md, bench_scale). :func:`on_device` swaps those three operators for versions
+that do the per-value work on the device; the other four (salt and pepper, pixel change, box and
+Gaussian blur) cost 0.01-0.08 ms on the CPU and stay there.
+
+What stays the same: each operator's name (operator statistics and Metropolis-Hastings selection
+are keyed by it), its parameter draws (mean, variance, kernel size) from the seed's generator,
+rounding to the nearest level and saturation at 0 and 255, and the result: a new uint8 NumPy
+image. The median is exact, so :class:`DeviceMedianBlur` returns the bytes :class:`MedianBlur`
+does. What changes: the noise values come from a torch generator seeded by one 63-bit draw of the
+seed's generator instead of from the seed's generator itself, so the noise operators draw from the
+same distributions but not the same values as on the CPU, and a campaign's records on the device
+differ from its records on the CPU (each is reproducible, and independent of ``--batch``, on its
+own device). The operators' ``repr`` names the device, so a campaign folder refuses to resume on
+the other kind of operators.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from mlflow_di.fuzz._random import draw_index
+from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise, Operator
+
+#: Largest seed a torch generator takes from one draw of the seed's generator.
+_KEY_LIMIT = 2**63 - 1
+
+
+def _noise(shape: tuple, rng: np.random.Generator, device: str):
+    """Standard normal values on ``device`` from a torch generator keyed by one draw of ``rng``."""
+    import torch
+
+    generator = torch.Generator(device=device).manual_seed(int(rng.integers(0, _KEY_LIMIT)))
+    return torch.randn(shape, generator=generator, device=device)
+
+
+def _to_device(image: np.ndarray, device: str):
+    import torch
+
+    return torch.from_numpy(image).to(device)
+
+
+def _saturated(values) -> np.ndarray:
+    """Float values on the device -> uint8 NumPy image, rounded half to even and clipped (as on the CPU)."""
+    import torch
+
+    return values.round_().clamp_(0, 255).to(torch.uint8).cpu().numpy()
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceGaussianNoise:
+    """:class:`~mlflow_di.fuzz.mutations.GaussianNoise` with its noise drawn and added on ``device``."""
+
+    device: str
+    sigma: float = math.sqrt(0.1)
+    name: str = "gaussian_noise"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        noise = _noise(image.shape, rng, self.device)
+        return _saturated(noise.mul_(self.sigma).add_(_to_device(image, self.device)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMultiplicativeNoise:
+    """:class:`~mlflow_di.fuzz.mutations.MultiplicativeNoise` on ``device``: mean and variance drawn
+    from the seed's generator as on the CPU, the per-value factors on the device."""
+
+    device: str
+    mean_low: float = -0.5
+    mean_high: float = 0.5
+    var_max: float = 0.05
+    name: str = "multiplicative_noise"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        mean = self.mean_low + (self.mean_high - self.mean_low) * rng.random()
+        sigma = math.sqrt(self.var_max * rng.random())
+        factor = _noise(image.shape, rng, self.device).mul_(sigma).add_(1.0 + mean)
+        return _saturated(factor.mul_(_to_device(image, self.device)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMedianBlur:
+    """:class:`~mlflow_di.fuzz.mutations.MedianBlur` on ``device``: the same kernel draw and the same
+    bytes (the median of an odd number of integers is one of them; borders replicated as OpenCV does)."""
+
+    device: str
+    kernels: tuple[int, ...] = (1, 3, 5, 7)
+    name: str = "median_blur"
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        import torch
+        import torch.nn.functional as F
+
+        k = self.kernels[draw_index(rng, len(self.kernels))]
+        if k == 1:
+            return image.copy()
+        height, width, channels = image.shape
+        planes = _to_device(image, self.device).permute(2, 0, 1)[None].to(torch.float32)  # exact for 0..255
+        padded = F.pad(planes, (k // 2,) * 4, mode="replicate")
+        windows = padded.unfold(2, k, 1).unfold(3, k, 1).reshape(channels, height, width, k * k)
+        return windows.median(dim=-1).values.to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+
+
+def on_device(operators: Sequence[Operator], device) -> tuple[Operator, ...]:
+    """``operators`` with DFlare's noise operators and median blur (default settings or not) moved to
+    ``device``; any other operator, and every operator when ``device`` is None, is kept as it is."""
+    if device is None:
+        return tuple(operators)
+    device = str(device)
+    moved = []
+    for op in operators:
+        if type(op) is GaussianNoise:
+            op = DeviceGaussianNoise(device, op.sigma)
+        elif type(op) is MultiplicativeNoise:
+            op = DeviceMultiplicativeNoise(device, op.mean_low, op.mean_high, op.var_max)
+        elif type(op) is MedianBlur:
+            op = DeviceMedianBlur(device, op.kernels)
+        moved.append(op)
+    return tuple(moved)
+
+
+def mutation_device(original, executor=None):
+    """Where a campaign's costly operators should run: the CUDA device of a PyTorch original searched
+    in this process, else None (the CPU operators: a CPU device gains nothing from torch here)."""
+    device = getattr(original, "device", None)
+    if executor is not None or device is None or getattr(device, "type", None) != "cuda":
+        return None
+    return device
+
+
+def with_operators_on(strategy, device):
+    """``strategy`` with its operators moved by :func:`on_device` (strategies without DFlare's
+    ``operators``, and a None device, are returned unchanged)."""
+    if device is None or not hasattr(strategy, "operators"):
+        return strategy
+    return dataclasses.replace(strategy, operators=on_device(strategy.operators, device))
