@@ -20,12 +20,10 @@ the other kind of operators.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import numpy as np
 
-from mlflow_di.fuzz._random import draw_index
 from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise, Operator
 
 #: Largest seed a torch generator takes from one draw of the seed's generator.
@@ -54,12 +52,10 @@ def _saturated(values) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceGaussianNoise:
+class DeviceGaussianNoise(GaussianNoise):
     """:class:`~mlflow_di.fuzz.mutations.GaussianNoise` with its noise drawn and added on ``device``."""
 
-    device: str
-    sigma: float = math.sqrt(0.1)
-    name: str = "gaussian_noise"
+    device: str = "cpu"
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         noise = _noise(image.shape, rng, self.device)
@@ -67,37 +63,30 @@ class DeviceGaussianNoise:
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceMultiplicativeNoise:
+class DeviceMultiplicativeNoise(MultiplicativeNoise):
     """:class:`~mlflow_di.fuzz.mutations.MultiplicativeNoise` on ``device``: mean and variance drawn
     from the seed's generator as on the CPU, the per-value factors on the device."""
 
-    device: str
-    mean_low: float = -0.5
-    mean_high: float = 0.5
-    var_max: float = 0.05
-    name: str = "multiplicative_noise"
+    device: str = "cpu"
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        mean = self.mean_low + (self.mean_high - self.mean_low) * rng.random()
-        sigma = math.sqrt(self.var_max * rng.random())
+        mean, sigma = self.draw_factor(rng)
         factor = _noise(image.shape, rng, self.device).mul_(sigma).add_(1.0 + mean)
         return _saturated(factor.mul_(_to_device(image, self.device)))
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceMedianBlur:
+class DeviceMedianBlur(MedianBlur):
     """:class:`~mlflow_di.fuzz.mutations.MedianBlur` on ``device``: the same kernel draw and the same
     bytes (the median of an odd number of integers is one of them; borders replicated as OpenCV does)."""
 
-    device: str
-    kernels: tuple[int, ...] = (1, 3, 5, 7)
-    name: str = "median_blur"
+    device: str = "cpu"
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         import torch
         import torch.nn.functional as F
 
-        k = self.kernels[draw_index(rng, len(self.kernels))]
+        k = self.draw_kernel(rng)
         if k == 1:
             return image.copy()
         height, width, channels = image.shape
@@ -107,20 +96,22 @@ class DeviceMedianBlur:
         return windows.median(dim=-1).values.to(torch.uint8).permute(1, 2, 0).cpu().numpy()
 
 
+#: CPU operator type -> its device version (a subclass with a ``device`` field).
+_ON_DEVICE = {GaussianNoise: DeviceGaussianNoise, MultiplicativeNoise: DeviceMultiplicativeNoise,
+              MedianBlur: DeviceMedianBlur}
+
+
 def on_device(operators: Sequence[Operator], device) -> tuple[Operator, ...]:
     """``operators`` with DFlare's noise operators and median blur (default settings or not) moved to
     ``device``; any other operator, and every operator when ``device`` is None, is kept as it is."""
     if device is None:
         return tuple(operators)
-    device = str(device)
     moved = []
     for op in operators:
-        if type(op) is GaussianNoise:
-            op = DeviceGaussianNoise(device, op.sigma)
-        elif type(op) is MultiplicativeNoise:
-            op = DeviceMultiplicativeNoise(device, op.mean_low, op.mean_high, op.var_max)
-        elif type(op) is MedianBlur:
-            op = DeviceMedianBlur(device, op.kernels)
+        device_type = _ON_DEVICE.get(type(op))  # exact types: a subclass may compute something else
+        if device_type is not None:
+            settings = {field.name: getattr(op, field.name) for field in dataclasses.fields(op)}
+            op = device_type(**settings, device=str(device))
         moved.append(op)
     return tuple(moved)
 

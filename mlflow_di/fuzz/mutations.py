@@ -105,9 +105,13 @@ class MultiplicativeNoise:
     var_max: float = 0.05
     name: str = "multiplicative_noise"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def draw_factor(self, rng: np.random.Generator) -> tuple[float, float]:
+        """This call's mean and standard deviation of the per-value factor n."""
         mean = self.mean_low + (self.mean_high - self.mean_low) * rng.random()
-        sigma = math.sqrt(self.var_max * rng.random())
+        return mean, math.sqrt(self.var_max * rng.random())
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        mean, sigma = self.draw_factor(rng)
         values = rng.standard_normal(image.shape, dtype=np.float32)
         values *= np.float32(sigma)
         values += np.float32(1.0 + mean)
@@ -162,8 +166,11 @@ class MedianBlur:
     kernels: tuple[int, ...] = (1, 3, 5, 7)
     name: str = "median_blur"
 
+    def draw_kernel(self, rng: np.random.Generator) -> int:
+        return self.kernels[draw_index(rng, len(self.kernels))]
+
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        k = self.kernels[draw_index(rng, len(self.kernels))]
+        k = self.draw_kernel(rng)
         if image.shape[2] in _MEDIAN_CHANNELS:
             if k in _FLOAT_MEDIAN_KERNELS and image.size <= _FLOAT_MEDIAN_MAX_VALUES:
                 # Same result (a median of integers is one of them), several times faster on small images.
