@@ -176,7 +176,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     params = {"original": original, "seed_data": seed_data, "num_seeds": len(seeds), "timeout": timeout,
               "max_queries": max_queries, "strategy": strategy, "max_linf": max_linf, "min_ssim": min_ssim,
               "batch": batch, "seed": seed, "resume": resume, "original_runs_on": original_model.provider,
-              "workers": workers, **({"ray_address": ray_address} if workers else {}), "mutations_on": str(mutations_on or "cpu"),
+              "workers": workers, **({"ray_address": ray_address} if workers else {}),
+              "mutations_on": str(mutations_on or "cpu"),
               **({f"dx_{key}": value for key, value in search.options().items()} if white_box else {})}
     with runs.tracked_run(run_name, tags=tags) as log:
         log.params({**params, "compressed": ",".join(compressed), "out_dir": str(folder),

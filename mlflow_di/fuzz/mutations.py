@@ -167,6 +167,7 @@ class MedianBlur:
     name: str = "median_blur"
 
     def draw_kernel(self, rng: np.random.Generator) -> int:
+        """This call's kernel size, one of ``kernels``."""
         return self.kernels[draw_index(rng, len(self.kernels))]
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
