@@ -16,7 +16,7 @@ from torch import nn
 
 import mlflow_di._compat  # noqa: F401  (torchvision on the CPU build of torch)
 
-from benchmarks.check_lrp_conservation import FAMILIES, bias_free, family_model, lrp_logits
+from benchmarks.check_lrp_conservation import FAMILIES, SIZE, bias_free, family_model, lrp_logits
 
 from mlflow_di.cli import main
 from mlflow_di.coverage.relevance import input_relevance
@@ -25,14 +25,8 @@ from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
 from mlflow_di.models.preprocessing import Preprocessing
 from mlflow_di.models.torch_model import TorchModel
 
-SIZE = 32
 PREPROCESSING = Preprocessing(scale=1 / 255, mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375),
                               layout="NCHW", output="logits", input_shape=(SIZE, SIZE, 3))
-
-
-def build(family: str) -> nn.Module:
-    """The family's seeded random-init model, its batch norms fitted (see ``family_model``)."""
-    return family_model(family, SIZE)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -45,7 +39,7 @@ def test_lrp_conserves_relevance_through_the_family(family):
     logit, mistook for relevance lost by signed activations. In float64 the same rules conserve the
     float64 logit (benchmarks/check_lrp_conservation.py, figures in benchmarks/RESULTS.md)."""
     inputs = torch.rand(4, 3, SIZE, SIZE)
-    model = bias_free(build(family), inputs)
+    model = bias_free(family_model(family), inputs)
     start = lrp_logits(model, inputs).max(dim=1).values.numpy()
     relevance = input_relevance(model, inputs, epsilon=1e-20, progress=False)
     ratio = relevance.reshape(len(inputs), -1).sum(axis=1) / start
@@ -76,7 +70,7 @@ def test_static_int8_export_of_the_family_runs(family, tmp_path):
     from mlflow_di.models.classifier import OnnxClassifier
 
     images = np.random.default_rng(1).integers(0, 256, (16, SIZE, SIZE, 3), dtype=np.uint8)
-    result = compress(build(family), PREPROCESSING, "int8-static", str(tmp_path), calib_inputs=images[:8])
+    result = compress(family_model(family), PREPROCESSING, "int8-static", str(tmp_path), calib_inputs=images[:8])
     probabilities = OnnxClassifier(result.path).predict_proba(images)
     assert probabilities.shape == (16, 10) and np.allclose(probabilities.sum(axis=1), 1, atol=1e-4)
 
@@ -85,7 +79,7 @@ def test_static_int8_export_of_the_family_runs(family, tmp_path):
 def test_pruning_reaches_its_sparsity_on_the_family(family):
     from mlflow_di.compression import prune_l1, prune_structured
 
-    module = build(family)
+    module = family_model(family)
     assert prune_l1(module, 0.3).sparsity == pytest.approx(0.3, abs=0.01)
     pruned = prune_structured(module, 0.25)
     inputs = torch.rand(2, 3, SIZE, SIZE)
@@ -97,7 +91,7 @@ def test_pruning_reaches_its_sparsity_on_the_family(family):
 def registered(tracking_uri, tmp_path, request):
     """The family registered as models:/<family>/1, and an npz of 48 images labelled by the model."""
     family = request.param
-    model = TorchModel(build(family), PREPROCESSING, name=family, metadata={"arch": family})
+    model = TorchModel(family_model(family), PREPROCESSING, name=family, metadata={"arch": family})
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (48, SIZE, SIZE, 3), dtype=np.uint8)
     labels = model.classifier().predict(images)
@@ -140,7 +134,7 @@ def test_fitting_the_classic_criteria_leaves_a_batch_norm_model_in_eval_mode_and
     from mlflow_di.coverage.suite import CoverageSuite
     from mlflow_di.data import ImageSet
 
-    model = TorchModel(build("resnet18"), PREPROCESSING, "resnet18")
+    model = TorchModel(family_model("resnet18"), PREPROCESSING, "resnet18")
     images = np.random.default_rng(0).integers(0, 256, (8, SIZE, SIZE, 3), dtype=np.uint8)
     inputs = model.to_tensor(images)
     with torch.no_grad():

@@ -120,9 +120,7 @@ def mutation_device(original, executor=None):
     """Where a campaign's costly operators should run: the CUDA device of a PyTorch original searched
     in this process, else None (the CPU operators: a CPU device gains nothing from torch here)."""
     device = getattr(original, "device", None)
-    if executor is not None or device is None or getattr(device, "type", None) != "cuda":
-        return None
-    return device
+    return device if executor is None and getattr(device, "type", None) == "cuda" else None
 
 
 def with_operators_on(strategy, device):
