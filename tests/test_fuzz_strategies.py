@@ -12,8 +12,10 @@ import pytest
 
 from mlflow_di.fuzz import DFlare, run_campaign
 from mlflow_di.fuzz.device_mutations import with_operators_on
-from mlflow_di.fuzz.dflare import MAX_STRENGTH
-from mlflow_di.fuzz.fitness import log_margin
+from mlflow_di.fuzz import dflare as dflare_module
+from mlflow_di.fuzz.dflare import MAX_STRENGTH, same_image
+from mlflow_di.fuzz import fitness as fitness_module
+from mlflow_di.fuzz.fitness import LIST_SCORING_MAX_CLASSES, log_margin, log_margin_list
 from mlflow_di.fuzz.strategies import STRATEGIES, make_strategy
 
 from tests.test_fuzz_campaign import Brightness, HIGH, LOW, _comparable
@@ -65,6 +67,64 @@ def test_log_margin_on_hand_computed_vectors():
     # both top-1 probabilities "saturated": the runner-up still carries the signal
     assert log_margin(np.array([1.0, 1e-12, 0.0], np.float32)) == pytest.approx(-math.log(1e-12), abs=1e-3)
     assert log_margin(np.array([1.0, 1e-9, 0.0], np.float32)) < log_margin(np.array([1.0, 1e-12, 0.0], np.float32))
+
+
+@pytest.mark.parametrize("classes", [LIST_SCORING_MAX_CLASSES + 1, 1000])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_rows_take_numpy_and_give_the_list_scan_s_margin(classes, dtype):
+    rng = np.random.default_rng(classes)
+    for _ in range(50):
+        p = rng.dirichlet(np.full(classes, rng.choice([0.01, 1.0]))).astype(dtype)
+        if rng.random() < 0.3:  # ties at the top and underflowed runners-up
+            p[rng.integers(classes)] = p.max()
+            p[p < 1e-3] = 0.0
+        assert log_margin(p) == log_margin_list(p.tolist())
+
+
+class _ManyClasses:
+    """Black box with ``classes`` outputs: a softmax of random projections of the image's mean
+    brightness, ``shift`` apart between the two models, so top-2 margins and gaps vary with the image."""
+
+    def __init__(self, classes: int, shift: float):
+        self.weights = np.random.default_rng(classes).standard_normal(classes)
+        self.bias = shift * np.sin(np.arange(classes))
+
+    def predict_proba(self, images):
+        brightness = images.reshape(len(images), -1).mean(axis=1) / 255.0
+        logits = np.outer(brightness - 0.2, self.weights) * 30 + self.bias
+        logits[:, 0] += 3
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(fitness="margin-both"), dict(fitness="gap"),
+                                      dict(acceptance="strict"), dict(fitness="gap", novelty_threshold=0.02)],
+                         ids=["margin", "margin-both", "gap", "strict", "novelty"])
+def test_numpy_scoring_of_long_rows_makes_the_list_scoring_s_decisions(seeds, settings, monkeypatch):
+    pair = (_ManyClasses(200, 0.0), _ManyClasses(200, 0.05))
+    strategy = DFlare(**settings)
+
+    def campaign():
+        return run_campaign(*pair, seeds, strategy=strategy, max_queries=300, timeout=1e6, batch=4, progress=False)
+
+    numpy_scored = campaign()
+    for module in (fitness_module, dflare_module):  # every row through the plain-float path
+        monkeypatch.setattr(module, "LIST_SCORING_MAX_CLASSES", 10**6)
+    list_scored = campaign()
+    assert _comparable(numpy_scored) == _comparable(list_scored)
+    assert sum(r.queries for r in numpy_scored.records) > 10 * len(seeds)
+    assert any(sum(accepted for _, accepted in r.operator_counts.values()) for r in numpy_scored.records)
+
+
+def test_same_image_compares_every_value():
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+    assert same_image(image, image.copy())
+    for index in (0, 1023, 1024, image.size - 1):  # in the head, at its edge, past it
+        changed = image.copy().reshape(-1)
+        changed[index] ^= 1
+        assert not same_image(image, changed.reshape(image.shape))
+    assert same_image(image[:, ::-1], np.ascontiguousarray(image[:, ::-1]))  # a strided view too
 
 
 def test_margin_fitness_follows_the_boundary_where_the_gap_does_not():

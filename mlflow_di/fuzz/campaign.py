@@ -229,6 +229,17 @@ class _Lane:
         self.p_original = self.p_compressed = np.zeros((0, 0))
         self.pending: collections.deque = collections.deque()
         self.active: list[_Active] = []
+        self._buffer: np.ndarray | None = None
+
+    def stack(self, proposals: list[np.ndarray], image_shape: tuple) -> np.ndarray:
+        """This iteration's proposals as one batch, in a buffer the lane reuses: a fresh array per call
+        pays for its pages (64 inputs at 224 px: 25-42 µs per input copied into a new array, 19-21 into
+        the reused one, on a 2-core machine). The models read the batch before the next iteration
+        overwrites it; the searches keep their own arrays."""
+        total = sum(len(p) for p in proposals)
+        if self._buffer is None or len(self._buffer) < total:
+            self._buffer = np.empty((total, *image_shape), np.uint8)
+        return np.concatenate(proposals, out=self._buffer[:total]) if proposals else self._buffer[:0]
 
     def todo_indices(self, count: int) -> set[int]:
         return {i for i in range(count) if i not in self.done}
@@ -311,8 +322,7 @@ class _Lockstep:
                 a.seconds += now - began
                 began = now
             proposals.append(mine)
-        lane_inputs = [np.concatenate(mine) if mine else np.zeros((0, *self.seeds.image_shape), np.uint8)
-                       for mine in proposals]
+        lane_inputs = [lane.stack(mine, self.seeds.image_shape) for lane, mine in zip(self.lanes, proposals)]
         total = sum(len(inputs) for inputs in lane_inputs)
         if total == 0:  # only exhausted searches this time
             return

@@ -69,8 +69,8 @@ from typing import Sequence
 import numpy as np
 
 from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
-                                    MARGIN_RESOLUTION_DIGITS, NoveltyMemory, dflare_fitness, labels_differ,
-                                    log_margin_list, probability_pair, top1_gap)
+                                    LIST_SCORING_MAX_CLASSES, NoveltyMemory, dflare_fitness, labels_differ,
+                                    log_margin, log_margin_list, probability_pair, top1_gap)
 from mlflow_di.fuzz.mutations import Operator, default_operators, operator_names
 from mlflow_di.fuzz.realism import Constraint
 from mlflow_di.fuzz.search import Search
@@ -97,6 +97,17 @@ COMPRESSED_FLOOR = 1.0 / 512
 #: enough that one proposal stays short (an SSIM takes ~15 ms on a 224x224 RGB image, checked
 #: after the cheap L-inf test), since the per-seed timeout is only checked between proposals.
 MAX_REDRAWS = 100
+
+
+#: Values compared first when a mutant is tested for being x_max unchanged: noise and blurs change
+#: some of them, so most mutants are told apart without reading (or copying) the whole image.
+_HEAD_VALUES = 1024
+
+
+def same_image(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two images are equal value for value: their first :data:`_HEAD_VALUES` values, then all."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    return a[:_HEAD_VALUES].tobytes() == b[:_HEAD_VALUES].tobytes() and a.tobytes() == b.tobytes()
 
 
 class Outcome(enum.Enum):
@@ -218,7 +229,6 @@ class DFlareSearch(Search):
                           else MetropolisHastingsSelector(count, strategy.reference_bug))
         self._memory = NoveltyMemory(strategy.novelty_threshold) if strategy.novelty else None
         self.best = seed_image
-        self._best_bytes = seed_image.tobytes()
         seed_score = self._score(p_original, p_compressed)[0]  # also remembers the seed's own pair
         # the reference code starts from StateFitnessValue(False, 0); the paper from the seed's own D
         self._seed_score = 0.0 if self._reference_acceptance and not self._margin else seed_score
@@ -231,21 +241,29 @@ class DFlareSearch(Search):
         self._constraint = strategy.constraint if strategy.constraint is not None and strategy.constraint.active else None
 
     def _score(self, p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, bool]:
-        """The score (D(x), or minus the original's log margin), and O(x) (remembering the pair when it is novel)."""
-        original, compressed = np.asarray(p_original).ravel().tolist(), np.asarray(p_compressed).ravel().tolist()
-        return self._score_lists(original, compressed, max(original), max(compressed))
+        """The score (D(x), or minus the original's log margin), and O(x) (remembering the pair when it is novel).
 
-    def _score_lists(self, p_original: list[float], p_compressed: list[float], top_original: float,
-                     top_compressed: float) -> tuple[float, bool]:
-        """:meth:`_score` on plain floats (numpy's per-call cost dominates on 10-value rows);
-        the same numbers as :func:`top1_gap`, :func:`log_margin` and :func:`probability_pair`."""
-        novel = self._memory.observe(np.array(p_original + p_compressed)) if self._memory is not None else False
+        The same numbers as :func:`top1_gap`, :func:`log_margin` and :func:`probability_pair`: on plain
+        Python floats for short rows, where numpy's per-call cost dominates, with numpy for long ones
+        (see :data:`~mlflow_di.fuzz.fitness.LIST_SCORING_MAX_CLASSES`).
+        """
+        p_original, p_compressed = np.asarray(p_original).ravel(), np.asarray(p_compressed).ravel()
+        if p_original.size > LIST_SCORING_MAX_CLASSES:
+            novel = self._memory.observe(probability_pair(p_original, p_compressed)) if self._memory is not None else False
+            if self._margin:
+                margin = log_margin(p_original)
+                if self._both:
+                    margin = min(margin, log_margin(np.maximum(p_compressed, COMPRESSED_FLOOR)))
+                return -margin, novel
+            return top1_gap(p_original, p_compressed), novel
+        original, compressed = p_original.tolist(), p_compressed.tolist()
+        novel = self._memory.observe(np.array(original + compressed)) if self._memory is not None else False
         if self._margin:
-            margin = log_margin_list(p_original)
+            margin = log_margin_list(original)
             if self._both:
-                margin = min(margin, log_margin_list([max(v, COMPRESSED_FLOOR) for v in p_compressed]))
+                margin = min(margin, log_margin_list([max(v, COMPRESSED_FLOOR) for v in compressed]))
             return -margin, novel
-        return round(abs(top_original - top_compressed), GAP_RESOLUTION_DIGITS), novel
+        return round(abs(max(original) - max(compressed)), GAP_RESOLUTION_DIGITS), novel
 
     @property
     def best_score(self) -> float:
@@ -269,7 +287,7 @@ class DFlareSearch(Search):
             return
         self._stall += 1
         if self._restart and self._stall >= self._restart:
-            self.best, self._best_bytes, self.best_gap = self._seed, self._seed.tobytes(), self._seed_score
+            self.best, self.best_gap = self._seed, self._seed_score
             self._stall = 0
 
     def _constrained_mutant(self) -> np.ndarray | None:
@@ -300,7 +318,7 @@ class DFlareSearch(Search):
             self._pending = [_Pending(candidate, self._operator)]
             return candidate[None]
         self._pending = []
-        self._snapshot = (self.best, self._best_bytes, self.best_gap, self._stall)
+        self._snapshot = (self.best, self.best_gap, self._stall)
         for _ in range(depth):
             operator = self._operator
             candidate = self._mutate(operator)
@@ -311,7 +329,7 @@ class DFlareSearch(Search):
                 break
             # Assume the outcome the search can foresee: an unchanged image is accepted whatever the
             # models say (see _decide), anything else is assumed rejected.
-            entry.unchanged = self._accepts_unchanged and candidate.tobytes() == self._best_bytes
+            entry.unchanged = self._accepts_unchanged and same_image(candidate, self.best)
             if entry.unchanged:
                 self.stats.accepted[operator] += 1
             self._after(accepted=entry.unchanged)  # undone by observe, which replays the real outcomes
@@ -329,7 +347,7 @@ class DFlareSearch(Search):
                 self._operator = self._selector.next(self._operator, self.stats, self._rng)
             return
         # back to the state before the speculation: the replay below redoes what each real outcome does
-        self.best, self._best_bytes, self.best_gap, self._stall = self._snapshot
+        self.best, self.best_gap, self._stall = self._snapshot
         for row, entry in enumerate(pending):
             self._candidate, self._operator = entry.candidate, entry.operator
             if entry.unchanged:  # accepted when proposed (its counter too); the choice after it is made
@@ -353,24 +371,22 @@ class DFlareSearch(Search):
     def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray) -> Outcome:
         """One query of Algorithm 1 for the current candidate."""
         self.queries += 1
-        if self._accepts_unchanged and self._candidate.tobytes() == self._best_bytes:
-            # An unchanged image (e.g. a 1x1 blur) behaves exactly like x_max: no trigger, H(x) = H(x_max),
-            # so it is accepted. Deciding this from the image rather than from re-computed floats keeps
-            # the decision independent of the batch the input was computed in (floats can differ in
-            # the last bits between batch compositions, which would flip this tie).
-            self._accept(self.best_gap)
-            self._after(accepted=True)
-            return Outcome.ACCEPTED
-        if self._rejects_unchanged and self._candidate.tobytes() == self._best_bytes:
-            self._after(accepted=False)  # as x_max: no trigger, H(x) = H(x_max), so not strictly better
+        if (self._accepts_unchanged or self._rejects_unchanged) and same_image(self._candidate, self.best):
+            if self._accepts_unchanged:
+                # An unchanged image (e.g. a 1x1 blur) behaves exactly like x_max: no trigger, H(x) = H(x_max),
+                # so it is accepted. Deciding this from the image rather than from re-computed floats keeps
+                # the decision independent of the batch the input was computed in (floats can differ in
+                # the last bits between batch compositions, which would flip this tie).
+                self._accept(self.best_gap)
+                self._after(accepted=True)
+                return Outcome.ACCEPTED
+            self._after(accepted=False)  # strict: as x_max, no trigger, H(x) = H(x_max), so not strictly better
             return Outcome.REJECTED
         if labels_differ(p_original, p_compressed):
             chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
             self._record_trigger(self._candidate, p_original, p_compressed, chain)
             return Outcome.TRIGGER
-        original, compressed = p_original.tolist(), p_compressed.tolist()
-        top_original, top_compressed = max(original), max(compressed)
-        gap, novel = self._score_lists(original, compressed, top_original, top_compressed)
+        gap, novel = self._score(p_original, p_compressed)
         if self._keeps(gap, novel):
             self._accept(gap)
             self._after(accepted=True)
@@ -392,6 +408,5 @@ class DFlareSearch(Search):
     def _accept(self, gap: float) -> None:
         """The candidate becomes x_max; its operator scores a success."""
         self.best, self.best_gap = self._candidate, gap
-        self._best_bytes = self._candidate.tobytes()
         self.stats.accepted[self._operator] += 1
         self._accepted_chain.append(self._operator)

@@ -22,6 +22,10 @@ GAP_RESOLUTION_DIGITS = 6
 MARGIN_RESOLUTION_DIGITS = 4
 #: Smallest probability a log is taken of (float32 softmax outputs underflow to 0 near 1e-45).
 LOG_FLOOR = 1e-45
+#: Classes up to which one row is scored on plain Python floats (numpy's per-call cost dominates on
+#: MNIST's 10); longer rows (ImageNet's 1,000) are scored with numpy, ~10x faster there. Both paths
+#: give the same numbers.
+LIST_SCORING_MAX_CLASSES = 64
 #: Squared-L2 distance beyond which a probability pair counts as unseen (reference: FLANN, 0.5).
 DEFAULT_NOVELTY_THRESHOLD = 0.5
 
@@ -61,7 +65,11 @@ def log_margin(p: np.ndarray) -> float:
     long rounded to 1.0 (the runner-up's probability still shrinks), so a search that minimises
     it has a signal on every seed, unlike D, which is ~0 whenever both models are sure.
     """
-    return log_margin_list(np.asarray(p, dtype=np.float64).ravel().tolist())
+    p = np.asarray(p).ravel()
+    if p.size <= LIST_SCORING_MAX_CLASSES:
+        return log_margin_list(p.tolist())
+    second, first = np.partition(p, -2)[-2:].tolist()  # the same two values the list scan finds
+    return _margin(first, second)
 
 
 def log_margin_list(values: list[float]) -> float:
@@ -72,6 +80,10 @@ def log_margin_list(values: list[float]) -> float:
             first, second = v, first
         elif v > second:
             second = v
+    return _margin(first, second)
+
+
+def _margin(first: float, second: float) -> float:
     return round(math.log(max(first, LOG_FLOOR)) - math.log(max(second, LOG_FLOOR)), MARGIN_RESOLUTION_DIGITS)
 
 
