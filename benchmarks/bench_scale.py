@@ -7,10 +7,14 @@ For each family (random weights, generated images labelled by the model itself):
   original against a copy of itself on the same device, so every seed runs its full query budget
   and the ratio is the search's overhead: mutations, fitness, novelty, bookkeeping), with the
   searches' share of a query and each mutation operator's milliseconds per call at this size;
+- the campaign's floor: the same campaign with a near-free stand-in for both models (ImageNet's
+  1,000 classes), i.e. what a query costs besides the models, and the same without the three
+  operators a GPU can take over (noise, median blur): the host's own share of a query;
 - peak memory (process RSS, and the GPU's allocator peak on CUDA).
 
     .venv/bin/python -m benchmarks.bench_scale [--families resnet18,mobilenet_v3_small] [--device auto]
         [--images 64] [--seeds 16] [--queries 30] [--write]
+    .venv/bin/python -m benchmarks.bench_scale --floor-only --seeds 64 --queries 30   # the floors alone
 
 ``--write`` replaces this benchmark's section of benchmarks/RESULTS.md (one section per device
 type, so the CPU and GPU figures live side by side).
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import platform
 import resource
@@ -45,6 +50,24 @@ def random_torchvision_model(family: str):
     return module
 
 
+class StandIn:
+    """A near-free black box for the campaign's floor: a softmax over ``classes`` outputs of the
+    mean of every 8th pixel value, so margins still move with each mutant while the model costs
+    next to nothing (both sides of the campaign use it, so every seed runs its whole budget)."""
+
+    name = "stand-in"
+
+    def __init__(self, classes: int = 1000):
+        self.weights = np.random.default_rng(0).standard_normal(classes)
+
+    def predict_proba(self, images: np.ndarray) -> np.ndarray:
+        level = images.reshape(len(images), -1)[:, ::8].mean(axis=1) / 255.0
+        logits = np.outer(level - 0.5, self.weights) * 20
+        logits[:, 0] += 5
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
 def _timed(fn, device, repeat: int = 1) -> float:
     """Seconds per call of ``fn`` (synchronising CUDA so GPU work is counted)."""
     import torch
@@ -58,6 +81,44 @@ def _timed(fn, device, repeat: int = 1) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     return (time.perf_counter() - started) / repeat
+
+
+def _stand_in_campaign(strategy, seeds, queries: int) -> float:
+    """Seconds per query of ``strategy``'s campaign on ``seeds`` with :class:`StandIn` as both models."""
+    from mlflow_di.fuzz.campaign import run_campaign
+
+    stand_in = StandIn()
+    started = time.perf_counter()
+    result = run_campaign(stand_in, stand_in, seeds, strategy=strategy, max_queries=queries, timeout=1e9,
+                          batch=len(seeds), progress=False)
+    return (time.perf_counter() - started) / max(sum(r.queries for r in result.records), 1)
+
+
+def floors(strategy, seeds, queries: int) -> dict:
+    """The campaign's floor (:class:`StandIn` models) with ``strategy``'s operators, and its host floor
+    without the operators a GPU can take over, in ms per query."""
+    from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise
+
+    host_only = dataclasses.replace(strategy, operators=tuple(
+        op for op in strategy.operators if not isinstance(op, (GaussianNoise, MultiplicativeNoise, MedianBlur))))
+    return {"campaign_floor_ms_per_query": round(_stand_in_campaign(strategy, seeds, queries) * 1e3, 3),
+            "campaign_host_floor_ms_per_query": round(_stand_in_campaign(host_only, seeds, queries) * 1e3, 3)}
+
+
+def measure_floors(device_spec: str, size: int, seeds: int, queries: int) -> dict:
+    """:func:`floors` alone (no torchvision model), with the noise and median on ``device_spec`` when it is CUDA."""
+    from mlflow_di.data import ImageSet
+    from mlflow_di.fuzz.device_mutations import with_operators_on
+    from mlflow_di.fuzz.dflare import DFlare
+    from mlflow_di.models.device import describe_device, resolve_device
+
+    device = resolve_device(device_spec)
+    mutations_on = device if device.type == "cuda" else None
+    images = np.random.default_rng(0).integers(0, 256, (seeds, size, size, 3), dtype=np.uint8)
+    seed_set = ImageSet(images, np.zeros(seeds, np.int64), f"generated {seeds}x{size}x{size}")
+    return {"device": describe_device(device), "size": size, "seeds": seeds, "queries": queries,
+            "mutations_on": str(mutations_on or "cpu"),
+            **floors(with_operators_on(DFlare(), mutations_on), seed_set, queries)}
 
 
 def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int, queries: int,
@@ -135,6 +196,7 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
             # where a query's time went: the searches (mutations, fitness, selection) vs the models' calls
             "campaign_search_ms_per_query": round(stats.search_seconds / max(total_queries, 1) * 1e3, 3),
             "campaign_model_ms_per_input": round(stats.model_seconds / max(stats.inputs, 1) * 1e3, 3),
+            **floors(strategy, seed_set, queries),
             "mutations_on": str(mutations_on or "cpu"),
             "mutation_ms_per_call": {name: round(seconds * 1e3, 3) for name, seconds in mutation.items()},
             **peak}
@@ -147,12 +209,14 @@ def section(rows: list[dict], device_type: str, command: str) -> str:
              f"Command: `{command}`  ", f"Machine: {platform.machine()}, {device}; random-init torchvision models, "
              f"generated {rows[0]['size']}x{rows[0]['size']} RGB images labelled by the model itself.", "",
              "| family | IDC fit / (fwd+bwd) | score all criteria / fwd | campaign s per query / models' inference per input "
-             "| fwd+bwd ms/img | fwd ms/img | campaign ms/query | of which searches | peak RSS MiB | peak GPU MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| fwd+bwd ms/img | fwd ms/img | campaign ms/query | of which searches | floor ms/query (stand-in models) "
+             "| host floor ms/query (no noise, no median) | peak RSS MiB | peak GPU MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['family']} | {r['idc_fit_ratio']} | {r['score_all_ratio']} | {r['campaign_overhead_ratio']} | "
                      f"{r['forward_backward_ms_per_image']} | {r['forward_ms_per_image']} | {r['campaign_ms_per_query']} | "
-                     f"{r.get('campaign_search_ms_per_query', '-')} | "
+                     f"{r.get('campaign_search_ms_per_query', '-')} | {r.get('campaign_floor_ms_per_query', '-')} | "
+                     f"{r.get('campaign_host_floor_ms_per_query', '-')} | "
                      f"{r['peak_rss_mib']} | {r.get('peak_gpu_mib', '-')} |")
     lines += ["", "```", *(json.dumps(r) for r in rows), "```", end]
     return "\n".join(lines)
@@ -168,7 +232,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--write", action="store_true", help="write the section into benchmarks/RESULTS.md")
+    parser.add_argument("--floor-only", action="store_true",
+                        help="only the campaign's floors with stand-in models (seconds, no torchvision model); prints JSON")
     args = parser.parse_args()
+    if args.floor_only:
+        print(json.dumps(measure_floors(args.device, args.size, args.seeds, args.queries)), flush=True)
+        return
     rows = []
     for family in args.families.split(","):
         row = measure(family, args.device, args.size, args.images, args.seeds, args.queries, args.batch_size)
@@ -179,7 +248,7 @@ def main() -> None:
 
         device_type = "cuda" if rows and rows[0]["device"].startswith("cuda") else "cpu"
         text = section(rows, device_type, "python -m benchmarks.bench_scale " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "write"))
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("write", "floor_only")))
         write_section(text, f"<!-- bench_scale {device_type} -->", f"<!-- /bench_scale {device_type} -->")
 
 
