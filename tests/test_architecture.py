@@ -6,7 +6,8 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mlflow_di"
 ENGINES = ("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "reporting", "service")
-FOUNDATIONS = ("models", "data.py", "deviation.py", "results_json.py", "errors.py", "gate.py", "policy.py", "_compat.py", "_ray.py")
+FOUNDATIONS = ("models", "data.py", "deviation.py", "results_json.py", "errors.py", "gate.py", "policy.py", "progress.py",
+               "_compat.py", "_ray.py")
 
 
 def imports_of(path: pathlib.Path) -> set[str]:
@@ -41,6 +42,19 @@ def test_engines_and_foundations_never_import_mlflow_or_the_commands(path):
     allowed_edge = path == PACKAGE / "models" / "loading.py"  # fetches models:/ and runs:/ references
     if not allowed_edge:
         assert not _uses(names, "mlflow_di.mlflow_edge"), f"{path.name} reaches into the MLflow edge"
+
+
+@pytest.mark.parametrize("path", modules(*FOUNDATIONS), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_foundations_never_import_the_engines(path):
+    names = imports_of(path)
+    above = [name for engine in ENGINES for name in _uses(names, f"mlflow_di.{engine}")]
+    assert not above, f"{path.name} imports {above[0]}, a layer above it"
+
+
+@pytest.mark.parametrize("path", modules("mlflow_edge"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_edge_never_imports_the_commands(path):
+    names = imports_of(path)
+    assert not _uses(names, "mlflow_di.commands") and not _uses(names, "mlflow_di.cli")
 
 
 @pytest.mark.parametrize("path", modules("commands", "cli.py"), ids=lambda p: str(p.relative_to(PACKAGE)))
