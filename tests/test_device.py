@@ -72,3 +72,38 @@ def test_preprocessing_on_a_device_equals_the_numpy_path():
                                       input_shape=(5, 4, 3))
         on_device = preprocessing.apply_on(images, torch.device("cpu")).numpy()
         np.testing.assert_array_equal(on_device, preprocessing.apply(images))
+
+
+def test_coverage_inputs_are_preprocessed_where_their_batches_go(monkeypatch):
+    """On a GPU the uint8 slice travels and torch preprocesses it there; on the CPU NumPy does it."""
+    from mlflow_di.coverage.activations import PreprocessedImages, iter_batches
+    from mlflow_di.models.preprocessing import Preprocessing
+
+    images = np.random.default_rng(1).integers(0, 256, (5, 4, 4, 3), dtype=np.uint8)
+    preprocessing = Preprocessing(scale=1 / 255, mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.25), input_shape=(4, 4, 3))
+    inputs = PreprocessedImages(images, preprocessing)
+    on_cpu = [batch.numpy() for batch in iter_batches(inputs, 2, torch.device("cpu"))]
+    np.testing.assert_array_equal(np.concatenate(on_cpu), preprocessing.apply(images))
+    assert inputs.on("cpu").device is None  # the CPU keeps NumPy's preprocessing
+
+    calls = []
+    def apply_on(self, raw, device):
+        calls.append((len(raw), device))
+        return torch.from_numpy(self.apply(raw))
+    monkeypatch.setattr(Preprocessing, "apply_on", apply_on)
+    on_gpu = inputs.on("cuda:0")
+    np.testing.assert_array_equal(on_gpu[1:4].numpy(), preprocessing.apply(images[1:4]))
+    assert calls == [(3, torch.device("cuda:0"))]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_coverage_inputs_preprocessed_on_the_gpu_equal_numpy_s():
+    from mlflow_di.coverage.activations import PreprocessedImages, iter_batches
+    from mlflow_di.models.preprocessing import Preprocessing
+
+    images = np.random.default_rng(2).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
+    preprocessing = Preprocessing(scale=1.0, mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375),
+                                  input_shape=(32, 32, 3))
+    batches = list(iter_batches(PreprocessedImages(images, preprocessing), 4, torch.device("cuda")))
+    assert all(batch.is_cuda for batch in batches)
+    np.testing.assert_array_equal(torch.cat(batches).cpu().numpy(), preprocessing.apply(images))

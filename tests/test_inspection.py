@@ -226,6 +226,14 @@ def test_engine_finds_the_unit_that_counts_ink_and_skips_the_constant_one():
     assert data.images[top[0]].sum() == max(data.images[i].sum() for i in range(len(data)))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_inspection_of_a_model_on_the_gpu_equals_the_cpu_s():
+    query = Inspection(builtin_hypotheses([0, 1]), measures=("pearson",), early_stop=False)
+    on_cpu = query.run(_ink_model(), _ink_data(n=300), "hidden")
+    on_gpu = query.run(_ink_model().to("cuda"), _ink_data(n=300), "hidden")
+    np.testing.assert_allclose(on_gpu.scores["pearson"], on_cpu.scores["pearson"], atol=1e-4)
+
+
 def test_conv_channels_are_compared_with_masks_position_by_position():
     result = Inspection(builtin_hypotheses(), measures=("pearson",), early_stop=False).run(
         _ink_model(), _ink_data(), "features")

@@ -192,7 +192,7 @@ class Inspection:
 def _layer_width(model: TorchModel, layer: str, data: ImageSet) -> int:
     """Number of units of ``layer``, from one forward pass on the first image."""
     with eval_mode(model.module), torch.no_grad(), LayerRecorder(model.module, [layer]) as recorder:
-        model.module(model.to_tensor(data.images[:1]))
+        model.module(model.inputs_on_device(data.images[:1]))
         if layer not in recorder.outputs:
             raise UserError(f"layer '{layer}' was not run by the model's forward pass; choose another layer")
         return int(neuron_values(recorder.outputs[layer]).shape[1])
@@ -240,7 +240,7 @@ class _Stream:
 
     def _batch(self, recorder: LayerRecorder, positions: np.ndarray) -> None:
         images, labels = self.data.images[positions], self.data.labels[positions]
-        self.model.module(self.model.to_tensor(images))
+        self.model.module(self.model.inputs_on_device(images))
         output = recorder.outputs.pop(self.layer).float()
         per_input = neuron_values(output).cpu().numpy().astype(np.float64)[:, self.columns]
         masks = [h(images, labels) for h in self.masks]
