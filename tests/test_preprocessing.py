@@ -1,6 +1,8 @@
 """Preprocessing: the arithmetic, layouts, overrides and shape checks."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlflow_di.errors import UserError
 from mlflow_di.models.preprocessing import Preprocessing
@@ -13,6 +15,33 @@ def test_apply_scales_normalises_and_transposes():
     assert x.shape == (1, 3, 1, 1) and x.dtype == np.float32
     np.testing.assert_allclose(x[0, :, 0, 0], [0.0, 1.0, 1.0], atol=1e-6)  # (0.2-0.1)/0.1 = 1
     assert Preprocessing(layout="NHWC").apply(images).shape == (1, 1, 1, 3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(channels=st.integers(1, 5), height=st.integers(1, 12), width=st.integers(1, 12), count=st.integers(1, 4),
+       scale=st.sampled_from([1.0, 1 / 255, 0.0173]), per_channel=st.booleans(),
+       layout=st.sampled_from(["NCHW", "NHWC"]), flipped=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_uint8_lookup_gives_the_arithmetic_s_bits(channels, height, width, count, scale, per_channel, layout,
+                                                       flipped, seed):
+    rng = np.random.default_rng(seed)
+    k = channels if per_channel else 1
+    prep = Preprocessing(scale=scale, mean=tuple(rng.normal(0, 100, k)), std=tuple(rng.uniform(0.01, 80, k)),
+                         layout=layout, input_shape=(height, width, channels))
+    images = rng.integers(0, 256, (count, height, width, channels), dtype=np.uint8)
+    images[0, 0, 0] = 0  # both ends of the table
+    images[-1, -1, -1] = 255
+    if flipped:  # a strided view, as slices of a larger set are
+        images = images[:, ::-1]
+    looked_up, computed = prep.apply(images), prep.arithmetic(images)
+    assert looked_up.shape == computed.shape and looked_up.dtype == np.float32 and looked_up.flags.c_contiguous
+    np.testing.assert_array_equal(looked_up.view(np.uint32), computed.view(np.uint32))
+
+
+def test_images_of_another_dtype_take_the_arithmetic():
+    images = np.array([[[[0.5, 255.0, 51.0]]]], np.float32)
+    prep = Preprocessing(scale=1 / 255, mean=(0.0, 0.5, 0.1), std=(1.0, 0.5, 0.1))
+    np.testing.assert_array_equal(prep.apply(images), prep.arithmetic(images))
+    assert prep.apply(images)[0, 0, 0, 0] == np.float32(0.5) * np.float32(1 / 255)
 
 
 def test_softmax_of_logits_and_passthrough_of_probabilities():
