@@ -120,7 +120,8 @@ class TorchClassifier(Classifier):
 
     def _predict_batch(self, images: np.ndarray) -> np.ndarray:
         """Preprocessing runs on the model's device (measured on an H100 at 224 px: NumPy's
-        preprocessing took 1.8 ms per image, 20x the model's own forward pass)."""
+        arithmetic took 1.8 ms per image, 20x the model's own forward pass; the table lookup that
+        replaced it is ~5x faster, still more than the GPU's own work and 4x the bytes to copy)."""
         torch = self._torch
         device = self.device
         if device.type == "cpu":
