@@ -10,11 +10,13 @@ For each family (random weights, generated images labelled by the model itself):
 - the campaign's floor: the same campaign with a near-free stand-in for both models (ImageNet's
   1,000 classes), i.e. what a query costs besides the models, and the same without the three
   operators a GPU can take over (noise, median blur): the host's own share of a query;
+- with ``--floor-only``, those floors and the coverage passes' floor: IDC fitting and scoring every
+  criterion with a near-free CNN as the model, ms per image (what a GPU leaves of the passes);
 - peak memory (process RSS, and the GPU's allocator peak on CUDA).
 
     .venv/bin/python -m benchmarks.bench_scale [--families resnet18,mobilenet_v3_small] [--device auto]
         [--images 64] [--seeds 16] [--queries 30] [--write]
-    .venv/bin/python -m benchmarks.bench_scale --floor-only --seeds 64 --queries 30   # the floors alone
+    .venv/bin/python -m benchmarks.bench_scale --floor-only --seeds 64 --queries 30 --images 256 --batch-size 64
 
 ``--write`` replaces this benchmark's section of benchmarks/RESULTS.md (one section per device
 type, so the CPU and GPU figures live side by side).
@@ -105,8 +107,45 @@ def floors(strategy, seeds, queries: int) -> dict:
             "campaign_host_floor_ms_per_query": round(_stand_in_campaign(host_only, seeds, queries) * 1e3, 3)}
 
 
-def measure_floors(device_spec: str, size: int, seeds: int, queries: int) -> dict:
-    """:func:`floors` alone (no torchvision model), with the noise and median on ``device_spec`` when it is CUDA."""
+def tiny_cnn():
+    """A near-free CNN for any input size (two strided convolutions: 2.8M multiply-adds at 224 px, 0.2% of ResNet-18)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential()
+    net.add_module("conv1", nn.Sequential(nn.Conv2d(3, 16, 8, stride=8), nn.ReLU()))
+    net.add_module("conv2", nn.Sequential(nn.Conv2d(16, 32, 4, stride=4), nn.ReLU()))
+    net.add_module("pool", nn.AdaptiveAvgPool2d(1))
+    net.add_module("flatten", nn.Flatten())
+    net.add_module("fc", nn.Linear(32, 10))
+    return net.eval()
+
+
+def coverage_floor(device, size: int, n_images: int, batch_size: int) -> dict:
+    """IDC fitting and scoring every criterion with :func:`tiny_cnn` as the model: what the coverage
+    passes cost besides the model (preprocessing, hooks, copies, clustering), ms per image."""
+    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
+    from mlflow_di.coverage.suite import CoverageSuite
+    from mlflow_di.data import ImageSet
+    from mlflow_di.models.preprocessing import Preprocessing
+    from mlflow_di.models.torch_model import TorchModel
+
+    model = TorchModel(tiny_cnn(), Preprocessing(input_shape=(size, size, 3), **IMAGENET), "tiny-cnn").to(device)
+    images = np.random.default_rng(1).integers(0, 256, (n_images, size, size, 3), dtype=np.uint8)
+    data = ImageSet(images, model.classifier().predict(images, batch_size), f"generated {n_images}x{size}x{size}")
+    started = time.perf_counter()
+    ImportanceDrivenCoverage(top_m=6, only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
+    idc_fit = (time.perf_counter() - started) / n_images
+    suite = CoverageSuite(only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
+    score_all = _timed(lambda: suite.score(data), device) / n_images
+    return {"coverage_floor_idc_fit_ms_per_image": round(idc_fit * 1e3, 3),
+            "coverage_floor_score_all_ms_per_image": round(score_all * 1e3, 3)}
+
+
+def measure_floors(device_spec: str, size: int, seeds: int, queries: int, n_images: int, batch_size: int) -> dict:
+    """:func:`floors` and :func:`coverage_floor` alone (no torchvision model), with the noise and median
+    on ``device_spec`` when it is CUDA."""
     from mlflow_di.data import ImageSet
     from mlflow_di.fuzz.device_mutations import with_operators_on
     from mlflow_di.fuzz.dflare import DFlare
@@ -117,8 +156,9 @@ def measure_floors(device_spec: str, size: int, seeds: int, queries: int) -> dic
     images = np.random.default_rng(0).integers(0, 256, (seeds, size, size, 3), dtype=np.uint8)
     seed_set = ImageSet(images, np.zeros(seeds, np.int64), f"generated {seeds}x{size}x{size}")
     return {"device": describe_device(device), "size": size, "seeds": seeds, "queries": queries,
-            "mutations_on": str(mutations_on or "cpu"),
-            **floors(with_operators_on(DFlare(), mutations_on), seed_set, queries)}
+            "images": n_images, "batch": batch_size, "mutations_on": str(mutations_on or "cpu"),
+            **floors(with_operators_on(DFlare(), mutations_on), seed_set, queries),
+            **coverage_floor(device, size, n_images, batch_size)}
 
 
 def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int, queries: int,
@@ -233,10 +273,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--write", action="store_true", help="write the section into benchmarks/RESULTS.md")
     parser.add_argument("--floor-only", action="store_true",
-                        help="only the campaign's floors with stand-in models (seconds, no torchvision model); prints JSON")
+                        help="only the floors: the campaign with stand-in models, the coverage passes with a "
+                             "near-free CNN (no torchvision model); prints JSON")
     args = parser.parse_args()
     if args.floor_only:
-        print(json.dumps(measure_floors(args.device, args.size, args.seeds, args.queries)), flush=True)
+        print(json.dumps(measure_floors(args.device, args.size, args.seeds, args.queries, args.images,
+                                        args.batch_size)), flush=True)
         return
     rows = []
     for family in args.families.split(","):
