@@ -134,7 +134,7 @@ class Preprocessing:
         """Raw uint8 (N, H, W, C) -> float32 model input in ``layout`` (after the raw-image step, if needed).
 
         uint8 pixels take 256 values per channel, so their inputs are looked up in a table of
-        :meth:`arithmetic`'s own float32 results (:func:`_levels`), the same bits: 5-10x faster at
+        :meth:`arithmetic`'s own float32 results (:func:`_levels`), the same bits: 5-8x faster at
         224x224 than the arithmetic on every value, which at that size cost a CPU about as much
         as a small CNN's forward pass (benchmarks/RESULTS.md, "Preprocessing").
         """
@@ -149,8 +149,11 @@ class Preprocessing:
         n, h, w, c = images.shape
         table = _levels(self.scale, self.mean, self.std, c)
         if self.layout == "NHWC" or c == 1:  # one pass over the batch: the channels stay interleaved
-            flat = np.ascontiguousarray(images).reshape(n * h, w, c)
-            looked_up = cv2.LUT(flat[..., 0] if c == 1 else flat, table[0] if c == 1 else np.ascontiguousarray(table.T)[None])
+            rows = np.ascontiguousarray(images).reshape(n * h, w, c)
+            if c == 1:
+                looked_up = cv2.LUT(rows[..., 0], table[0])
+            else:  # an interleaved table: entry v holds level v of every channel
+                looked_up = cv2.LUT(rows, np.ascontiguousarray(table.T)[None])
             x = looked_up.reshape(n, h, w, c)
             return np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if self.layout == "NCHW" else x
         planes = np.ascontiguousarray(images.transpose(0, 3, 1, 2))  # uint8: a quarter of the floats' bytes
