@@ -85,6 +85,11 @@ def test_coverage_inputs_are_preprocessed_where_their_batches_go(monkeypatch):
     on_cpu = [batch.numpy() for batch in iter_batches(inputs, 2, torch.device("cpu"))]
     np.testing.assert_array_equal(np.concatenate(on_cpu), preprocessing.apply(images))
     assert inputs.on("cpu").device is None  # the CPU keeps NumPy's preprocessing
+    asked = []
+    original_on = PreprocessedImages.on
+    monkeypatch.setattr(PreprocessedImages, "on", lambda self, device: asked.append(device) or original_on(self, device))
+    list(iter_batches(inputs, 2, torch.device("cpu")))
+    assert asked == [torch.device("cpu")]  # iter_batches hands the batches' device to the images
 
     calls = []
     def apply_on(self, raw, device):

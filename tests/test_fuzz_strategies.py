@@ -282,3 +282,22 @@ def test_dflare_d_bug_never_accepts_a_mutant():
         assert candidate.flat[0] == 1  # every mutant is one mutation of the seed itself
     assert search.best.flat[0] == 0 and search.stats.accepted.sum() == 0
     assert strategy.options()["never_accepts"] and not strategy.novelty
+
+
+@pytest.mark.parametrize("fitness", ["margin-both", "gap"])
+def test_rows_holding_nan_are_scored_as_the_list_scan_scores_them(monkeypatch, fitness):
+    """A NaN (an infinite logit through a softmax) sorts last in a partition but is skipped by the list scan."""
+    rng = np.random.default_rng(5)
+    p_original, p_compressed = rng.dirichlet(np.ones(100)), rng.dirichlet(np.ones(100))
+    p_compressed[7] = np.nan
+    p_original[3] = np.nan
+    assert log_margin(p_original) == log_margin_list(p_original.tolist())
+
+    def scores():
+        search = DFlare(fitness=fitness).start(SEED, p_original, p_compressed, np.random.default_rng(0))
+        return search._score(p_original, p_compressed), search.best_score
+
+    numpy_scored = scores()
+    for module in (fitness_module, dflare_module):
+        monkeypatch.setattr(module, "LIST_SCORING_MAX_CLASSES", 10**6)
+    assert numpy_scored == scores()

@@ -37,6 +37,22 @@ def test_the_uint8_lookup_gives_the_arithmetic_s_bits(channels, height, width, c
     np.testing.assert_array_equal(looked_up.view(np.uint32), computed.view(np.uint32))
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("channels", [4, 5, 128, 129, 300])
+def test_the_lookup_takes_any_number_of_channels(layout, channels):
+    images = np.random.default_rng(channels).integers(0, 256, (2, 3, 2, channels), dtype=np.uint8)
+    prep = Preprocessing(scale=1 / 255, mean=tuple(np.linspace(0, 1, channels)), std=(0.3,), layout=layout,
+                         input_shape=(3, 2, channels))
+    np.testing.assert_array_equal(prep.apply(images).view(np.uint32), prep.arithmetic(images).view(np.uint32))
+
+
+def test_settings_that_differ_only_in_the_sign_of_zero_get_their_own_table():
+    images = np.zeros((1, 2, 2, 1), np.uint8)
+    for mean in (0.0, -0.0, 0.0):  # -0.0 == 0.0 for a cache key, not for the bits it gives
+        prep = Preprocessing(scale=-1 / 255, mean=(mean,))
+        np.testing.assert_array_equal(prep.apply(images).view(np.uint32), prep.arithmetic(images).view(np.uint32))
+
+
 def test_images_of_another_dtype_take_the_arithmetic():
     images = np.array([[[[0.5, 255.0, 51.0]]]], np.float32)
     prep = Preprocessing(scale=1 / 255, mean=(0.0, 0.5, 0.1), std=(1.0, 0.5, 0.1))

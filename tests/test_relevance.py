@@ -99,13 +99,15 @@ def test_activations_come_from_the_same_pass_and_batches_do_not_matter():
     np.testing.assert_array_equal(small.predictions, model(x).argmax(dim=1).numpy())
 
 
-def test_the_callers_inputs_are_left_as_they_were():
+def test_the_callers_inputs_are_left_as_they_were_and_inference_tensors_work():
     model = zoo.build("lenet1")
     x = torch.rand(5, 1, 28, 28)
     before = x.clone()
     relevance = input_relevance(model, x, batch_size=2, progress=False)
-    assert not x.requires_grad and x.grad is None and x.grad_fn is None
-    assert torch.equal(x, before) and relevance.shape == x.shape
+    assert torch.equal(x, before) and not x.requires_grad
+    with torch.inference_mode():  # such a tensor cannot require grad: the pass copies it
+        frozen = x.clone()
+    np.testing.assert_array_equal(input_relevance(model, frozen, batch_size=2, progress=False), relevance)
 
 
 def test_explaining_a_given_class_starts_from_its_logit():

@@ -218,8 +218,9 @@ def _hooked_batches(module, composite, inputs, layers, include_input, rule, targ
 def _relevance_of_batch(hooked, recorder, batch, layers, include_input, targets) -> dict:
     """Forward under the LRP hooks, then backward from the one-hot target logit to the layers' outputs only."""
     # A new leaf on the same storage, no copy (a 224 px batch of 64 is 38 MB): the caller's tensor keeps
-    # requires_grad False, and autograd refuses any in-place change of a leaf that requires grad.
-    batch = batch.detach().requires_grad_(True)
+    # requires_grad False, and autograd refuses any in-place change of a leaf that requires grad. A
+    # tensor made under torch.inference_mode cannot require grad: it is copied.
+    batch = (batch.clone() if batch.is_inference() else batch).detach().requires_grad_(True)
     with torch.enable_grad():
         logits = hooked(batch)
     if logits.ndim != 2:

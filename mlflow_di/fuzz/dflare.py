@@ -245,10 +245,10 @@ class DFlareSearch(Search):
 
         The same numbers as :func:`top1_gap`, :func:`log_margin` and :func:`probability_pair`: on plain
         Python floats for short rows, where numpy's per-call cost dominates, with numpy for long ones
-        (see :data:`~mlflow_di.fuzz.fitness.LIST_SCORING_MAX_CLASSES`).
+        without NaN (see :data:`~mlflow_di.fuzz.fitness.LIST_SCORING_MAX_CLASSES`).
         """
         p_original, p_compressed = np.asarray(p_original).ravel(), np.asarray(p_compressed).ravel()
-        if p_original.size > LIST_SCORING_MAX_CLASSES:
+        if p_original.size > LIST_SCORING_MAX_CLASSES and not np.isnan(p_original.sum() + p_compressed.sum()):
             novel = self._memory.observe(probability_pair(p_original, p_compressed)) if self._memory is not None else False
             if self._margin:
                 margin = log_margin(p_original)

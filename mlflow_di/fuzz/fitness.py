@@ -24,7 +24,7 @@ MARGIN_RESOLUTION_DIGITS = 4
 LOG_FLOOR = 1e-45
 #: Classes up to which one row is scored on plain Python floats (numpy's per-call cost dominates on
 #: MNIST's 10); longer rows (ImageNet's 1,000) are scored with numpy, ~10x faster there. Both paths
-#: give the same numbers.
+#: give the same numbers (rows holding a NaN, e.g. from an infinite logit, always take the lists).
 LIST_SCORING_MAX_CLASSES = 64
 #: Squared-L2 distance beyond which a probability pair counts as unseen (reference: FLANN, 0.5).
 DEFAULT_NOVELTY_THRESHOLD = 0.5
@@ -66,7 +66,7 @@ def log_margin(p: np.ndarray) -> float:
     it has a signal on every seed, unlike D, which is ~0 whenever both models are sure.
     """
     p = np.asarray(p).ravel()
-    if p.size <= LIST_SCORING_MAX_CLASSES:
+    if p.size <= LIST_SCORING_MAX_CLASSES or np.isnan(p.sum()):  # the list scan skips NaN, a partition would not
         return log_margin_list(p.tolist())
     second, first = np.partition(p, -2)[-2:].tolist()  # the same two values the list scan finds
     return _margin(first, second)

@@ -28,6 +28,9 @@ import numpy as np
 from mlflow_di.errors import UserError
 
 LAYOUTS = ("NCHW", "NHWC")
+#: Most channels one interleaved OpenCV lookup takes (its Mat holds at most 128 in OpenCV 5, 512 in
+#: 4); more go plane by plane.
+_INTERLEAVED_CHANNELS = 128
 OUTPUTS = ("logits", "probabilities")
 
 
@@ -148,7 +151,7 @@ class Preprocessing:
 
         n, h, w, c = images.shape
         table = _levels(self.scale, self.mean, self.std, c)
-        if self.layout == "NHWC" or c == 1:  # one pass over the batch: the channels stay interleaved
+        if c == 1 or (self.layout == "NHWC" and c <= _INTERLEAVED_CHANNELS):  # one pass, channels interleaved
             rows = np.ascontiguousarray(images).reshape(n * h, w, c)
             if c == 1:
                 looked_up = cv2.LUT(rows[..., 0], table[0])
@@ -161,7 +164,7 @@ class Preprocessing:
         for i in range(n):  # contiguous planes in and out; faster than a NumPy gather at any size
             for channel in range(c):
                 cv2.LUT(planes[i, channel], table[channel], dst=x[i, channel])
-        return x
+        return x if self.layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
 
     def arithmetic(self, images: np.ndarray) -> np.ndarray:
         """:meth:`apply`'s values computed on every pixel value (images of any dtype, already of the model's size)."""
@@ -282,13 +285,19 @@ class ModelInputs:
         return self.preprocessing.apply(self.images[index])
 
 
-@functools.lru_cache(maxsize=64)
 def _levels(scale: float, mean: tuple[float, ...], std: tuple[float, ...], channels: int) -> np.ndarray:
     """(channels, 256) float32: the model input of each uint8 level in each channel, by the same
-    float32 operations in the same order as :meth:`Preprocessing.arithmetic`."""
-    levels = np.arange(256, dtype=np.uint8).astype(np.float32) * np.float32(scale)
-    mean = np.broadcast_to(np.asarray(mean, np.float32), (channels,))[:, None]
-    std = np.broadcast_to(np.asarray(std, np.float32), (channels,))[:, None]
+    float32 operations in the same order as :meth:`Preprocessing.arithmetic`. Cached by the settings'
+    bit patterns (0.0 and -0.0 are equal keys to a dict but give different bits)."""
+    return _levels_of(np.array([scale, *mean, *std], np.float64).tobytes(), len(mean), channels)
+
+
+@functools.lru_cache(maxsize=64)
+def _levels_of(settings: bytes, means: int, channels: int) -> np.ndarray:
+    values = np.frombuffer(settings, np.float64)
+    levels = np.arange(256, dtype=np.uint8).astype(np.float32) * np.float32(values[0])
+    mean = np.broadcast_to(values[1:1 + means].astype(np.float32), (channels,))[:, None]
+    std = np.broadcast_to(values[1 + means:].astype(np.float32), (channels,))[:, None]
     table = (levels[None, :] - mean) / std
     table.flags.writeable = False
     return table
