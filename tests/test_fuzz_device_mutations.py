@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mlflow_di.fuzz import DFlare
+from mlflow_di.fuzz.distributed import RayExecutor
 from mlflow_di.fuzz.device_mutations import (DeviceGaussianNoise, DeviceMedianBlur, DeviceMultiplicativeNoise,
                                              mutation_device, on_device, with_operators_on)
 from mlflow_di.fuzz.mutations import (AverageBlur, GaussianNoise, MedianBlur, MultiplicativeNoise, default_operators,
@@ -74,10 +75,11 @@ def test_device_noise_rounds_saturates_and_matches_the_cpu_distribution():
     assert brightened.min() == 255  # 200 * 1.49 = 298 clips to 255
 
 
-def test_mutation_device_is_a_cuda_original_searched_here():
+def test_mutation_device_is_a_cuda_original_searched_where_it_runs():
     cuda = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda", index=0))
     assert mutation_device(cuda) is cuda.device
-    assert mutation_device(cuda, executor=object()) is None  # Ray workers load their own models
+    assert mutation_device(cuda, executor=RayExecutor(workers=2, gpus_per_worker=0.5)) is cuda.device
+    assert mutation_device(cuda, executor=RayExecutor(workers=2)) is None  # workers without a GPU share
     assert mutation_device(types.SimpleNamespace(device=types.SimpleNamespace(type="cpu"))) is None
     assert mutation_device(object()) is None  # ONNX, TFLite, a Keras import: no torch device
 

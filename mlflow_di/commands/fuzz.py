@@ -187,7 +187,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         click.echo(f"original runs on {original_model.provider}, compressed on "
                    f"{', '.join(sorted({m.provider for m in compressed_models}))}")
         if mutations_on is not None:
-            click.echo(f"noise and median-blur mutations run on {mutations_on}")
+            where = " (each Ray worker's own GPU)" if executor is not None else ""
+            click.echo(f"noise and median-blur mutations run on {mutations_on}{where}")
         if executor is not None:
             click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of {batch} seeds; "
                        "this process writes the campaign folder")

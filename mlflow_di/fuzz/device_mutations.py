@@ -117,10 +117,17 @@ def on_device(operators: Sequence[Operator], device) -> tuple[Operator, ...]:
 
 
 def mutation_device(original, executor=None):
-    """Where a campaign's costly operators should run: the CUDA device of a PyTorch original searched
-    in this process, else None (the CPU operators: a CPU device gains nothing from torch here)."""
+    """Where a campaign's costly operators should run: the CUDA device of a PyTorch original when the
+    searches run where that model does, else None (the CPU operators: a CPU gains nothing from torch here).
+
+    That is in this process (``executor`` None), or on Ray workers that each get a share of a GPU
+    (``gpus_per_worker`` > 0): they load the original with the same device, and Ray makes the GPU it
+    gave a worker that worker's ``cuda:0``. Workers without a GPU share keep the CPU operators.
+    """
     device = getattr(original, "device", None)
-    return device if executor is None and getattr(device, "type", None) == "cuda" else None
+    if getattr(device, "type", None) != "cuda":
+        return None
+    return device if executor is None or getattr(executor, "gpus_per_worker", 0) > 0 else None
 
 
 def with_operators_on(strategy, device):
