@@ -81,6 +81,12 @@ def test_long_rows_take_numpy_and_give_the_list_scan_s_margin(classes, dtype):
         assert log_margin(p) == log_margin_list(p.tolist())
 
 
+def _score_every_row_as_a_list(monkeypatch):
+    """Every probability row through the plain-float path, however long."""
+    for module in (fitness_module, dflare_module):
+        monkeypatch.setattr(module, "LIST_SCORING_MAX_CLASSES", 10**6)
+
+
 class _ManyClasses:
     """Black box with ``classes`` outputs: a softmax of random projections of the image's mean
     brightness, ``shift`` apart between the two models, so top-2 margins and gaps vary with the image."""
@@ -108,8 +114,7 @@ def test_numpy_scoring_of_long_rows_makes_the_list_scoring_s_decisions(seeds, se
         return run_campaign(*pair, seeds, strategy=strategy, max_queries=300, timeout=1e6, batch=4, progress=False)
 
     numpy_scored = campaign()
-    for module in (fitness_module, dflare_module):  # every row through the plain-float path
-        monkeypatch.setattr(module, "LIST_SCORING_MAX_CLASSES", 10**6)
+    _score_every_row_as_a_list(monkeypatch)
     list_scored = campaign()
     assert _comparable(numpy_scored) == _comparable(list_scored)
     assert sum(r.queries for r in numpy_scored.records) > 10 * len(seeds)
@@ -298,6 +303,5 @@ def test_rows_holding_nan_are_scored_as_the_list_scan_scores_them(monkeypatch, f
         return search._score(p_original, p_compressed), search.best_score
 
     numpy_scored = scores()
-    for module in (fitness_module, dflare_module):
-        monkeypatch.setattr(module, "LIST_SCORING_MAX_CLASSES", 10**6)
+    _score_every_row_as_a_list(monkeypatch)
     assert numpy_scored == scores()

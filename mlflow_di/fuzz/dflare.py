@@ -70,7 +70,7 @@ import numpy as np
 
 from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
                                     LIST_SCORING_MAX_CLASSES, NoveltyMemory, dflare_fitness, labels_differ,
-                                    log_margin, log_margin_list, probability_pair, top1_gap)
+                                    log_margin_list, log_margin_row, probability_pair, top1_gap)
 from mlflow_di.fuzz.mutations import Operator, default_operators, operator_names
 from mlflow_di.fuzz.realism import Constraint
 from mlflow_di.fuzz.search import Search
@@ -251,9 +251,9 @@ class DFlareSearch(Search):
         if p_original.size > LIST_SCORING_MAX_CLASSES and not np.isnan(p_original.sum() + p_compressed.sum()):
             novel = self._memory.observe(probability_pair(p_original, p_compressed)) if self._memory is not None else False
             if self._margin:
-                margin = log_margin(p_original)
+                margin = log_margin_row(p_original)
                 if self._both:
-                    margin = min(margin, log_margin(np.maximum(p_compressed, COMPRESSED_FLOOR)))
+                    margin = min(margin, log_margin_row(np.maximum(p_compressed, COMPRESSED_FLOOR)))
                 return -margin, novel
             return top1_gap(p_original, p_compressed), novel
         original, compressed = p_original.tolist(), p_compressed.tolist()

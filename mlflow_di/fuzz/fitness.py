@@ -68,6 +68,12 @@ def log_margin(p: np.ndarray) -> float:
     p = np.asarray(p).ravel()
     if p.size <= LIST_SCORING_MAX_CLASSES or np.isnan(p.sum()):  # the list scan skips NaN, a partition would not
         return log_margin_list(p.tolist())
+    return log_margin_row(p)
+
+
+def log_margin_row(p: np.ndarray) -> float:
+    """:func:`log_margin` of a 1-D row of at least two values without NaN, by a partition (the per-query
+    path for long rows, whose caller has checked them)."""
     second, first = np.partition(p, -2)[-2:].tolist()  # the same two values the list scan finds
     return _margin(first, second)
 
