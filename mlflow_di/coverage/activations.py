@@ -36,12 +36,11 @@ _FOLLOWERS = (
 class PreprocessedImages:
     """Raw uint8 images that become float model input one slice at a time (so big sets stay uint8 in memory).
 
-    ``device``: where a slice is preprocessed. On a GPU the uint8 slice travels and torch does the
-    arithmetic there (:meth:`Preprocessing.apply_on`, the same values, a quarter of the bytes to
-    copy): NumPy's arithmetic took 1.8 ms per 224x224 image on an H100 machine's host, more than
-    the relevance pass itself. On the CPU (None or ``cpu``) :meth:`Preprocessing.apply` does it
-    (a table lookup, 0.23 ms per 224x224 image on a 2-core machine; torch's arithmetic took 1.5).
-    :func:`iter_batches` moves the preprocessing to the device its batches go to.
+    ``device``: where a slice is preprocessed (:meth:`Preprocessing.tensor_on`). On a GPU the uint8
+    slice travels and torch does the arithmetic there: NumPy's arithmetic took 1.8 ms per 224x224
+    image on an H100 machine's host, more than the relevance pass itself. On the CPU (None or
+    ``cpu``) the table lookup does it (0.23 ms per 224x224 image on a 2-core machine; torch's
+    arithmetic took 1.5). :func:`iter_batches` moves the preprocessing to the device its batches go to.
     """
 
     def __init__(self, images: np.ndarray, preprocessing: Preprocessing, device=None):
@@ -54,9 +53,7 @@ class PreprocessedImages:
         return len(self.images)
 
     def __getitem__(self, index) -> torch.Tensor:
-        if self.device is not None:
-            return self.preprocessing.apply_on(self.images[index], self.device)
-        return torch.from_numpy(self.preprocessing.apply(self.images[index]))
+        return self.preprocessing.tensor_on(self.images[index], self.device)
 
     def on(self, device) -> "PreprocessedImages":
         """The same images, preprocessed on ``device``."""

@@ -68,10 +68,8 @@ class TorchModel:
         return torch.from_numpy(self.preprocessing.apply(images))
 
     def inputs_on_device(self, images: np.ndarray) -> torch.Tensor:
-        """Raw uint8 NHWC images -> float32 model input on the model's device, preprocessed there
-        on a GPU (:meth:`Preprocessing.apply_on`: the same values, a quarter of the bytes to copy)."""
-        device = self.device
-        return self.to_tensor(images) if device.type == "cpu" else self.preprocessing.apply_on(images, device)
+        """Raw uint8 NHWC images -> float32 model input on the model's device (:meth:`Preprocessing.tensor_on`)."""
+        return self.preprocessing.tensor_on(images, self.device)
 
     def classifier(self) -> TorchClassifier:
         """The same model as a black box (probabilities from raw images)."""
