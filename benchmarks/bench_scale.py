@@ -122,23 +122,35 @@ def tiny_cnn():
     return net.eval()
 
 
+def labelled_images(model, size: int, n_images: int, batch_size: int, seed: int):
+    """Generated ``size`` x ``size`` RGB images labelled by ``model`` itself (an ImageSet)."""
+    from mlflow_di.data import ImageSet
+
+    images = np.random.default_rng(seed).integers(0, 256, (n_images, size, size, 3), dtype=np.uint8)
+    return ImageSet(images, model.classifier().predict(images, batch_size), f"generated {n_images}x{size}x{size}")
+
+
+def coverage_seconds(model, data, batch_size: int, device) -> tuple[float, float]:
+    """Seconds per image of one IDC fit (top 6 neurons) and of scoring every criterion, on ``data``."""
+    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
+    from mlflow_di.coverage.suite import CoverageSuite
+
+    started = time.perf_counter()
+    ImportanceDrivenCoverage(top_m=6, only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
+    idc_fit = (time.perf_counter() - started) / len(data)
+    suite = CoverageSuite(only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
+    return idc_fit, _timed(lambda: suite.score(data), device) / len(data)
+
+
 def coverage_floor(device, size: int, n_images: int, batch_size: int) -> dict:
     """IDC fitting and scoring every criterion with :func:`tiny_cnn` as the model: what the coverage
     passes cost besides the model (preprocessing, hooks, copies, clustering), ms per image."""
-    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
-    from mlflow_di.coverage.suite import CoverageSuite
-    from mlflow_di.data import ImageSet
     from mlflow_di.models.preprocessing import Preprocessing
     from mlflow_di.models.torch_model import TorchModel
 
     model = TorchModel(tiny_cnn(), Preprocessing(input_shape=(size, size, 3), **IMAGENET), "tiny-cnn").to(device)
-    images = np.random.default_rng(1).integers(0, 256, (n_images, size, size, 3), dtype=np.uint8)
-    data = ImageSet(images, model.classifier().predict(images, batch_size), f"generated {n_images}x{size}x{size}")
-    started = time.perf_counter()
-    ImportanceDrivenCoverage(top_m=6, only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
-    idc_fit = (time.perf_counter() - started) / n_images
-    suite = CoverageSuite(only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
-    score_all = _timed(lambda: suite.score(data), device) / n_images
+    idc_fit, score_all = coverage_seconds(model, labelled_images(model, size, n_images, batch_size, seed=1),
+                                          batch_size, device)
     return {"coverage_floor_idc_fit_ms_per_image": round(idc_fit * 1e3, 3),
             "coverage_floor_score_all_ms_per_image": round(score_all * 1e3, 3)}
 
@@ -165,9 +177,6 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
             batch_size: int) -> dict:
     import torch
 
-    from mlflow_di.coverage.idc import ImportanceDrivenCoverage
-    from mlflow_di.coverage.suite import CoverageSuite
-    from mlflow_di.data import ImageSet
     from mlflow_di.fuzz.campaign import run_campaign
     from mlflow_di.fuzz.device_mutations import mutation_device, on_device, with_operators_on
     from mlflow_di.fuzz.dflare import DFlare
@@ -180,10 +189,8 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     device = resolve_device(device_spec)
     preprocessing = Preprocessing(input_shape=(size, size, 3), **IMAGENET)
     model = TorchModel(random_torchvision_model(family), preprocessing, family).to(device)
-    images = np.random.default_rng(0).integers(0, 256, (n_images, size, size, 3), dtype=np.uint8)
-    classifier = model.classifier()
-    labels = classifier.predict(images, batch_size)
-    data = ImageSet(images, labels, f"generated {n_images}x{size}x{size}")
+    data = labelled_images(model, size, n_images, batch_size, seed=0)
+    images, classifier = data.images, model.classifier()
     batch = model.to_tensor(images[:batch_size]).to(device)
 
     def forward_backward():
@@ -197,11 +204,7 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     per_image = len(batch)
     fwd_bwd = _timed(forward_backward, device, 3) / per_image
     fwd = _timed(forward, device, 3) / per_image
-    started = time.perf_counter()
-    ImportanceDrivenCoverage(top_m=6, only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
-    idc_fit = (time.perf_counter() - started) / n_images
-    suite = CoverageSuite(only_correct=False, batch_size=batch_size, progress=False).fit(model, data)
-    score_all = _timed(lambda: suite.score(data), device) / n_images
+    idc_fit, score_all = coverage_seconds(model, data, batch_size, device)
 
     # an identical copy: random-init logits are near ties, so any real compression disagrees on every
     # seed; with a copy every seed runs its whole query budget, which is what the timing needs
