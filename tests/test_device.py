@@ -112,3 +112,27 @@ def test_coverage_inputs_preprocessed_on_the_gpu_equal_numpy_s():
     batches = list(iter_batches(PreprocessedImages(images, preprocessing), 4, torch.device("cuda")))
     assert all(batch.is_cuda for batch in batches)
     np.testing.assert_array_equal(torch.cat(batches).cpu().numpy(), preprocessing.apply(images))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_overlapped_campaign_on_the_gpu_has_the_records_of_a_plain_one():
+    # CUDA models, the device operators in the main thread, the models' calls on the thread's own streams
+    from mlflow_di.data import ImageSet
+    from mlflow_di.fuzz.campaign import run_campaign
+    from mlflow_di.fuzz.device_mutations import with_operators_on
+    from mlflow_di.fuzz.dflare import DFlare
+    from mlflow_di.fuzz.results import comparable_records
+    from mlflow_di.models.classifier import TorchClassifier
+    from mlflow_di.models.preprocessing import Preprocessing
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    preprocessing = Preprocessing(scale=1 / 255, input_shape=(32, 32, 3))
+    original = TorchClassifier(net.to("cuda"), preprocessing, "net")
+    copy = TorchClassifier(nn.Sequential(*net), preprocessing, "copy")  # the same weights: budgets end the searches
+    images = np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
+    seeds = ImageSet(images, np.zeros(16, np.int64), "generated")
+    strategy = with_operators_on(DFlare(), torch.device("cuda"))
+    plain, overlapped = (run_campaign(original, copy, seeds, strategy=strategy, max_queries=40, batch=4,
+                                      progress=False, overlap=overlap) for overlap in (False, True))
+    assert comparable_records(plain) == comparable_records(overlapped)

@@ -4,6 +4,9 @@
 the pair (t=0.30, t=0.32) disagrees exactly on images whose mean brightness lies in
 (0.30, 0.32). Seeds are dark (mean ~0.19): a search has to climb into the band.
 """
+import threading
+import time
+
 import mlflow_di  # noqa: F401
 import numpy as np
 import pytest
@@ -11,6 +14,8 @@ import pytest
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz import DFlare, DiffChaser, load_campaign, run_campaign
+from mlflow_di.fuzz.campaign import off_host, overlaps_by_default, run_campaigns
+from mlflow_di.fuzz.distributed import RayExecutor
 from mlflow_di.fuzz.results import CampaignResult, CampaignSummary, SeedRecord
 from mlflow_di.fuzz.store import CampaignStore
 
@@ -162,11 +167,13 @@ class Interrupting(Brightness):
         return super().predict_proba(images)
 
 
-def test_interrupted_campaign_keeps_its_triggers_and_resumes_to_the_same_result(pair, seeds, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_interrupted_campaign_keeps_its_triggers_and_resumes_to_the_same_result(pair, seeds, tmp_path, overlap):
     reference = run_campaign(*pair, seeds, max_queries=3000, batch=4, progress=False)
     out = tmp_path / "campaign"
+    # with overlap the interrupt comes from the models' thread, as a Ctrl-C during a call reaches the campaign
     partial = run_campaign(Interrupting(LOW, after=60), Brightness(HIGH), seeds, max_queries=3000, batch=4,
-                           out_dir=out, progress=False)
+                           out_dir=out, progress=False, overlap=overlap)
     assert not partial.complete and 0 < len(partial.records) < 12
     finished = {r.index for r in partial.records}
     on_disk = CampaignStore(out).read_records()
@@ -185,6 +192,7 @@ def test_interrupted_campaign_keeps_its_triggers_and_resumes_to_the_same_result(
     unfinished_queries = sum(r.queries for r in reference.records if r.index not in finished)
     assert counting.calls <= 1 + unfinished_queries
     assert load_campaign(out).records == resumed.records
+    assert not _model_threads(), "the models' thread ends with the campaign"
 
 
 def test_resume_refuses_different_settings_and_new_runs_refuse_a_used_directory(pair, seeds, tmp_path):
@@ -237,3 +245,87 @@ def test_bad_arguments_are_user_errors(pair, seeds):
         run_campaign(*pair, seeds, max_queries=0, progress=False)
     with pytest.raises(UserError, match="resume needs"):
         run_campaign(*pair, seeds, resume=True, progress=False)
+
+
+def _model_threads() -> list:
+    return [t for t in threading.enumerate() if t.name.startswith("mlflow-di-models")]
+
+
+@pytest.mark.parametrize("strategy", ["dflare", DFlare(escalate=4, restart=30), "diffchaser"],
+                         ids=["dflare", "dflare-escalate-restart", "diffchaser"])
+def test_overlap_gives_the_same_records(seeds, strategy):
+    # two campaigns sharing the original, batches smaller than the seeds: both shifts start, refill,
+    # speculate as they drain, and budgets (identical models) or triggers (the band pair) end the searches
+    compressed = [Brightness(HIGH), Brightness(LOW, name="same")]
+    plain, overlapped = (run_campaigns(Brightness(LOW), compressed, seeds, strategy=strategy, max_queries=150,
+                                       timeout=1e6, batch=3, seed=2, progress=False, overlap=overlap)
+                         for overlap in (False, True))
+    for one, other in zip(plain, overlapped):
+        assert _comparable(one) == _comparable(other)
+        np.testing.assert_array_equal(one.triggers, other.triggers)
+    assert plain[1].summary.triggers == 0
+    assert plain[0].summary.triggers > 0 or strategy == "diffchaser"  # its small steps need more than 150 queries
+
+
+class Slow(Brightness):
+    """Its calls take 20 ms off the host (a sleep releases the GIL, as a GPU's work does) and are logged."""
+
+    def __init__(self, threshold):
+        super().__init__(threshold)
+        self.spans: list[tuple[float, float]] = []
+
+    def predict_proba(self, images):
+        began = time.perf_counter()
+        time.sleep(0.02)
+        probabilities = super().predict_proba(images)
+        self.spans.append((began, time.perf_counter()))
+        return probabilities
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_overlap_runs_the_models_while_the_searches_of_the_other_shift_work(pair, seeds, monkeypatch, overlap):
+    from mlflow_di.fuzz.dflare import DFlareSearch
+
+    proposed: list[float] = []
+    propose = DFlareSearch.propose
+
+    def timed_propose(self, *args, **kwargs):
+        proposed.append(time.perf_counter())
+        return propose(self, *args, **kwargs)
+
+    monkeypatch.setattr(DFlareSearch, "propose", timed_propose)
+    original = Slow(LOW)
+    run_campaign(original, Brightness(LOW), seeds, max_queries=6, timeout=1e6, batch=4, progress=False,
+                 overlap=overlap)
+    during_a_call = sum(any(began < moment < ended for began, ended in original.spans) for moment in proposed)
+    if overlap:  # while one shift's 20 ms call runs, the other shift observes and proposes (~1 ms)
+        assert during_a_call >= 4
+    else:
+        assert during_a_call == 0
+
+
+def test_a_model_error_in_the_background_reaches_the_caller(pair, seeds):
+    class Failing(Brightness):
+        def predict_proba(self, images):
+            if self.calls == 3:
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            return super().predict_proba(images)
+
+    with pytest.raises(RuntimeError, match="device-side assert"):
+        run_campaign(Failing(LOW), Brightness(HIGH), seeds, max_queries=3000, batch=4, progress=False, overlap=True)
+    assert not _model_threads()
+
+
+def test_overlap_is_on_by_default_when_a_model_runs_on_a_gpu():
+    class On:
+        def __init__(self, provider):
+            self.provider = provider
+
+    assert off_host(On("pytorch (cuda:0)"), [On("onnxruntime (CPUExecutionProvider)")])
+    assert off_host(On("pytorch (cpu)"), [On("onnxruntime (CUDAExecutionProvider)")])
+    assert not off_host(On("pytorch (cpu)"), [On("tflite (cpu)"), object()])
+    gpu, cpu = On("pytorch (cuda:0)"), On("pytorch (cpu)")
+    assert overlaps_by_default(gpu, [cpu]) and not overlaps_by_default(cpu, [cpu])
+    # Ray workers overlap when they get a GPU share (they load the models on it as this process did)
+    assert overlaps_by_default(gpu, [cpu], RayExecutor(gpus_per_worker=0.5))
+    assert not overlaps_by_default(gpu, [cpu], RayExecutor(gpus_per_worker=0))

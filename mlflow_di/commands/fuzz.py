@@ -92,7 +92,13 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--dx-blackout-count", type=click.IntRange(1), default=None,
               help="deepxplore blackout: rectangles tried per step (default 1, the reference's).")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
-              help="Seeds searched in lockstep (results do not depend on it).")
+              help="Seeds searched in lockstep (results do not depend on it, unless a model's output for an image "
+                   "depends on the rest of its batch, as int8-dynamic's does).")
+@click.option("--overlap/--no-overlap", default=None,
+              help="Run one shift of --batch seeds through the models while a second shift's searches mutate "
+                   "and score (two shifts, so twice the seeds in flight; results change only as with --batch). "
+                   "Default: on when a model runs on a GPU, where the host and the device would otherwise wait "
+                   "for each other. Black-box strategies only.")
 @click.option("--out-dir", type=WritablePath("dir"), default=None,
               help="Campaign folder, written as seeds finish (default: a new folder under mlflow-di-campaigns/).")
 @click.option("--resume", is_flag=True,
@@ -105,12 +111,12 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @json_out_option
 @device_option
 def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, max_linf, min_ssim, batch,
-            out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address, cpus_per_worker,
-            gpus_per_worker, seed, json_out, device, **deepxplore) -> None:
+            overlap, out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address,
+            cpus_per_worker, gpus_per_worker, seed, json_out, device, **deepxplore) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
-    from mlflow_di.fuzz.campaign import run_campaigns
+    from mlflow_di.fuzz.campaign import overlaps_by_default, run_campaigns
     from mlflow_di.fuzz.device_mutations import mutation_device, with_operators_on
     from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error
@@ -123,6 +129,9 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         raise UserError(f"--compressed {repeated[0]} is given twice; name each compressed model once")
     search = _strategy(strategy, max_linf, min_ssim, deepxplore)
     white_box = strategy == "deepxplore"
+    if white_box and overlap:
+        raise UserError("--overlap applies to the black-box strategies; deepxplore runs its models in its own loop "
+                        "(drop --overlap)")
     executor = _executor(workers, ray_address, cpus_per_worker, gpus_per_worker, white_box)
     original_ref = ModelRef.parse(original)
     compressed_refs = [ModelRef.parse(uri) for uri in compressed]
@@ -134,6 +143,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         original_model = load_classifier(original_ref, preprocessing_original, device)
         compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
     mutations_on = None if white_box else mutation_device(original_model, executor)  # a CUDA original's GPU
+    overlapping = not white_box and (overlap if overlap is not None
+                                     else overlaps_by_default(original_model, compressed_models, executor))
     search = with_operators_on(search, mutations_on)
     raw_seeds = load_images(seed_data)
     seeds = original_model.preprocessing.prepare(raw_seeds)  # lazy: resized per batch if the model says so
@@ -177,7 +188,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
               "max_queries": max_queries, "strategy": strategy, "max_linf": max_linf, "min_ssim": min_ssim,
               "batch": batch, "seed": seed, "resume": resume, "original_runs_on": original_model.provider,
               "workers": workers, **({"ray_address": ray_address} if workers else {}),
-              "mutations_on": str(mutations_on or "cpu"),
+              "mutations_on": str(mutations_on or "cpu"), "overlap": overlapping,
               **({f"dx_{key}": value for key, value in search.options().items()} if white_box else {})}
     with runs.tracked_run(run_name, tags=tags) as log:
         log.params({**params, "compressed": ",".join(compressed), "out_dir": str(folder),
@@ -189,6 +200,9 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         if mutations_on is not None:
             where = " (each Ray worker's own GPU)" if executor is not None else ""
             click.echo(f"noise and median-blur mutations run on {mutations_on}{where}")
+        if overlapping:
+            click.echo(f"the models' calls overlap the searches: two shifts of up to {batch} seeds"
+                       + (" in each Ray worker" if executor is not None else "") + " (--no-overlap: one)")
         if executor is not None:
             click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of {batch} seeds; "
                        "this process writes the campaign folder")
@@ -201,7 +215,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             else:
                 results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
                                         max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders,
-                                        resume=resume, executor=executor)
+                                        resume=resume, executor=executor, overlap=overlapping)
         summaries = [_summary(result) for result in results]
         # the seeds as the spec loads them; the campaign's fingerprint is theirs unless the original resized them
         known = None if original_model.preprocessing.has_raw_step else results[0].config.seeds_sha256

@@ -19,6 +19,17 @@ a batched call instead of paying a model call's fixed cost per query. A search u
 inputs its algorithm would have queried one at a time (see :class:`~mlflow_di.fuzz.dflare.DFlareSearch`);
 results and query counts do not change.
 
+Overlap: a GPU computes a batch while the host waits, then the host mutates and scores the next
+batch while the GPU waits, so a query costs the host's work *plus* the models'. With ``overlap``
+the seeds form two shifts of up to ``batch`` seeds per campaign; while one shift's inputs go
+through the models (in a background thread, which PyTorch's and ONNX Runtime's calls let run
+beside Python), the other shift's searches observe their last answer and propose their next
+inputs, so a query costs about the larger of the two. The models' thread computes on CUDA streams
+of its own, so the noise and median operators the searches run on a GPU do not wait behind its
+forward passes. The searches never see a model call of another shift, so records stay the same
+(as with ``batch``, a model whose output for an image depends on the rest of its batch, such as
+ONNX Runtime's int8-dynamic, sees other batches); a seed is charged its shift's model time as before.
+
 Queries: one query is one input through both models; the seed's own check is not counted, nor
 are speculative inputs a search dropped unused (they count in ``RunStats.inputs``).
 Seeds on which the models already disagree are recorded apart and not searched.
@@ -29,6 +40,8 @@ import collections
 import dataclasses
 import hashlib
 import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from mlflow_di.progress import progress_bar as tqdm
 
@@ -40,11 +53,13 @@ from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, See
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
 from mlflow_di.fuzz.strategies import make_strategy
+from mlflow_di.models.device import use_own_cuda_streams
 
 
 def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeout: float = 180.0,
                  max_queries: int | None = None, batch: int = 64, seed: int = 0, out_dir=None,
-                 resume: bool = False, progress: bool = True, executor=None) -> CampaignResult:
+                 resume: bool = False, progress: bool = True, executor=None,
+                 overlap: bool | None = None) -> CampaignResult:
     """Search each seed for an input on which ``original`` and ``compressed`` disagree.
 
     ``original``/``compressed``: black boxes with ``predict_proba(uint8 NHWC) -> (N, C)``.
@@ -55,16 +70,17 @@ def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeo
     triggers are saved as seeds finish; ``resume=True`` continues a campaign found there.
 
     A KeyboardInterrupt stops the campaign early: finished seeds are kept (on disk too) and
-    the returned result has ``complete=False``. ``executor``: see :func:`run_campaigns`.
+    the returned result has ``complete=False``. ``executor`` and ``overlap``: see :func:`run_campaigns`.
     """
     return run_campaigns(original, [compressed], seeds, strategy=strategy, timeout=timeout, max_queries=max_queries,
                          batch=batch, seed=seed, out_dirs=None if out_dir is None else [out_dir], resume=resume,
-                         progress=progress, executor=executor)[0]
+                         progress=progress, executor=executor, overlap=overlap)[0]
 
 
 def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare", timeout: float = 180.0,
                   max_queries: int | None = None, batch: int = 64, seed: int = 0, out_dirs: list | None = None,
-                  resume: bool = False, progress: bool = True, executor=None) -> list[CampaignResult]:
+                  resume: bool = False, progress: bool = True, executor=None,
+                  overlap: bool | None = None) -> list[CampaignResult]:
     """One campaign per model in ``compressed``, all against ``original``, sharing its calls.
 
     Each campaign is the one :func:`run_campaign` would run for that pair (per-seed records are
@@ -78,6 +94,10 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     ``executor``: None searches here; a :class:`~mlflow_di.fuzz.distributed.RayExecutor` spreads
     chunks of seeds over Ray workers (same per-seed records under ``max_queries``). Either way this
     process alone writes the campaign folders.
+
+    ``overlap``: keep two shifts of up to ``batch`` seeds per campaign and run one shift's model calls in
+    a background thread while the other shift's searches mutate and score (see the module docstring).
+    None (the default): :func:`overlaps_by_default`. Per-seed records do not change; only times do.
     """
     strategy = make_strategy(strategy)
     if getattr(strategy, "white_box", False):
@@ -106,7 +126,9 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     for lane in lanes:
         if lane.store is not None and not resume:
             lane.store.create(lane.config)
-    runner = _Lockstep(original, lanes, seeds, strategy, batch)
+    if overlap is None:
+        overlap = overlaps_by_default(original, compressed, executor)
+    runner = _Lockstep(original, lanes, seeds, strategy, batch, overlap)
     try:
         runner.run(progress, executor)
     finally:
@@ -228,34 +250,60 @@ class _Lane:
         self.todo = np.zeros(0, np.int64)
         self.p_original = self.p_compressed = np.zeros((0, 0))
         self.pending: collections.deque = collections.deque()
-        self.active: list[_Active] = []
-        self._buffer: np.ndarray | None = None
-
-    def stack(self, proposals: list[np.ndarray], image_shape: tuple) -> np.ndarray:
-        """This iteration's proposals as one batch, in a buffer the lane reuses: a fresh array per call
-        pays for its pages (64 inputs at 224 px: 25-42 µs per input copied into a new array, 19-21 into
-        the reused one, on a 2-core machine). The models read the batch before the next iteration
-        overwrites it; the searches keep their own arrays."""
-        total = sum(len(p) for p in proposals)
-        if self._buffer is None or len(self._buffer) < total:
-            self._buffer = np.empty((total, *image_shape), np.uint8)
-        return np.concatenate(proposals, out=self._buffer[:total]) if proposals else self._buffer[:0]
 
     def todo_indices(self, count: int) -> set[int]:
         return {i for i in range(count) if i not in self.done}
 
+
+@dataclasses.dataclass
+class _Evaluation:
+    """One shift's batched model calls: the original's rows for every lane's inputs (in lane order),
+    its seconds and the distinct images it evaluated; per lane, the compressed model's rows and seconds."""
+
+    p_original: np.ndarray
+    original_seconds: float
+    distinct: int
+    compressed: list[tuple[np.ndarray, float]]
+
+
+class _Shift:
+    """Seeds whose inputs share one batched call of each model per iteration: per lane, the searches
+    being run and a reused buffer for their stacked inputs; and the shift's call while it is in flight."""
+
+    def __init__(self, lane_count: int):
+        self.active: list[list[_Active]] = [[] for _ in range(lane_count)]
+        self.proposals: list[list[np.ndarray]] = []
+        self.inputs: list[np.ndarray] = []
+        #: the models' answer to ``inputs``: an _Evaluation, or a Future of one while it is computed
+        self.evaluation = None
+        self._buffers: list[np.ndarray | None] = [None] * lane_count
+
     @property
     def busy(self) -> bool:
-        return bool(self.pending or self.active)
+        return self.evaluation is not None or any(self.active)
+
+    def stack(self, lane: int, proposals: list[np.ndarray], image_shape: tuple) -> np.ndarray:
+        """A lane's proposals as one batch, in a buffer this shift reuses for that lane: a fresh array
+        per call pays for its pages (64 inputs at 224 px: 25-42 µs per input copied into a new array,
+        19-21 into the reused one, on a 2-core machine). The models read the batch before this shift's
+        next iteration overwrites it (the other shift has its own buffers); the searches keep their own arrays."""
+        total = sum(len(p) for p in proposals)
+        buffer = self._buffers[lane]
+        if buffer is None or len(buffer) < total:
+            buffer = self._buffers[lane] = np.empty((total, *image_shape), np.uint8)
+        return np.concatenate(proposals, out=buffer[:total]) if proposals else buffer[:0]
 
 
 class _Lockstep:
-    """Runs the searches of one or more campaigns, ``batch`` seeds at a time per campaign, with one
-    batched call of the original (each distinct input once) and one of each compressed model per iteration."""
+    """Runs the searches of one or more campaigns, ``batch`` seeds at a time per campaign and shift, with
+    one batched call of the original (each distinct input once) and one of each compressed model per
+    iteration of a shift. Without ``overlap`` there is one shift; with it, two, whose model calls run
+    in a background thread while the searches of the other shift work (see :func:`run_campaigns`)."""
 
-    def __init__(self, original, lanes: list[_Lane], seeds: ImageSet, strategy, batch: int):
+    def __init__(self, original, lanes: list[_Lane], seeds: ImageSet, strategy, batch: int, overlap: bool = False):
         self.original, self.lanes = original, lanes
         self.seeds, self.strategy, self.batch = seeds, strategy, batch
+        self.overlap = overlap
         self._progress = None
         self._clock_start = time.perf_counter()
         self._last_postfix = 0.0
@@ -285,20 +333,42 @@ class _Lockstep:
             self._progress.close()
 
     def search_all(self) -> None:
-        """Every lane's seeds in this process, ``batch`` at a time per lane (seeds already deviating are recorded at once)."""
+        """Every lane's seeds in this process, ``batch`` at a time per lane and shift (seeds already
+        deviating are recorded at once). Each shift in turn: take its models' answer, finish its
+        seeds that are done, start new ones, propose, and hand the inputs to the models."""
         for lane in self.lanes:
             for row, index in enumerate(lane.todo):
                 if labels_differ(lane.p_original[row], lane.p_compressed[row]):
                     self._finish_deviating(lane, int(index), lane.p_original[row], lane.p_compressed[row])
                 else:
                     lane.pending.append((int(index), lane.p_original[row], lane.p_compressed[row]))
-        while any(lane.busy for lane in self.lanes):
-            for lane in self.lanes:
-                while lane.pending and len(lane.active) < self.batch:
-                    lane.active.append(self._start(lane, *lane.pending.popleft()))
-            self._step()
-            for lane in self.lanes:
-                lane.active = [a for a in lane.active if not self._maybe_finish(lane, a)]
+        shifts = [_Shift(len(self.lanes)) for _ in range(2 if self.overlap else 1)]
+        pool = None
+        if self.overlap:  # the models' calls on their own CUDA streams, so the device operators need not wait
+            pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-di-models", initializer=use_own_cuda_streams,
+                                      initargs=(self._cuda_devices(),))
+        try:
+            while any(lane.pending for lane in self.lanes) or any(shift.busy for shift in shifts):
+                for shift in shifts:
+                    if shift.evaluation is not None:
+                        evaluation, shift.evaluation = shift.evaluation, None
+                        self._observe(shift, evaluation if pool is None else evaluation.result())
+                    for number, lane in enumerate(self.lanes):
+                        shift.active[number] = [a for a in shift.active[number] if not self._maybe_finish(lane, a)]
+                        while lane.pending and len(shift.active[number]) < self.batch:
+                            shift.active[number].append(self._start(lane, *lane.pending.popleft()))
+                    if not self._propose(shift):
+                        continue  # only exhausted searches (or none) this time: they finish on the next turn
+                    shift.evaluation = (self._evaluate(shift.inputs) if pool is None
+                                        else pool.submit(self._evaluate, shift.inputs))
+        finally:  # an interrupted or failed campaign leaves no call behind (one batch at most to wait for)
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _cuda_devices(self) -> list:
+        """The CUDA devices the PyTorch models run on (a classifier's ``device``), each once."""
+        devices = {getattr(model, "device", None) for model in [self.original, *(lane.compressed for lane in self.lanes)]}
+        return sorted((d for d in devices if getattr(d, "type", None) == "cuda"), key=str)
 
     def _start(self, lane: _Lane, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> _Active:
         began = time.perf_counter()
@@ -307,45 +377,59 @@ class _Lockstep:
         search = self.strategy.start(image, p_original, p_compressed, rng)
         return _Active(index, search, (p_original, p_compressed), image, time.perf_counter() - began)
 
-    def _step(self) -> None:
-        """One lockstep iteration over every campaign: propose, one batched call per model, observe."""
+    def _propose(self, shift: _Shift) -> bool:
+        """Ask every search of ``shift`` for its next inputs and stack them per lane; whether there are any."""
         clock = time.perf_counter
-        proposals: list[list[np.ndarray]] = []
+        shift.proposals = []
         began = clock()
-        for lane in self.lanes:
+        for lane, active in zip(self.lanes, shift.active):
             limit = lane.config.max_queries
-            depth = _speculation_depth(len(lane.active), self.batch) if lane.active else 1
+            depth = _speculation_depth(len(active), self.batch) if active else 1
             mine = []
-            for a in lane.active:  # one clock reading per search: the end of one search's turn starts the next
+            for a in active:  # one clock reading per search: the end of one search's turn starts the next
                 mine.append(a.search.propose(None if limit is None else limit - a.search.queries, depth))
                 now = clock()
                 a.seconds += now - began
                 began = now
-            proposals.append(mine)
-        lane_inputs = [lane.stack(mine, self.seeds.image_shape) for lane, mine in zip(self.lanes, proposals)]
-        total = sum(len(inputs) for inputs in lane_inputs)
-        if total == 0:  # only exhausted searches this time
-            return
+            shift.proposals.append(mine)
+        # stacked here, not in the models' thread: the copy holds Python's lock and would delay both
+        shift.inputs = [shift.stack(number, mine, self.seeds.image_shape)
+                        for number, mine in enumerate(shift.proposals)]
+        return any(len(inputs) for inputs in shift.inputs)
+
+    def _evaluate(self, lane_inputs: list[np.ndarray]) -> _Evaluation:
+        """Every lane's inputs through the original (each distinct image once) and through the lane's
+        compressed model. With ``overlap`` it runs in the background thread and touches only the models
+        and ``lane_inputs`` (the shift's own buffers, which the shift rewrites only after its answer)."""
         p_original, original_seconds, distinct = self._original_probabilities(lane_inputs)
+        compressed = []
+        for lane, inputs in zip(self.lanes, lane_inputs):
+            began = time.perf_counter()
+            p_compressed = lane.compressed.predict_proba(inputs) if len(inputs) else None
+            compressed.append((p_compressed, time.perf_counter() - began))
+        return _Evaluation(p_original, original_seconds, distinct, compressed)
+
+    def _observe(self, shift: _Shift, evaluation: _Evaluation) -> None:
+        """Hand each search of ``shift`` its rows of the models' answer, charging it its share of the calls."""
+        clock = time.perf_counter
+        counts = [len(inputs) for inputs in shift.inputs]
+        total = sum(counts)
         # each input is charged what it costs the original alone (per distinct image), so a seed gets
         # the compute budget of a separate campaign; charged times then add up to more than the wall time
-        original_share = original_seconds / distinct
-        self.shared_original_inputs += distinct
+        original_share = evaluation.original_seconds / evaluation.distinct
+        self.shared_original_inputs += evaluation.distinct
         self._inputs += total
         start_original = 0
-        for lane, mine, inputs in zip(self.lanes, proposals, lane_inputs):
-            if not len(inputs):
+        for lane, active, mine, count, (p_compressed, compressed_seconds) in zip(
+                self.lanes, shift.active, shift.proposals, counts, evaluation.compressed):
+            if not count:
                 continue
-            began = clock()
-            p_compressed = lane.compressed.predict_proba(inputs)
-            now = clock()
-            compressed_share = (now - began) / len(inputs)
-            share = original_share + compressed_share
-            lane_original = p_original[start_original:start_original + len(inputs)]
-            start_original += len(inputs)
+            share = original_share + compressed_seconds / count
+            lane_original = evaluation.p_original[start_original:start_original + count]
+            start_original += count
             start = 0
-            began = now
-            for a, proposal in zip(lane.active, mine):
+            began = clock()
+            for a, proposal in zip(active, mine):
                 stop = start + len(proposal)
                 a.search.observe(lane_original[start:stop], p_compressed[start:stop])
                 now = clock()
@@ -353,10 +437,10 @@ class _Lockstep:
                 a.model_seconds += share * len(proposal)
                 began = now
                 start = stop
-            lane.stats.model_seconds += share * len(inputs)
+            lane.stats.model_seconds += share * count
             lane.stats.calls += 1
-            lane.stats.inputs += len(inputs)
-            lane.stats.original_inputs += len(inputs) * distinct / total
+            lane.stats.inputs += count
+            lane.stats.original_inputs += count * evaluation.distinct / total
         self._refresh_progress()  # also while a few long searches finish alone
 
     def _original_probabilities(self, lane_inputs: list[np.ndarray]) -> tuple[np.ndarray, float, int]:
@@ -440,6 +524,19 @@ class _Lockstep:
 #: 0.7% of all inputs were dropped unused with this cap (most mutants of a slow seed are
 #: rejected, which is what speculation assumes).
 MAX_SPECULATION = 16
+
+
+def off_host(original, compressed: list) -> bool:
+    """Whether any of the models runs on a GPU (its ``provider`` names CUDA). A campaign then overlaps
+    by default: otherwise the host waits while the device computes a batch, and the device waits while
+    the host mutates and scores the next. On a CPU the two would compete for the same cores."""
+    return any("cuda" in str(getattr(model, "provider", "")).lower() for model in [original, *compressed])
+
+
+def overlaps_by_default(original, compressed: list, executor=None) -> bool:
+    """Whether a campaign overlaps when not told: when a model runs on a GPU (:func:`off_host`) where the
+    searches run, i.e. here, or on Ray workers given a GPU share (which load the models as this process did)."""
+    return off_host(original, compressed) and (executor is None or getattr(executor, "gpus_per_worker", 0) > 0)
 
 
 def _speculation_depth(active: int, batch: int) -> int:

@@ -18,7 +18,8 @@ none is written twice. A chunk that keeps killing its worker stops the campaign 
 after :attr:`RayExecutor.max_retries` retries; finished chunks stay saved and ``resume`` continues.
 
 Chunk size: smaller chunks lose less work to a dead worker and show progress sooner; chunks of at
-least ``batch`` seeds keep the lockstep's batched model calls full. The default is ``batch``.
+least ``batch`` seeds keep the lockstep's batched model calls full. The default is ``batch``, twice
+that when the campaign overlaps (two shifts of ``batch`` seeds, see :func:`~mlflow_di.fuzz.campaign.run_campaigns`).
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ class RayExecutor:
     def _execute(self, ray, runner) -> None:
         from mlflow_di.models.shipping import ship
 
-        chunks = _chunks(runner, self.chunk_size or runner.batch)
+        chunks = _chunks(runner, self.chunk_size or runner.batch * (2 if runner.overlap else 1))
         if not chunks:
             return
         worker_class = ray.remote(_Worker).options(
@@ -81,7 +82,7 @@ class RayExecutor:
         # in the object store once; handed to each call inside a list, so Ray does not resolve it per call
         # and a restarted worker loads the models again on its first chunk
         models = [ray.put((ship(runner.original), [ship(lane.compressed) for lane in runner.lanes]))]
-        actors = [worker_class.remote(runner.strategy, runner.batch, tuple(runner.seeds.image_shape))
+        actors = [worker_class.remote(runner.strategy, runner.batch, tuple(runner.seeds.image_shape), runner.overlap)
                   for _ in range(min(self.workers, len(chunks)))]
         queue = list(reversed(chunks))
         running: dict = {}  # object ref -> (actor, chunk)
@@ -116,8 +117,8 @@ class RayExecutor:
 class _Worker:
     """A Ray actor: the models loaded on its first chunk and kept, then the lockstep search of one chunk per call."""
 
-    def __init__(self, strategy, batch: int, image_shape: tuple):
-        self.strategy, self.batch, self.image_shape = strategy, batch, image_shape
+    def __init__(self, strategy, batch: int, image_shape: tuple, overlap: bool = False):
+        self.strategy, self.batch, self.image_shape, self.overlap = strategy, batch, image_shape, overlap
         self.original = self.compressed = None
 
     def search(self, payload: dict, models: list) -> dict:
@@ -138,7 +139,7 @@ class _Worker:
             lane = _Lane(self.compressed[number], config, None, {})
             lane.todo, lane.p_original, lane.p_compressed = todo, p_original, p_compressed
             lanes.append(lane)
-        runner = _Lockstep(self.original, lanes, seeds, self.strategy, self.batch)
+        runner = _Lockstep(self.original, lanes, seeds, self.strategy, self.batch, self.overlap)
         runner.run(progress=False)
         return {"lanes": [(lane.records, lane.images, lane.stats) for lane in lanes],
                 "shared_original_inputs": runner.shared_original_inputs, "seconds": time.perf_counter() - began}

@@ -64,6 +64,23 @@ def module_device(module):
     return torch.device("cpu")
 
 
+def use_own_cuda_streams(devices) -> None:
+    """Make a new CUDA stream the calling thread's current stream on each of ``devices`` (CUDA
+    ``torch.device`` objects; none: nothing happens, and torch is not imported).
+
+    PyTorch's current stream is per thread, and work on different streams may run at once. A
+    thread that runs the models' calls beside other GPU work (a campaign's overlap: the searches'
+    noise and median operators run on the device in the main thread) calls this first, so that
+    the other work does not queue behind each forward pass on the default stream.
+    """
+    if not devices:
+        return
+    import torch
+
+    for device in devices:
+        torch.cuda.set_stream(torch.cuda.Stream(device=device))
+
+
 def describe_device(device) -> str:
     """``cpu`` or ``cuda:0 (NVIDIA H100 80GB HBM3)``: what to print and log."""
     import torch
