@@ -7,6 +7,8 @@ For each family (random weights, generated images labelled by the model itself):
   original against a copy of itself on the same device, so every seed runs its full query budget
   and the ratio is the search's overhead: mutations, fitness, novelty, bookkeeping), with the
   searches' share of a query and each mutation operator's milliseconds per call at this size;
+  and the same campaign with overlap (``fuzz --overlap``: two shifts of half the seeds, the models'
+  calls beside the searches) over the models' inference on calls of half as many inputs;
 - the campaign's floor: the same campaign with a near-free stand-in for both models (ImageNet's
   1,000 classes), i.e. what a query costs besides the models, and the same without the three
   operators a GPU can take over (noise, median blur): the host's own share of a query;
@@ -214,12 +216,18 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
     mutations_on = mutation_device(classifier)  # as the fuzz command does: the GPU of a CUDA original
     strategy = with_operators_on(DFlare(), mutations_on)
     result = run_campaign(classifier, pruned, seed_set, strategy=strategy, max_queries=queries, timeout=1e9,
-                          batch=seeds, progress=False)
+                          batch=seeds, progress=False, overlap=False)
     campaign = time.perf_counter() - started
     total_queries = sum(r.queries for r in result.records)
-    both_models = _timed(lambda: (classifier.predict_proba(images[:seeds]), pruned.predict_proba(images[:seeds])),
-                         device, 3) / seeds
+    both_models = _both_models_seconds_per_input(classifier, pruned, images[:seeds], device)
     per_query = campaign / max(total_queries, 1)
+    # the same seeds in two overlapping shifts (fuzz --overlap), each call of half as many inputs
+    half = max(seeds // 2, 1)
+    started = time.perf_counter()
+    overlapped = run_campaign(classifier, pruned, seed_set, strategy=strategy, max_queries=queries, timeout=1e9,
+                              batch=half, progress=False, overlap=True)
+    overlap_per_query = (time.perf_counter() - started) / max(sum(r.queries for r in overlapped.records), 1)
+    both_models_half = _both_models_seconds_per_input(classifier, pruned, images[:half], device)
     stats = result.run_stats
     rng = np.random.default_rng(0)
     operators = [(op.name, op) for op in strategy.operators]
@@ -236,6 +244,9 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
             "score_all_ms_per_image": round(score_all * 1e3, 3), "score_all_ratio": round(score_all / fwd, 2),
             "campaign_queries": total_queries, "campaign_ms_per_query": round(per_query * 1e3, 3),
             "models_ms_per_input": round(both_models * 1e3, 3), "campaign_overhead_ratio": round(per_query / both_models, 2),
+            "campaign_overlap_ms_per_query": round(overlap_per_query * 1e3, 3),
+            "models_ms_per_input_half_batch": round(both_models_half * 1e3, 3),
+            "campaign_overlap_ratio": round(overlap_per_query / both_models_half, 2),
             # where a query's time went: the searches (mutations, fitness, selection) vs the models' calls
             "campaign_search_ms_per_query": round(stats.search_seconds / max(total_queries, 1) * 1e3, 3),
             "campaign_model_ms_per_input": round(stats.model_seconds / max(stats.inputs, 1) * 1e3, 3),
@@ -245,6 +256,11 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
             **peak}
 
 
+def _both_models_seconds_per_input(original, copy, images: np.ndarray, device) -> float:
+    """The two models' own batched inference on ``images``, seconds per input."""
+    return _timed(lambda: (original.predict_proba(images), copy.predict_proba(images)), device, 3) / len(images)
+
+
 def section(rows: list[dict], device_type: str, command: str) -> str:
     begin, end = f"<!-- bench_scale {device_type} -->", f"<!-- /bench_scale {device_type} -->"
     device = rows[0]["device"] if rows else device_type
@@ -252,11 +268,12 @@ def section(rows: list[dict], device_type: str, command: str) -> str:
              f"Command: `{command}`  ", f"Machine: {platform.machine()}, {device}; random-init torchvision models, "
              f"generated {rows[0]['size']}x{rows[0]['size']} RGB images labelled by the model itself.", "",
              "| family | IDC fit / (fwd+bwd) | score all criteria / fwd | campaign s per query / models' inference per input "
-             "| fwd+bwd ms/img | fwd ms/img | campaign ms/query | of which searches | floor ms/query (stand-in models) "
+             "| the same with overlap (two shifts of half the seeds) | fwd+bwd ms/img | fwd ms/img | campaign ms/query | of which searches | floor ms/query (stand-in models) "
              "| host floor ms/query (no noise, no median) | peak RSS MiB | peak GPU MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['family']} | {r['idc_fit_ratio']} | {r['score_all_ratio']} | {r['campaign_overhead_ratio']} | "
+                     f"{r.get('campaign_overlap_ratio', '-')} | "
                      f"{r['forward_backward_ms_per_image']} | {r['forward_ms_per_image']} | {r['campaign_ms_per_query']} | "
                      f"{r.get('campaign_search_ms_per_query', '-')} | {r.get('campaign_floor_ms_per_query', '-')} | "
                      f"{r.get('campaign_host_floor_ms_per_query', '-')} | "
