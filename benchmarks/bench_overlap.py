@@ -98,7 +98,7 @@ def measure(size: int, batch: int, queries: int, device_ms: float, repeat: int) 
 
 
 def section(rows: list[dict], command: str) -> str:
-    lines = [BEGIN, "### Overlap beside a (simulated) device", "",
+    lines = [BEGIN, "## Overlap beside a (simulated) device (bench_overlap)", "",
              f"Command: `{command}`  ", f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}; no GPU: "
              "each model's call computes a near-free stand-in's probabilities, then sleeps (releasing Python's lock, "
              "as a GPU's work does) until it has taken the device's time per input. Operators: the four a GPU "

@@ -4,6 +4,8 @@
 the pair (t=0.30, t=0.32) disagrees exactly on images whose mean brightness lies in
 (0.30, 0.32). Seeds are dark (mean ~0.19): a search has to climb into the band.
 """
+import os
+import signal
 import threading
 import time
 
@@ -304,15 +306,47 @@ def test_overlap_runs_the_models_while_the_searches_of_the_other_shift_work(pair
         assert during_a_call == 0
 
 
-def test_a_model_error_in_the_background_reaches_the_caller(pair, seeds):
-    class Failing(Brightness):
-        def predict_proba(self, images):
-            if self.calls == 3:
-                raise RuntimeError("CUDA error: device-side assert triggered")
-            return super().predict_proba(images)
+class Ending(Brightness):
+    """Each call takes 30 ms and logs when it ended; call number ``fail_at`` (0-based) raises ``error``,
+    or sends this process a SIGINT, as Ctrl-C would, when ``error`` is None."""
 
+    def __init__(self, threshold, fail_at, error=None):
+        super().__init__(threshold)
+        self.fail_at, self.error, self.started, self.ended = fail_at, error, 0, []
+
+    def predict_proba(self, images):
+        number, self.started = self.started, self.started + 1
+        try:
+            time.sleep(0.03)
+            if number == self.fail_at:
+                if self.error is None:
+                    os.kill(os.getpid(), signal.SIGINT)  # Python raises it in the main thread
+                    time.sleep(0.03)  # this call is still running when the campaign hears of it
+                else:
+                    raise self.error
+            return super().predict_proba(images)
+        finally:
+            self.ended.append(time.perf_counter())
+
+
+def test_a_model_error_in_the_background_reaches_the_caller_after_the_call_in_flight(pair, seeds):
+    failing = Ending(LOW, fail_at=3, error=RuntimeError("CUDA error: device-side assert triggered"))
     with pytest.raises(RuntimeError, match="device-side assert"):
-        run_campaign(Failing(LOW), Brightness(HIGH), seeds, max_queries=3000, batch=4, progress=False, overlap=True)
+        run_campaign(failing, Brightness(HIGH), seeds, max_queries=3000, batch=4, progress=False, overlap=True)
+    returned = time.perf_counter()
+    assert failing.started > 4, "the other shift's call was in flight when the error came"
+    assert len(failing.ended) == failing.started and max(failing.ended) <= returned
+    assert not _model_threads()
+
+
+def test_ctrl_c_during_an_overlapped_call_keeps_the_finished_seeds_and_waits_for_the_call(pair, seeds, tmp_path):
+    interrupted = Ending(LOW, fail_at=40)
+    partial = run_campaign(interrupted, Brightness(HIGH), seeds, max_queries=3000, batch=4, progress=False,
+                           out_dir=tmp_path, overlap=True)
+    returned = time.perf_counter()
+    assert not partial.complete and 0 < len(partial.records) < 12
+    assert set(CampaignStore(tmp_path).read_records()) == {r.index for r in partial.records}
+    assert len(interrupted.ended) == interrupted.started and max(interrupted.ended) <= returned
     assert not _model_threads()
 
 
@@ -329,3 +363,20 @@ def test_overlap_is_on_by_default_when_a_model_runs_on_a_gpu():
     # Ray workers overlap when they get a GPU share (they load the models on it as this process did)
     assert overlaps_by_default(gpu, [cpu], RayExecutor(gpus_per_worker=0.5))
     assert not overlaps_by_default(gpu, [cpu], RayExecutor(gpus_per_worker=0))
+
+
+def test_two_shifts_share_fewer_than_twice_batch_seeds_evenly(pair, seeds, monkeypatch):
+    from mlflow_di.fuzz.dflare import DFlareSearch
+
+    depths: list[int] = []
+    propose = DFlareSearch.propose
+
+    def recorded(self, limit=None, depth=1):
+        depths.append(depth)
+        return propose(self, limit, depth)
+
+    monkeypatch.setattr(DFlareSearch, "propose", recorded)
+    six = ImageSet(seeds.images[:6], seeds.labels[:6], "six")
+    run_campaign(*pair, six, max_queries=50, batch=4, progress=False, overlap=True)
+    # 3 + 3 seeds (not 4 + 2): each search speculates ceil(4 / 3) = 2 inputs to fill its shift's call
+    assert depths[:6] == [2] * 6

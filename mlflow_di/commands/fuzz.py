@@ -96,7 +96,8 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
                    "depends on the rest of its batch, as int8-dynamic's does).")
 @click.option("--overlap/--no-overlap", default=None,
               help="Run one shift of --batch seeds through the models while a second shift's searches mutate "
-                   "and score (two shifts, so twice the seeds in flight; results change only as with --batch). "
+                   "and score (two shifts, so twice the seeds in flight, and more than --batch seeds are needed; "
+                   "results change only as with --batch). "
                    "Default: on when a model runs on a GPU, where the host and the device would otherwise wait "
                    "for each other. Black-box strategies only.")
 @click.option("--out-dir", type=WritablePath("dir"), default=None,
@@ -106,7 +107,8 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--preprocessing-original", default=None, metavar="KEY=VALUE,...", help="Override the original's preprocessing.")
 @click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...",
               help="Override the compressed models' preprocessing.")
-@ray_options("the campaign: each loads the models once and searches chunks of --batch seeds")
+@ray_options("the campaign: each loads the models once and searches chunks of --batch seeds (twice that "
+             "with --overlap)")
 @seed_option
 @json_out_option
 @device_option
@@ -204,7 +206,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             click.echo(f"the models' calls overlap the searches: two shifts of up to {batch} seeds"
                        + (" in each Ray worker" if executor is not None else "") + " (--no-overlap: one)")
         if executor is not None:
-            click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of {batch} seeds; "
+            chunk = batch * (2 if overlapping else 1)
+            click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of {chunk} seeds; "
                        "this process writes the campaign folder")
         with out_of_memory_as_user_error("fuzzing", batch):
             if white_box:

@@ -9,9 +9,10 @@ output for an image does not depend on the rest of the batch.
 
 Time: a seed is charged its own mutation/bookkeeping time plus its share of each batched
 model call, in proportion to the inputs it contributed (when several campaigns share the
-original, an input is charged the original's cost per distinct image, what it would cost alone). The per-seed ``timeout`` applies to
-that charged time, so a seed gets the same compute budget whether it runs alone or with 63
-others, and the seeds' times add up to the campaign's time.
+original, an input is charged the original's cost per distinct image, what it would cost alone).
+The per-seed ``timeout`` applies to that charged time, so a seed gets the same compute budget
+whether it runs alone or with 63 others, and the seeds' times add up to the campaign's time
+(with overlap to more: a shift's model time runs beside the other shift's search time).
 
 Speculation: once fewer than ``batch`` seeds are left, each search may propose several inputs
 per call (``depth``, up to :data:`MAX_SPECULATION`), so that the last, slowest seeds still fill
@@ -24,7 +25,8 @@ batch while the GPU waits, so a query costs the host's work *plus* the models'. 
 the seeds form two shifts of up to ``batch`` seeds per campaign; while one shift's inputs go
 through the models (in a background thread, which PyTorch's and ONNX Runtime's calls let run
 beside Python), the other shift's searches observe their last answer and propose their next
-inputs, so a query costs about the larger of the two. The models' thread computes on CUDA streams
+inputs, so a query costs about the larger of the two. While fewer than twice ``batch`` seeds are
+left, each shift holds half of them. The models' thread computes on CUDA streams
 of its own, so the noise and median operators the searches run on a GPU do not wait behind its
 forward passes. The searches never see a model call of another shift, so records stay the same
 (as with ``batch``, a model whose output for an image depends on the rest of its batch, such as
@@ -97,7 +99,9 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
 
     ``overlap``: keep two shifts of up to ``batch`` seeds per campaign and run one shift's model calls in
     a background thread while the other shift's searches mutate and score (see the module docstring).
-    None (the default): :func:`overlaps_by_default`. Per-seed records do not change; only times do.
+    None (the default): :func:`overlaps_by_default`, decided from the models this process loaded (as
+    :func:`~mlflow_di.fuzz.device_mutations.mutation_device` is). Per-seed records do not change, only
+    times do (unless a model's output for an image depends on the rest of its batch, as with ``batch``).
     """
     strategy = make_strategy(strategy)
     if getattr(strategy, "white_box", False):
@@ -343,11 +347,13 @@ class _Lockstep:
                 else:
                     lane.pending.append((int(index), lane.p_original[row], lane.p_compressed[row]))
         shifts = [_Shift(len(self.lanes)) for _ in range(2 if self.overlap else 1)]
-        pool = None
-        if self.overlap:  # the models' calls on their own CUDA streams, so the device operators need not wait
-            pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-di-models", initializer=use_own_cuda_streams,
-                                      initargs=(self._cuda_devices(),))
+        pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-di-models") if self.overlap else None
         try:
+            if pool is not None:
+                # The thread starts here, before any model call (so a Ctrl-C while it starts leaves no
+                # call behind), and takes CUDA streams of its own, so that the searches' device operators
+                # do not queue behind its forward passes; a failure there reaches the caller as it is.
+                pool.submit(use_own_cuda_streams, self._cuda_devices()).result()
             while any(lane.pending for lane in self.lanes) or any(shift.busy for shift in shifts):
                 for shift in shifts:
                     if shift.evaluation is not None:
@@ -355,7 +361,8 @@ class _Lockstep:
                         self._observe(shift, evaluation if pool is None else evaluation.result())
                     for number, lane in enumerate(self.lanes):
                         shift.active[number] = [a for a in shift.active[number] if not self._maybe_finish(lane, a)]
-                        while lane.pending and len(shift.active[number]) < self.batch:
+                        room = self._room(number, shifts)
+                        while lane.pending and len(shift.active[number]) < room:
                             shift.active[number].append(self._start(lane, *lane.pending.popleft()))
                     if not self._propose(shift):
                         continue  # only exhausted searches (or none) this time: they finish on the next turn
@@ -364,6 +371,13 @@ class _Lockstep:
         finally:  # an interrupted or failed campaign leaves no call behind (one batch at most to wait for)
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+
+    def _room(self, lane: int, shifts: list[_Shift]) -> int:
+        """Seeds one shift may hold for lane number ``lane``: ``batch``, or half of the lane's seeds still to
+        finish (rounded up) when two shifts share fewer than twice ``batch``, so that both have work to
+        overlap. With one shift this is ``batch`` whenever a seed waits."""
+        left = len(self.lanes[lane].pending) + sum(len(shift.active[lane]) for shift in shifts)
+        return min(self.batch, -(-left // len(shifts)))
 
     def _cuda_devices(self) -> list:
         """The CUDA devices the PyTorch models run on (a classifier's ``device``), each once."""

@@ -5,7 +5,8 @@ checks the seeds, splits the seeds still to search into chunks, and is the only 
 writes the campaign folders (and, in the CLI, the only one that talks to MLflow). Each worker is a
 Ray actor that loads the original and every compressed model once (shipped as files by
 :mod:`mlflow_di.models.shipping`, so it needs no tracking credentials) and runs the same
-lockstep search as a local campaign on each chunk it is given, ``batch`` seeds at a time.
+lockstep search as a local campaign on each chunk it is given, ``batch`` seeds at a time (per shift,
+when the campaign overlaps its model calls with its searches).
 
 Same results. A seed's search draws from its own generator, keyed by the campaign seed and the
 seed's index, and a chunk carries the driver's first predictions of its seeds; so under
@@ -42,7 +43,7 @@ class RayExecutor:
     running cluster. When Ray is already initialised in this process, that cluster is used.
     ``cpus_per_worker``/``gpus_per_worker``: each actor's Ray resources (fractions allowed; a
     worker given a GPU loads PyTorch models with the device the driver asked for, ``auto`` = CUDA).
-    ``chunk_size``: seeds per chunk (default: the campaign's ``batch``).
+    ``chunk_size``: seeds per chunk (default: the campaign's ``batch``, twice that when it overlaps).
     """
 
     workers: int = 2
