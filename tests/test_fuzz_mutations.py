@@ -2,6 +2,7 @@
 import math
 
 import mlflow_di  # noqa: F401  (torchvision guard first)
+import cv2
 import numpy as np
 import pytest
 
@@ -95,6 +96,17 @@ def test_salt_and_pepper_amount():
 def test_blur_with_kernel_one_is_identity(operator):
     image = _images((9, 9, 3))["random"]
     np.testing.assert_array_equal(operator(image, np.random.default_rng(0)), image)
+
+
+@pytest.mark.parametrize("shape", [(9, 9, 1), (28, 28, 1), (9, 9, 3), (32, 32, 4), (224, 224, 3)])
+def test_the_kernel_one_shortcut_gives_opencv_s_bytes_in_a_new_array(shape):
+    # the blurs return a copy for k = 1 instead of filtering: OpenCV's own 1x1 filters are the identity
+    image = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    for operator, opencv in [(AverageBlur(kernels=(1,)), cv2.blur(image, (1, 1))),
+                             (GaussianBlur(kernels=(1,)), cv2.GaussianBlur(image, (1, 1), 0))]:
+        out = operator(image, np.random.default_rng(0))
+        np.testing.assert_array_equal(out, opencv.reshape(shape))
+        assert out.shape == shape and not np.shares_memory(out, image)
 
 
 def test_blurs_smooth_a_single_bright_pixel():

@@ -144,6 +144,8 @@ class AverageBlur:
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         k = self.kernels[draw_index(rng, len(self.kernels))]
+        if k == 1:  # the identity: a copy gives the same bytes in about half the time at 224x224x3
+            return image.copy()
         return _with_channel_axis(cv2.blur(image, (k, k)), image)
 
 
@@ -156,6 +158,8 @@ class GaussianBlur:
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         k = self.kernels[draw_index(rng, len(self.kernels))]
+        if k == 1:  # a 1x1 kernel is [1]: the identity, as for the box filter
+            return image.copy()
         return _with_channel_axis(cv2.GaussianBlur(image, (k, k), 0), image)
 
 
