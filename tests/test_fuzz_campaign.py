@@ -371,12 +371,28 @@ def test_two_shifts_share_fewer_than_twice_batch_seeds_evenly(pair, seeds, monke
     depths: list[int] = []
     propose = DFlareSearch.propose
 
-    def recorded(self, limit=None, depth=1):
+    def recorded(self, limit=None, depth=1, out=None):
         depths.append(depth)
-        return propose(self, limit, depth)
+        return propose(self, limit, depth, out)
 
     monkeypatch.setattr(DFlareSearch, "propose", recorded)
     six = ImageSet(seeds.images[:6], seeds.labels[:6], "six")
     run_campaign(*pair, six, max_queries=50, batch=4, progress=False, overlap=True)
     # 3 + 3 seeds (not 4 + 2): each search speculates ceil(4 / 3) = 2 inputs to fill its shift's call
     assert depths[:6] == [2] * 6
+
+
+@pytest.mark.parametrize("strategy", ["dflare", DFlare(escalate=2, restart=25), DFlare(acceptance="strict")],
+                         ids=["dflare", "escalate-restart", "strict"])
+def test_mutants_written_into_the_batch_give_the_records_of_mutants_copied_into_it(pair, seeds, monkeypatch, strategy):
+    # DFlare writes its mutants into the runner's rows and copies only what it keeps (x_max, a trigger);
+    # a search that ignores ``out`` has each of its own arrays copied in: the same campaign either way
+    from mlflow_di.fuzz.dflare import DFlareSearch
+
+    written = run_campaign(*pair, seeds, strategy=strategy, max_queries=400, batch=5, seed=3, progress=False)
+    propose = DFlareSearch.propose
+    monkeypatch.setattr(DFlareSearch, "propose", lambda self, limit=None, depth=1, out=None: propose(self, limit, depth))
+    copied = run_campaign(*pair, seeds, strategy=strategy, max_queries=400, batch=5, seed=3, progress=False)
+    assert _comparable(written) == _comparable(copied)
+    np.testing.assert_array_equal(written.triggers, copied.triggers)
+    assert written.summary.triggers > 0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mlflow_di.fuzz.mutations import (AverageBlur, GaussianBlur, GaussianNoise, MedianBlur, MultiplicativeNoise,
-                                      PixelChange, SaltAndPepper, default_operators, operator_names)
+                                      PixelChange, SaltAndPepper, default_operators, mutate_into, operator_names)
 
 OPERATORS = default_operators()
 SHAPES = [(28, 28, 1), (8, 8, 3), (5, 7, 2)]
@@ -107,6 +107,35 @@ def test_the_kernel_one_shortcut_gives_opencv_s_bytes_in_a_new_array(shape):
         out = operator(image, np.random.default_rng(0))
         np.testing.assert_array_equal(out, opencv.reshape(shape))
         assert out.shape == shape and not np.shares_memory(out, image)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(9, 9, 2), (12, 10, 5), (224, 224, 3)])
+@pytest.mark.parametrize("operator", OPERATORS + (MedianBlur(kernels=(3, 5)), AverageBlur(kernels=(2, 4))),
+                         ids=lambda op: repr(op))
+def test_writing_into_out_gives_the_same_bytes_and_draws(operator, shape):
+    # what a campaign does with each mutant: written into its row of the batch (mutate_into)
+    image = _images(shape)["random"]
+    before = image.copy()
+    batch = np.full((3, *shape), 7, np.uint8)
+    returned, written = np.random.default_rng(4), np.random.default_rng(4)
+    for _ in range(15):
+        expected = operator(image, returned)
+        row = mutate_into(operator, image, written, batch[1])
+        assert row is batch[1] or np.shares_memory(row, batch[1])
+        np.testing.assert_array_equal(batch[1], expected)
+    assert returned.random() == written.random()  # the same draws
+    assert (batch[0] == 7).all() and (batch[2] == 7).all()  # the neighbouring rows untouched
+    np.testing.assert_array_equal(image, before)
+
+
+def test_an_operator_without_out_is_copied_into_the_row():
+    def brighten(image, rng):
+        return np.minimum(image.astype(np.int16) + 1, 255).astype(np.uint8)
+
+    image = _images((6, 6, 3))["random"]
+    row = np.zeros_like(image)
+    assert mutate_into(brighten, image, np.random.default_rng(0), row) is row
+    np.testing.assert_array_equal(row, brighten(image, None))
 
 
 def test_blurs_smooth_a_single_bright_pixel():

@@ -276,7 +276,9 @@ class _Shift:
 
     def __init__(self, lane_count: int):
         self.active: list[list[_Active]] = [[] for _ in range(lane_count)]
-        self.proposals: list[list[np.ndarray]] = []
+        #: per lane, how many inputs each of its searches proposed in this iteration
+        self.proposals: list[list[int]] = []
+        #: per lane, this iteration's inputs: the first rows of the lane's buffer
         self.inputs: list[np.ndarray] = []
         #: the models' answer to ``inputs``: an _Evaluation, or a Future of one while it is computed
         self.evaluation = None
@@ -286,16 +288,19 @@ class _Shift:
     def busy(self) -> bool:
         return self.evaluation is not None or any(self.active)
 
-    def stack(self, lane: int, proposals: list[np.ndarray], image_shape: tuple) -> np.ndarray:
-        """A lane's proposals as one batch, in a buffer this shift reuses for that lane: a fresh array
-        per call pays for its pages (64 inputs at 224 px: 25-42 µs per input copied into a new array,
-        19-21 into the reused one, on a 2-core machine). The models read the batch before this shift's
-        next iteration overwrites it (the other shift has its own buffers); the searches keep their own arrays."""
-        total = sum(len(p) for p in proposals)
+    def rows(self, lane: int, count: int, image_shape: tuple) -> np.ndarray:
+        """A lane's batch buffer with room for at least ``count`` inputs, reused from call to call: a
+        fresh array per call pays for its pages (64 inputs at 224 px: 25-42 µs per input copied into a
+        new array, 19-21 into a reused one, on a 2-core machine). Growing it keeps the rows already
+        written (the searches' views of the old rows stay valid: they keep the old array alive). The
+        models read a batch before this shift's next iteration rewrites it; the other shift has its own."""
         buffer = self._buffers[lane]
-        if buffer is None or len(buffer) < total:
-            buffer = self._buffers[lane] = np.empty((total, *image_shape), np.uint8)
-        return np.concatenate(proposals, out=buffer[:total]) if proposals else buffer[:0]
+        if buffer is None or len(buffer) < count:
+            grown = np.empty((max(count, 2 * len(buffer) if buffer is not None else count), *image_shape), np.uint8)
+            if buffer is not None:
+                grown[:len(buffer)] = buffer
+            buffer = self._buffers[lane] = grown
+        return buffer
 
 
 class _Lockstep:
@@ -392,23 +397,33 @@ class _Lockstep:
         return _Active(index, search, (p_original, p_compressed), image, time.perf_counter() - began)
 
     def _propose(self, shift: _Shift) -> bool:
-        """Ask every search of ``shift`` for its next inputs and stack them per lane; whether there are any."""
+        """Ask every search of ``shift`` for its next inputs, gathered per lane into one batch; whether
+        there are any. Each search is offered the rows its inputs go to (``out``): DFlare writes its
+        mutants there, so they are not copied into the batch afterwards; other inputs are copied in."""
         clock = time.perf_counter
-        shift.proposals = []
+        shape = self.seeds.image_shape
+        shift.proposals, shift.inputs = [], []
         began = clock()
-        for lane, active in zip(self.lanes, shift.active):
+        for number, (lane, active) in enumerate(zip(self.lanes, shift.active)):
             limit = lane.config.max_queries
             depth = _speculation_depth(len(active), self.batch) if active else 1
-            mine = []
+            buffer = shift.rows(number, len(active) * depth, shape)
+            counts, filled = [], 0
             for a in active:  # one clock reading per search: the end of one search's turn starts the next
-                mine.append(a.search.propose(None if limit is None else limit - a.search.queries, depth))
+                if filled + depth > len(buffer):  # a search proposed more than depth (a generation)
+                    buffer = shift.rows(number, filled + depth, shape)
+                slot = buffer[filled:filled + depth]
+                inputs = a.search.propose(None if limit is None else limit - a.search.queries, depth, out=slot)
+                if len(inputs) and not np.may_share_memory(inputs, buffer):  # the search's own arrays
+                    buffer = shift.rows(number, filled + len(inputs), shape)
+                    buffer[filled:filled + len(inputs)] = inputs
+                counts.append(len(inputs))
+                filled += len(inputs)
                 now = clock()
                 a.seconds += now - began
                 began = now
-            shift.proposals.append(mine)
-        # stacked here, not in the models' thread: the copy holds Python's lock and would delay both
-        shift.inputs = [shift.stack(number, mine, self.seeds.image_shape)
-                        for number, mine in enumerate(shift.proposals)]
+            shift.proposals.append(counts)
+            shift.inputs.append(buffer[:filled])
         return any(len(inputs) for inputs in shift.inputs)
 
     def _evaluate(self, lane_inputs: list[np.ndarray]) -> _Evaluation:
@@ -443,12 +458,12 @@ class _Lockstep:
             start_original += count
             start = 0
             began = clock()
-            for a, proposal in zip(active, mine):
-                stop = start + len(proposal)
+            for a, proposed in zip(active, mine):
+                stop = start + proposed
                 a.search.observe(lane_original[start:stop], p_compressed[start:stop])
                 now = clock()
-                a.seconds += now - began + share * len(proposal)
-                a.model_seconds += share * len(proposal)
+                a.seconds += now - began + share * proposed
+                a.model_seconds += share * proposed
                 began = now
                 start = stop
             lane.stats.model_seconds += share * count

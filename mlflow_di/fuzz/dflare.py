@@ -71,7 +71,7 @@ import numpy as np
 from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
                                     LIST_SCORING_MAX_CLASSES, NoveltyMemory, dflare_fitness, labels_differ,
                                     log_margin_list, log_margin_row, probability_pair, top1_gap)
-from mlflow_di.fuzz.mutations import Operator, default_operators, operator_names
+from mlflow_di.fuzz.mutations import Operator, default_operators, mutate_into, operator_names
 from mlflow_di.fuzz.realism import Constraint
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.selection import MetropolisHastingsSelector, UniformSelector
@@ -234,6 +234,7 @@ class DFlareSearch(Search):
         self._seed_score = 0.0 if self._reference_acceptance and not self._margin else seed_score
         self.best_gap = self._seed_score
         self._snapshot: tuple | None = None  # the state before a speculative proposal (see propose)
+        self._borrowed = False  # whether the pending candidates are rows of the runner's batch (see propose)
         self._accepted_chain: list[int] = []
         self._operator = self._selector.first(rng)
         self._candidate: np.ndarray | None = None
@@ -270,13 +271,20 @@ class DFlareSearch(Search):
         """The incumbent's score: D(x_max) under ``fitness='gap'``, minus its log margin under ``'margin'``."""
         return self.best_gap
 
-    def _mutate(self, operator: int) -> np.ndarray:
-        """x_max mutated by one operator, applied 1 + stall // escalate times in a row under ``escalate``."""
+    def _mutate(self, operator: int, into: np.ndarray | None = None) -> np.ndarray:
+        """x_max mutated by one operator, applied 1 + stall // escalate times in a row under ``escalate``;
+        the last application writes into ``into`` when given (a row of the campaign's batch)."""
         strength = 1 if not self._escalate else min(MAX_STRENGTH, 1 + self._stall // self._escalate)
-        candidate = self._operators[operator](self.best, self._rng)
+        op = self._operators[operator]
+        candidate = self.best
         for _ in range(strength - 1):
-            candidate = self._operators[operator](candidate, self._rng)
-        return candidate
+            candidate = op(candidate, self._rng)
+        return op(candidate, self._rng) if into is None else mutate_into(op, candidate, self._rng, into)
+
+    def _owned(self, candidate: np.ndarray) -> np.ndarray:
+        """``candidate`` as the search may hold it past :meth:`observe`: a copy when it is a row of the
+        runner's batch, which the runner reuses."""
+        return candidate.copy() if self._borrowed else candidate
 
     def _after(self, accepted: bool) -> None:
         """Plateau bookkeeping after a non-triggering query: the stall count, and a restart from
@@ -303,8 +311,11 @@ class DFlareSearch(Search):
         self.exhausted = True
         return None
 
-    def propose(self, limit: int | None = None, depth: int = 1) -> np.ndarray:
+    def propose(self, limit: int | None = None, depth: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         depth = max(1, depth if limit is None else min(depth, limit))
+        # Unconstrained mutants are written into the runner's rows (``out``): they are views of its batch
+        # until observe, and whatever outlives it (x_max, a trigger) is copied there (_owned).
+        self._borrowed = out is not None and self._constraint is None
         if self._constraint is not None:  # one input per call: see the class docstring
             candidate = self._constrained_mutant()
             if candidate is None:
@@ -313,15 +324,15 @@ class DFlareSearch(Search):
             self._pending = [_Pending(candidate, self._operator)]
             return candidate[None]
         if depth == 1:  # Algorithm 1 as written: one input, the choice after it waits for its result
-            candidate = self._mutate(self._operator)
+            candidate = self._mutate(self._operator, out[0] if self._borrowed else None)
             self.stats.selected[self._operator] += 1
             self._pending = [_Pending(candidate, self._operator)]
-            return candidate[None]
+            return out[:1] if self._borrowed else candidate[None]
         self._pending = []
         self._snapshot = (self.best, self.best_gap, self._stall)
-        for _ in range(depth):
+        for row in range(depth):
             operator = self._operator
-            candidate = self._mutate(operator)
+            candidate = self._mutate(operator, out[row] if self._borrowed else None)
             self.stats.selected[operator] += 1
             entry = _Pending(candidate, operator)
             self._pending.append(entry)
@@ -335,6 +346,8 @@ class DFlareSearch(Search):
             self._after(accepted=entry.unchanged)  # undone by observe, which replays the real outcomes
             entry.state = self._rng.bit_generator.state
             self._operator = self._selector.next(operator, self.stats, self._rng)
+        if self._borrowed:
+            return out[:len(self._pending)]
         return np.stack([entry.candidate for entry in self._pending])
 
     def observe(self, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
@@ -377,14 +390,14 @@ class DFlareSearch(Search):
                 # so it is accepted. Deciding this from the image rather than from re-computed floats keeps
                 # the decision independent of the batch the input was computed in (floats can differ in
                 # the last bits between batch compositions, which would flip this tie).
-                self._accept(self.best_gap)
+                self._accept(self.best_gap, unchanged=True)
                 self._after(accepted=True)
                 return Outcome.ACCEPTED
             self._after(accepted=False)  # strict: as x_max, no trigger, H(x) = H(x_max), so not strictly better
             return Outcome.REJECTED
         if labels_differ(p_original, p_compressed):
             chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
-            self._record_trigger(self._candidate, p_original, p_compressed, chain)
+            self._record_trigger(self._owned(self._candidate), p_original, p_compressed, chain)
             return Outcome.TRIGGER
         gap, novel = self._score(p_original, p_compressed)
         if self._keeps(gap, novel):
@@ -405,8 +418,10 @@ class DFlareSearch(Search):
             return gap + novel >= self.best_gap
         return dflare_fitness(gap, novel, self._delta) >= dflare_fitness(self.best_gap, False, self._delta)
 
-    def _accept(self, gap: float) -> None:
-        """The candidate becomes x_max; its operator scores a success."""
-        self.best, self.best_gap = self._candidate, gap
+    def _accept(self, gap: float, unchanged: bool = False) -> None:
+        """The candidate becomes x_max (an ``unchanged`` one equals it already); its operator scores a success."""
+        if not unchanged:
+            self.best = self._owned(self._candidate)
+        self.best_gap = gap
         self.stats.accepted[self._operator] += 1
         self._accepted_chain.append(self._operator)

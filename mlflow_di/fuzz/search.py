@@ -38,7 +38,7 @@ class Search(abc.ABC):
         return self.trigger is not None
 
     @abc.abstractmethod
-    def propose(self, limit: int | None = None, depth: int = 1) -> np.ndarray:
+    def propose(self, limit: int | None = None, depth: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         """Next inputs to query, uint8 (k, H, W, C) with 1 <= k <= ``limit`` (when given);
         k = 0 only once the search is :attr:`exhausted`.
 
@@ -46,6 +46,11 @@ class Search(abc.ABC):
         its next batched call. A search may propose more than its algorithm needs right now
         (speculatively), as long as its queries, decisions and results do not depend on
         ``depth``.
+
+        ``out``: ``depth`` rows of the runner's batch, where these inputs will go. A search may write
+        its k <= ``depth`` inputs into ``out[:k]`` and return that view (saving the runner a copy of
+        each); the runner reuses those rows after :meth:`observe`, so an input the search keeps
+        beyond it (its incumbent, a trigger) must be copied. Any other array returned is copied in.
         """
 
     @abc.abstractmethod
