@@ -13,7 +13,7 @@ from mlflow_di.fuzz.distributed import RayExecutor
 from mlflow_di.fuzz.device_mutations import (DeviceGaussianNoise, DeviceMedianBlur, DeviceMultiplicativeNoise,
                                              mutation_device, on_device, with_operators_on)
 from mlflow_di.fuzz.mutations import (AverageBlur, GaussianNoise, MedianBlur, MultiplicativeNoise, default_operators,
-                                      operator_names)
+                                      mutate_into, operator_names)
 
 DEVICE_OPERATORS = [DeviceGaussianNoise(), DeviceMultiplicativeNoise(), DeviceMedianBlur()]
 
@@ -55,6 +55,23 @@ def test_device_operator_keeps_shape_dtype_leaves_input_alone_and_is_determinist
     np.testing.assert_array_equal(image, before)
     if operator.name != "median_blur":
         assert not np.array_equal(first[0], first[1])  # fresh noise on each call
+
+
+@pytest.mark.parametrize("shape", [(12, 10, 3), (9, 9, 1), (8, 8, 5)])
+@pytest.mark.parametrize("operator", DEVICE_OPERATORS + [DeviceMedianBlur(kernels=(1, 3))],
+                         ids=lambda op: repr(op))
+def test_device_operator_writes_into_out_the_bytes_and_draws_it_returns(operator, shape):
+    # a campaign hands each mutant its row of the batch: one copy from the device, straight there
+    image = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    batch = np.full((3, *shape), 9, np.uint8)
+    returned, written = np.random.default_rng(5), np.random.default_rng(5)
+    row = batch[1]
+    for _ in range(6):
+        expected = operator(image, returned)
+        assert mutate_into(operator, image, written, row) is row
+        np.testing.assert_array_equal(row, expected)
+    assert returned.random() == written.random()
+    assert (batch[0] == 9).all() and (batch[2] == 9).all()
 
 
 def test_device_noise_rounds_saturates_and_matches_the_cpu_distribution():

@@ -9,7 +9,8 @@ Gaussian blur) cost 0.01-0.08 ms on the CPU and stay there.
 What stays the same: each operator's name (operator statistics and Metropolis-Hastings selection
 are keyed by it), its parameter draws (mean, variance, kernel size) from the seed's generator,
 rounding to the nearest level and saturation at 0 and 255, and the result: a new uint8 NumPy
-image. The median is exact, so :class:`DeviceMedianBlur` returns the bytes :class:`MedianBlur`
+image (or one copy from the device into the ``out=`` row a campaign gives, see
+:func:`~mlflow_di.fuzz.mutations.mutate_into`). The median is exact, so :class:`DeviceMedianBlur` returns the bytes :class:`MedianBlur`
 does. What changes: the noise values come from a torch generator seeded by one 63-bit draw of the
 seed's generator instead of from the seed's generator itself, so the noise operators draw from the
 same distributions but not the same values as on the CPU, and a campaign's records on the device
@@ -24,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise, Operator
+from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise, Operator, writes_into
 
 #: Largest seed a torch generator takes from one draw of the seed's generator.
 _KEY_LIMIT = 2**63 - 1
@@ -44,11 +45,23 @@ def _to_device(image: np.ndarray, device: str):
     return torch.from_numpy(image).to(device)
 
 
-def _saturated(values) -> np.ndarray:
-    """Float values on the device -> uint8 NumPy image, rounded half to even and clipped (as on the CPU)."""
+def _saturated(values, out: np.ndarray | None = None) -> np.ndarray:
+    """Float values on the device -> uint8 NumPy image, rounded half to even and clipped (as on the CPU);
+    copied from the device straight into ``out`` when given."""
     import torch
 
-    return values.round_().clamp_(0, 255).to(torch.uint8).cpu().numpy()
+    return _to_host(values.round_().clamp_(0, 255).to(torch.uint8), out)
+
+
+def _to_host(image, out: np.ndarray | None) -> np.ndarray:
+    """A uint8 (H, W, C) tensor as a NumPy image: a new one, or written into ``out`` (one copy from the
+    device, no second one on the host)."""
+    import torch
+
+    if out is None:
+        return image.cpu().numpy()
+    torch.from_numpy(out).copy_(image)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +70,9 @@ class DeviceGaussianNoise(GaussianNoise):
 
     device: str = "cpu"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
         noise = _noise(image.shape, rng, self.device)
-        return _saturated(noise.mul_(self.sigma).add_(_to_device(image, self.device)))
+        return _saturated(noise.mul_(self.sigma).add_(_to_device(image, self.device)), out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +82,10 @@ class DeviceMultiplicativeNoise(MultiplicativeNoise):
 
     device: str = "cpu"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
         mean, sigma = self.draw_factor(rng)
         factor = _noise(image.shape, rng, self.device).mul_(sigma).add_(1.0 + mean)
-        return _saturated(factor.mul_(_to_device(image, self.device)))
+        return _saturated(factor.mul_(_to_device(image, self.device)), out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,19 +95,24 @@ class DeviceMedianBlur(MedianBlur):
 
     device: str = "cpu"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
         import torch
         import torch.nn.functional as F
 
         k = self.draw_kernel(rng)
         if k == 1:
-            return image.copy()
+            if out is None:
+                return image.copy()
+            np.copyto(out, image)
+            return out
         height, width, channels = image.shape
         planes = _to_device(image, self.device).permute(2, 0, 1)[None].to(torch.float32)  # exact for 0..255
         padded = F.pad(planes, (k // 2,) * 4, mode="replicate")
         windows = padded.unfold(2, k, 1).unfold(3, k, 1).reshape(channels, height, width, k * k)
-        return windows.median(dim=-1).values.to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        return _to_host(windows.median(dim=-1).values.to(torch.uint8).permute(1, 2, 0), out)
 
+
+writes_into(DeviceGaussianNoise, DeviceMultiplicativeNoise, DeviceMedianBlur)
 
 #: CPU operator type -> its device version (a subclass with a ``device`` field).
 _ON_DEVICE = {GaussianNoise: DeviceGaussianNoise, MultiplicativeNoise: DeviceMultiplicativeNoise,

@@ -228,6 +228,11 @@ Operator = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 _WRITE_INTO: set = set()
 
 
+def writes_into(*operator_types: type) -> None:
+    """Declare that these operator types' ``__call__(image, rng, out=None)`` can write into ``out``."""
+    _WRITE_INTO.update(operator_types)
+
+
 def mutate_into(operator: Operator, image: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> np.ndarray:
     """``operator``'s mutant of ``image`` in ``out`` (returned): written there by the operators that can,
     copied there from any other operator's result. The same bytes and draws either way."""
@@ -237,8 +242,7 @@ def mutate_into(operator: Operator, image: np.ndarray, rng: np.random.Generator,
     return out
 
 
-_WRITE_INTO.update({GaussianNoise, SaltAndPepper, MultiplicativeNoise, PixelChange, AverageBlur, GaussianBlur,
-                    MedianBlur})
+writes_into(GaussianNoise, SaltAndPepper, MultiplicativeNoise, PixelChange, AverageBlur, GaussianBlur, MedianBlur)
 
 
 def default_operators() -> tuple[Operator, ...]:
