@@ -396,3 +396,52 @@ def test_mutants_written_into_the_batch_give_the_records_of_mutants_copied_into_
     assert _comparable(written) == _comparable(copied)
     np.testing.assert_array_equal(written.triggers, copied.triggers)
     assert written.summary.triggers > 0
+
+
+class _Echo:
+    """Black box whose class-0 probability is an image's first value / 1000 (class 1 always wins)."""
+
+    name = "echo"
+
+    def predict_proba(self, images):
+        first = images.reshape(len(images), -1)[:, 0].astype(float) / 1000
+        return np.stack([first, 1 - first], axis=1)
+
+
+class _RowChecking:
+    """A strategy whose searches propose 1-7 inputs a turn (more than ``depth``), some written into the
+    runner's rows and some as arrays of their own, each input one value all over; every search checks
+    that the models saw exactly its own inputs."""
+
+    name = "row-checking"
+
+    def options(self):
+        return {}
+
+    def start(self, seed_image, p_original, p_compressed, rng):
+        from mlflow_di.fuzz.search import Search
+
+        class RowSearch(Search):
+            def propose(self, limit=None, depth=1, out=None):
+                count = min(int(rng.integers(1, 8)), limit or 7)
+                self.values = rng.integers(1, 250, count)
+                own = np.repeat(self.values.astype(np.uint8), seed_image.size).reshape(count, *seed_image.shape)
+                if out is not None and count <= len(out) and rng.random() < 0.5:
+                    out[:count] = own
+                    return out[:count]
+                return own
+
+            def observe(self, p_original, p_compressed):
+                np.testing.assert_allclose(p_original[:, 0] * 1000, self.values)
+                np.testing.assert_allclose(p_compressed[:, 0] * 1000, self.values)
+                self.queries += len(self.values)
+
+        return RowSearch(["row"])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_every_search_gets_the_answers_to_its_own_inputs_as_the_batch_grows(seeds, overlap):
+    # searches proposing more than depth make the runner grow its buffer mid-lane, keeping the rows before
+    results = run_campaigns(_Echo(), [_Echo(), _Echo()], seeds, strategy=_RowChecking(), max_queries=60, batch=5,
+                            progress=False, overlap=overlap)
+    assert all(r.stop == "max_queries" and r.queries >= 60 for result in results for r in result.records)

@@ -117,15 +117,28 @@ def test_writing_into_out_gives_the_same_bytes_and_draws(operator, shape):
     image = _images(shape)["random"]
     before = image.copy()
     batch = np.full((3, *shape), 7, np.uint8)
+    row = batch[1]
     returned, written = np.random.default_rng(4), np.random.default_rng(4)
     for _ in range(15):
         expected = operator(image, returned)
-        row = mutate_into(operator, image, written, batch[1])
-        assert row is batch[1] or np.shares_memory(row, batch[1])
-        np.testing.assert_array_equal(batch[1], expected)
+        assert mutate_into(operator, image, written, row) is row
+        np.testing.assert_array_equal(row, expected)
     assert returned.random() == written.random()  # the same draws
     assert (batch[0] == 7).all() and (batch[2] == 7).all()  # the neighbouring rows untouched
     np.testing.assert_array_equal(image, before)
+
+
+def test_a_row_the_operators_cannot_write_into_gets_a_copy_of_the_mutant():
+    # not C-contiguous (a column slice), or another dtype: the operator returns its own image, copied in
+    image = _images((6, 6, 3))["random"]
+    wide = np.zeros((6, 12, 3), np.uint8)
+    for operator in OPERATORS:
+        expected = operator(image, np.random.default_rng(2))
+        assert mutate_into(operator, image, np.random.default_rng(2), wide[:, ::2]) is not None
+        np.testing.assert_array_equal(wide[:, ::2], expected)
+        floats = np.zeros((6, 6, 3), np.float32)
+        mutate_into(operator, image, np.random.default_rng(2), floats)
+        np.testing.assert_array_equal(floats, expected)
 
 
 def test_an_operator_without_out_is_copied_into_the_row():

@@ -272,7 +272,8 @@ class _Evaluation:
 
 class _Shift:
     """Seeds whose inputs share one batched call of each model per iteration: per lane, the searches
-    being run and a reused buffer for their stacked inputs; and the shift's call while it is in flight."""
+    being run and a reused buffer for their inputs (written there by the searches or copied in); and
+    the shift's call while it is in flight."""
 
     def __init__(self, lane_count: int):
         self.active: list[list[_Active]] = [[] for _ in range(lane_count)]
@@ -288,17 +289,17 @@ class _Shift:
     def busy(self) -> bool:
         return self.evaluation is not None or any(self.active)
 
-    def rows(self, lane: int, count: int, image_shape: tuple) -> np.ndarray:
+    def rows(self, lane: int, count: int, image_shape: tuple, filled: int = 0) -> np.ndarray:
         """A lane's batch buffer with room for at least ``count`` inputs, reused from call to call: a
         fresh array per call pays for its pages (64 inputs at 224 px: 25-42 µs per input copied into a
-        new array, 19-21 into a reused one, on a 2-core machine). Growing it keeps the rows already
-        written (the searches' views of the old rows stay valid: they keep the old array alive). The
+        new array, 19-21 into a reused one, on a 2-core machine). Growing it keeps its first ``filled``
+        rows (the searches' views of the old rows stay valid: they keep the old array alive). The
         models read a batch before this shift's next iteration rewrites it; the other shift has its own."""
         buffer = self._buffers[lane]
         if buffer is None or len(buffer) < count:
-            grown = np.empty((max(count, 2 * len(buffer) if buffer is not None else count), *image_shape), np.uint8)
-            if buffer is not None:
-                grown[:len(buffer)] = buffer
+            grown = np.empty((count, *image_shape), np.uint8)
+            if filled:
+                grown[:filled] = buffer[:filled]
             buffer = self._buffers[lane] = grown
         return buffer
 
@@ -386,7 +387,8 @@ class _Lockstep:
 
     def _cuda_devices(self) -> list:
         """The CUDA devices the PyTorch models run on (a classifier's ``device``), each once."""
-        devices = {getattr(model, "device", None) for model in [self.original, *(lane.compressed for lane in self.lanes)]}
+        models = [self.original, *(lane.compressed for lane in self.lanes)]
+        devices = {getattr(model, "device", None) for model in models}
         return sorted((d for d in devices if getattr(d, "type", None) == "cuda"), key=str)
 
     def _start(self, lane: _Lane, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> _Active:
@@ -409,13 +411,14 @@ class _Lockstep:
             depth = _speculation_depth(len(active), self.batch) if active else 1
             buffer = shift.rows(number, len(active) * depth, shape)
             counts, filled = [], 0
-            for a in active:  # one clock reading per search: the end of one search's turn starts the next
-                if filled + depth > len(buffer):  # a search proposed more than depth (a generation)
-                    buffer = shift.rows(number, filled + depth, shape)
+            for position, a in enumerate(active):  # one clock reading per search: its turn ends, the next's begins
+                if filled + depth > len(buffer):  # an earlier search proposed more than depth (a generation)
+                    buffer = shift.rows(number, filled + depth * (len(active) - position), shape, filled)
                 slot = buffer[filled:filled + depth]
                 inputs = a.search.propose(None if limit is None else limit - a.search.queries, depth, out=slot)
-                if len(inputs) and not np.may_share_memory(inputs, buffer):  # the search's own arrays
-                    buffer = shift.rows(number, filled + len(inputs), shape)
+                if len(inputs) and not _in_place(inputs, slot):  # the search's own arrays: copied in
+                    buffer = shift.rows(number, filled + len(inputs) + depth * (len(active) - position - 1), shape,
+                                        filled)
                     buffer[filled:filled + len(inputs)] = inputs
                 counts.append(len(inputs))
                 filled += len(inputs)
@@ -553,6 +556,12 @@ class _Lockstep:
 #: 0.7% of all inputs were dropped unused with this cap (most mutants of a slow seed are
 #: rejected, which is what speculation assumes).
 MAX_SPECULATION = 16
+
+
+def _in_place(inputs: np.ndarray, slot: np.ndarray) -> bool:
+    """Whether a search returned the first rows of ``slot`` (its inputs written there), not arrays of its own."""
+    return (inputs.__array_interface__["data"][0] == slot.__array_interface__["data"][0]
+            and inputs.strides == slot.strides)
 
 
 def off_host(original, compressed: list) -> bool:

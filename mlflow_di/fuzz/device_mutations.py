@@ -10,8 +10,8 @@ What stays the same: each operator's name (operator statistics and Metropolis-Ha
 are keyed by it), its parameter draws (mean, variance, kernel size) from the seed's generator,
 rounding to the nearest level and saturation at 0 and 255, and the result: a new uint8 NumPy
 image (or one copy from the device into the ``out=`` row a campaign gives, see
-:func:`~mlflow_di.fuzz.mutations.mutate_into`). The median is exact, so :class:`DeviceMedianBlur` returns the bytes :class:`MedianBlur`
-does. What changes: the noise values come from a torch generator seeded by one 63-bit draw of the
+:func:`~mlflow_di.fuzz.mutations.mutate_into`). The median is exact, so :class:`DeviceMedianBlur`
+returns the bytes :class:`MedianBlur` does. What changes: the noise values come from a torch generator seeded by one 63-bit draw of the
 seed's generator instead of from the seed's generator itself, so the noise operators draw from the
 same distributions but not the same values as on the CPU, and a campaign's records on the device
 differ from its records on the CPU (each is reproducible, and independent of ``--batch``, on its
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise, Operator, writes_into
+from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise, Operator, copied, writes_into
 
 #: Largest seed a torch generator takes from one draw of the seed's generator.
 _KEY_LIMIT = 2**63 - 1
@@ -101,10 +101,7 @@ class DeviceMedianBlur(MedianBlur):
 
         k = self.draw_kernel(rng)
         if k == 1:
-            if out is None:
-                return image.copy()
-            np.copyto(out, image)
-            return out
+            return copied(image, out)
         height, width, channels = image.shape
         planes = _to_device(image, self.device).permute(2, 0, 1)[None].to(torch.float32)  # exact for 0..255
         padded = F.pad(planes, (k // 2,) * 4, mode="replicate")

@@ -204,6 +204,10 @@ class DFlareSearch(Search):
     and x_max is mutated again (``constraint_rejections`` counts these). After
     :data:`MAX_REDRAWS` such rejections in a row the search is ``exhausted``. The search then
     proposes one input per call (no speculation), which keeps every decision exact.
+
+    Given the runner's rows (``propose(out=)``), an unconstrained search writes its mutants there:
+    its pending candidates are views of the runner's batch until :meth:`observe`, and what it keeps
+    past that (x_max, a trigger) it copies. Under a constraint it returns its own arrays.
     """
 
     def __init__(self, strategy: DFlare, seed_image: np.ndarray, p_original: np.ndarray,

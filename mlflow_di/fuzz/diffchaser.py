@@ -153,7 +153,8 @@ class DiffChaserSearch(Search):
         self._candidate_lineage: list = []
 
     def propose(self, limit: int | None = None, depth: int = 1, out: np.ndarray | None = None) -> np.ndarray:
-        # a generation is already a batch: no speculation (``depth`` is ignored), and its own array (``out`` too)
+        # a generation is already a batch: no speculation (``depth`` is ignored); ``out`` is ignored too (the
+        # runner copies the generation in)
         if self.population is None:
             images, lineage = self._initial_population()
             slots = np.arange(len(images))

@@ -1,10 +1,10 @@
 """Image mutation operators of DFlare, on raw uint8 (H, W, C) images.
 
 Every operator takes one raw image and a seeded ``np.random.Generator`` and returns a new
-image of the same shape and dtype (the input is never modified), or writes it into ``out=`` when
-given (:func:`mutate_into`: a campaign passes a row of its batch). Parameters are sampled from
-the generator the caller passes, so the same generator state always gives the same mutant,
-and a campaign is reproducible from its seed.
+image of the same shape and dtype (the input is never modified). DFlare's own operators also
+write it into ``out=`` when given (:func:`mutate_into`: a campaign passes a row of its batch).
+Parameters are sampled from the generator the caller passes, so the same generator state always
+gives the same mutant, and a campaign is reproducible from its seed.
 
 Parameter ranges follow the DFlare reference code (``myLib/img_mutations.py``):
 
@@ -68,7 +68,7 @@ def _written(result: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _copy(image: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+def copied(image: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """A new copy of ``image``, or ``image`` copied into ``out``."""
     if out is None:
         return image.copy()
@@ -115,7 +115,7 @@ class SaltAndPepper:
         salt = int(math.ceil(self.amount * image.size * self.salt_ratio))
         pepper = int(math.ceil(self.amount * image.size * (1.0 - self.salt_ratio)))
         coords = (rng.random((salt + pepper, image.ndim)) * image.shape).astype(np.intp)
-        out = _copy(image, out)
+        out = copied(image, out)
         out[tuple(coords[:salt].T)] = 255
         out[tuple(coords[salt:].T)] = 0
         return out
@@ -153,7 +153,7 @@ class PixelChange:
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
         count = draw_index(rng, self.max_values + 1)
-        out = _copy(image, out)
+        out = copied(image, out)
         flat = out.reshape(-1)
         draws = rng.random(2 * count)
         flat[(draws[:count] * flat.size).astype(np.intp)] = (draws[count:] * 256).astype(np.uint8)
@@ -170,7 +170,7 @@ class AverageBlur:
     def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
         k = self.kernels[draw_index(rng, len(self.kernels))]
         if k == 1:  # the identity: a copy gives the same bytes in about half the time at 224x224x3
-            return _copy(image, out)
+            return copied(image, out)
         if out is None:
             return _with_channel_axis(cv2.blur(image, (k, k)), image)
         return _written(cv2.blur(image, (k, k), dst=_opencv_view(out)), out)
@@ -186,7 +186,7 @@ class GaussianBlur:
     def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
         k = self.kernels[draw_index(rng, len(self.kernels))]
         if k == 1:  # a 1x1 kernel is [1]: the identity, as for the box filter
-            return _copy(image, out)
+            return copied(image, out)
         if out is None:
             return _with_channel_axis(cv2.GaussianBlur(image, (k, k), 0), image)
         return _written(cv2.GaussianBlur(image, (k, k), 0, dst=_opencv_view(out)), out)
@@ -234,9 +234,11 @@ def writes_into(*operator_types: type) -> None:
 
 
 def mutate_into(operator: Operator, image: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> np.ndarray:
-    """``operator``'s mutant of ``image`` in ``out`` (returned): written there by the operators that can,
-    copied there from any other operator's result. The same bytes and draws either way."""
-    if type(operator) in _WRITE_INTO:
+    """``operator``'s mutant of ``image`` in ``out`` (returned): written there by the operators that can
+    (when ``out`` is a C-contiguous uint8 array of the image's shape, as a campaign's rows are), copied
+    there from the result otherwise. The same bytes and draws either way."""
+    if (type(operator) in _WRITE_INTO and out.flags.c_contiguous and out.dtype == np.uint8
+            and out.shape == image.shape):
         return operator(image, rng, out=out)
     np.copyto(out, operator(image, rng))
     return out

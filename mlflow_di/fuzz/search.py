@@ -47,10 +47,11 @@ class Search(abc.ABC):
         (speculatively), as long as its queries, decisions and results do not depend on
         ``depth``.
 
-        ``out``: ``depth`` rows of the runner's batch, where these inputs will go. A search may write
-        its k <= ``depth`` inputs into ``out[:k]`` and return that view (saving the runner a copy of
-        each); the runner reuses those rows after :meth:`observe`, so an input the search keeps
-        beyond it (its incumbent, a trigger) must be copied. Any other array returned is copied in.
+        ``out``: None, or ``depth`` rows of the runner's batch (a C-contiguous uint8 (depth, H, W, C)
+        array) where these inputs will go. A search may write its k <= ``depth`` inputs into
+        ``out[:k]`` and return exactly that view, saving the runner a copy of each; the runner
+        reuses those rows after :meth:`observe`, so an input the search keeps beyond it (its
+        incumbent, a trigger) must be copied. Any other array returned is copied in.
         """
 
     @abc.abstractmethod
