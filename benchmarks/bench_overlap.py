@@ -21,7 +21,6 @@ is the campaign's seconds per query over the two models' seconds per input, time
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import platform
 import time
@@ -29,7 +28,7 @@ import time
 import numpy as np
 
 import mlflow_di  # noqa: F401  (torchvision guard first)
-from benchmarks.bench_scale import StandIn
+from benchmarks.bench_scale import StandIn, host_operators
 
 BEGIN, END = "<!-- bench_overlap -->", "<!-- /bench_overlap -->"
 
@@ -49,14 +48,6 @@ class SimulatedDevice:
         if remaining > 0:
             time.sleep(remaining)
         return probabilities
-
-
-def host_operators(strategy):
-    """``strategy`` without the operators a GPU takes over (noise, median blur)."""
-    from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise
-
-    return dataclasses.replace(strategy, operators=tuple(
-        op for op in strategy.operators if not isinstance(op, (GaussianNoise, MultiplicativeNoise, MedianBlur))))
 
 
 def measure(size: int, batch: int, queries: int, device_ms: float, repeat: int) -> dict:

@@ -98,13 +98,18 @@ def _stand_in_campaign(strategy, seeds, queries: int) -> float:
     return (time.perf_counter() - started) / max(sum(r.queries for r in result.records), 1)
 
 
+def host_operators(strategy):
+    """``strategy`` without the operators a GPU takes over (noise, median blur)."""
+    from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise
+
+    return dataclasses.replace(strategy, operators=tuple(
+        op for op in strategy.operators if not isinstance(op, (GaussianNoise, MultiplicativeNoise, MedianBlur))))
+
+
 def floors(strategy, seeds, queries: int) -> dict:
     """The campaign's floor (:class:`StandIn` models) with ``strategy``'s operators, and its host floor
     without the operators a GPU can take over, in ms per query."""
-    from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise
-
-    host_only = dataclasses.replace(strategy, operators=tuple(
-        op for op in strategy.operators if not isinstance(op, (GaussianNoise, MultiplicativeNoise, MedianBlur))))
+    host_only = host_operators(strategy)
     return {"campaign_floor_ms_per_query": round(_stand_in_campaign(strategy, seeds, queries) * 1e3, 3),
             "campaign_host_floor_ms_per_query": round(_stand_in_campaign(host_only, seeds, queries) * 1e3, 3)}
 

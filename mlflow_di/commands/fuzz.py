@@ -118,7 +118,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
-    from mlflow_di.fuzz.campaign import overlaps_by_default, run_campaigns
+    from mlflow_di.fuzz.campaign import overlaps_by_default, run_campaigns, seeds_in_flight
     from mlflow_di.fuzz.device_mutations import mutation_device, with_operators_on
     from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error
@@ -206,8 +206,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             click.echo(f"the models' calls overlap the searches: two shifts of up to {batch} seeds"
                        + (" in each Ray worker" if executor is not None else "") + " (--no-overlap: one)")
         if executor is not None:
-            chunk = batch * (2 if overlapping else 1)
-            click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of {chunk} seeds; "
+            click.echo(f"searching on {_plural(workers, 'Ray worker')} ({ray_address}), chunks of "
+                       f"{seeds_in_flight(batch, overlapping)} seeds; "
                        "this process writes the campaign folder")
         with out_of_memory_as_user_error("fuzzing", batch):
             if white_box:

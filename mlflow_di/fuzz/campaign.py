@@ -49,6 +49,7 @@ from mlflow_di.progress import progress_bar as tqdm
 
 from mlflow_di.data import ImageSet, fingerprint
 from mlflow_di.errors import UserError
+from mlflow_di.fuzz.distributed import searches_share_the_models_gpu
 from mlflow_di.fuzz.fitness import labels_differ, top1_labels
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
@@ -352,7 +353,7 @@ class _Lockstep:
                     self._finish_deviating(lane, int(index), lane.p_original[row], lane.p_compressed[row])
                 else:
                     lane.pending.append((int(index), lane.p_original[row], lane.p_compressed[row]))
-        shifts = [_Shift(len(self.lanes)) for _ in range(2 if self.overlap else 1)]
+        shifts = [_Shift(len(self.lanes)) for _ in range(shift_count(self.overlap))]
         pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-di-models") if self.overlap else None
         try:
             if pool is not None:
@@ -377,6 +378,11 @@ class _Lockstep:
         finally:  # an interrupted or failed campaign leaves no call behind (one batch at most to wait for)
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def seeds_in_flight(self) -> int:
+        """Seeds searched at once per campaign (see :func:`seeds_in_flight`)."""
+        return seeds_in_flight(self.batch, self.overlap)
 
     def _room(self, lane: int, shifts: list[_Shift]) -> int:
         """Seeds one shift may hold for lane number ``lane``: ``batch``, or half of the lane's seeds still to
@@ -412,13 +418,13 @@ class _Lockstep:
             buffer = shift.rows(number, len(active) * depth, shape)
             counts, filled = [], 0
             for position, a in enumerate(active):  # one clock reading per search: its turn ends, the next's begins
-                if filled + depth > len(buffer):  # an earlier search proposed more than depth (a generation)
-                    buffer = shift.rows(number, filled + depth * (len(active) - position), shape, filled)
+                later = depth * (len(active) - position - 1)  # rows kept for the searches after this one
+                # grows only after a search proposed more than depth (a generation, copied in below)
+                buffer = shift.rows(number, filled + depth + later, shape, filled)
                 slot = buffer[filled:filled + depth]
                 inputs = a.search.propose(None if limit is None else limit - a.search.queries, depth, out=slot)
                 if len(inputs) and not _in_place(inputs, slot):  # the search's own arrays: copied in
-                    buffer = shift.rows(number, filled + len(inputs) + depth * (len(active) - position - 1), shape,
-                                        filled)
+                    buffer = shift.rows(number, filled + len(inputs) + later, shape, filled)
                     buffer[filled:filled + len(inputs)] = inputs
                 counts.append(len(inputs))
                 filled += len(inputs)
@@ -574,7 +580,17 @@ def off_host(original, compressed: list) -> bool:
 def overlaps_by_default(original, compressed: list, executor=None) -> bool:
     """Whether a campaign overlaps when not told: when a model runs on a GPU (:func:`off_host`) where the
     searches run, i.e. here, or on Ray workers given a GPU share (which load the models as this process did)."""
-    return off_host(original, compressed) and (executor is None or getattr(executor, "gpus_per_worker", 0) > 0)
+    return off_host(original, compressed) and searches_share_the_models_gpu(executor)
+
+
+def shift_count(overlap: bool) -> int:
+    """Shifts of seeds a campaign runs: two with ``overlap`` (one at the models, one searching), else one."""
+    return 2 if overlap else 1
+
+
+def seeds_in_flight(batch: int, overlap: bool) -> int:
+    """Seeds searched at once per campaign: ``batch`` per shift (a Ray chunk's default size too)."""
+    return batch * shift_count(overlap)
 
 
 def _speculation_depth(active: int, batch: int) -> int:

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mlflow_di.fuzz.distributed import searches_share_the_models_gpu
 from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise, Operator, copied, writes_into
 
 #: Largest seed a torch generator takes from one draw of the seed's generator.
@@ -142,7 +143,7 @@ def mutation_device(original, executor=None):
     device = getattr(original, "device", None)
     if getattr(device, "type", None) != "cuda":
         return None
-    return device if executor is None or getattr(executor, "gpus_per_worker", 0) > 0 else None
+    return device if searches_share_the_models_gpu(executor) else None
 
 
 def with_operators_on(strategy, device):

@@ -34,6 +34,14 @@ from mlflow_di.errors import UserError
 __all__ = ["LOCAL", "RayExecutor", "check_address"]
 
 
+def searches_share_the_models_gpu(executor) -> bool:
+    """Whether the searches run on the GPU the driver loaded a CUDA model on: in this process
+    (``executor`` None), or on Ray workers each given a GPU share (``gpus_per_worker`` > 0), which
+    load the models with the same device (Ray makes their share their ``cuda:0``). Workers without
+    a share run the models on their CPU."""
+    return executor is None or getattr(executor, "gpus_per_worker", 0) > 0
+
+
 @dataclasses.dataclass
 class RayExecutor:
     """Runs a campaign's searches on ``workers`` Ray actors (pass it as ``run_campaigns(..., executor=)``).
@@ -74,7 +82,7 @@ class RayExecutor:
     def _execute(self, ray, runner) -> None:
         from mlflow_di.models.shipping import ship
 
-        chunks = _chunks(runner, self.chunk_size or runner.batch * (2 if runner.overlap else 1))
+        chunks = _chunks(runner, self.chunk_size or runner.seeds_in_flight)
         if not chunks:
             return
         worker_class = ray.remote(_Worker).options(
