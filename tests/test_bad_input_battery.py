@@ -304,6 +304,7 @@ CASES = [
     ("fuzz-dx-with-max-linf", [*FUZZ, "--strategy", "deepxplore", "--max-linf", "20"]),
     ("fuzz-dx-constraint-unknown", [*FUZZ, "--strategy", "deepxplore", "--dx-constraint", "fog"]),
     ("fuzz-dx-threshold-one", [*FUZZ, "--strategy", "deepxplore", "--dx-threshold", "1"]),
+    ("fuzz-overlap-with-deepxplore", [*FUZZ, "--strategy", "deepxplore", "--overlap"]),
     # ---------------------------------------------------------------- inspect
     ("inspect-hypotheses-module-absent", [*INSPECT, "--hypotheses", "no_such_module_xyz:HYPOTHESES"]),
     ("inspect-hypotheses-not-module-attribute", [*INSPECT, "--hypotheses", "just_a_name"]),
@@ -386,6 +387,7 @@ FRAGMENTS = {
     "fuzz-max-linf-above-255": "--max-linf",
     "fuzz-min-ssim-one": "--min-ssim",
     "fuzz-min-ssim-on-8x8-digits": "11x11",
+    "fuzz-overlap-with-deepxplore": "--overlap applies to the black-box strategies",
     "fuzz-constraint-with-diffchaser": "dflare strategies",
     "fuzz-same-compressed-twice": "given twice",
     "fuzz-deepxplore-onnx-model": "needs the gradients of PyTorch models",
