@@ -93,7 +93,7 @@ def test_mlflow_uris_carry_the_preprocessing(tracking_uri):
     assert mlflow.get_run(run.info.run_id).info.status == "FINISHED"
 
 
-def test_pt2_model_is_black_box_only(tracking_uri):
+def test_pt2_model_is_white_box_with_the_metadata_preprocessing(tracking_uri):
     import mlflow
 
     module = tiny_torch()
@@ -101,8 +101,10 @@ def test_pt2_model_is_black_box_only(tracking_uri):
         mlflow.pytorch.log_model(module, name="m", serialization_format="pt2", registered_model_name="pt2",
                                  input_example=np.zeros((2, 1, 4, 4), np.float32),
                                  metadata={"mlflow_di": {"preprocessing": PREP.to_dict()}})
-    with pytest.raises(UserError, match="serialization_format='pickle'"):
-        mlflow_di.load_torch_model("models:/pt2/1")
+    model = mlflow_di.load_torch_model("models:/pt2/1")
+    assert model.preprocessing == PREP
+    assert model.layer_names() == ["0", "1"]
+    assert [type(layer).__name__ for layer in model.module.children()] == ["Flatten", "Linear"]
     probabilities = mlflow_di.load_classifier("models:/pt2/1").predict_proba(images())
     np.testing.assert_allclose(probabilities, TorchClassifier(module, PREP).predict_proba(images()), atol=1e-6)
 

@@ -9,8 +9,11 @@ from mlflow_di.commands.options import device_option, preprocessing_option
 @click.command("describe")
 @click.argument("uri")
 @preprocessing_option
+@click.option("--set-preprocessing", "set_preprocessing", default=None, metavar="KEY=VALUE,...",
+              help="Record this preprocessing (the model's own, with these fields changed) on the registry version, "
+                   "once: every later command, the pipeline and the service use it (an option still wins).")
 @device_option
-def command(uri: str, preprocessing: str | None, device: str = "auto") -> None:
+def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, device: str = "auto") -> None:
     """Show a model's backend, preprocessing, classes and (for PyTorch) its layers.
 
     URI is an MLflow model URI (models:/NAME/VERSION, models:/NAME@ALIAS, runs:/...),
@@ -18,23 +21,43 @@ def command(uri: str, preprocessing: str | None, device: str = "auto") -> None:
     """
     from mlflow_di.models import loading
 
+    if preprocessing and set_preprocessing:
+        raise click.UsageError("give --preprocessing or --set-preprocessing, not both")
     source = loading.resolve(uri)
-    white_box = source.kind in ("pytorch", "keras")
-    model = loading.load_torch_model(source.ref, preprocessing, device) if white_box else None
-    classifier = model.classifier() if white_box else loading.load_classifier(source.ref, preprocessing, device)
+    white_box = source.white_box
+    override = preprocessing or set_preprocessing
+    model = loading.load_torch_model(source, override, device) if white_box else None
+    classifier = model.classifier() if white_box else loading.load_classifier(source, override, device)
     prep = classifier.preprocessing
+    if set_preprocessing:
+        import numpy as np
+
+        from mlflow_di.mlflow_edge.models import record_preprocessing
+
+        if prep.input_shape:  # the model must run on what is recorded
+            classifier.predict_proba(np.zeros((1, *prep.input_shape), np.uint8))
+        recorded = record_preprocessing(uri, prep)
+        click.echo(f"recorded the preprocessing below on {recorded}; later commands use it")
+    origin = "recorded" if set_preprocessing else (
+        "the --preprocessing option" if preprocessing else _ORIGINS.get(source.preprocessing_from, _ORIGINS[None]))
     click.echo(f"model:          {uri}")
     click.echo(f"backend:        {classifier.backend}" + ("" if white_box else " (black box)"))
     click.echo(f"runs on:        {classifier.provider}")
     click.echo(f"input (HxWxC):  {'x'.join(map(str, prep.input_shape)) if prep.input_shape else 'unknown'}")
     click.echo(f"preprocessing:  x = (raw * {prep.scale:g} - mean {list(prep.mean)}) / std {list(prep.std)}, "
                f"layout {prep.layout}, model outputs {prep.output}")
+    click.echo(f"  found in:     {origin}" + (f" ({source.assumed})" if source.assumed and not override else ""))
     if prep.input_shape:
         click.echo(f"classes:        {classifier.num_classes}")
     click.echo("")
     click.echo(f"{'layer':<36} {'type':<22} {'output shape':<16} {'neurons':>8}")
     for name, kind, shape, neurons in _layers(source, model, classifier):
         click.echo(f"{name:<36} {kind:<22} {'x'.join(map(str, shape)) or '?':<16} {neurons or '?':>8}")
+
+
+_ORIGINS = {"recorded": "the registry version (recorded with --set-preprocessing)",
+            "metadata": "the model's mlflow_di metadata", "signature": "the MLflow signature and input example",
+            None: "nowhere: the backend's default"}
 
 
 def _layers(source, model, classifier) -> list[tuple[str, str, tuple, int]]:

@@ -298,12 +298,12 @@ def _white_box_model(ref, preprocessing, device):
     from mlflow_di.models.loading import load_torch_model, resolve
 
     source = resolve(ref)
-    if source.kind not in ("pytorch", "keras"):
+    if not source.white_box:
         raise UserError(f"--strategy deepxplore needs the gradients of PyTorch models, but '{ref.uri}' is a "
                         f"{source.kind} model; fuzz the PyTorch model it was made from (a pruned copy: "
                         "mlflow_di.compression.prune; an int8 one: mlflow_di.compression.fake_quant.fake_quantize) "
                         "or pick a black-box strategy such as dflare")
-    return load_torch_model(ref, preprocessing, device)
+    return load_torch_model(source, preprocessing, device)
 
 
 def export_folder(folder: pathlib.Path, number: int, uri: str, resume: bool = False) -> pathlib.Path:

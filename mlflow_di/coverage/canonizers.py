@@ -14,6 +14,12 @@ gradient, which is wrong for relevance in two places that every modern CNN has:
   input a second time. :class:`Gate` treats the gate as a constant weighting: all relevance goes to
   the signal, none to the gate (the "signal-take-all" rule of LRP for gated units).
 
+Models rebuilt from MLflow's pt2 format (:class:`~mlflow_di.models.pt2.RebuiltModule`) have no
+forward code to swap: their blocks run exported graphs of ATen operators. :func:`lrp_graph_attributes`
+rewrites such a graph the same way: each addition of two tensors becomes a ``Sum``, each product
+of a signal and a sigmoid-like gate a :class:`Gate`, and each functional average pool a pooling
+module (so that it gets the proportional rule, as DenseNet's head does below).
+
 Concatenation (DenseNet, SqueezeNet's ``Fire``) needs no canonizer: its gradient already splits
 relevance between the parts. Batch norms whose input is a convolution's (or linear layer's) output
 are merged into it (:class:`GraphMergeBatchNorm`): the pairs are read off the traced graph, not off
@@ -134,6 +140,10 @@ def _attributes(_name, module):
     from torchvision.models import DenseNet
     from torchvision.ops.misc import SqueezeExcitation
 
+    from mlflow_di.models.pt2 import RebuiltModule
+
+    if isinstance(module, RebuiltModule):
+        return lrp_graph_attributes(module)
     if isinstance(module, DenseNet):
         return {"forward": _densenet_forward.__get__(module), "canonizer_relu": nn.ReLU(),
                 "canonizer_pool": nn.AdaptiveAvgPool2d((1, 1))}
@@ -201,6 +211,69 @@ def _linear_batch_norm_pairs(module: nn.Module) -> list[tuple[nn.Module, nn.Modu
     return pairs
 
 
+_GATES = (nn.Sigmoid, nn.Hardsigmoid)
+_ATEN = torch.ops.aten
+_FUNCTIONAL_POOLS = {"adaptive_avg_pool2d": (nn.AdaptiveAvgPool2d, ("output_size",)),
+                     "avg_pool2d": (nn.AvgPool2d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+                                                   "divisor_override"))}
+
+
+def lrp_graph_attributes(module: torch.fx.GraphModule) -> dict | None:
+    """The attributes that make a rebuilt module's forward LRP-ready (see the module docstring), or
+    None when its graph has nothing to rewrite.
+
+    A copy of the graph is rewritten and compiled into a GraphModule sharing the module's children;
+    its ``forward`` replaces the module's for the duration, and the new ``Sum``/``Gate``/pool modules
+    become attributes (so zennit's composite finds and hooks them).
+    """
+    from torch.fx.operator_schemas import normalize_function
+
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(module.graph, {}))
+    added: dict[str, nn.Module] = {}
+
+    def replace(node, make, *args):
+        name = f"canonizer_{type(make).__name__.lower()}_{len(added)}"
+        added[name] = make
+        with graph.inserting_before(node):
+            new = graph.call_module(name, args)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        tensors = [arg for arg in node.args[:2] if isinstance(arg, torch.fx.Node)]
+        if node.target == _ATEN.add.Tensor and len(tensors) == 2 and node.kwargs.get("alpha", 1) == 1:
+            with graph.inserting_before(node):
+                stacked = graph.call_function(torch.stack, (list(tensors),), {"dim": -1})
+            replace(node, Sum(), stacked)
+        elif node.target == _ATEN.mul.Tensor and len(tensors) == 2:
+            gates = [arg for arg in tensors if _is_gate(module, arg)]
+            if len(gates) == 1:
+                replace(node, Gate(), gates[0], next(arg for arg in tensors if arg is not gates[0]))
+        elif node.target._overloadpacket.__name__ in _FUNCTIONAL_POOLS:
+            cls, keys = _FUNCTIONAL_POOLS[node.target._overloadpacket.__name__]
+            found = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+            values = {key: found.kwargs[key] for key in keys if key in found.kwargs}
+            if not values.get("stride", True):
+                values.pop("stride")  # aten's empty stride: the kernel size, as the module's default
+            replace(node, cls(**values), found.kwargs["input"])
+    if not added:
+        return None
+    graph.lint()
+    targets = {node.target for node in graph.nodes if node.op in ("call_module", "get_attr")}
+    root = {target: added.get(target) or operator.attrgetter(target)(module) for target in targets}
+    rewritten = torch.fx.GraphModule(root, graph)
+    return {"forward": rewritten.forward, **added}
+
+
+def _is_gate(module: nn.Module, node) -> bool:
+    if node.op == "call_module":
+        return isinstance(module.get_submodule(node.target), _GATES)
+    return node.op == "call_function" and node.target in (_ATEN.sigmoid.default, _ATEN.hardsigmoid.default)
+
+
 def forward_canonizers() -> list:
     """Fresh instances of the canonizers that rewrite forward code (residual sums, gates, heads)."""
     return [AttributeCanonizer(_attributes), ResNetBasicBlockCanonizer(), ResNetBottleneckCanonizer()]
@@ -213,7 +286,8 @@ def canonizers() -> list:
 
 _TENSOR_ARITHMETIC = {operator.add: "adds", operator.iadd: "adds", torch.add: "adds",
                       operator.mul: "multiplies", operator.imul: "multiplies", torch.mul: "multiplies",
-                      operator.sub: "subtracts", torch.sub: "subtracts"}
+                      operator.sub: "subtracts", torch.sub: "subtracts",
+                      _ATEN.add.Tensor: "adds", _ATEN.mul.Tensor: "multiplies", _ATEN.sub.Tensor: "subtracts"}
 
 
 class _Tracer(torch.fx.Tracer):

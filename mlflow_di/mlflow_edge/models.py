@@ -23,11 +23,21 @@ from mlflow_di.models.metadata import ModelMetadata
 
 @dataclasses.dataclass
 class DownloadedModel:
-    """An MLflow model fetched to local disk: the file mlflow-di loads, its kind and metadata."""
+    """An MLflow model fetched to local disk: the file mlflow-di loads, its kind and metadata.
+
+    ``input_shape``/``input_dtype``/``input_example``: the signature's first tensor input and the
+    logged input example, when there are (what :mod:`mlflow_di.models.signature` reads
+    preprocessing from); ``recorded``: preprocessing recorded on the registry version by
+    ``describe --set-preprocessing`` (JSON), when there is.
+    """
 
     kind: str  # "pytorch", "pytorch-pt2", "onnx" or "repaired" (a folder: base model + repair head)
     path: pathlib.Path
     metadata: dict
+    input_shape: tuple | None = None
+    input_dtype: str | None = None
+    input_example: object = None
+    recorded: str | None = None
 
 
 def download_model(uri: str) -> DownloadedModel:
@@ -43,6 +53,14 @@ def download_model(uri: str) -> DownloadedModel:
         raise UserError(f"{exc} (check the name/version, or pass --tracking-uri)") from None
     except OSError as exc:
         raise UserError(f"cannot load model '{uri}': {exc}") from None
+    found = _model_file(uri, local, model)
+    found.input_shape, found.input_dtype = _signature_input(model)
+    found.input_example = _input_example(model, local) if found.input_shape is not None else None
+    found.recorded = recorded_preprocessing(uri)
+    return found
+
+
+def _model_file(uri: str, local: pathlib.Path, model) -> DownloadedModel:
     flavors = model.flavors
     if "pytorch" in flavors:
         data = local / flavors["pytorch"].get("model_data", "data")
@@ -55,6 +73,53 @@ def download_model(uri: str) -> DownloadedModel:
         return DownloadedModel("repaired", local / "artifacts", model.metadata or {})
     raise UserError(f"model '{uri}' has flavors {sorted(flavors)}; mlflow-di reads the pytorch and onnx flavors "
                     "(log the model with mlflow.pytorch or mlflow.onnx)")
+
+
+def _signature_input(model) -> tuple[tuple | None, str | None]:
+    """The shape and dtype name of the signature's first tensor input; (None, None) without one."""
+    signature = model.signature
+    if signature is None or signature.inputs is None or not signature.inputs.is_tensor_spec():
+        return None, None
+    spec = signature.inputs.inputs[0]
+    return tuple(int(value) for value in spec.shape), str(spec.type)
+
+
+def _input_example(model, local: pathlib.Path):
+    """The logged input example as an array, or None (none logged, or not a tensor)."""
+    import numpy as np
+
+    try:
+        example = model.load_input_example(str(local))
+    except Exception:  # noqa: BLE001 - a missing or unreadable example only means no value range
+        return None
+    if isinstance(example, dict) and len(example) == 1:
+        example = next(iter(example.values()))
+    return example if isinstance(example, np.ndarray) else None
+
+
+#: Registry version tag holding preprocessing recorded by ``describe --set-preprocessing`` (JSON).
+RECORDED_PREPROCESSING = "mlflow_di.preprocessing"
+
+
+def recorded_preprocessing(uri: str) -> str | None:
+    """The preprocessing recorded on the registry version ``uri`` names (JSON), or None."""
+    from mlflow_di.mlflow_edge.registry import registry_ref, resolve_version
+
+    if registry_ref(uri) is None:
+        return None
+    return (resolve_version(uri).tags or {}).get(RECORDED_PREPROCESSING)
+
+
+def record_preprocessing(uri: str, preprocessing) -> str:
+    """Record ``preprocessing`` on the registry version ``uri`` names; returns ``NAME/VERSION``."""
+    from mlflow_di.mlflow_edge.registry import registry_ref, resolve_version, write_version_tags
+
+    if registry_ref(uri) is None:
+        raise UserError(f"'{uri}' is not a registry version; preprocessing is recorded on registered versions "
+                        "(models:/NAME/VERSION or models:/NAME@ALIAS); for other models pass --preprocessing")
+    version = resolve_version(uri)
+    write_version_tags(version, {RECORDED_PREPROCESSING: preprocessing.to_json()})
+    return f"{version.name}/{version.version}"
 
 
 def log_torch_model(model, name: str = "model", registered_model_name: str | None = None):

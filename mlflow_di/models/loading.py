@@ -30,18 +30,32 @@ from mlflow_di.models.reference import URI_HELP, ModelRef, RefKind
 from mlflow_di.models.shipping import origin_of
 from mlflow_di.models.torch_model import TorchModel
 
-__all__ = ["URI_HELP", "ModelSource", "load_classifier", "load_repaired", "load_torch_model", "only_trusted_pickles",
+__all__ = ["URI_HELP", "WHITE_BOX_KINDS", "ModelSource", "load_classifier", "load_repaired", "load_torch_model", "only_trusted_pickles",
            "resolve"]
+
+
+#: Formats whose models open white-box (a PyTorch module with named layers).
+WHITE_BOX_KINDS = ("pytorch", "pytorch-pt2", "keras")
 
 
 @dataclasses.dataclass
 class ModelSource:
-    """Where a model came from and what it is, before any framework loads it."""
+    """Where a model came from and what it is, before any framework loads it.
+
+    ``preprocessing_from`` says where :attr:`preprocessing` was found: ``recorded`` (on the registry
+    version, by ``describe --set-preprocessing``), ``metadata`` (the ``mlflow_di`` block),
+    ``signature`` (MLflow's signature and input example) or None (nowhere: the model's own default).
+    ``problem``: why the preprocessing found cannot be used as it is (one line naming the fix);
+    ``assumed``: what was assumed to find it.
+    """
 
     ref: ModelRef
     kind: str  # "pytorch", "pytorch-pt2", "onnx", "tflite", "keras", "repaired"
     path: pathlib.Path
     metadata: ModelMetadata = dataclasses.field(default_factory=ModelMetadata)
+    preprocessing_from: str | None = None
+    problem: str | None = None
+    assumed: str | None = None
 
     @property
     def uri(self) -> str:
@@ -50,6 +64,11 @@ class ModelSource:
     @property
     def preprocessing(self) -> Preprocessing | None:
         return self.metadata.preprocessing
+
+    @property
+    def white_box(self) -> bool:
+        """Whether the model opens as a PyTorch module with named layers (coverage, pruning, DeepXplore)."""
+        return self.kind in WHITE_BOX_KINDS
 
 
 _FILE_KINDS = {RefKind.ONNX: "onnx", RefKind.TFLITE: "tflite", RefKind.TORCH: "pytorch", RefKind.KERAS: "keras"}
@@ -64,8 +83,41 @@ def resolve(uri: str | ModelRef | ModelSource) -> ModelSource:
         from mlflow_di.mlflow_edge.models import download_model
 
         local = download_model(ref.uri)
-        return ModelSource(ref, local.kind, local.path, ModelMetadata.from_mlflow(local.metadata))
+        return _with_preprocessing(ModelSource(ref, local.kind, local.path, ModelMetadata.from_mlflow(local.metadata)),
+                                   local)
     return ModelSource(ref, _FILE_KINDS[ref.kind], ref.path)
+
+
+def _with_preprocessing(source: ModelSource, local) -> ModelSource:
+    """Fill in where the preprocessing comes from, in order: recorded on the version, the model's
+    ``mlflow_di`` block, MLflow's signature and input example (an option, given later, beats all)."""
+    from mlflow_di.models.signature import from_signature
+
+    if local.recorded:
+        try:
+            recorded = Preprocessing.from_json(local.recorded)
+        except (ValueError, TypeError, UserError) as exc:
+            raise UserError(f"the preprocessing recorded on '{source.uri}' is unreadable ({_first_line(exc)}); record "
+                            f"it again with mlflow-di describe {source.uri} --set-preprocessing ...") from None
+        source.metadata = ModelMetadata(recorded, source.metadata.facts)
+        source.preprocessing_from = "recorded"
+    elif source.preprocessing is not None:
+        source.preprocessing_from = "metadata"
+    else:
+        inferred = from_signature(local.input_shape, local.input_dtype, local.input_example, _record_hint(source.ref))
+        if inferred is not None:
+            source.metadata = ModelMetadata(inferred.preprocessing, source.metadata.facts)
+            source.preprocessing_from, source.problem, source.assumed = "signature", inferred.problem, inferred.assumed
+    return source
+
+
+def _record_hint(ref: ModelRef) -> str:
+    example = "mean=0.1307,std=0.3081"
+    if ref.kind is RefKind.REGISTRY:
+        return (f"record the missing fields once with: mlflow-di describe {ref.uri} --set-preprocessing {example} "
+                "(or pass --preprocessing to each command)")
+    return (f"pass --preprocessing {example} (the normalisation your model was trained with), or log the model with "
+            "metadata={'mlflow_di': {'preprocessing': {...}}}")
 
 
 def _first_line(text) -> str:
@@ -153,24 +205,23 @@ def load_torch_model(uri: str | ModelSource, preprocessing: str | Preprocessing 
 
 def _load_torch_model(source: ModelSource, preprocessing) -> TorchModel:
     uri = source.uri
-    if source.kind == "pytorch-pt2":
-        raise UserError(
-            f"'{uri}' was logged in MLflow's pt2 (torch.export) format, which has no module hooks; "
-            "re-log it with mlflow.pytorch.log_model(model, name=..., serialization_format='pickle')"
-        )
     if source.kind == "keras":
         from mlflow_di.models.keras_import import import_keras
 
         model = import_keras(source.ref.arch, str(source.path))
         model.preprocessing = _with_override(model.preprocessing, preprocessing)
         return model
-    if source.kind != "pytorch":
+    if source.kind == "pytorch-pt2":
+        from mlflow_di.models.pt2 import load_pt2
+
+        module = load_pt2(source.path, uri)  # a graph, not a pickle: it runs no code when loaded
+    elif source.kind == "pytorch":
+        module = _load_torch_module(source)  # may read the preprocessing stored beside the module
+    else:
         raise UserError(
             f"'{uri}' is a {source.kind} model; white-box analysis (coverage, pruning) needs a PyTorch model"
         )
-    module = _load_torch_module(source)
-    base = source.preprocessing or Preprocessing()
-    return TorchModel(module, _with_override(base, preprocessing), name=source.ref.display_name,
+    return TorchModel(module, _effective(source, Preprocessing(), preprocessing), name=source.ref.display_name,
                       metadata=source.metadata.facts)
 
 
@@ -184,23 +235,15 @@ def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None, 
 
 
 def _load_classifier(source: ModelSource, preprocessing, device) -> Classifier:
-    if source.kind in ("pytorch", "keras"):
+    if source.kind in ("pytorch", "pytorch-pt2", "keras"):
         return load_torch_model(source, preprocessing, device).classifier()
-    if source.kind == "pytorch-pt2":
-        classifier = _pt2_classifier(source, preprocessing)
-        if device is not None:
-            from mlflow_di.models.device import resolve_device
-
-            classifier.module.to(resolve_device(device))
-        return classifier
     if source.kind == "repaired":
         classifier = load_repaired(source.path, source.metadata.to_mlflow(), source.ref.display_name, device)
     elif source.kind == "onnx":
         classifier = OnnxClassifier(source.path, name=source.ref.display_name, device=device)
     else:
         classifier = TFLiteClassifier(source.path, name=source.ref.display_name)
-    base = source.preprocessing or classifier.preprocessing
-    classifier.preprocessing = _with_override(base, preprocessing)
+    classifier.preprocessing = _effective(source, classifier.preprocessing, preprocessing)
     return classifier
 
 
@@ -224,14 +267,12 @@ def load_repaired(folder, metadata: dict, name: str | None = None, device=None) 
     return RepairedClassifier(base, ProbabilityHead.load(folder / "head.npz"), name=name)
 
 
-def _pt2_classifier(source: ModelSource, preprocessing) -> Classifier:
-    import torch
-
-    from mlflow_di.models.classifier import TorchClassifier
-
-    program = torch.export.load(str(source.path)).module()
-    base = source.preprocessing or Preprocessing()
-    return TorchClassifier(program, _with_override(base, preprocessing), source.ref.display_name)
+def _effective(source: ModelSource, fallback: Preprocessing, override) -> Preprocessing:
+    """The model's preprocessing (``fallback`` when it has none) with ``override`` applied; the
+    source's problem, when nothing overrides the preprocessing it found, as a one-line error."""
+    if source.problem and (override is None or override == ""):
+        raise UserError(f"cannot tell the preprocessing of '{source.uri}': {source.problem}")
+    return _with_override(source.preprocessing or fallback, override)
 
 
 def _with_override(base: Preprocessing, override: str | Preprocessing | None) -> Preprocessing:

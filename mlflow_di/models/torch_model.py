@@ -48,8 +48,8 @@ class TorchModel:
             raise UserError(f"{self.name} is not a PyTorch nn.Module (got {type(self.module).__name__})")
         if isinstance(self.module, torch.fx.GraphModule) and not any(True for _ in self.module.children()):
             raise UserError(
-                f"{self.name} is a torch.export (pt2) graph without module hooks; white-box analysis needs "
-                "the model logged with mlflow.pytorch.log_model(model, name=..., serialization_format='pickle')"
+                f"{self.name} is a flat torch.fx graph without layers to hook; pass the module itself, or load "
+                "a pt2 file with mlflow_di.models.pt2.load_pt2, which rebuilds the layers"
             )
         self.module.eval()
 
