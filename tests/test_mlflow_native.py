@@ -1,0 +1,123 @@
+"""Models as MLflow users log them, with MLflow's own APIs and defaults: ``mlflow.pytorch.log_model``
+(pt2 by default), ``serialization_format="pickle"`` and ``mlflow.onnx.log_model``; every command runs
+on them with no preprocessing option, and the formats of one model give the same results."""
+import json
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from mlflow_di.cli import main
+from mlflow_di.models import zoo
+from mlflow_di.models.signature import from_signature
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+HINT = "record it"
+
+
+@pytest.mark.parametrize("shape, example, layout, input_shape, scale", [
+    ((-1, 1, 28, 28), np.full((2, 1, 28, 28), 0.5, np.float32), "NCHW", (28, 28, 1), 1 / 255),
+    ((-1, 32, 32, 3), np.full((1, 32, 32, 3), 200.0, np.float32), "NHWC", (32, 32, 3), 1.0),
+    ((-1, 3, 3, 3), np.zeros((1, 3, 3, 3), np.float32), "NCHW", (3, 3, 3), 1 / 255),
+])
+def test_the_signature_and_example_give_layout_shape_and_range(shape, example, layout, input_shape, scale):
+    inferred = from_signature(shape, "float32", example, HINT)
+    assert inferred.problem is None and inferred.assumed is None
+    assert inferred.preprocessing.layout == layout and inferred.preprocessing.input_shape == input_shape
+    assert inferred.preprocessing.scale == pytest.approx(scale)
+
+
+@pytest.mark.parametrize("shape, dtype, example, fragment", [
+    ((-1, 1, 8, 8), "float32", np.full((1, 1, 8, 8), -0.4, np.float32), "normalised with a mean and std"),
+    ((-1, 1, 8, 8), "float32", np.full((1, 1, 8, 8), 900.0, np.float32), "beyond 8-bit pixels"),
+    ((-1, 1, 8, 8), "uint8", None, "takes uint8 inputs"),
+])
+def test_what_the_signature_cannot_tell_is_a_problem_naming_the_fix(shape, dtype, example, fragment):
+    problem = from_signature(shape, dtype, example, HINT).problem
+    assert fragment in problem and "\n" not in problem
+
+
+def test_no_example_assumes_pixels_over_255_and_says_so():
+    inferred = from_signature((-1, 1, 8, 8), "float32", None, HINT)
+    assert inferred.problem is None and "assumed" in inferred.assumed
+
+
+def test_shapes_that_are_not_images_imply_nothing():
+    assert from_signature((-1, 64), "float32", None, HINT) is None
+    assert from_signature((-1, 5, 8, 8), "float32", None, HINT) is None
+
+
+def _digits_cnn() -> torch.nn.Module:
+    return zoo.build("digits-cnn", seed=0)
+
+
+@pytest.fixture()
+def three_ways(tracking_uri, tmp_path):
+    """One CNN logged as a user would: default (pt2), pickle, ONNX; an input example in 0..1, no mlflow_di block."""
+    module = _digits_cnn()
+    example = np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32)
+    onnx_path = tmp_path / "cnn.onnx"
+    torch.onnx.export(module, (torch.from_numpy(example),), str(onnx_path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}, "y": {0: "n"}}, dynamo=False)
+    import onnx
+
+    with mlflow.start_run():
+        mlflow.pytorch.log_model(module, name="pt2", registered_model_name="cnn-pt2", input_example=example)
+        mlflow.pytorch.log_model(module, name="pickle", registered_model_name="cnn-pickle", input_example=example,
+                                 serialization_format="pickle")
+        mlflow.onnx.log_model(onnx.load(str(onnx_path)), name="onnx", registered_model_name="cnn-onnx",
+                              input_example=example)
+    return module
+
+
+def test_coverage_is_the_same_on_pt2_and_pickle_with_no_preprocessing_option(three_ways, tmp_path, capsys):
+    results = {}
+    for name in ("cnn-pt2", "cnn-pickle"):
+        out = tmp_path / f"{name}.json"
+        assert main(["coverage", "--model-uri", f"models:/{name}/1", "--train-data", "digits[0:300]",
+                     "--test-data", "digits[300:500]", "--json-out", str(out)]) == 0, capsys.readouterr().err
+        results[name] = json.loads(out.read_text())
+    assert results["cnn-pt2"] == results["cnn-pickle"]
+    assert {"idc", "nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc"} <= set(results["cnn-pt2"])
+
+
+def test_compress_fuzz_and_gate_run_on_a_default_logged_model(three_ways, tmp_path, capsys):
+    original = "models:/cnn-pt2/1"
+    assert main(["compress", "--model-uri", original, "--method", "int8-dynamic",
+                 "--eval-data", "digits[300:400]"]) == 0, capsys.readouterr().err
+    exports = {}
+    for compressed in ("models:/cnn-pt2-int8-dynamic/1", "models:/cnn-onnx/1"):
+        out = tmp_path / f"fuzz-{len(exports)}.json"
+        assert main(["fuzz", "--original", original, "--compressed", compressed, "--seed-data", "digits[300:320]",
+                     "--max-queries", "20", "--out-dir", str(tmp_path / f"campaign-{len(exports)}"),
+                     "--json-out", str(out)]) == 0, capsys.readouterr().err
+        exports[compressed] = json.loads(out.read_text())
+    # the ONNX export of the same network never disagrees with it
+    assert exports["models:/cnn-onnx/1"]["seeds"] == 20 and exports["models:/cnn-onnx/1"]["triggers"] == 0
+    code = main(["gate", "--model-uri", original, "--compressed", "models:/cnn-pt2-int8-dynamic/1",
+                 "--max-accuracy-drop", "1"])
+    assert code in (0, 1), capsys.readouterr().err
+    assert mlflow.MlflowClient().get_model_version("cnn-pt2", "1").tags["mlflow_di.gate"] in ("pass", "fail")
+
+
+def test_a_normalised_example_asks_once_for_the_preprocessing_then_every_command_uses_it(tracking_uri, tmp_path,
+                                                                                        capsys):
+    example = (np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32) - 0.5) / 0.25
+    with mlflow.start_run():
+        mlflow.pytorch.log_model(_digits_cnn(), name="m", registered_model_name="normalised", input_example=example)
+    capsys.readouterr()  # MLflow's own logging while the model was logged
+    uri = "models:/normalised/1"
+    arguments = ["coverage", "--model-uri", uri, "--train-data", "digits[0:200]", "--test-data", "digits[200:300]",
+                 "--criteria", "nc"]
+    assert main(arguments) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"mlflow-di describe {uri} --set-preprocessing" in err
+    assert mlflow.search_runs(filter_string="attributes.status = 'RUNNING'").empty
+    assert main(["describe", uri, "--set-preprocessing", "mean=0.5,std=0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "recorded the preprocessing" in out and "mean [0.5]" in out
+    recorded = mlflow.MlflowClient().get_model_version("normalised", "1").tags["mlflow_di.preprocessing"]
+    assert json.loads(recorded)["std"] == [0.25] and json.loads(recorded)["input_shape"] == [8, 8, 1]
+    assert main(arguments) == 0, capsys.readouterr().err
