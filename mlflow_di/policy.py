@@ -11,7 +11,10 @@ Each section's keys are the options of the command it runs, with underscores (``
 ``compress --calib-data``), except ``compress.methods`` (the repeatable ``--method``) and
 ``gate.thresholds`` (the mapping of ``--min-idc`` and the other thresholds). The ``trust`` section is not a step: ``trust.pickled_models`` names
 the registered models whose pickled PyTorch versions the pipeline may load (loading a pickle runs
-its code; see :func:`mlflow_di.models.loading.only_trusted_pickles`).
+its code; see :func:`mlflow_di.models.loading.only_trusted_pickles`). The ``preprocessing``
+section is not a step either: it maps a registered model's name to the preprocessing fields its
+steps use (``digits-cnn: {mean: [0.1307], std: [0.3081]}``), above what the model records and
+below a command-line option (see README, "Your own models").
 """
 from __future__ import annotations
 
@@ -100,6 +103,8 @@ class Policy:
     fuzz: FuzzPolicy | None = None
     robustness: RobustnessPolicy | None = None
     trust: TrustPolicy = TrustPolicy()
+    #: (registered model name, preprocessing override ``key=value,...``) pairs
+    preprocessing: tuple = ()
     source: str = "policy"  # the file it came from, for messages
     sha256: str = ""  # of the file's bytes: a changed policy starts a pipeline over
 
@@ -113,9 +118,15 @@ class Policy:
         """Registered models whose pickled versions the pipeline may load (``trust.pickled_models``)."""
         return self.trust.pickled_models
 
+    def preprocessing_of(self, model_name: str | None) -> str | None:
+        """The preprocessing override the policy states for the registered model ``model_name``, or None."""
+        return dict(self.preprocessing).get(model_name)
+
     def to_dict(self) -> dict:
         """The policy as a YAML-ready mapping (sections present only, lists as lists)."""
         out = {"trust": {"pickled_models": list(self.trusted_pickles)}} if self.trusted_pickles else {}
+        if self.preprocessing:
+            out["preprocessing"] = {name: _override_fields(text) for name, text in self.preprocessing}
         for step in self.steps:
             section = dataclasses.asdict(getattr(self, step))
             out[step] = {key: list(value) if isinstance(value, tuple) else value for key, value in section.items()}
@@ -151,10 +162,13 @@ def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
     """Build the :class:`Policy` from an already parsed mapping (see :func:`parse_policy`)."""
     if not isinstance(document, dict):
         raise UserError(f"{source}: a policy is a mapping of sections ({', '.join(STEPS)}), got {_shown(document)}")
-    _no_unknown(document, SECTIONS, source, "", "section")
+    _no_unknown(document, [*SECTIONS, "preprocessing"], source, "", "section")
     if "gate" not in document:
         raise UserError(f"{source}: the gate section is required (gate: {{thresholds: {{min_idc: 0.5}}}})")
-    sections = {name: _section(name, document[name], SECTIONS[name], source) for name in document}
+    sections = {name: _section(name, document[name], SECTIONS[name], source) for name in document
+                if name != "preprocessing"}
+    if "preprocessing" in document:
+        sections["preprocessing"] = _preprocessing(document["preprocessing"], source)
     if "fuzz" in sections and "compress" not in sections:
         raise UserError(f"{source}: fuzz needs a compress section (the exports to fuzz against the model)")
     if "compress" in sections and "int8-static" in sections["compress"].methods and not sections["compress"].calib_data:
@@ -172,6 +186,53 @@ def _section(name: str, values, cls, source: str):
             raise UserError(f"{source}: {name}.{field.name} is required")
     return cls(**{key: _value(f"{name}.{key}", value, fields[key].metadata["kind"], source)
                   for key, value in values.items()})
+
+
+def _preprocessing(values, source: str) -> tuple:
+    """``preprocessing:`` -> ((model name, override text), ...), each checked as the option would be."""
+    from mlflow_di.models.preprocessing import Preprocessing
+
+    if not isinstance(values, dict) or not values:
+        raise UserError(f"{source}: preprocessing must map registered model names to preprocessing fields, "
+                        f"e.g. preprocessing: {{digits-cnn: {{mean: [0.5], std: [0.25]}}}}; got {_shown(values)}")
+    known = [field.name for field in dataclasses.fields(Preprocessing)]
+    pairs = []
+    for name, fields in values.items():
+        path = f"preprocessing.{name}"
+        if not isinstance(fields, dict) or not fields:
+            raise UserError(f"{source}: {path} must be a mapping of preprocessing fields ({', '.join(known)}), "
+                            f"got {_shown(fields)}")
+        _no_unknown(fields, known, source, f"{path}.", "key")
+        parts = []
+        for key, value in fields.items():
+            items = value if isinstance(value, list) else [value]
+            if not items or not all(isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in items):
+                raise UserError(f"{source}: {path}.{key} must be a value or a list of values, got {_shown(value)}")
+            parts.append(f"{key}={'/'.join(str(item) for item in items)}")
+        text = ",".join(parts)
+        try:
+            Preprocessing().override(text)
+        except UserError as exc:
+            raise UserError(f"{source}: {path}: {exc}") from None
+        pairs.append((str(name), text))
+    return tuple(pairs)
+
+
+def _override_fields(text: str) -> dict:
+    """An override ``key=a/b,...`` back as the policy's mapping (numbers as numbers)."""
+    fields = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        values = [_number_or_text(part) for part in value.split("/")]
+        fields[key] = values if key in ("mean", "std", "input_shape", "center_crop") else values[0]
+    return fields
+
+
+def _number_or_text(text: str):
+    try:
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:
+        return text
 
 
 def _no_unknown(values: dict, known, source: str, prefix: str, what: str) -> None:

@@ -121,3 +121,24 @@ def test_a_normalised_example_asks_once_for_the_preprocessing_then_every_command
     recorded = mlflow.MlflowClient().get_model_version("normalised", "1").tags["mlflow_di.preprocessing"]
     assert json.loads(recorded)["std"] == [0.25] and json.loads(recorded)["input_shape"] == [8, 8, 1]
     assert main(arguments) == 0, capsys.readouterr().err
+
+
+def test_a_policy_states_the_preprocessing_and_trusts_no_pickle_for_a_pt2_version(tracking_uri, tmp_path, capsys):
+    """The pipeline (what the service runs) on a default-logged version: pt2 runs no code when
+    loaded, so a policy that trusts no pickles analyses it; the policy gives the normalisation."""
+    example = (np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32) - 0.5) / 0.25
+    with mlflow.start_run():
+        mlflow.pytorch.log_model(_digits_cnn(), name="m", registered_model_name="cnn", input_example=example)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("preprocessing:\n  cnn: {mean: [0.5], std: [0.25]}\n"
+                      "compress: {methods: [int8-dynamic], eval_data: 'digits[300:400]'}\n"
+                      "coverage: {train_data: 'digits[0:200]', test_data: ['digits[200:300]'], criteria: [idc, nc]}\n"
+                      "fuzz: {seed_data: 'digits[300:400]', num_seeds: 5, max_queries: 10}\n"
+                      "gate: {thresholds: {max_accuracy_drop: 1}}\n")
+    code = main(["pipeline", "--policy", str(policy), "--model-uri", "models:/cnn/1",
+                 "--state-dir", str(tmp_path / "state")])
+    assert code in (0, 1), capsys.readouterr().err
+    tags = mlflow.MlflowClient().get_model_version("cnn", "1").tags
+    assert tags["mlflow_di.gate"] in ("pass", "fail")
+    coverage = mlflow.search_runs(filter_string="tags.`mlflow_di.command` = 'coverage'")
+    assert len(coverage) == 1 and 0 < coverage["metrics.idc"][0] <= 1

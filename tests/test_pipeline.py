@@ -34,6 +34,9 @@ GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
     (GATE + "fuzz: {seed_data: digits}\n", "fuzz needs a compress section"),
     (GATE + "compress: {methods: [int8-static]}\n", "compress.calib_data is required for int8-static"),
     ("- gate\n", "a policy is a mapping of sections"),
+    (GATE + "preprocessing: {cnn: {colour: red}}\n", "unknown key preprocessing.cnn.colour"),
+    (GATE + "preprocessing: {cnn: {std: [0]}}\n", "preprocessing.cnn: preprocessing std must not contain 0"),
+    (GATE + "preprocessing: [cnn]\n", "preprocessing must map registered model names"),
     ("gate: [1\n", "not valid YAML"),
 ])
 def test_a_bad_policy_is_one_line_naming_the_key(text, fragment):

@@ -126,12 +126,25 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
         if step == "gate":
             section = {**section.pop("thresholds"), **section}
         steps[step] = _converted(ctx, commands[step], section, f"{policy.source}: {step}")
+    override = policy.preprocessing_of(_registered_name(model_uri))
+    if override:  # the policy's preprocessing for this model, as each step's own option
+        for step, key in (("compress", "preprocessing"), ("coverage", "preprocessing"),
+                          ("fuzz", "preprocessing_original"), ("robustness", "preprocessing")):
+            if step in steps:
+                steps[step][key] = override
     if steps.get("fuzz", {}).get("strategy") == "deepxplore":
         from mlflow_di.errors import UserError
 
         raise UserError(f"{policy.source}: fuzz.strategy deepxplore needs PyTorch models, and the pipeline fuzzes "
                         "the model against its ONNX exports; choose dflare (or another black-box strategy)")
     return steps
+
+
+def _registered_name(model_uri: str) -> str | None:
+    from mlflow_di.models.reference import ModelRef, RefKind
+
+    ref = ModelRef.parse(model_uri)
+    return ref.name if ref.kind is RefKind.REGISTRY else None
 
 
 def _converted(ctx: click.Context, command: click.Command, values: dict, where: str) -> dict:

@@ -14,8 +14,8 @@ import re
 
 import click
 
-from mlflow_di.commands.options import (CommaList, Severities, device_option, json_out_option, seed_option,
-                                        write_json_out)
+from mlflow_di.commands.options import (CommaList, Severities, device_option, json_out_option, preprocessing_option,
+                                        seed_option, write_json_out)
 
 #: Run tag mapping each compressed model's gate key (models:/NAME/VERSION or its URI) to its metric slug.
 COMPRESSED_TAG = "mlflow_di.robustness_compressed"
@@ -36,8 +36,10 @@ COMPRESSED_TAG = "mlflow_di.robustness_compressed"
               help="Images corrupted and classified at a time (results do not depend on it).")
 @seed_option
 @json_out_option
+@preprocessing_option
 @device_option
-def command(model_uri, compressed, data, corruptions, severities, num_images, batch, seed, json_out, device) -> None:
+def command(model_uri, compressed, data, corruptions, severities, num_images, batch, seed, json_out, preprocessing,
+            device) -> None:
     """Accuracy of MODEL-URI and agreement of each COMPRESSED model with it under image corruptions."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
@@ -52,7 +54,7 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
     if len(set(compressed)) != len(compressed):
         raise UserError("a --compressed model is named twice; give each once")
     refs = [ModelRef.parse(uri) for uri in (model_uri, *compressed)]
-    models = [load_classifier(ref, None, device) for ref in refs]
+    models = [load_classifier(ref, preprocessing if number == 0 else None, device) for number, ref in enumerate(refs)]
     raw = load_images(data)
     images = models[0].preprocessing.prepare(raw)  # lazy: resized per batch if the model says so
     images = images.subset(slice(0, num_images), f"{images.name} (first {min(num_images, len(images))})")
