@@ -87,6 +87,21 @@ def test_logged_pytorch_model_gets_idc_logged_once(mlflow_client, digits_model, 
     assert result.artifacts["mlflow_di/coverage_model"].content["params"]["top_m"] == 4
 
 
+def test_a_default_logged_pt2_model_is_white_box_with_no_pickle_and_no_input_shape(mlflow_client, digits_model,
+                                                                                  evaluation_rows, monkeypatch):
+    """``mlflow.pytorch.log_model`` with MLflow's defaults (pt2): the evaluator rebuilds the layers and
+    reads the preprocessing from the signature and input example, as the CLI does."""
+    monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
+    example = np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32)
+    with mlflow.start_run():
+        info = mlflow.pytorch.log_model(digits_model.module, name="model", input_example=example)
+    with mlflow.start_run():
+        result = mlflow.models.evaluate(info.model_uri, evaluation_rows, targets="label", model_type="classifier",
+                                        evaluators=["mlflow_di"], evaluator_config={"mlflow_di": {"top_m": 4,
+                                                                                                  "clusters": (2, 3)}})
+    assert result.metrics["mlflow_di/idc"] == pytest.approx(expected_idc(digits_model, evaluation_rows, 200))
+
+
 @pytest.fixture()
 def pixel_model_path(digits_model, tmp_path) -> str:
     """The digits CNN saved (not logged, so without a model id) as a label-predicting python model."""

@@ -22,9 +22,12 @@ with ``mlflow_di/`` so they never collide with MLflow's own, and each is logged 
 ``evaluate`` knows the model's id it logs every returned metric itself (linked to model and
 dataset), so the evaluator only logs them when there is no model id.
 
-The model must be white-box: a ``pytorch``-flavor model (logged by mlflow-di, or with
-``serialization_format="pickle"``; set ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true`` so MLflow
-loads it) or a python model with a ``torch_model`` attribute (a :class:`TorchModel`).
+The model must be white-box: a ``pytorch``-flavor model, as MLflow logs it by default (pt2) or
+pickled (set ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true`` so that MLflow itself loads a pickle),
+or a python model with a ``torch_model`` attribute (a :class:`TorchModel`). A logged model is
+opened by mlflow-di's own loader from its LoggedModel (``models:/<model_id>``), so pt2 models are
+white-box and the preprocessing comes from where the CLI finds it (the ``mlflow_di`` block, or
+MLflow's signature and input example; ``preprocessing`` in the config overrides it).
 """
 from __future__ import annotations
 
@@ -137,8 +140,13 @@ def white_box_model(model, config: EvaluatorConfig) -> TorchModel:
     if model is None:
         raise UserError("needs a model (IDC looks inside it); static predictions cannot be evaluated")
     python_model = _python_model(model)
+    model_id = getattr(getattr(model, "metadata", None), "model_id", None)
     if isinstance(getattr(python_model, "torch_model", None), TorchModel):
         torch_model = python_model.torch_model
+    elif model_id and "pytorch" in (getattr(model.metadata, "flavors", None) or {}):
+        from mlflow_di.models.loading import load_torch_model
+
+        return load_torch_model(f"models:/{model_id}", config.preprocessing)
     else:
         try:
             module = model.get_raw_model()
