@@ -13,7 +13,7 @@ parameters and in Python:
                        when DIR holds no ``t10k-`` pair (the spec's meaning before the two above
                        existed, kept so that old commands and MLproject runs read the same data)
 ``npz:FILE``           arrays ``x`` (N,H,W[,C], uint8 or floats in 0..1/0..255) and ``y`` (N,)
-``folder:DIR``         one sub-folder per class (sorted names -> labels 0..K-1), image files inside
+``folder:DIR``         one sub-folder per class, image files inside (labels: see :func:`folder_labels`)
 ``cifar10:DIR``        CIFAR-10 python batches (``test_batch`` by default; ``data_batch_*`` if no
                        test batch is there)
 =====================  =====================================================================
@@ -622,13 +622,40 @@ def _pixel_scale(low: float, high: float, name: str) -> float:
     return 255.0 if high <= 1.0 else 1.0
 
 
+def folder_labels(root: pathlib.Path) -> dict[str, int]:
+    """Class folder name -> label, the same for every split of a data set whatever classes a split lacks.
+
+    Folders named by integers (``0``, ``1``, ... as MNIST and CIFAR exports write them) are their
+    label. Other names are numbered in sorted order over the union of the class folders of ``root``
+    and of its sibling splits (``data/train``, ``data/val``, ``data/test``: the folders beside
+    ``root`` that share a class name with it), so a test split without ``cat`` still labels ``dog`` as
+    the training split does.
+    """
+    names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if names and all(name.isdigit() for name in names):
+        return {name: int(name) for name in names}
+    union = set(names)
+    if root.parent != root:
+        for sibling in root.parent.iterdir():
+            if sibling != root and sibling.is_dir():
+                try:
+                    theirs = {p.name for p in sibling.iterdir() if p.is_dir()}
+                except OSError:
+                    continue
+                if theirs & union:
+                    union |= theirs
+    return {name: label for label, name in enumerate(sorted(union))}
+
+
 def _load_folder(arg: str):
     root = _existing(arg, "image folder")
     classes = sorted(p for p in root.iterdir() if p.is_dir())
     if not classes:
         raise UserError(f"image folder '{arg}' has no class sub-folders (expected DIR/<class>/<image>)")
+    numbers = folder_labels(root)
     paths, labels = [], []
-    for label, class_dir in enumerate(classes):
+    for class_dir in classes:
+        label = numbers[class_dir.name]
         for file in sorted(class_dir.iterdir()):
             if file.suffix.lower() in _IMAGE_SUFFIXES:
                 paths.append(str(file))

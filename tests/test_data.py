@@ -139,6 +139,27 @@ def test_folder_of_class_subfolders(tmp_path):
     assert data.images[2, 0, 0, 0] == 40
 
 
+def _class_folders(root, names):
+    from PIL import Image
+
+    for name in names:
+        (root / name).mkdir(parents=True)
+        Image.fromarray(np.full((6, 6), 7, np.uint8)).save(root / name / "0.png")
+    return f"folder:{root}"
+
+
+def test_a_split_without_a_class_labels_the_others_as_its_siblings_do(tmp_path):
+    """Labels come from the class names over every split beside the folder, not from its own index."""
+    train = _class_folders(tmp_path / "data" / "train", ["bird", "cat", "dog"])
+    test = _class_folders(tmp_path / "data" / "test", ["bird", "dog"])
+    assert load_images(train).labels.tolist() == [0, 1, 2]
+    assert load_images(test).labels.tolist() == [0, 2]
+
+
+def test_integer_class_folders_are_their_labels(tmp_path):
+    assert load_images(_class_folders(tmp_path / "digits", ["3", "7", "10"])).labels.tolist() == [10, 3, 7]
+
+
 def test_cifar10_python_batch(tmp_path, rng):
     raw = rng.integers(0, 256, (3, 3 * 32 * 32), dtype=np.uint8)
     with open(tmp_path / "test_batch", "wb") as handle:
