@@ -224,8 +224,19 @@ def lrp_graph_attributes(module: torch.fx.GraphModule) -> dict | None:
 
     A copy of the graph is rewritten and compiled into a GraphModule sharing the module's children;
     its ``forward`` replaces the module's for the duration, and the new ``Sum``/``Gate``/pool modules
-    become attributes (so zennit's composite finds and hooks them).
+    become attributes (so zennit's composite finds and hooks them). The rewrite is made once per
+    module and kept outside its registered attributes (compiling it on every LRP pass cost
+    MobileNetV3-Small 20% of a pass over 64 images).
     """
+    cached = module.__dict__.get("_lrp_rewrite")
+    if cached is None:
+        cached = module.__dict__["_lrp_rewrite"] = _lrp_rewrite(module)
+    rewritten, added = cached
+    return None if rewritten is None else {"forward": rewritten.forward, **added}
+
+
+def _lrp_rewrite(module: torch.fx.GraphModule) -> tuple:
+    """(the rewritten GraphModule, its new modules by name), or (None, {}) when nothing needs rewriting."""
     from torch.fx.operator_schemas import normalize_function
 
     graph = torch.fx.Graph()
@@ -260,12 +271,11 @@ def lrp_graph_attributes(module: torch.fx.GraphModule) -> dict | None:
                 values.pop("stride")  # aten's empty stride: the kernel size, as the module's default
             replace(node, cls(**values), found.kwargs["input"])
     if not added:
-        return None
+        return None, {}
     graph.lint()
     targets = {node.target for node in graph.nodes if node.op in ("call_module", "get_attr")}
     root = {target: added.get(target) or operator.attrgetter(target)(module) for target in targets}
-    rewritten = torch.fx.GraphModule(root, graph)
-    return {"forward": rewritten.forward, **added}
+    return torch.fx.GraphModule(root, graph), added
 
 
 def _is_gate(module: nn.Module, node) -> bool:
