@@ -102,6 +102,27 @@ def test_a_default_logged_pt2_model_is_white_box_with_no_pickle_and_no_input_sha
     assert result.metrics["mlflow_di/idc"] == pytest.approx(expected_idc(digits_model, evaluation_rows, 200))
 
 
+def test_an_onnx_logged_model_is_evaluated_on_its_white_box_view(mlflow_client, digits_model, evaluation_rows,
+                                                                 tmp_path):
+    import contextlib
+    import io
+
+    import onnx
+    import torch
+
+    example = np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32)
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.onnx.export(digits_model.module, (torch.from_numpy(example),), str(tmp_path / "m.onnx"), dynamo=False,
+                          input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    with mlflow.start_run():
+        info = mlflow.onnx.log_model(onnx.load(str(tmp_path / "m.onnx")), name="model", input_example=example)
+    with mlflow.start_run():
+        result = mlflow.models.evaluate(info.model_uri, evaluation_rows, targets="label", model_type="classifier",
+                                        evaluators=["mlflow_di"], evaluator_config={"mlflow_di": {"top_m": 4,
+                                                                                                  "clusters": (2, 3)}})
+    assert result.metrics["mlflow_di/idc"] == pytest.approx(expected_idc(digits_model, evaluation_rows, 200))
+
+
 @pytest.fixture()
 def pixel_model_path(digits_model, tmp_path) -> str:
     """The digits CNN saved (not logged, so without a model id) as a label-predicting python model."""

@@ -72,14 +72,14 @@ def three_ways(tracking_uri, tmp_path):
     return module
 
 
-def test_coverage_is_the_same_on_pt2_and_pickle_with_no_preprocessing_option(three_ways, tmp_path, capsys):
+def test_coverage_is_the_same_on_pt2_pickle_and_onnx_with_no_preprocessing_option(three_ways, tmp_path, capsys):
     results = {}
-    for name in ("cnn-pt2", "cnn-pickle"):
+    for name in ("cnn-pt2", "cnn-pickle", "cnn-onnx"):
         out = tmp_path / f"{name}.json"
         assert main(["coverage", "--model-uri", f"models:/{name}/1", "--train-data", "digits[0:300]",
                      "--test-data", "digits[300:500]", "--json-out", str(out)]) == 0, capsys.readouterr().err
         results[name] = json.loads(out.read_text())
-    assert results["cnn-pt2"] == results["cnn-pickle"]
+    assert results["cnn-pt2"] == results["cnn-pickle"] == results["cnn-onnx"]
     assert {"idc", "nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc"} <= set(results["cnn-pt2"])
 
 
@@ -96,6 +96,10 @@ def test_compress_fuzz_and_gate_run_on_a_default_logged_model(three_ways, tmp_pa
         exports[compressed] = json.loads(out.read_text())
     # the ONNX export of the same network never disagrees with it
     assert exports["models:/cnn-onnx/1"]["seeds"] == 20 and exports["models:/cnn-onnx/1"]["triggers"] == 0
+    # an ONNX original is compressed through its white-box view, ONNX Runtime quantizing the re-export
+    assert main(["compress", "--model-uri", "models:/cnn-onnx/1", "--method", "int8-static,prune-l1",
+                 "--calib-data", "digits[0:100]", "--eval-data", "digits[300:400]"]) == 0, capsys.readouterr().err
+    assert {"cnn-onnx-int8-static", "cnn-onnx-prune-l1"} <= {m.name for m in mlflow.MlflowClient().search_registered_models()}
     code = main(["gate", "--model-uri", original, "--compressed", "models:/cnn-pt2-int8-dynamic/1",
                  "--max-accuracy-drop", "1"])
     assert code in (0, 1), capsys.readouterr().err

@@ -129,9 +129,19 @@ def test_state_dict_and_unknown_suffix_are_explained(tmp_path):
         mlflow_di.load_classifier(str(tmp_path / "model.bin"))
 
 
-def test_onnx_is_not_white_box(tmp_path):
-    with pytest.raises(UserError, match="needs a PyTorch model"):
-        mlflow_di.load_torch_model(str(tiny_onnx(tiny_torch(), tmp_path / "m.onnx")))
+def test_an_onnx_file_opens_white_box_with_its_stored_preprocessing(tmp_path):
+    module = tiny_torch()
+    model = mlflow_di.load_torch_model(str(tiny_onnx(module, tmp_path / "m.onnx")))
+    assert model.preprocessing == PREP
+    np.testing.assert_allclose(model.classifier().predict_proba(images()),
+                               TorchClassifier(module, PREP).predict_proba(images()), atol=1e-6)
+
+
+def test_a_tflite_model_is_not_white_box(tmp_path):
+    path = tmp_path / "m.tflite"
+    path.write_bytes(b"")
+    with pytest.raises(UserError, match="is a tflite model, which opens only as a black box"):
+        mlflow_di.load_torch_model(str(path))
 
 
 def test_wrong_image_shape_and_dtype():

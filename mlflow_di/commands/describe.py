@@ -24,7 +24,7 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     if preprocessing and set_preprocessing:
         raise click.UsageError("give --preprocessing or --set-preprocessing, not both")
     source = loading.resolve(uri)
-    white_box = source.white_box
+    white_box = source.white_box and source.kind != "onnx"  # an ONNX graph is listed as its nodes
     override = preprocessing or set_preprocessing
     model = loading.load_torch_model(source, override, device) if white_box else None
     classifier = model.classifier() if white_box else loading.load_classifier(source, override, device)

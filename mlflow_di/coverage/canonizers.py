@@ -254,7 +254,7 @@ def _lrp_rewrite(module: torch.fx.GraphModule) -> tuple:
     for node in list(graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        tensors = [arg for arg in node.args[:2] if isinstance(arg, torch.fx.Node)]
+        tensors = [arg for arg in node.args[:2] if isinstance(arg, torch.fx.Node) and arg.op != "get_attr"]
         if node.target == _ATEN.add.Tensor and len(tensors) == 2 and node.kwargs.get("alpha", 1) == 1:
             with graph.inserting_before(node):
                 stacked = graph.call_function(torch.stack, (list(tensors),), {"dim": -1})
@@ -321,7 +321,8 @@ def unhandled_tensor_arithmetic(module: nn.Module, example: torch.Tensor) -> str
         return None
     for node in graph.graph.nodes:
         verb = _TENSOR_ARITHMETIC.get(node.target) if node.op == "call_function" else None
-        tensors = [arg for arg in node.args[:2] if isinstance(arg, torch.fx.Node) and "tensor_meta" in arg.meta]
+        tensors = [arg for arg in node.args[:2]  # a constant (get_attr) takes no relevance: it is not counted
+                   if isinstance(arg, torch.fx.Node) and "tensor_meta" in arg.meta and arg.op != "get_attr"]
         if verb and len(tensors) == 2:
             return f"{_owner(module, node)} {verb} two tensors"
     return None

@@ -24,7 +24,8 @@ dataset), so the evaluator only logs them when there is no model id.
 
 The model must be white-box: a ``pytorch``-flavor model, as MLflow logs it by default (pt2) or
 pickled (set ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true`` so that MLflow itself loads a pickle),
-or a python model with a ``torch_model`` attribute (a :class:`TorchModel`). A logged model is
+an ``onnx``-flavor model (its white-box view, :mod:`mlflow_di.models.onnx_torch`), or a python
+model with a ``torch_model`` attribute (a :class:`TorchModel`). A logged model is
 opened by mlflow-di's own loader from its LoggedModel (``models:/<model_id>``), so pt2 models are
 white-box and the preprocessing comes from where the CLI finds it (the ``mlflow_di`` block, or
 MLflow's signature and input example; ``preprocessing`` in the config overrides it).
@@ -143,7 +144,7 @@ def white_box_model(model, config: EvaluatorConfig) -> TorchModel:
     model_id = getattr(getattr(model, "metadata", None), "model_id", None)
     if isinstance(getattr(python_model, "torch_model", None), TorchModel):
         torch_model = python_model.torch_model
-    elif model_id and "pytorch" in (getattr(model.metadata, "flavors", None) or {}):
+    elif model_id and {"pytorch", "onnx"} & set(getattr(model.metadata, "flavors", None) or {}):
         from mlflow_di.models.loading import load_torch_model
 
         return load_torch_model(f"models:/{model_id}", config.preprocessing)
@@ -156,9 +157,8 @@ def white_box_model(model, config: EvaluatorConfig) -> TorchModel:
         try:
             torch_model = TorchModel(module, stored or Preprocessing(), name="evaluated model")
         except UserError:
-            raise UserError("needs a PyTorch model: log it with mlflow.pytorch.log_model(model, name=..., "
-                            "serialization_format='pickle') or give a python model a `torch_model` attribute"
-                            ) from None
+            raise UserError("needs a white-box model: log it with mlflow.pytorch.log_model or mlflow.onnx.log_model, "
+                            "or give a python model a `torch_model` attribute") from None
     if config.preprocessing:
         torch_model = dataclasses.replace(torch_model, preprocessing=torch_model.preprocessing.override(config.preprocessing))
     return torch_model

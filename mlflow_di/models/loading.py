@@ -35,7 +35,7 @@ __all__ = ["URI_HELP", "WHITE_BOX_KINDS", "ModelSource", "load_classifier", "loa
 
 
 #: Formats whose models open white-box (a PyTorch module with named layers).
-WHITE_BOX_KINDS = ("pytorch", "pytorch-pt2", "keras")
+WHITE_BOX_KINDS = ("pytorch", "pytorch-pt2", "keras", "onnx")
 
 
 @dataclasses.dataclass
@@ -211,17 +211,25 @@ def _load_torch_model(source: ModelSource, preprocessing) -> TorchModel:
         model = import_keras(source.ref.arch, str(source.path))
         model.preprocessing = _with_override(model.preprocessing, preprocessing)
         return model
+    fallback = Preprocessing()
     if source.kind == "pytorch-pt2":
         from mlflow_di.models.pt2 import load_pt2
 
         module = load_pt2(source.path, uri)  # a graph, not a pickle: it runs no code when loaded
+    elif source.kind == "onnx":
+        from mlflow_di.models.onnx_torch import onnx_to_torch
+
+        module = onnx_to_torch(source.path, uri)  # its graph's operators as torch layers, checked against ORT
+        fallback = OnnxClassifier(source.path, name=source.ref.display_name).preprocessing  # its props or input
     elif source.kind == "pytorch":
         module = _load_torch_module(source)  # may read the preprocessing stored beside the module
     else:
         raise UserError(
-            f"'{uri}' is a {source.kind} model; white-box analysis (coverage, pruning) needs a PyTorch model"
+            f"'{uri}' is a {source.kind} model, which opens only as a black box; white-box work (coverage, inspect, "
+            "generate, compress, deepxplore) needs a PyTorch (pt2 or pickle), ONNX or Keras original, such as the "
+            "model it was made from; fuzz, robustness and gate work on it as it is"
         )
-    return TorchModel(module, _effective(source, Preprocessing(), preprocessing), name=source.ref.display_name,
+    return TorchModel(module, _effective(source, fallback, preprocessing), name=source.ref.display_name,
                       metadata=source.metadata.facts)
 
 
