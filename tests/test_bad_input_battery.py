@@ -45,6 +45,29 @@ def idx_bytes(array: np.ndarray) -> bytes:
     return header + array.astype(np.uint8).tobytes()
 
 
+def _mlflow_native_models(path) -> None:
+    """Models as MLflow users save them that mlflow-di cannot analyse as they are."""
+    import mlflow
+    import onnx
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+    from onnx import TensorProto, helper
+
+    from mlflow_di.models import zoo
+
+    graph = helper.make_graph([helper.make_node("Erf", ["x"], ["y"], name="erf")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1, 8, 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(path("erf_onnx", "models/erf.onnx")))
+    normalised = (np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32) - 0.5) / 0.25
+    mlflow.pytorch.save_model(zoo.build("digits-cnn", seed=0), str(path("normalised_pt2", "models/normalised-pt2")),
+                              input_example=normalised)
+    columns = ModelSignature(inputs=Schema([ColSpec("double", "pixel")]))
+    mlflow.pytorch.save_model(zoo.build("digits-cnn", seed=0), str(path("shapeless", "models/no-shape")),
+                              serialization_format="pickle", signature=columns)
+
+
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> dict[str, str]:
     """Paths (as strings) the cases name with ``{key}``."""
@@ -75,6 +98,7 @@ def assets(tmp_path_factory) -> dict[str, str]:
     path("garbage_onnx", "models/garbage.onnx").write_bytes(b"\x00not an onnx protobuf\xff" * 8)
     path("garbage_tflite", "models/garbage.tflite").write_bytes(b"not a flatbuffer" * 8)
     path("garbage_h5", "models/garbage.h5").write_text("not HDF5\n")
+    _mlflow_native_models(path)
 
     # MNIST-style folders
     images = np.random.default_rng(0).integers(0, 256, (5, 28, 28), dtype=np.uint8)  # incompressible
@@ -133,6 +157,8 @@ def assets(tmp_path_factory) -> dict[str, str]:
     path("policy_bad_value", "policies/bad-value.yaml").write_text(
         "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, max_queries: ten}\ncompress: {methods: [fp32]}\n")
     path("policy_ok", "policies/ok.yaml").write_text("gate: {thresholds: {min_idc: 0.5}}\n")
+    path("policy_preprocessing_key", "policies/preprocessing-key.yaml").write_text(
+        "preprocessing: {m: {colour: red}}\ngate: {thresholds: {min_idc: 0.5}}\n")
     paths["adir"] = str(root / "out")
     path("_campaign", "out/campaign/seeds.jsonl").write_text("{}\n")
     paths["campaign"] = str(root / "out/campaign")
@@ -240,6 +266,9 @@ CASES = [
     ("model-registry-absent-alias", coverage(model="models:/absent@champion")),
     ("model-runs-absent", ["describe", "runs:/0123456789abcdef0123456789abcdef/model"]),
     ("model-onnx-for-coverage", coverage(model="{garbage_onnx}")),
+    ("model-onnx-unsupported-operator", coverage(model="{erf_onnx}")),
+    ("model-pt2-normalised-example", coverage(model="{normalised_pt2}")),
+    ("model-signature-without-shape", coverage(model="{shapeless}")),
     ("model-onnx-for-compress", ["compress", "--model-uri", "{garbage_onnx}", "--method", "prune-l1"]),
     ("model-garbage-onnx-describe", ["describe", "{garbage_onnx}"]),
     ("model-garbage-tflite-fuzz", ["fuzz", "--original", "{pt}", "--compressed", "{garbage_tflite}",
@@ -296,7 +325,7 @@ CASES = [
     ("fuzz-min-ssim-on-8x8-digits", [*FUZZ, "--min-ssim", "0.5"]),
     ("fuzz-constraint-with-diffchaser", [*FUZZ, "--max-linf", "30", "--strategy", "diffchaser"]),
     ("fuzz-same-compressed-twice", [*FUZZ, "--compressed", "{pt}"]),
-    ("fuzz-deepxplore-onnx-model", [*FUZZ[:3], "--compressed", "{garbage_onnx}", *FUZZ[5:], "--strategy", "deepxplore"]),
+    ("fuzz-deepxplore-tflite-model", [*FUZZ[:3], "--compressed", "{garbage_tflite}", *FUZZ[5:], "--strategy", "deepxplore"]),
     ("fuzz-dx-option-without-deepxplore", [*FUZZ, "--dx-step", "5"]),
     ("fuzz-dx-occlusion-size-one-number", [*FUZZ, "--strategy", "deepxplore", "--dx-occlusion-size", "3"]),
     ("fuzz-dx-occlusion-outside-the-seeds", [*FUZZ, "--strategy", "deepxplore", "--dx-constraint", "occlusion",
@@ -341,6 +370,8 @@ CASES = [
     ("pipeline-policy-missing", ["pipeline", "--policy", "{empty_dir}/absent.yaml", "--model-uri", "models:/m/1"]),
     ("pipeline-policy-unknown-key", ["pipeline", "--policy", "{policy_unknown_key}", "--model-uri", "models:/m/1"]),
     ("pipeline-policy-bad-value", ["pipeline", "--policy", "{policy_bad_value}", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-preprocessing-unknown-key", ["pipeline", "--policy", "{policy_preprocessing_key}",
+                                                   "--model-uri", "models:/m/1"]),
     # ---------------------------------------------------------------- serve (refused before any port is bound)
     ("serve-policy-unknown-key", ["serve", "--policy", "{policy_unknown_key}", "--state-dir", "{empty_dir}/service"]),
     ("serve-policy-missing", ["serve", "--policy", "{empty_dir}/absent.yaml", "--state-dir", "{empty_dir}/service"]),
@@ -366,6 +397,10 @@ CASES = [
 #: What the one error line must name, for cases where a later, different error could hide the
 #: intended one (the command would otherwise go on and fail elsewhere).
 FRAGMENTS = {
+    "pipeline-policy-preprocessing-unknown-key": "unknown key preprocessing.m.colour",
+    "model-onnx-unsupported-operator": "ONNX operator Erf",
+    "model-pt2-normalised-example": "normalised with a mean and std",
+    "model-signature-without-shape": "input shape unknown",
     "workers-negative": "--workers",
     "ray-address-garbage": "--ray-address",
     "gpus-per-worker-negative": "--gpus-per-worker",
@@ -390,7 +425,7 @@ FRAGMENTS = {
     "fuzz-overlap-with-deepxplore": "--overlap applies to the black-box strategies",
     "fuzz-constraint-with-diffchaser": "dflare strategies",
     "fuzz-same-compressed-twice": "given twice",
-    "fuzz-deepxplore-onnx-model": "needs the gradients of PyTorch models",
+    "fuzz-deepxplore-tflite-model": "needs the gradients of PyTorch models",
     "fuzz-dx-option-without-deepxplore": "setting of --strategy deepxplore",
     "fuzz-dx-occlusion-size-one-number": "occlusion size",
     "fuzz-dx-occlusion-outside-the-seeds": "outside the 8x8",

@@ -140,7 +140,7 @@ def test_an_onnx_file_opens_white_box_with_its_stored_preprocessing(tmp_path):
 def test_a_tflite_model_is_not_white_box(tmp_path):
     path = tmp_path / "m.tflite"
     path.write_bytes(b"")
-    with pytest.raises(UserError, match="is a tflite model, which opens only as a black box"):
+    with pytest.raises(UserError, match=r"is a tflite model \(TFLite / LiteRT\), which opens only as a black box"):
         mlflow_di.load_torch_model(str(path))
 
 

@@ -158,7 +158,8 @@ def test_a_policy_loads_only_the_pickles_it_trusts(registered_cnn, mlflow_client
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["mlflow-di: error: 'models:/cnn/1' is a pickled PyTorch model and loading it runs its code; the "
                    "policy untrusting.yaml does not trust it: add 'cnn' to trust.pickled_models if you trust its "
-                   "authors (ONNX and TFLite models need no trust)"]
+                   "authors (pt2, ONNX and TFLite models need no trust: log it with mlflow.pytorch.log_model's "
+                   "default pt2 format)"]
     assert all(run.info.status != "RUNNING" for runs in _runs_by_command(mlflow_client).values() for run in runs)
     # the same model named on the command line is a person's choice: it loads
     assert main(["describe", registered_cnn]) == 0

@@ -162,7 +162,7 @@ with warnings.catch_warnings(record=True):
         MLflow pyfunc: ``predict`` takes raw uint8 NHWC images and returns repaired probabilities."""
 
         def load_context(self, context):
-            from mlflow_di.models.loading import load_repaired
+            from mlflow_di.models.formats import load_repaired
 
             self.classifier = load_repaired(pathlib.Path(context.artifacts["head"]).parent, self.metadata)
 

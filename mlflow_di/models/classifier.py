@@ -25,7 +25,7 @@ class Classifier:
     backend = "abstract"
     provider = "cpu"  #: what runs the model, for logs (a backend names its device or execution provider)
     default_batch_size = 256
-    #: where the model was loaded from (:class:`mlflow_di.models.shipping.Origin`), set by
+    #: where the model was loaded from (:class:`mlflow_di.models.origin.Origin`), set by
     #: ``load_classifier``: a Ray worker loads its own copy from it; None for classifiers built in Python
     origin = None
 

@@ -175,7 +175,11 @@ def onnx_to_torch(model, name: str = "model") -> nn.Module:
     from onnx import numpy_helper
 
     if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model))
+        try:
+            model = onnx.load(str(model))
+        except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError for a damaged file
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"cannot read the ONNX model '{name}': {detail}; is it an .onnx file?") from None
     graph = model.graph
     constants = {init.name: torch.from_numpy(numpy_helper.to_array(init).copy()) for init in graph.initializer}
     inputs = [value for value in graph.input if value.name not in constants]

@@ -17,35 +17,7 @@ import dataclasses
 import pathlib
 import tempfile
 
-from mlflow_di.errors import UserError
 from mlflow_di.models.preprocessing import Preprocessing
-
-
-@dataclasses.dataclass(frozen=True)
-class Origin:
-    """What :func:`~mlflow_di.models.loading.load_classifier` was given and found: enough to load the model again.
-
-    ``path``: the local model file; ``in_mlflow_folder``: it came from MLflow, so the whole model
-    folder around it (the one with the ``MLmodel`` file) travels; ``reference``: how to name the
-    model inside the copy (``{root}`` is replaced by the copy's path); ``device``: the device asked
-    for (``auto`` is resolved again where the model is loaded).
-    """
-
-    path: pathlib.Path
-    in_mlflow_folder: bool
-    reference: str
-    device: str | None
-
-    @property
-    def root(self) -> pathlib.Path:
-        """What travels: the MLflow model folder around :attr:`path`, or the file itself (looked up
-        when a model is shipped, so loading a model never depends on it)."""
-        if not self.in_mlflow_folder:
-            return self.path
-        root = next((parent for parent in (self.path, *self.path.parents) if (parent / "MLmodel").is_file()), None)
-        if root is None:
-            raise UserError(f"cannot find the MLflow model folder (with an MLmodel file) around '{self.path}'")
-        return root
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,18 +55,6 @@ class Shipment:
         classifier = load(self.reference.replace("{root}", str(root)), self.preprocessing, self.device)
         classifier.name = self.name
         return classifier
-
-
-def origin_of(source, device) -> Origin:
-    """The :class:`Origin` of a model :func:`~mlflow_di.models.loading.resolve` found at ``source``."""
-    path = pathlib.Path(source.path)
-    device = None if device is None else str(device)
-    if source.ref.is_mlflow:  # the whole MLflow model folder travels: MLmodel, data, metadata
-        return Origin(path, True, "{root}", device)
-    reference = "{root}/" + path.name
-    if source.kind == "keras":
-        reference = f"keras:{source.ref.arch}:{reference}"
-    return Origin(path, False, reference, device)
 
 
 def ship(model):

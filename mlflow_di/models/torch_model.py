@@ -40,7 +40,7 @@ class TorchModel:
     preprocessing: Preprocessing
     name: str = "pytorch-model"
     metadata: dict = dataclasses.field(default_factory=dict)
-    #: how another process loads the same model (``models.shipping.Origin``), set by ``load_torch_model``
+    #: how another process loads the same model (``models.origin.Origin``), set by ``load_torch_model``
     origin: object = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self):

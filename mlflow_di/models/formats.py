@@ -1,0 +1,146 @@
+"""The model formats mlflow-di opens, one entry each: what it can do and how it opens.
+
+:data:`FORMATS` maps a format's name (what :func:`mlflow_di.models.loading.resolve` finds a
+reference to be) to a :class:`ModelFormat`. ``white_box`` formats open as a PyTorch module with
+named layers (coverage, IDC, inspect, generate, compress, DeepXplore); every format opens as a
+black box (fuzz, robustness, gate, repair's target). ``runs_code`` formats execute code from the
+file when loaded (pickle): policies and the service load them only for models they trust
+(:mod:`mlflow_di.models.trust`).
+
+The openers take the local file and return the bare model (a module or a classifier); the
+loader adds preprocessing, device and origin, the same for every format.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import pickle
+from typing import Callable
+
+from mlflow_di.errors import UserError
+from mlflow_di.models.classifier import Classifier, OnnxClassifier, TFLiteClassifier
+from mlflow_di.models.metadata import ModelMetadata
+
+__all__ = ["FORMATS", "ModelFormat", "format_of", "load_repaired"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFormat:
+    """One model format: how users make it, what it can do, how it opens.
+
+    ``open_module(source)`` -> (``nn.Module``, the :class:`ModelMetadata` found in the file) for
+    white-box formats; ``open_black_box(source, device)`` -> a :class:`Classifier` for formats that
+    run on a runtime of their own (ONNX Runtime, LiteRT); white-box formats without one run as
+    their module. ``source`` is the :class:`~mlflow_di.models.loading.ModelSource` (path, URI, ref).
+    """
+
+    name: str
+    title: str
+    made_with: str
+    white_box: bool
+    runs_code: bool
+    open_module: Callable | None = None
+    open_black_box: Callable | None = None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _open_pickle(source):
+    import torch
+
+    from mlflow_di.models.trust import check_trusted, pickle_allowed
+
+    path, uri = source.path, source.uri
+    check_trusted(source.ref.name, uri)
+    try:
+        with pickle_allowed():
+            loaded = torch.load(path, map_location="cpu", weights_only=False)
+    except (pickle.UnpicklingError, ValueError, OSError, RuntimeError, EOFError, ImportError, AttributeError) as exc:
+        raise UserError(f"cannot load PyTorch model '{uri}': {_first_line(exc)} (is it a file written by "
+                        "torch.save(model, path)?)") from None
+    metadata = ModelMetadata()
+    if isinstance(loaded, dict) and "module" in loaded:
+        metadata = ModelMetadata.from_block(loaded.get("mlflow_di", {}))
+        loaded = loaded["module"]
+    if isinstance(loaded, dict):
+        raise UserError(f"'{uri}' holds a state dict, not a model; save the whole module (torch.save(model, path)) "
+                        "or log it with mlflow.pytorch.log_model(model, name=..., input_example=x)")
+    return loaded, metadata
+
+
+def _open_pt2(source):
+    from mlflow_di.models.pt2 import load_pt2
+
+    return load_pt2(source.path, source.uri), ModelMetadata()  # a graph, not a pickle: it runs no code
+
+
+def _open_onnx_module(source):
+    from mlflow_di.models.onnx_torch import onnx_to_torch
+
+    module = onnx_to_torch(source.path, source.uri)  # its operators as torch layers, checked against ORT
+    return module, ModelMetadata(OnnxClassifier(source.path, name=source.uri).preprocessing)  # its props or input
+
+
+def _open_keras(source):
+    from mlflow_di.models.keras_import import import_keras
+
+    model = import_keras(source.ref.arch, str(source.path))
+    return model.module, ModelMetadata(model.preprocessing, model.metadata)
+
+
+def _open_onnx(source, device) -> Classifier:
+    return OnnxClassifier(source.path, name=source.ref.display_name, device=device)
+
+
+def _open_tflite(source, device) -> Classifier:
+    return TFLiteClassifier(source.path, name=source.ref.display_name)
+
+
+def _open_repaired(source, device) -> Classifier:
+    return load_repaired(source.path, source.metadata.to_mlflow(), source.ref.display_name, device)
+
+
+FORMATS: dict[str, ModelFormat] = {fmt.name: fmt for fmt in (
+    ModelFormat("pytorch-pt2", "PyTorch pt2 (torch.export)",
+                "mlflow.pytorch.log_model(model, name=..., input_example=x) (MLflow's default outside Databricks)",
+                white_box=True, runs_code=False, open_module=_open_pt2),
+    ModelFormat("pytorch", "PyTorch pickle",
+                "mlflow.pytorch.log_model(..., serialization_format='pickle'), torch.save(model, 'm.pt')",
+                white_box=True, runs_code=True, open_module=_open_pickle),
+    ModelFormat("onnx", "ONNX", "mlflow.onnx.log_model(onnx_model, name=...), a .onnx file, mlflow-di compress",
+                white_box=True, runs_code=False, open_module=_open_onnx_module, open_black_box=_open_onnx),
+    ModelFormat("keras", "Keras HDF5 reference weights", "keras:ARCH:FILE.h5, mlflow-di import-keras",
+                white_box=True, runs_code=False, open_module=_open_keras),
+    ModelFormat("tflite", "TFLite / LiteRT", "a .tflite or .lite file", white_box=False, runs_code=False,
+                open_black_box=_open_tflite),
+    ModelFormat("repaired", "repaired model (pyfunc: compressed model + head)", "mlflow-di repair",
+                white_box=False, runs_code=False, open_black_box=_open_repaired),
+)}
+
+
+def format_of(name: str) -> ModelFormat:
+    """The :class:`ModelFormat` called ``name``."""
+    return FORMATS[name]
+
+
+def load_repaired(folder, metadata: dict, name: str | None = None, device=None) -> Classifier:
+    """A repaired pyfunc model's classifier: its base model file and ``head.npz`` in ``folder``,
+    ``metadata`` its MLflow metadata (the ``mlflow_di`` block names the base file)."""
+    from mlflow_di.models.head import ProbabilityHead, RepairedClassifier
+
+    folder = pathlib.Path(folder)
+    block = ModelMetadata.from_mlflow(metadata)
+    named = str(block.facts.get("repaired_base", ""))
+    relative = pathlib.PurePosixPath(named.replace("\\", "/"))
+    if not named or relative.is_absolute() or pathlib.PureWindowsPath(named).drive or ".." in relative.parts:
+        raise UserError(f"the repaired model's metadata names its base file '{named}', which is not a path inside "
+                        "the model folder; refusing to load it")
+    base_path = folder / relative
+    if base_path.suffix == ".onnx":
+        base = OnnxClassifier(base_path, block.preprocessing, name=base_path.name, device=device)
+    else:
+        base = TFLiteClassifier(base_path, block.preprocessing, name=base_path.name)
+    return RepairedClassifier(base, ProbabilityHead.load(folder / "head.npz"), name=name)
