@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from mlflow_di.errors import UserError
-from mlflow_di.models.pt2 import RebuiltModule
+from mlflow_di.models.pt2 import RebuiltModule, holding
 
 __all__ = ["onnx_to_torch"]
 
@@ -414,10 +414,6 @@ def _identifier(text: str, number: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- layers
-def _param(tensor) -> nn.Parameter:
-    return nn.Parameter(tensor.detach().clone().float())
-
-
 def _symmetric(pads, dims: int):
     if not pads:
         return (0,) * dims
@@ -448,12 +444,9 @@ def _conv(self: _Converter, node: _Node):
     group = node.attrs.get("group", 1)
     cls = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1]
     bias = self.constants.get(inputs[2]) if len(inputs) > 2 and inputs[2] else None
-    layer = cls(weight.shape[1] * group, weight.shape[0], tuple(weight.shape[2:]), stride=strides, padding=padding,
-                dilation=tuple(node.attrs.get("dilations", (1,) * dims)), groups=group, bias=bias is not None)
-    layer.weight = _param(weight)
-    if bias is not None:
-        layer.bias = _param(bias)
-    return layer
+    return holding(cls(weight.shape[1] * group, weight.shape[0], tuple(weight.shape[2:]), stride=strides,
+                       padding=padding, dilation=tuple(node.attrs.get("dilations", (1,) * dims)), groups=group,
+                       bias=bias is not None), weight, bias)
 
 
 def _gemm(self: _Converter, node: _Node):
@@ -467,11 +460,7 @@ def _gemm(self: _Converter, node: _Node):
         bias = (bias * node.attrs.get("beta", 1.0)).reshape(-1)
         if bias.numel() == 1:
             bias = bias.expand(weight.shape[0])
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    layer.weight = _param(weight)
-    if bias is not None:
-        layer.bias = _param(bias)
-    return layer
+    return holding(nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None), weight, bias)
 
 
 def _matmul(self: _Converter, node: _Node):
@@ -479,9 +468,7 @@ def _matmul(self: _Converter, node: _Node):
     weight = self.constants.get(inputs[1]) if len(inputs) > 1 else None
     if weight is None or weight.dim() != 2:
         return None
-    layer = nn.Linear(weight.shape[0], weight.shape[1], bias=False)
-    layer.weight = _param(weight.t())
-    return layer
+    return holding(nn.Linear(weight.shape[0], weight.shape[1], bias=False), weight.t())
 
 
 def _batch_norm(self: _Converter, node: _Node):
@@ -489,8 +476,7 @@ def _batch_norm(self: _Converter, node: _Node):
     if len(names) != 4 or not all(n in self.constants for n in names):
         return None
     scale, bias, mean, var = (self.constants[n] for n in names)
-    layer = nn.BatchNorm2d(mean.shape[0], eps=node.attrs.get("epsilon", 1e-5))
-    layer.weight, layer.bias = _param(scale), _param(bias)
+    layer = holding(nn.BatchNorm2d(mean.shape[0], eps=node.attrs.get("epsilon", 1e-5)), scale, bias)
     layer.running_mean.copy_(mean)
     layer.running_var.copy_(var)
     return layer

@@ -35,7 +35,7 @@ from torch import nn
 
 from mlflow_di.errors import UserError
 
-__all__ = ["RebuiltModule", "load_pt2", "rebuild"]
+__all__ = ["RebuiltModule", "holding", "load_pt2", "rebuild"]
 
 aten = torch.ops.aten
 
@@ -141,30 +141,26 @@ def _value(module: nn.Module, value):
     return value
 
 
-def _parameter(tensor) -> nn.Parameter | None:
-    return None if tensor is None else nn.Parameter(tensor.detach().clone(), requires_grad=tensor.requires_grad)
+def holding(layer: nn.Module, weight, bias=None) -> nn.Module:
+    """``layer`` with copies of ``weight`` (and ``bias``, when given) as its float32 parameters."""
+    layer.weight = nn.Parameter(weight.detach().clone().float())
+    if bias is not None:
+        layer.bias = nn.Parameter(bias.detach().clone().float())
+    return layer
 
 
 def _conv(cls):
     def build(op, a):
         weight, bias = a["weight"], a.get("bias")
-        layer = cls(weight.shape[1] * a.get("groups", 1), weight.shape[0], tuple(weight.shape[2:]),
-                    stride=a.get("stride", 1), padding=a.get("padding", 0), dilation=a.get("dilation", 1),
-                    groups=a.get("groups", 1), bias=bias is not None)
-        layer.weight = _parameter(weight)
-        if bias is not None:
-            layer.bias = _parameter(bias)
-        return layer
+        return holding(cls(weight.shape[1] * a.get("groups", 1), weight.shape[0], tuple(weight.shape[2:]),
+                           stride=a.get("stride", 1), padding=a.get("padding", 0), dilation=a.get("dilation", 1),
+                           groups=a.get("groups", 1), bias=bias is not None), weight, bias)
     return build
 
 
 def _linear(op, a):
     weight, bias = a["weight"], a.get("bias")
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    layer.weight = _parameter(weight)
-    if bias is not None:
-        layer.bias = _parameter(bias)
-    return layer
+    return holding(nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None), weight, bias)
 
 
 def _batch_norm(cls):
@@ -174,7 +170,7 @@ def _batch_norm(cls):
             return None  # no running statistics: the layer only works in training mode
         layer = cls(mean.shape[0], eps=a.get("eps", 1e-5), momentum=a.get("momentum", 0.1), affine=weight is not None)
         if weight is not None:
-            layer.weight, layer.bias = _parameter(weight), _parameter(a.get("bias"))
+            holding(layer, weight, a.get("bias"))
         layer.running_mean.copy_(mean)
         layer.running_var.copy_(var)
         return layer
