@@ -220,6 +220,13 @@ class ImageSet:
     def __len__(self) -> int:
         return len(self.images)
 
+    def check_labels(self, num_classes: int) -> None:
+        """A one-line :class:`UserError` when a label is not one of a model's ``num_classes`` outputs."""
+        if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= num_classes):
+            raise UserError(f"data '{self.name}' has labels {int(self.labels.min())}..{int(self.labels.max())} but the "
+                            f"model has {num_classes} outputs (classes 0..{num_classes - 1}); use data labelled as the "
+                            "model's classes (folder: integer folder names are the labels)")
+
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """(H, W, C) of one image."""

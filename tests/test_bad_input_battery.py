@@ -126,6 +126,7 @@ def assets(tmp_path_factory) -> dict[str, str]:
     np.savez(path("npz_28", "data/mnist-sized.npz"), x=images, y=labels)
     np.savez(path("npz_nan", "data/nan.npz"), x=np.full((5, 8, 8), np.nan), y=labels)
     np.savez(path("npz_count", "data/count.npz"), x=np.zeros((5, 8, 8), np.uint8), y=labels[:3])
+    np.savez(path("npz_label_12", "data/label-12.npz"), x=np.zeros((2, 8, 8), np.uint8), y=np.array([0, 12]))
     path("npz_garbage", "data/garbage.npz").write_text("not a zip archive\n")
 
     # image folders
@@ -267,6 +268,7 @@ CASES = [
     ("model-runs-absent", ["describe", "runs:/0123456789abcdef0123456789abcdef/model"]),
     ("model-onnx-for-coverage", coverage(model="{garbage_onnx}")),
     ("model-onnx-unsupported-operator", coverage(model="{erf_onnx}")),
+    ("data-labels-beyond-the-model", coverage(train="npz:{npz_label_12}")),
     ("model-pt2-normalised-example", coverage(model="{normalised_pt2}")),
     ("model-signature-without-shape", coverage(model="{shapeless}")),
     ("model-onnx-for-compress", ["compress", "--model-uri", "{garbage_onnx}", "--method", "prune-l1"]),
@@ -397,6 +399,7 @@ CASES = [
 #: What the one error line must name, for cases where a later, different error could hide the
 #: intended one (the command would otherwise go on and fail elsewhere).
 FRAGMENTS = {
+    "data-labels-beyond-the-model": "has labels 0..12 but the model has 10 outputs",
     "pipeline-policy-preprocessing-unknown-key": "unknown key preprocessing.m.colour",
     "model-onnx-unsupported-operator": "ONNX operator Erf",
     "model-pt2-normalised-example": "normalised with a mean and std",

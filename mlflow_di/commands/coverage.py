@@ -83,6 +83,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     tests = [model.preprocessing.prepare(raw) for raw in raw_tests]
     for data in (train, *tests):  # fail before any run starts when the data does not fit the model
         model.preprocessing.check_images(data.images[:1])
+        data.check_labels(model.classifier().num_classes)
     tags = {"mlflow_di.command": "coverage", **registry.model_version_tags(model_uri)}
     model_id = registry.logged_model_id(model_uri)
     with runs.tracked_run(f"coverage {ref.short}", tags=tags) as log:

@@ -63,6 +63,7 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
             model.preprocessing.check_images(images.images[:1])
         except UserError as exc:
             raise UserError(f"{role} model: {exc}") from None
+    images.check_labels(models[0].num_classes)
     slugs = metric_slugs([ref.short for ref in refs[1:]])
     keys = {registry.compressed_key(uri): slug for uri, slug in zip(compressed, slugs)}
     tags = {"mlflow_di.command": "robustness", **registry.model_version_tags(model_uri),
