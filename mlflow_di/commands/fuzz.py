@@ -297,13 +297,20 @@ def _white_box_model(ref, preprocessing, device):
     from mlflow_di.errors import UserError
     from mlflow_di.models.loading import load_torch_model, resolve
 
+    advice = ("fuzz the PyTorch model it was made from (a pruned copy: mlflow_di.compression.prune; an int8 one: "
+              "mlflow_di.compression.fake_quant.fake_quantize) or pick a black-box strategy such as dflare")
     source = resolve(ref)
     if not source.white_box:
         raise UserError(f"--strategy deepxplore needs the gradients of PyTorch models, but '{ref.uri}' is a "
-                        f"{source.kind} model; fuzz the PyTorch model it was made from (a pruned copy: "
-                        "mlflow_di.compression.prune; an int8 one: mlflow_di.compression.fake_quant.fake_quantize) "
-                        "or pick a black-box strategy such as dflare")
-    return load_torch_model(source, preprocessing, device)
+                        f"{source.kind} model; {advice}")
+    try:
+        return load_torch_model(source, preprocessing, device)
+    except UserError as exc:
+        if source.kind != "onnx":
+            raise
+        # an int8 export's QuantizeLinear, or a damaged file: no white-box view to take gradients of
+        raise UserError(f"--strategy deepxplore needs the gradients of PyTorch models, and the onnx model "
+                        f"'{ref.uri}' has no white-box view ({str(exc).split(': ', 1)[-1].split(', so coverage')[0]}); {advice}") from None
 
 
 def export_folder(folder: pathlib.Path, number: int, uri: str, resume: bool = False) -> pathlib.Path:
