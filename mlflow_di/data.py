@@ -654,6 +654,18 @@ def folder_labels(root: pathlib.Path) -> dict[str, int]:
     return {name: label for label, name in enumerate(sorted(union))}
 
 
+def class_names(spec: str) -> dict[int, str] | None:
+    """Label -> class folder name for a ``folder:`` spec (the mapping :func:`folder_labels` made); None
+    for other specs, whose labels are numbers already."""
+    base, _ = _split_slice(spec.strip()) if isinstance(spec, str) else (None, None)
+    if not base or not base.startswith("folder:"):
+        return None
+    root = pathlib.Path(base[len("folder:"):]).expanduser()
+    if not root.is_dir():
+        return None
+    return {label: name for name, label in sorted(folder_labels(root).items(), key=lambda item: item[1])}
+
+
 def _load_folder(arg: str):
     root = _existing(arg, "image folder")
     classes = sorted(p for p in root.iterdir() if p.is_dir())

@@ -154,6 +154,11 @@ def test_a_split_without_a_class_labels_the_others_as_its_siblings_do(tmp_path):
     test = _class_folders(tmp_path / "data" / "test", ["bird", "dog"])
     assert load_images(train).labels.tolist() == [0, 1, 2]
     assert load_images(test).labels.tolist() == [0, 2]
+    from mlflow_di.data import class_names
+    from mlflow_di.mlflow_edge.datasets import spec_dataset
+
+    assert class_names(f"{test}[0:1]") == {0: "bird", 1: "cat", 2: "dog"}
+    assert spec_dataset(load_images(test)).profile["classes"] == {"0": "bird", "1": "cat", "2": "dog"}
 
 
 def test_integer_class_folders_are_their_labels(tmp_path):

@@ -4,7 +4,7 @@ A command hands each :class:`~mlflow_di.data.ImageSet` it read to ``RunLog.input
 :class:`SpecDataset`: its name is the data spec, its digest the first characters of the SHA-256
 of the images (read in batches, as the spec loads them: before any model's resize) and labels
 (:func:`mlflow_di.data.fingerprint`), its profile the number of images, their shape, the label
-counts and the full SHA-256. Its source is a :class:`SpecSource` (source type ``mlflow_di``),
+counts, the full SHA-256 and, for ``folder:`` sets, the class folder each label stands for. Its source is a :class:`SpecSource` (source type ``mlflow_di``),
 which MLflow finds through the ``mlflow.dataset_source`` entry point of this package, so
 ``mlflow.data.get_source(run.inputs.dataset_inputs[0]).load()`` loads the same spec again.
 """
@@ -96,12 +96,15 @@ def spec_dataset(data, spec: str | None = None, first: int | None = None, sha256
     first ``first`` images; ``sha256``: its :func:`~mlflow_di.data.fingerprint` when already known
     (then nothing is read), else the set is read once, in batches.
     """
-    from mlflow_di.data import fingerprint
+    from mlflow_di.data import class_names, fingerprint
 
     spec = spec or data.name
     labels = Counter(int(label) for label in data.labels)
     profile = {"num_images": len(data), "image_shape": [int(n) for n in data.image_shape],
                "label_counts": {str(label): labels[label] for label in sorted(labels)}}
+    classes = class_names(spec)
+    if classes:  # which class folder each label stands for (data.folder_labels)
+        profile["classes"] = {str(label): name for label, name in classes.items()}
     name = spec if first is None else f"{spec} (first {len(data)})"
     return SpecDataset(SpecSource(spec, first), sha256 or fingerprint(data), profile, name=name[:500])
 
