@@ -83,6 +83,20 @@ def test_coverage_is_the_same_on_pt2_pickle_and_onnx_with_no_preprocessing_optio
     assert {"idc", "nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc"} <= set(results["cnn-pt2"])
 
 
+def test_fuzzing_from_the_pt2_or_the_pickled_original_gives_the_same_campaign(three_ways, tmp_path, capsys):
+    assert main(["compress", "--model-uri", "models:/cnn-pickle/1", "--method", "int8-dynamic",
+                 "--eval-data", "digits[300:400]"]) == 0, capsys.readouterr().err
+    summaries = []
+    for original in ("models:/cnn-pt2/1", "models:/cnn-pickle/1"):
+        out = tmp_path / f"{len(summaries)}.json"
+        assert main(["fuzz", "--original", original, "--compressed", "models:/cnn-pickle-int8-dynamic/1",
+                     "--seed-data", "digits[300:330]", "--max-queries", "50", "--seed", "3",
+                     "--out-dir", str(tmp_path / f"campaign-{len(summaries)}"), "--json-out", str(out)]) == 0
+        summary = json.loads(out.read_text())
+        summaries.append({key: value for key, value in summary.items() if "seconds" not in key})
+    assert summaries[0] == summaries[1]
+
+
 def test_compress_fuzz_and_gate_run_on_a_default_logged_model(three_ways, tmp_path, capsys):
     original = "models:/cnn-pt2/1"
     assert main(["compress", "--model-uri", original, "--method", "int8-dynamic",
@@ -146,3 +160,33 @@ def test_a_policy_states_the_preprocessing_and_trusts_no_pickle_for_a_pt2_versio
     assert tags["mlflow_di.gate"] in ("pass", "fail")
     coverage = mlflow.search_runs(filter_string="tags.`mlflow_di.command` = 'coverage'")
     assert len(coverage) == 1 and 0 < coverage["metrics.idc"][0] <= 1
+
+
+def test_a_torchvision_model_logged_with_defaults_runs_through_every_command(tracking_uri, tmp_path, capsys):
+    """ResNet-18 (random weights, 32x32 RGB) as a user logs it: pt2, an input example, nothing else."""
+    from benchmarks.check_lrp_conservation import family_model
+
+    from mlflow_di.models.preprocessing import Preprocessing
+    from mlflow_di.models.torch_model import TorchModel
+
+    model = family_model("resnet18")
+    images = np.random.default_rng(0).integers(0, 256, (48, 32, 32, 3), dtype=np.uint8)
+    labels = TorchModel(model, Preprocessing(input_shape=(32, 32, 3))).classifier().predict(images)
+    np.savez(tmp_path / "images.npz", x=images, y=labels)  # labelled by the model: IDC has correct inputs
+    data = f"npz:{tmp_path / 'images.npz'}"
+    with mlflow.start_run():
+        mlflow.pytorch.log_model(model, name="model", registered_model_name="resnet18",
+                                 input_example=np.random.default_rng(1).random((2, 3, 32, 32), dtype=np.float32))
+    uri = "models:/resnet18/1"
+    assert main(["describe", uri]) == 0
+    assert "layer4.1.conv2" in capsys.readouterr().out
+    summary = tmp_path / "coverage.json"
+    assert main(["coverage", "--model-uri", uri, "--train-data", f"{data}[0:32]", "--test-data", f"{data}[32:48]",
+                 "--top-m", "3", "--clusters", "2", "--criteria", "idc,nc,kmnc", "--batch-size", "16",
+                 "--json-out", str(summary)]) == 0, capsys.readouterr().err
+    assert 0 < json.loads(summary.read_text())["idc"] <= 1
+    assert main(["compress", "--model-uri", uri, "--method", "int8-dynamic", "--eval-data", f"{data}[32:48]"]) == 0
+    assert main(["fuzz", "--original", uri, "--compressed", "models:/resnet18-int8-dynamic/1", "--seed-data",
+                 f"{data}[32:40]", "--max-queries", "10", "--out-dir", str(tmp_path / "campaign")]) == 0
+    assert main(["gate", "--model-uri", uri, "--compressed", "models:/resnet18-int8-dynamic/1",
+                 "--min-idc", "0.01", "--max-accuracy-drop", "1"]) in (0, 1)
