@@ -124,7 +124,8 @@ def _first_line(text) -> str:
 
 
 def load_torch_model(uri: str | ModelSource, preprocessing: str | Preprocessing | None = None, device=None) -> TorchModel:
-    """A white-box :class:`TorchModel` for ``uri`` (PyTorch and Keras references only).
+    """A white-box :class:`TorchModel` for ``uri``: any format whose entry in ``FORMATS`` is ``white_box``
+    (PyTorch pt2 or pickle, ONNX, Keras); others are a one-line :class:`UserError` naming what works.
 
     ``device`` (``auto``, ``cpu``, ``cuda[:N]`` or a ``torch.device``; None keeps the CPU) is where
     the module is moved; every engine then runs its batches there.
