@@ -3,14 +3,11 @@
 Run after `make demo` (which registers models:/digits-cnn/1 in ./mlflow.db):
     .venv/bin/python examples/evaluate_plugin.py
 """
-import os
-
 import mlflow
 import pandas
 
 import mlflow_di
 
-os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "true"  # mlflow-di's PyTorch models are pickles
 data = mlflow_di.load_images("digits")
 frame = pandas.DataFrame(data.images.reshape(len(data), -1)).assign(label=data.labels)
 with mlflow.start_run(run_name="evaluate-digits-cnn"):

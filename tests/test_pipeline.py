@@ -151,18 +151,28 @@ def test_pipeline_runs_children_of_one_run_and_resumes_after_a_crash(registered_
 
 
 def test_a_policy_loads_only_the_pickles_it_trusts(registered_cnn, mlflow_client, tmp_path, capsys):
+    from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
+    from mlflow_di.models.loading import load_torch_model
+
+    with tracking.tracked_run("pickle it"):  # the same CNN as a second, pickled version
+        edge_models.log_torch_model(load_torch_model(registered_cnn), registered_model_name="cnn",
+                                    serialization_format="pickle")
+    pickled = "models:/cnn/2"
     policy = tmp_path / "untrusting.yaml"
     policy.write_text(TINY.replace("trust: {pickled_models: [cnn]}", "trust: {pickled_models: [other]}"))
-    argv = ["pipeline", "--policy", str(policy), "--model-uri", registered_cnn, "--state-dir", str(tmp_path / "state")]
+    argv = ["pipeline", "--policy", str(policy), "--model-uri", pickled, "--state-dir", str(tmp_path / "state")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["mlflow-di: error: 'models:/cnn/1' is a pickled PyTorch model and loading it runs its code; the "
+    assert err == ["mlflow-di: error: 'models:/cnn/2' is a pickled PyTorch model and loading it runs its code; the "
                    "policy untrusting.yaml does not trust it: add 'cnn' to trust.pickled_models if you trust its "
                    "authors (pt2, ONNX and TFLite models need no trust: log it with mlflow.pytorch.log_model's "
                    "default pt2 format)"]
     assert all(run.info.status != "RUNNING" for runs in _runs_by_command(mlflow_client).values() for run in runs)
     # the same model named on the command line is a person's choice: it loads
-    assert main(["describe", registered_cnn]) == 0
+    assert main(["describe", pickled]) == 0
+    # and the pt2 version needs no trust: the same policy gets past loading it
+    assert main(["pipeline", "--policy", str(policy), "--model-uri", registered_cnn, "--state-dir",
+                 str(tmp_path / "state-pt2")]) in (0, 1)
 
 
 def test_a_command_alone_still_starts_a_top_level_run(registered_cnn, mlflow_client):

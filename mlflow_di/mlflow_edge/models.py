@@ -122,17 +122,37 @@ def record_preprocessing(uri: str, preprocessing) -> str:
     return f"{version.name}/{version.version}"
 
 
-def log_torch_model(model, name: str = "model", registered_model_name: str | None = None):
-    """Log a :class:`~mlflow_di.models.torch_model.TorchModel` with pickle serialization (white-box
-    analysis needs module hooks, which MLflow's default pt2 format lacks) and its metadata."""
+def log_torch_model(model, name: str = "model", registered_model_name: str | None = None,
+                    serialization_format: str = "pt2"):
+    """Log a :class:`~mlflow_di.models.torch_model.TorchModel` with its ``mlflow_di`` metadata block.
+
+    pt2 (MLflow's own default, torch.export) by default: it runs no code when loaded, so policies
+    and the service need no trust for it, and mlflow-di rebuilds its layers (:mod:`mlflow_di.models.pt2`).
+    The export traces the model on two images of its input shape; a model without a known input
+    shape, or ``serialization_format="pickle"``, is pickled.
+    """
     import torch
 
     metadata = ModelMetadata(model.preprocessing, {"version": mlflow_di.__version__, **model.metadata})
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow-di=={mlflow_di.__version__}"]
+    shape = model.preprocessing.input_shape
+    if shape is None:
+        serialization_format = "pickle"
+    example = None
+    if serialization_format == "pt2":
+        import numpy as np
+
+        example = model.to_tensor(np.zeros((2, *shape), np.uint8)).numpy()  # what the model takes, 2 images
+    module = model.module
+    if example is not None and model.device.type != "cpu":  # the export traces on the CPU example
+        import copy
+
+        module = copy.deepcopy(module).cpu()
     with mlflow_errors(f"cannot log model '{name}'"), _quiet_registration():
         return mlflow.pytorch.log_model(
-            model.module, name=name, serialization_format="pickle", registered_model_name=registered_model_name,
-            metadata=metadata.to_mlflow(), pip_requirements=requirements)
+            module, name=name, serialization_format=serialization_format,
+            registered_model_name=registered_model_name, metadata=metadata.to_mlflow(),
+            pip_requirements=requirements, input_example=example)
 
 
 def log_onnx_model(path, preprocessing, registered_model_name: str, lineage: dict):
