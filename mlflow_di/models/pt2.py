@@ -104,7 +104,10 @@ def _rebuilt(module: nn.Module, path: str, types: dict[str, str], batch: int | N
     _out_of_place(graph)
     if batch is not None:
         _batch_free_shapes(graph, batch)
-    rebuilt = RebuiltModule(module, graph, class_name=kind.rsplit(".", 1)[-1] or "Module")
+    short = kind.rsplit(".", 1)[-1] or "Module"
+    if kind in _LEAF_BUILDERS:  # a torch.nn layer whose graph is not its one operator (e.g. padding_mode='reflect')
+        short = f"{short} (as exported)"
+    rebuilt = RebuiltModule(module, graph, class_name=short)
     rebuilt.original_type = kind
     return rebuilt
 
@@ -346,7 +349,8 @@ def _trains(program) -> bool:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         packet = node.target._overloadpacket.__name__
-        if packet == "_native_batch_norm_legit_functional" or (packet == "batch_norm" and node.args[5]):
+        if packet == "_native_batch_norm_legit_functional" or (packet == "batch_norm" and len(node.args) > 5
+                                                               and node.args[5]):
             return True
         if packet in ("dropout", "feature_dropout") and node.args[2]:
             return True
