@@ -41,7 +41,10 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     origin = "recorded" if set_preprocessing else (
         "the --preprocessing option" if preprocessing else _ORIGINS.get(source.preprocessing_from, _ORIGINS[None]))
     click.echo(f"model:          {uri}")
-    click.echo(f"backend:        {classifier.backend}" + ("" if white_box else " (black box)"))
+    kind = "" if white_box else " (black box)"
+    if source.kind == "onnx":  # runs on ONNX Runtime; coverage and the other white-box work use its torch view
+        kind = " (nodes listed below; white-box commands use its view as torch layers)"
+    click.echo(f"backend:        {classifier.backend}{kind}")
     click.echo(f"runs on:        {classifier.provider}")
     click.echo(f"input (HxWxC):  {'x'.join(map(str, prep.input_shape)) if prep.input_shape else 'unknown'}")
     click.echo(f"preprocessing:  x = (raw * {prep.scale:g} - mean {list(prep.mean)}) / std {list(prep.std)}, "
@@ -57,7 +60,7 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
 
 _ORIGINS = {"recorded": "the registry version (recorded with --set-preprocessing)",
             "metadata": "the model's mlflow_di metadata", "signature": "the MLflow signature and input example",
-            None: "nowhere: the backend's default"}
+            None: "nowhere: the format's default (an ONNX model's input shape, or pixels / 255)"}
 
 
 def _layers(source, model, classifier) -> list[tuple[str, str, tuple, int]]:

@@ -55,7 +55,10 @@ def download_model(uri: str) -> DownloadedModel:
         raise UserError(f"cannot load model '{uri}': {exc}") from None
     found = _model_file(uri, local, model)
     found.input_shape, found.input_dtype = _signature_input(model)
-    found.input_example = _input_example(model, local) if found.input_shape is not None else None
+    found.input_example = _input_example(model, local)
+    if found.input_shape is None and found.input_example is not None:  # mlflow.onnx logs no signature
+        found.input_shape = (-1, *found.input_example.shape[1:])
+        found.input_dtype = str(found.input_example.dtype)
     found.recorded = recorded_preprocessing(uri)
     return found
 
