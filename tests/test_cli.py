@@ -88,7 +88,7 @@ def test_describe_onnx_and_torch_files(tmp_path):
     onnx_file = tiny_onnx(tiny_torch(), tmp_path / "tiny.onnx")
     described = run_cli("describe", str(onnx_file), cwd=tmp_path)
     assert described.returncode == 0, described.stderr
-    assert "onnxruntime (black box)" in described.stdout and "Gemm" in described.stdout
+    assert "onnxruntime (nodes listed below; white-box commands use its view as torch layers)" in described.stdout and "Gemm" in described.stdout
     assert "classes:        3" in described.stdout and "4x4x1" in described.stdout
 
 
