@@ -109,3 +109,23 @@ def test_a_hand_built_graph_without_torch_names_gets_node_names(tmp_path):
     inputs = torch.rand(2, 1, 4, 4)
     with torch.no_grad():
         np.testing.assert_allclose(converted(inputs).numpy(), inputs.reshape(2, -1).numpy() @ weight.T + 1, atol=1e-5)
+
+
+def test_an_onnx_original_is_quantized_from_its_own_graph(tmp_path):
+    """compress(graph=...) starts int8 from the original graph (its node names survive), not from an
+    export of the view; its outputs stay those of ONNX Runtime on the original to int8 precision."""
+    from mlflow_di.compression import compress
+    from mlflow_di.models.classifier import OnnxClassifier
+    from mlflow_di.models.preprocessing import Preprocessing
+
+    model = zoo.build("digits-cnn", seed=0)
+    original = exported(model, torch.rand(2, 1, 8, 8), tmp_path / "cnn.onnx", "torchscript")
+    preprocessing = Preprocessing(input_shape=(8, 8, 1))
+    result = compress(onnx_to_torch(original), preprocessing, "int8-dynamic", tmp_path / "out", graph=original)
+    assert result.exporter == "original graph"
+    names = {node.name for node in onnx.load(result.path).graph.node}
+    assert any(name.startswith("/conv1/conv1.0/Conv") for name in names)
+    images = np.random.default_rng(0).integers(0, 256, (16, 8, 8, 1), dtype=np.uint8)
+    before = OnnxClassifier(original, preprocessing).predict_proba(images)
+    after = OnnxClassifier(result.path).predict_proba(images)
+    np.testing.assert_allclose(after, before, atol=0.05)

@@ -55,7 +55,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import registry
-    from mlflow_di.models.loading import load_torch_model
+    from mlflow_di.models.loading import load_torch_model, resolve
     from mlflow_di.models.reference import ModelRef
 
     if "int8-static" in methods and not calib_data:
@@ -69,13 +69,15 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
         raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
     campaign = _load_triggers(triggers) if triggers else None
     ref = ModelRef.parse(model_uri)
-    source = load_torch_model(ref, preprocessing)
+    resolved = resolve(ref)
+    source = load_torch_model(resolved, preprocessing)
+    graph = str(resolved.path) if resolved.kind == "onnx" else None
     if keep_float == "all":
         from mlflow_di.compression.prune import prunable_layers
 
         keep_float = [name for name, _ in prunable_layers(source.module)]
     check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
-    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers)
+    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
     raw_eval = load_images(eval_data) if eval_data else raw_calib
@@ -104,6 +106,7 @@ class Selection:
     diagnosis_images: int = 256
     campaign: object = None  # a loaded fuzz CampaignResult (--triggers)
     triggers: str | None = None  # its folder
+    graph: str | None = None  # an ONNX original's file: quantization starts from it, not from its view
 
     @property
     def selective(self) -> bool:
@@ -201,7 +204,7 @@ def _export(source, method, calib, evaluation, amount, scratch, selection: Selec
 
     calib_images = calib.images if calib is not None else None
     result = compress(source.module, source.preprocessing, method, scratch / "all", calib_inputs=calib_images,
-                      amount=amount)
+                      amount=amount, graph=selection.graph)
     outcome = Outcome(result)
     if method != "int8-static" or not selection.diagnosis_images:
         return outcome
@@ -221,7 +224,7 @@ def _export(source, method, calib, evaluation, amount, scratch, selection: Selec
         kept = list(selection.keep_float) or outcome.diagnoses[0].worst_layers(selection.auto_keep_float)
         outcome.before, outcome.kept_float, outcome.auto = result, kept, not selection.keep_float
         outcome.result = compress(source.module, preprocessing, method, scratch / "kept-float",
-                                  calib_inputs=calib_images, keep_float=kept)
+                                  calib_inputs=calib_images, keep_float=kept, graph=selection.graph)
     return outcome
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlflow_di.compression.export import compression_metadata, export_onnx, set_metadata
+from mlflow_di.compression.export import OnnxExport, compression_metadata, export_onnx, onnx_opset, set_metadata
 from mlflow_di.compression.onnx_ops import assert_linear_layers_quantized
 from mlflow_di.compression.prune import prunable_layers, prune_l1, prune_structured
 from mlflow_di.compression.quantize import quantize_int8_dynamic, quantize_int8_static, require_calibration_inputs
@@ -113,6 +113,7 @@ def compress(
     amount: float = 0.3,
     opset: int | None = None,
     keep_float=(),
+    graph=None,
 ) -> CompressionResult:
     """Compress ``module`` with ``method`` into ``out_dir/<method>.onnx``.
 
@@ -123,6 +124,9 @@ def compress(
     ``mlflow_di.compression`` metadata entry with the method and its parameters. ``keep_float``
     (int8-static only): layers (PyTorch module names, e.g. ``conv1.0``) left in float.
     int8-static also keeps the float graph it quantized as ``out_dir/<method>.float.onnx``.
+    ``graph``: the ONNX file ``module`` is the white-box view of (an ONNX original): fp32 and the
+    int8 methods then start from that graph itself instead of an export of the view; pruning
+    prunes the view's weights and exports it.
     """
     check_method(method)
     if keep_float and method != "int8-static":
@@ -136,7 +140,7 @@ def compress(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{method}.onnx"
     start = time.perf_counter()
-    fields = _run_method(module, preprocessing, method, path, calib, amount, opset, list(keep_float))
+    fields = _run_method(module, preprocessing, method, path, calib, amount, opset, list(keep_float), graph)
     seconds = time.perf_counter() - start
     set_metadata(path, compression_metadata(method, fields["params"]))
     return CompressionResult(
@@ -145,16 +149,17 @@ def compress(
     )
 
 
-def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_float) -> dict:
+def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_float, graph=None) -> dict:
     """Do the work of one method; returns the CompressionResult fields it determines."""
+    float_graph = export_onnx if graph is None else lambda _module, prep, out, _opset: _original_graph(graph, prep, out)
     if method == "fp32":
-        export = export_onnx(module, preprocessing, path, opset)
+        export = float_graph(module, preprocessing, path, opset)
         return {"params": _export_params(export), "exporter": export.exporter}
     if method in ("prune-l1", "prune-structured"):
         return _pruned_export(module, preprocessing, method, path, amount, opset)
     with tempfile.TemporaryDirectory(prefix="mlflow-di-fp32-") as work:
         fp32_path = pathlib.Path(work) / "fp32.onnx"
-        export = export_onnx(module, preprocessing, fp32_path, opset)
+        export = float_graph(module, preprocessing, fp32_path, opset)
         extra = {}
         if method == "int8-static":
             float_path = path.with_name(f"{method}.float.onnx")
@@ -170,6 +175,18 @@ def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_
     params.update(_export_params(export))
     return {"params": params, "exporter": export.exporter, **extra,
             "quantized_ops": assert_linear_layers_quantized(path, kept_float=keep_float)}
+
+
+def _original_graph(graph, preprocessing: Preprocessing, out) -> OnnxExport:
+    """An ONNX original's own graph as the float model to compress: copied (weights MLflow keeps in
+    external files taken inside), with the preprocessing stored."""
+    import onnx
+
+    from mlflow_di.models.metadata import ModelMetadata
+
+    onnx.save_model(onnx.load(str(graph)), str(out))
+    set_metadata(out, ModelMetadata(preprocessing).to_onnx_props())
+    return OnnxExport(str(out), "original graph", onnx_opset(out), 0.0, 0.0)
 
 
 def _export_params(export) -> dict:
