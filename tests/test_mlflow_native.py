@@ -190,3 +190,10 @@ def test_a_torchvision_model_logged_with_defaults_runs_through_every_command(tra
                  f"{data}[32:40]", "--max-queries", "10", "--out-dir", str(tmp_path / "campaign")]) == 0
     assert main(["gate", "--model-uri", uri, "--compressed", "models:/resnet18-int8-dynamic/1",
                  "--min-idc", "0.01", "--max-accuracy-drop", "1"]) in (0, 1)
+    import pandas as pd
+
+    rows = pd.DataFrame(images.reshape(len(images), -1).astype(np.int64)).assign(label=labels)
+    with mlflow.start_run():
+        result = mlflow.models.evaluate(uri, rows, targets="label", model_type="classifier", evaluators=["mlflow_di"],
+                                        evaluator_config={"mlflow_di": {"top_m": 3, "clusters": (2,)}})
+    assert 0 < result.metrics["mlflow_di/idc"] <= 1
