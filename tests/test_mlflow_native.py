@@ -197,3 +197,15 @@ def test_a_torchvision_model_logged_with_defaults_runs_through_every_command(tra
         result = mlflow.models.evaluate(uri, rows, targets="label", model_type="classifier", evaluators=["mlflow_di"],
                                         evaluator_config={"mlflow_di": {"top_m": 3, "clusters": (2,)}})
     assert 0 < result.metrics["mlflow_di/idc"] <= 1
+
+
+def test_the_pipeline_runs_on_an_onnx_original(three_ways, tmp_path, capsys):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("compress: {methods: [int8-dynamic], eval_data: 'digits[300:400]'}\n"
+                      "coverage: {train_data: 'digits[0:200]', test_data: ['digits[200:300]'], criteria: [idc, nc]}\n"
+                      "fuzz: {seed_data: 'digits[300:400]', num_seeds: 5, max_queries: 10}\n"
+                      "gate: {thresholds: {max_accuracy_drop: 1}}\n")
+    code = main(["pipeline", "--policy", str(policy), "--model-uri", "models:/cnn-onnx/1",
+                 "--state-dir", str(tmp_path / "state")])
+    assert code in (0, 1), capsys.readouterr().err
+    assert mlflow.MlflowClient().get_model_version("cnn-onnx", "1").tags["mlflow_di.gate"] in ("pass", "fail")
