@@ -28,8 +28,10 @@ a probe input.
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import functools
+import operator
 import re
 
 import numpy as np
@@ -199,7 +201,8 @@ def onnx_to_torch(model, name: str = "model") -> nn.Module:
             raise _unsupported(name, proto)
         nodes.append(_Node(proto, "", attrs))
     nodes = _fused_linear(nodes, constants)
-    _assign_paths(nodes, constants)
+    for node in nodes:
+        node.path = _path_of(node, constants)
     converter = _Converter(constants, name, nodes)
     root = converter.module("", nodes, [inputs[0].name], [graph.output[0].name])
     root.eval()
@@ -252,13 +255,8 @@ def _unsupported(name: str, proto) -> UserError:
                      "does the PyTorch model it was exported from")
 
 
-def _assign_paths(nodes: list[_Node], constants: dict) -> None:
-    """Each node's module path, from its weight's name, torch's recorded scope, or its node name."""
-    for node in nodes:
-        node.path = _path_of(node, constants)
-
-
 def _path_of(node: _Node, constants: dict) -> str:
+    """The node's module path, from its weight's name, torch's recorded scope, or its node name."""
     proto = node.proto
     if node.op in ("Conv", "Gemm", "MatMul") and len(proto.input) > 1 and proto.input[1] in constants:
         weight = proto.input[1]
@@ -290,15 +288,12 @@ class _Converter:
     def __init__(self, constants: dict, name: str, nodes: list[_Node]):
         self.constants = constants
         self.name = name
-        # every path that some node lives under: a path with deeper nodes is a container
+        # a container: a path some node lives below, or one holding several nodes (other than one
+        # activation module called more than once)
         self.containers = {node.path.rsplit(".", i)[0] for node in nodes for i in range(1, node.path.count(".") + 1)
                            if node.path} | {""}
-        self.containers |= {path for path in {n.path for n in nodes}
-                            if sum(1 for n in nodes if n.path == path) > 1 and not _same_activation(nodes, path)}
-        self.users: dict[str, int] = {}
-        for node in nodes:
-            for value in node.proto.input:
-                self.users[value] = self.users.get(value, 0) + 1
+        counts = collections.Counter(node.path for node in nodes)
+        self.containers |= {path for path, count in counts.items() if count > 1 and not _same_activation(nodes, path)}
 
     def module(self, path: str, nodes: list[_Node], inputs: list[str], outputs: list[str]) -> nn.Module:
         """The container at ``path`` running ``nodes`` (all under it) from ``inputs`` to ``outputs``."""
@@ -325,9 +320,7 @@ class _Converter:
             if hasattr(root, child):
                 raise UserError(f"'{self.name}': the graph calls module '{child_path}' in two separate places, "
                                 "which the white-box view of ONNX graphs does not rebuild")
-            produced = {out for n in run for out in n.proto.output}
-            needed = [v for n in run for v in n.proto.input if v and v not in produced and v not in self.constants]
-            run_inputs = list(dict.fromkeys(needed))
+            run_inputs = _external_inputs(run, self.constants)
             later = {v for n in nodes[run_end:] for v in n.proto.input} | set(outputs)
             run_outputs = [out for n in run for out in n.proto.output if out in later]
             if child_path in self.containers:
@@ -340,7 +333,7 @@ class _Converter:
                 env[run_outputs[0]] = result
             else:
                 for position, value in enumerate(run_outputs):
-                    env[value] = graph.call_function(_getitem, (result, position))
+                    env[value] = graph.call_function(operator.getitem, (result, position))
             index = run_end
         returned = [env[value] for value in outputs]
         graph.output(returned[0] if len(returned) == 1 else tuple(returned))
@@ -348,10 +341,14 @@ class _Converter:
         module.original_type = f"onnx:{path or 'graph'}"
         return module
 
+    def built_layer(self, node: _Node) -> nn.Module | None:
+        """The torch.nn layer ``node`` is, or None when it has no layer type (then it runs as a function)."""
+        build = _LAYERS.get(node.op)
+        return build(self, node) if build is not None else None
+
     def layer(self, run: list[_Node]) -> nn.Module:
         """The torch.nn layer of a leaf module's node(s)."""
-        layer = _LAYERS.get(run[0].op)
-        built = layer(self, run[0]) if layer is not None else None
+        built = self.built_layer(run[0])
         if built is None:  # no layer type for it: a container of its operators
             return self.module(run[0].path, [dataclasses.replace(n, path=run[0].path) for n in run],
                                _external_inputs(run, self.constants), [run[-1].proto.output[0]])
@@ -359,8 +356,7 @@ class _Converter:
 
     def _emit(self, graph, root, env, node: _Node, path: str) -> None:
         """One node as a call in the container's graph (a layer of its own when it is one)."""
-        layer = _LAYERS.get(node.op)
-        built = layer(self, node) if layer is not None else None
+        built = self.built_layer(node)
         if built is not None:
             child = _identifier(f"{node.op.lower()}", len(list(root.children())))
             root.add_module(child, built)
@@ -383,10 +379,6 @@ class _Converter:
         root.register_buffer(attribute, tensor)
         env[name] = graph.get_attr(attribute)
         return env[name]
-
-
-def _getitem(values, position):
-    return values[position]
 
 
 def _same_activation(nodes: list[_Node], path: str) -> bool:
