@@ -213,9 +213,7 @@ def _linear_batch_norm_pairs(module: nn.Module) -> list[tuple[nn.Module, nn.Modu
 
 _GATES = (nn.Sigmoid, nn.Hardsigmoid)
 _ATEN = torch.ops.aten
-_FUNCTIONAL_POOLS = {"adaptive_avg_pool2d": (nn.AdaptiveAvgPool2d, ("output_size",)),
-                     "avg_pool2d": (nn.AvgPool2d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
-                                                   "divisor_override"))}
+_FUNCTIONAL_POOLS = {"adaptive_avg_pool2d": nn.AdaptiveAvgPool2d, "avg_pool2d": nn.AvgPool2d}
 
 
 def lrp_graph_attributes(module: torch.fx.GraphModule) -> dict | None:
@@ -238,6 +236,8 @@ def lrp_graph_attributes(module: torch.fx.GraphModule) -> dict | None:
 def _lrp_rewrite(module: torch.fx.GraphModule) -> tuple:
     """(the rewritten GraphModule, its new modules by name), or (None, {}) when nothing needs rewriting."""
     from torch.fx.operator_schemas import normalize_function
+
+    from mlflow_di.models.pt2 import pool_layer
 
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(module.graph, {}))
@@ -264,12 +264,9 @@ def _lrp_rewrite(module: torch.fx.GraphModule) -> tuple:
             if len(gates) == 1:
                 replace(node, Gate(), gates[0], next(arg for arg in tensors if arg is not gates[0]))
         elif node.target._overloadpacket.__name__ in _FUNCTIONAL_POOLS:
-            cls, keys = _FUNCTIONAL_POOLS[node.target._overloadpacket.__name__]
+            cls = _FUNCTIONAL_POOLS[node.target._overloadpacket.__name__]
             found = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-            values = {key: found.kwargs[key] for key in keys if key in found.kwargs}
-            if not values.get("stride", True):
-                values.pop("stride")  # aten's empty stride: the kernel size, as the module's default
-            replace(node, cls(**values), found.kwargs["input"])
+            replace(node, pool_layer(cls, found.kwargs), found.kwargs["input"])
     if not added:
         return None, {}
     graph.lint()

@@ -565,7 +565,8 @@ _FUNCTIONS = {
     "Squeeze": lambda graph, args, attrs: graph.call_function(
         onnx_squeeze, (args[0], args[1] if len(args) > 1 else attrs.get("axes"))),
     "Slice": lambda graph, args, attrs: graph.call_function(onnx_slice, tuple(args[:5])),
-    "Cast": lambda graph, args, attrs: graph.call_function(onnx_cast, (args[0], _DTYPES.get(attrs["to"], torch.float32))),
+    "Cast": lambda graph, args, attrs: graph.call_function(
+        onnx_cast, (args[0], _DTYPES.get(attrs["to"], torch.float32))),
     "Pad": lambda graph, args, attrs: graph.call_function(
         onnx_pad, (args[0], args[1], float(args[2]) if len(args) > 2 and isinstance(args[2], torch.Tensor) else 0.0)),
     "Gemm": lambda graph, args, attrs: graph.call_function(onnx_gemm, (

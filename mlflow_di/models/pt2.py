@@ -8,7 +8,7 @@ into an ``nn.Module`` tree with the names ``named_modules()`` gave before export
 
 1. ``torch.export.unflatten`` restores the module tree (one sub-module per original module whose
    graph calls its children);
-2. every leaf whose type is a ``torch.nn`` layer listed in :data:`_LEAF_BUILDERS` (convolutions,
+2. every leaf whose type is a ``torch.nn`` layer listed in :data:`_LEAVES` (convolutions,
    linear, batch norm, activations, pools, dropout, flatten, softmax) becomes that layer again,
    holding the exported weights, so LRP's rules and canonizers find the types they match on;
 3. every other module becomes a :class:`RebuiltModule` (a ``torch.fx.GraphModule``) running its
@@ -35,7 +35,7 @@ from torch import nn
 
 from mlflow_di.errors import UserError
 
-__all__ = ["RebuiltModule", "holding", "load_pt2", "rebuild"]
+__all__ = ["RebuiltModule", "holding", "load_pt2", "pool_layer", "rebuild"]
 
 aten = torch.ops.aten
 
@@ -105,7 +105,7 @@ def _rebuilt(module: nn.Module, path: str, types: dict[str, str], batch: int | N
     if batch is not None:
         _batch_free_shapes(graph, batch)
     short = kind.rsplit(".", 1)[-1] or "Module"
-    if kind in _LEAF_BUILDERS:  # a torch.nn layer whose graph is not its one operator (e.g. padding_mode='reflect')
+    if kind in _LEAVES:  # a torch.nn layer whose graph is not its one operator (e.g. padding_mode='reflect')
         short = f"{short} (as exported)"
     rebuilt = RebuiltModule(module, graph, class_name=short)
     rebuilt.original_type = kind
@@ -180,11 +180,21 @@ def _batch_norm(cls):
     return build
 
 
-def _pool(cls, *keys):
-    return lambda op, a: cls(*(a[key] for key in keys if key in a),
-                             **{key: a[key] for key in ("stride", "padding", "dilation", "ceil_mode", "count_include_pad",
-                                                        "divisor_override") if key in a and key not in keys
-                                and not (key == "stride" and not a[key])})
+_POOL_OPTIONS = ("stride", "padding", "dilation", "ceil_mode", "count_include_pad", "divisor_override")
+
+
+def pool_layer(cls, arguments: dict) -> nn.Module:
+    """The pooling module ``cls`` from an ATen pool call's keyword arguments (its first one, the kernel
+    or output size, positional; aten's empty stride is the kernel size, the module's default)."""
+    first = "output_size" if "output_size" in arguments else "kernel_size"
+    options = {key: arguments[key] for key in _POOL_OPTIONS if key in arguments}
+    if not options.get("stride", True):
+        options.pop("stride")
+    return cls(arguments[first], **options)
+
+
+def _pool(cls):
+    return lambda op, a: pool_layer(cls, a)
 
 
 def _activation(cls, **fields):
@@ -196,44 +206,6 @@ def _activation(cls, **fields):
     return build
 
 
-#: Qualified torch.nn type -> builder(op, keyword arguments) of the same layer holding the exported tensors.
-_LEAF_BUILDERS = {
-    "torch.nn.modules.conv.Conv1d": _conv(nn.Conv1d),
-    "torch.nn.modules.conv.Conv2d": _conv(nn.Conv2d),
-    "torch.nn.modules.conv.Conv3d": _conv(nn.Conv3d),
-    "torch.nn.modules.linear.Linear": _linear,
-    "torch.nn.modules.batchnorm.BatchNorm1d": _batch_norm(nn.BatchNorm1d),
-    "torch.nn.modules.batchnorm.BatchNorm2d": _batch_norm(nn.BatchNorm2d),
-    "torch.nn.modules.batchnorm.BatchNorm3d": _batch_norm(nn.BatchNorm3d),
-    "torch.nn.modules.activation.ReLU": _activation(nn.ReLU),
-    "torch.nn.modules.activation.ReLU6": _activation(nn.ReLU6),
-    "torch.nn.modules.activation.LeakyReLU": _activation(nn.LeakyReLU, negative_slope="negative_slope"),
-    "torch.nn.modules.activation.ELU": _activation(nn.ELU, alpha="alpha"),
-    "torch.nn.modules.activation.SiLU": _activation(nn.SiLU),
-    "torch.nn.modules.activation.GELU": _activation(nn.GELU, approximate="approximate"),
-    "torch.nn.modules.activation.Sigmoid": _activation(nn.Sigmoid),
-    "torch.nn.modules.activation.Tanh": _activation(nn.Tanh),
-    "torch.nn.modules.activation.Hardswish": _activation(nn.Hardswish),
-    "torch.nn.modules.activation.Hardsigmoid": _activation(nn.Hardsigmoid),
-    "torch.nn.modules.activation.Softmax": _activation(nn.Softmax, dim="dim"),
-    "torch.nn.modules.activation.LogSoftmax": _activation(nn.LogSoftmax, dim="dim"),
-    "torch.nn.modules.pooling.MaxPool1d": _pool(nn.MaxPool1d, "kernel_size"),
-    "torch.nn.modules.pooling.MaxPool2d": _pool(nn.MaxPool2d, "kernel_size"),
-    "torch.nn.modules.pooling.AvgPool1d": _pool(nn.AvgPool1d, "kernel_size"),
-    "torch.nn.modules.pooling.AvgPool2d": _pool(nn.AvgPool2d, "kernel_size"),
-    "torch.nn.modules.pooling.AdaptiveAvgPool1d": _pool(nn.AdaptiveAvgPool1d, "output_size"),
-    "torch.nn.modules.pooling.AdaptiveAvgPool2d": _pool(nn.AdaptiveAvgPool2d, "output_size"),
-    "torch.nn.modules.pooling.AdaptiveMaxPool2d": _pool(nn.AdaptiveMaxPool2d, "output_size"),
-    "torch.nn.modules.dropout.Dropout": _activation(nn.Dropout, p="p"),
-    "torch.nn.modules.dropout.Dropout2d": _activation(nn.Dropout2d, p="p"),
-    "torch.nn.modules.flatten.Flatten": lambda op, a: nn.Flatten(a.get("start_dim", 1), a.get("end_dim", -1)),
-    "torch.nn.modules.padding.ZeroPad1d": lambda op, a: _padding(nn.ZeroPad1d, a),
-    "torch.nn.modules.padding.ZeroPad2d": lambda op, a: _padding(nn.ZeroPad2d, a),
-    "torch.nn.modules.padding.ConstantPad1d": lambda op, a: _padding(nn.ConstantPad1d, a),
-    "torch.nn.modules.padding.ConstantPad2d": lambda op, a: _padding(nn.ConstantPad2d, a),
-}
-
-
 def _padding(cls, a):
     if a.get("mode", "constant") != "constant":
         return None
@@ -243,39 +215,60 @@ def _padding(cls, a):
     return cls(tuple(a["pad"]), value)
 
 
-#: Operators each builder accepts (a leaf whose one operator is another one keeps its graph).
-_LEAF_OPS = {
-    "Conv1d": ("conv1d",), "Conv2d": ("conv2d",), "Conv3d": ("conv3d",), "Linear": ("linear",),
-    "BatchNorm1d": ("batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional"),
-    "ReLU": ("relu", "relu_"), "ReLU6": ("hardtanh", "hardtanh_"), "LeakyReLU": ("leaky_relu", "leaky_relu_"),
-    "ELU": ("elu", "elu_"), "SiLU": ("silu", "silu_"), "GELU": ("gelu",), "Sigmoid": ("sigmoid",), "Tanh": ("tanh",),
-    "Hardswish": ("hardswish", "hardswish_"), "Hardsigmoid": ("hardsigmoid", "hardsigmoid_"),
-    "Softmax": ("softmax", "_softmax"), "LogSoftmax": ("log_softmax", "_log_softmax"),
-    "MaxPool1d": ("max_pool1d",), "MaxPool2d": ("max_pool2d", "max_pool2d_with_indices"),
-    "AvgPool1d": ("avg_pool1d",), "AvgPool2d": ("avg_pool2d",), "AdaptiveAvgPool1d": ("adaptive_avg_pool1d",),
-    "AdaptiveAvgPool2d": ("adaptive_avg_pool2d", "_adaptive_avg_pool2d"), "AdaptiveMaxPool2d": ("adaptive_max_pool2d",),
-    "Dropout": ("dropout", "dropout_", "native_dropout"), "Dropout2d": ("feature_dropout", "feature_dropout_", "dropout"),
-    "Flatten": ("flatten", "view", "reshape"),
-    "ZeroPad1d": ("constant_pad_nd", "pad"), "ZeroPad2d": ("constant_pad_nd", "pad"),
-    "ConstantPad1d": ("constant_pad_nd", "pad"), "ConstantPad2d": ("constant_pad_nd", "pad"),
+_BATCH_NORM_OPS = ("batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional")
+_PAD_OPS = ("constant_pad_nd", "pad")
+
+#: Qualified torch.nn type -> (builder(op, keyword arguments) of the same layer holding the exported
+#: tensors, the operators it is rebuilt from: a leaf whose one operator is another keeps its graph).
+_LEAVES = {
+    "torch.nn.modules.conv.Conv1d": (_conv(nn.Conv1d), ("conv1d",)),
+    "torch.nn.modules.conv.Conv2d": (_conv(nn.Conv2d), ("conv2d",)),
+    "torch.nn.modules.conv.Conv3d": (_conv(nn.Conv3d), ("conv3d",)),
+    "torch.nn.modules.linear.Linear": (_linear, ("linear",)),
+    "torch.nn.modules.batchnorm.BatchNorm1d": (_batch_norm(nn.BatchNorm1d), _BATCH_NORM_OPS),
+    "torch.nn.modules.batchnorm.BatchNorm2d": (_batch_norm(nn.BatchNorm2d), _BATCH_NORM_OPS),
+    "torch.nn.modules.batchnorm.BatchNorm3d": (_batch_norm(nn.BatchNorm3d), _BATCH_NORM_OPS),
+    "torch.nn.modules.activation.ReLU": (_activation(nn.ReLU), ("relu", "relu_")),
+    "torch.nn.modules.activation.ReLU6": (_activation(nn.ReLU6), ("hardtanh", "hardtanh_")),
+    "torch.nn.modules.activation.LeakyReLU": (_activation(nn.LeakyReLU, negative_slope="negative_slope"),
+                                              ("leaky_relu", "leaky_relu_")),
+    "torch.nn.modules.activation.ELU": (_activation(nn.ELU, alpha="alpha"), ("elu", "elu_")),
+    "torch.nn.modules.activation.SiLU": (_activation(nn.SiLU), ("silu", "silu_")),
+    "torch.nn.modules.activation.GELU": (_activation(nn.GELU, approximate="approximate"), ("gelu",)),
+    "torch.nn.modules.activation.Sigmoid": (_activation(nn.Sigmoid), ("sigmoid",)),
+    "torch.nn.modules.activation.Tanh": (_activation(nn.Tanh), ("tanh",)),
+    "torch.nn.modules.activation.Hardswish": (_activation(nn.Hardswish), ("hardswish", "hardswish_")),
+    "torch.nn.modules.activation.Hardsigmoid": (_activation(nn.Hardsigmoid), ("hardsigmoid", "hardsigmoid_")),
+    "torch.nn.modules.activation.Softmax": (_activation(nn.Softmax, dim="dim"), ("softmax", "_softmax")),
+    "torch.nn.modules.activation.LogSoftmax": (_activation(nn.LogSoftmax, dim="dim"), ("log_softmax", "_log_softmax")),
+    "torch.nn.modules.pooling.MaxPool1d": (_pool(nn.MaxPool1d), ("max_pool1d",)),
+    "torch.nn.modules.pooling.MaxPool2d": (_pool(nn.MaxPool2d), ("max_pool2d", "max_pool2d_with_indices")),
+    "torch.nn.modules.pooling.AvgPool1d": (_pool(nn.AvgPool1d), ("avg_pool1d",)),
+    "torch.nn.modules.pooling.AvgPool2d": (_pool(nn.AvgPool2d), ("avg_pool2d",)),
+    "torch.nn.modules.pooling.AdaptiveAvgPool1d": (_pool(nn.AdaptiveAvgPool1d), ("adaptive_avg_pool1d",)),
+    "torch.nn.modules.pooling.AdaptiveAvgPool2d": (_pool(nn.AdaptiveAvgPool2d),
+                                                   ("adaptive_avg_pool2d", "_adaptive_avg_pool2d")),
+    "torch.nn.modules.pooling.AdaptiveMaxPool2d": (_pool(nn.AdaptiveMaxPool2d), ("adaptive_max_pool2d",)),
+    "torch.nn.modules.dropout.Dropout": (_activation(nn.Dropout, p="p"), ("dropout", "dropout_", "native_dropout")),
+    "torch.nn.modules.dropout.Dropout2d": (_activation(nn.Dropout2d, p="p"),
+                                           ("feature_dropout", "feature_dropout_", "dropout")),
+    # a view/reshape's target shape is not a Flatten's arguments: only aten.flatten rebuilds one
+    "torch.nn.modules.flatten.Flatten": (lambda op, a: nn.Flatten(a.get("start_dim", 1), a.get("end_dim", -1)),
+                                         ("flatten",)),
+    "torch.nn.modules.padding.ZeroPad1d": (lambda op, a: _padding(nn.ZeroPad1d, a), _PAD_OPS),
+    "torch.nn.modules.padding.ZeroPad2d": (lambda op, a: _padding(nn.ZeroPad2d, a), _PAD_OPS),
+    "torch.nn.modules.padding.ConstantPad1d": (lambda op, a: _padding(nn.ConstantPad1d, a), _PAD_OPS),
+    "torch.nn.modules.padding.ConstantPad2d": (lambda op, a: _padding(nn.ConstantPad2d, a), _PAD_OPS),
 }
-_LEAF_OPS["BatchNorm2d"] = _LEAF_OPS["BatchNorm3d"] = _LEAF_OPS["BatchNorm1d"]
 
 
 def _leaf_layer(module: nn.Module, kind: str) -> nn.Module | None:
     """The torch.nn layer ``kind`` rebuilt from the leaf's one operator, or None to keep the leaf's graph."""
-    builder = _LEAF_BUILDERS.get(kind)
-    if builder is None:
+    builder, ops = _LEAVES.get(kind, (None, ()))
+    found = _principal_call(module) if builder is not None else None
+    if found is None or found[0]._overloadpacket.__name__ not in ops:
         return None
-    found = _principal_call(module)
-    if found is None:
-        return None
-    op, arguments = found
-    if op._overloadpacket.__name__ not in _LEAF_OPS[kind.rsplit(".", 1)[-1]]:
-        return None
-    if kind.endswith(".Flatten") and op._overloadpacket.__name__ != "flatten":
-        return None  # a view/reshape's target shape is not a Flatten's arguments
-    layer = builder(op, arguments)
+    layer = builder(*found)
     if layer is not None:
         layer.eval()
     return layer
@@ -335,7 +328,8 @@ def _probe_input(program) -> torch.Tensor | None:
     specs = [spec for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
     if len(specs) != 1:
         return None
-    placeholder = next(node for node in program.graph.nodes if node.op == "placeholder" and node.name == specs[0].arg.name)
+    placeholder = next(node for node in program.graph.nodes
+                       if node.op == "placeholder" and node.name == specs[0].arg.name)
     value = placeholder.meta.get("val")
     if value is None or not value.dtype.is_floating_point:
         return None
