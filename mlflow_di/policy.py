@@ -103,7 +103,7 @@ class Policy:
     fuzz: FuzzPolicy | None = None
     robustness: RobustnessPolicy | None = None
     trust: TrustPolicy = TrustPolicy()
-    #: (registered model name, preprocessing override ``key=value,...``) pairs
+    #: (registered model name, {preprocessing field: value or list}) pairs, as the file states them
     preprocessing: tuple = ()
     source: str = "policy"  # the file it came from, for messages
     sha256: str = ""  # of the file's bytes: a changed policy starts a pipeline over
@@ -119,14 +119,16 @@ class Policy:
         return self.trust.pickled_models
 
     def preprocessing_of(self, model_name: str | None) -> str | None:
-        """The preprocessing override the policy states for the registered model ``model_name``, or None."""
-        return dict(self.preprocessing).get(model_name)
+        """The preprocessing the policy states for the registered model ``model_name`` as the commands'
+        ``--preprocessing`` override (``mean=0.5,std=0.25``), or None."""
+        fields = dict(self.preprocessing).get(model_name)
+        return None if fields is None else _override_text(fields)
 
     def to_dict(self) -> dict:
         """The policy as a YAML-ready mapping (sections present only, lists as lists)."""
         out = {"trust": {"pickled_models": list(self.trusted_pickles)}} if self.trusted_pickles else {}
         if self.preprocessing:
-            out["preprocessing"] = {name: _override_fields(text) for name, text in self.preprocessing}
+            out["preprocessing"] = {name: dict(fields) for name, fields in self.preprocessing}
         for step in self.steps:
             section = dataclasses.asdict(getattr(self, step))
             out[step] = {key: list(value) if isinstance(value, tuple) else value for key, value in section.items()}
@@ -189,7 +191,7 @@ def _section(name: str, values, cls, source: str):
 
 
 def _preprocessing(values, source: str) -> tuple:
-    """``preprocessing:`` -> ((model name, override text), ...), each checked as the option would be."""
+    """``preprocessing:`` -> ((model name, fields), ...), each checked as the option would be."""
     from mlflow_di.models.preprocessing import Preprocessing
 
     if not isinstance(values, dict) or not values:
@@ -203,36 +205,22 @@ def _preprocessing(values, source: str) -> tuple:
             raise UserError(f"{source}: {path} must be a mapping of preprocessing fields ({', '.join(known)}), "
                             f"got {_shown(fields)}")
         _no_unknown(fields, known, source, f"{path}.", "key")
-        parts = []
         for key, value in fields.items():
             items = value if isinstance(value, list) else [value]
             if not items or not all(isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in items):
                 raise UserError(f"{source}: {path}.{key} must be a value or a list of values, got {_shown(value)}")
-            parts.append(f"{key}={'/'.join(str(item) for item in items)}")
-        text = ",".join(parts)
         try:
-            Preprocessing().override(text)
+            Preprocessing().override(_override_text(fields))
         except UserError as exc:
             raise UserError(f"{source}: {path}: {exc}") from None
-        pairs.append((str(name), text))
+        pairs.append((str(name), dict(fields)))
     return tuple(pairs)
 
 
-def _override_fields(text: str) -> dict:
-    """An override ``key=a/b,...`` back as the policy's mapping (numbers as numbers)."""
-    fields = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        values = [_number_or_text(part) for part in value.split("/")]
-        fields[key] = values if key in ("mean", "std", "input_shape", "center_crop") else values[0]
-    return fields
-
-
-def _number_or_text(text: str):
-    try:
-        return float(text) if any(c in text for c in ".eE") else int(text)
-    except ValueError:
-        return text
+def _override_text(fields: dict) -> str:
+    """A policy's preprocessing fields as the ``--preprocessing`` text (lists joined with ``/``)."""
+    return ",".join(f"{key}={'/'.join(str(item) for item in (value if isinstance(value, list) else [value]))}"
+                    for key, value in fields.items())
 
 
 def _no_unknown(values: dict, known, source: str, prefix: str, what: str) -> None:
