@@ -41,10 +41,10 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     origin = "recorded" if set_preprocessing else (
         "the --preprocessing option" if preprocessing else _ORIGINS.get(source.preprocessing_from, _ORIGINS[None]))
     click.echo(f"model:          {uri}")
-    kind = "" if white_box else " (black box)"
+    note = "" if white_box else " (black box)"
     if source.kind == "onnx":  # runs on ONNX Runtime; coverage and the other white-box work use its torch view
-        kind = " (nodes listed below; white-box commands use its view as torch layers)"
-    click.echo(f"backend:        {classifier.backend}{kind}")
+        note = " (nodes listed below; white-box commands use its view as torch layers)"
+    click.echo(f"backend:        {classifier.backend}{note}")
     click.echo(f"runs on:        {classifier.provider}")
     click.echo(f"input (HxWxC):  {'x'.join(map(str, prep.input_shape)) if prep.input_shape else 'unknown'}")
     click.echo(f"preprocessing:  x = (raw * {prep.scale:g} - mean {list(prep.mean)}) / std {list(prep.std)}, "

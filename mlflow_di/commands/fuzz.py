@@ -309,9 +309,8 @@ def _white_box_model(ref, preprocessing, device):
         if source.kind != "onnx":
             raise
         # an int8 export's QuantizeLinear, or a damaged file: no white-box view to take gradients of
-        reason = str(exc).split(": ", 1)[-1].split(", so coverage")[0]
         raise UserError(f"--strategy deepxplore needs the gradients of PyTorch models, and the onnx model "
-                        f"'{ref.uri}' has no white-box view ({reason}); {advice}") from None
+                        f"'{ref.uri}' has no white-box view ({exc}); {advice}") from None
 
 
 def export_folder(folder: pathlib.Path, number: int, uri: str, resume: bool = False) -> pathlib.Path:

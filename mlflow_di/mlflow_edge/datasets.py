@@ -4,8 +4,9 @@ A command hands each :class:`~mlflow_di.data.ImageSet` it read to ``RunLog.input
 :class:`SpecDataset`: its name is the data spec, its digest the first characters of the SHA-256
 of the images (read in batches, as the spec loads them: before any model's resize) and labels
 (:func:`mlflow_di.data.fingerprint`), its profile the number of images, their shape, the label
-counts, the full SHA-256 and, for ``folder:`` sets, the class folder each label stands for. Its source is a :class:`SpecSource` (source type ``mlflow_di``),
-which MLflow finds through the ``mlflow.dataset_source`` entry point of this package, so
+counts, the full SHA-256 and, for ``folder:`` sets, the class folder each label stands for. Its
+source is a :class:`SpecSource` (source type ``mlflow_di``), which MLflow finds through the
+``mlflow.dataset_source`` entry point of this package, so
 ``mlflow.data.get_source(run.inputs.dataset_inputs[0]).load()`` loads the same spec again.
 """
 from __future__ import annotations
