@@ -147,17 +147,7 @@ def test_a_policy_states_the_preprocessing_and_trusts_no_pickle_for_a_pt2_versio
     example = (np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32) - 0.5) / 0.25
     with mlflow.start_run():
         mlflow.pytorch.log_model(_digits_cnn(), name="m", registered_model_name="cnn", input_example=example)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text("preprocessing:\n  cnn: {mean: [0.5], std: [0.25]}\n"
-                      "compress: {methods: [int8-dynamic], eval_data: 'digits[300:400]'}\n"
-                      "coverage: {train_data: 'digits[0:200]', test_data: ['digits[200:300]'], criteria: [idc, nc]}\n"
-                      "fuzz: {seed_data: 'digits[300:400]', num_seeds: 5, max_queries: 10}\n"
-                      "gate: {thresholds: {max_accuracy_drop: 1}}\n")
-    code = main(["pipeline", "--policy", str(policy), "--model-uri", "models:/cnn/1",
-                 "--state-dir", str(tmp_path / "state")])
-    assert code in (0, 1), capsys.readouterr().err
-    tags = mlflow.MlflowClient().get_model_version("cnn", "1").tags
-    assert tags["mlflow_di.gate"] in ("pass", "fail")
+    gate_with_a_small_pipeline("cnn", tmp_path, capsys, "preprocessing:\n  cnn: {mean: [0.5], std: [0.25]}\n")
     coverage = mlflow.search_runs(filter_string="tags.`mlflow_di.command` = 'coverage'")
     assert len(coverage) == 1 and 0 < coverage["metrics.idc"][0] <= 1
 
@@ -200,12 +190,21 @@ def test_a_torchvision_model_logged_with_defaults_runs_through_every_command(tra
 
 
 def test_the_pipeline_runs_on_an_onnx_original(three_ways, tmp_path, capsys):
+    gate_with_a_small_pipeline("cnn-onnx", tmp_path, capsys)
+
+
+#: Every kind of pipeline step, in seconds on the digits CNN.
+SMALL_PIPELINE = ("compress: {methods: [int8-dynamic], eval_data: 'digits[300:400]'}\n"
+                  "coverage: {train_data: 'digits[0:200]', test_data: ['digits[200:300]'], criteria: [idc, nc]}\n"
+                  "fuzz: {seed_data: 'digits[300:400]', num_seeds: 5, max_queries: 10}\n"
+                  "gate: {thresholds: {max_accuracy_drop: 1}}\n")
+
+
+def gate_with_a_small_pipeline(name: str, tmp_path, capsys, settings: str = "") -> None:
+    """Run :data:`SMALL_PIPELINE` (after ``settings``) on ``models:/NAME/1``; its version gets a verdict."""
     policy = tmp_path / "policy.yaml"
-    policy.write_text("compress: {methods: [int8-dynamic], eval_data: 'digits[300:400]'}\n"
-                      "coverage: {train_data: 'digits[0:200]', test_data: ['digits[200:300]'], criteria: [idc, nc]}\n"
-                      "fuzz: {seed_data: 'digits[300:400]', num_seeds: 5, max_queries: 10}\n"
-                      "gate: {thresholds: {max_accuracy_drop: 1}}\n")
-    code = main(["pipeline", "--policy", str(policy), "--model-uri", "models:/cnn-onnx/1",
+    policy.write_text(settings + SMALL_PIPELINE)
+    code = main(["pipeline", "--policy", str(policy), "--model-uri", f"models:/{name}/1",
                  "--state-dir", str(tmp_path / "state")])
     assert code in (0, 1), capsys.readouterr().err
-    assert mlflow.MlflowClient().get_model_version("cnn-onnx", "1").tags["mlflow_di.gate"] in ("pass", "fail")
+    assert mlflow.MlflowClient().get_model_version(name, "1").tags["mlflow_di.gate"] in ("pass", "fail")
