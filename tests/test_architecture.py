@@ -87,3 +87,20 @@ def test_help_imports_no_heavy_library():
             "print(sorted(m for m in ('torch', 'mlflow', 'onnxruntime', 'matplotlib') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_every_module_imports_with_warnings_as_errors():
+    """Importing any module of the package, in any order, warns about nothing; in particular MLflow
+    finds the ``mlflow_di`` dataset source through the entry point without a circular import."""
+    import subprocess
+    import sys
+
+    script = ("import importlib, pkgutil, mlflow_di\n"
+              "for m in sorted(pkgutil.walk_packages(mlflow_di.__path__, 'mlflow_di.'), key=lambda m: m.name):\n"
+              "    importlib.import_module(m.name)\n"
+              "from mlflow.data.dataset_source_registry import get_registered_sources\n"
+              "assert 'SpecSource' in [s.__qualname__ for s in get_registered_sources()]\n")
+    first = "import mlflow_di.mlflow_edge.spec_source\n"  # the entry point's module imported before MLflow
+    for code in (script, first + script):
+        done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]

@@ -44,7 +44,7 @@ def test_setup_cfg_declares_the_dataset_source_entry_point():
     config = configparser.ConfigParser()
     config.read(pathlib.Path(__file__).parents[1] / "setup.cfg")
     entry = config["options.entry_points"]["mlflow.dataset_source"].strip()
-    assert entry == "mlflow_di = mlflow_di.mlflow_edge.datasets:SpecSource"
+    assert entry == "mlflow_di = mlflow_di.mlflow_edge.spec_source:SpecSource"
     module, _, name = entry.split("=")[1].strip().partition(":")
     assert getattr(__import__(module, fromlist=[name]), name) is datasets.SpecSource
 

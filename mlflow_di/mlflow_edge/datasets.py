@@ -6,7 +6,7 @@ of the images (read in batches, as the spec loads them: before any model's resiz
 (:func:`mlflow_di.data.fingerprint`), its profile the number of images, their shape, the label
 counts, the full SHA-256 and, for ``folder:`` sets, the class folder each label stands for. Its
 source is a :class:`SpecSource` (source type ``mlflow_di``), which MLflow finds through the
-``mlflow.dataset_source`` entry point of this package, so
+``mlflow.dataset_source`` entry point of this package (:mod:`~mlflow_di.mlflow_edge.spec_source`), so
 ``mlflow.data.get_source(run.inputs.dataset_inputs[0]).load()`` loads the same spec again.
 """
 from __future__ import annotations
@@ -16,52 +16,11 @@ from collections import Counter
 from typing import Any
 
 from mlflow.data.dataset import Dataset
-from mlflow.data.dataset_source import DatasetSource
+
+from mlflow_di.mlflow_edge.spec_source import PREFIX, SpecSource  # noqa: F401 - PREFIX: part of this module's API
 
 #: Characters of the SHA-256 kept as the dataset's digest (MLflow's own digests are 8 characters).
 DIGEST_CHARS = 8
-#: How a string names a data spec to :func:`mlflow.data.dataset_source_registry.resolve_dataset_source`.
-PREFIX = "mlflow-di:"
-
-
-class SpecSource(DatasetSource):
-    """An mlflow-di data spec (``digits``, ``mnist-test:DIR[0:500]``, ``folder:DIR`` ...), optionally
-    only its first ``first`` images (the fuzz command's ``--num-seeds``)."""
-
-    def __init__(self, spec: str, first: int | None = None):
-        self.spec = spec
-        self.first = first
-
-    @staticmethod
-    def _get_source_type() -> str:
-        return "mlflow_di"
-
-    def load(self):
-        """The :class:`~mlflow_di.data.ImageSet` the spec names (lazy for ``folder:``/``npz:``)."""
-        from mlflow_di.data import load_images
-
-        data = load_images(self.spec)
-        return data if self.first is None else data.subset(slice(0, self.first))
-
-    @staticmethod
-    def _can_resolve(raw_source: Any) -> bool:
-        if isinstance(raw_source, dict):
-            return isinstance(raw_source.get("spec"), str)
-        return isinstance(raw_source, str) and raw_source.startswith(PREFIX) and len(raw_source) > len(PREFIX)
-
-    @classmethod
-    def _resolve(cls, raw_source: Any) -> "SpecSource":
-        if isinstance(raw_source, dict):
-            return cls.from_dict(raw_source)
-        return cls(raw_source[len(PREFIX):])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"spec": self.spec, **({"first": self.first} if self.first is not None else {})}
-
-    @classmethod
-    def from_dict(cls, source_dict: dict) -> "SpecSource":
-        first = source_dict.get("first")
-        return cls(source_dict["spec"], None if first is None else int(first))
 
 
 class SpecDataset(Dataset):
