@@ -611,8 +611,8 @@ def to_uint8(x: np.ndarray, name: str) -> np.ndarray:
 def _check_numeric(dtype: np.dtype, size: int, name: str) -> None:
     if size == 0:
         raise UserError(f"data '{name}' is empty")
-    if not np.issubdtype(dtype, np.number):
-        raise UserError(f"data '{name}' must be numeric, got {dtype}")
+    if not np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.complexfloating):
+        raise UserError(f"data '{name}' must be real numbers (pixel values), got {dtype}")
 
 
 def _check_finite(x: np.ndarray, name: str) -> None:
@@ -716,12 +716,38 @@ def _load_cifar10(arg: str):
     return np.concatenate(images), np.concatenate(labels)
 
 
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """Reads a pickle that may hold only dicts, lists, bytes, numbers and numpy arrays.
+
+    Unpickling calls whatever the file names, so a crafted "data" file runs code; a CIFAR-10 batch
+    needs nothing but the functions numpy uses to rebuild an array, and every other name is refused.
+    """
+
+    ALLOWED = {(module, name) for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+               for name in ("_reconstruct", "scalar")} | {
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"), ("numpy", "ndarray"),
+        ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise _RefusedPickle(f"{module}.{name}")
+
+
+class _RefusedPickle(Exception):
+    """A data pickle named something other than an array; nothing of it ran."""
+
+
 def _read_cifar10_batch(batch: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
-    """(images N×32×32×3, labels N) of one CIFAR-10 python batch; a UserError if it is corrupt or truncated."""
+    """(images N×32×32×3, labels N) of one CIFAR-10 python batch; a UserError if it is corrupt or truncated,
+    or if it names anything but numpy arrays (see :class:`_ArraysOnlyUnpickler`)."""
     fix = "download and unpack cifar-10-python.tar.gz again"
     try:
         with open(batch, "rb") as handle:
-            content = pickle.load(handle, encoding="bytes")
+            content = _ArraysOnlyUnpickler(handle, encoding="bytes").load()
+    except _RefusedPickle as exc:
+        raise UserError(f"CIFAR-10 batch '{batch}' is not plain data: it would call {exc} when read, which a "
+                        f"CIFAR-10 batch never does; nothing of it was run; {fix} (or convert it: npz:FILE)") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
             IndexError, KeyError, MemoryError, UnicodeDecodeError) as exc:
         raise UserError(f"CIFAR-10 batch '{batch}' is corrupt or truncated ({type(exc).__name__}: "
@@ -732,6 +758,9 @@ def _read_cifar10_batch(batch: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(f"CIFAR-10 batch '{batch}' lacks its data or labels; {fix}")
     data = np.asarray(content[b"data"])
     labels = np.asarray(content[b"labels"])
+    if data.dtype != np.uint8 or not np.issubdtype(labels.dtype, np.integer):
+        raise UserError(f"CIFAR-10 batch '{batch}' holds {data.dtype} data and {labels.dtype} labels, "
+                        f"not bytes and integers; {fix}")
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) != len(labels):
         raise UserError(f"CIFAR-10 batch '{batch}' holds {data.shape} data for {len(labels)} labels, "
                         f"not N×3072 for N labels; {fix}")

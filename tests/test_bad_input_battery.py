@@ -147,6 +147,10 @@ def assets(tmp_path_factory) -> dict[str, str]:
     whole = pickle.dumps({b"data": np.zeros((4, 3072), np.uint8), b"labels": [0, 1, 2, 3]})
     path("cifar_cut", "data/cifar-cut/test_batch").write_bytes(whole[: len(whole) // 2])
     paths["cifar_cut"] = str(root / "data/cifar-cut")
+    path("cifar_code", "data/cifar-code/test_batch").write_bytes(  # unpickling it would call print
+        b"\x80\x04\x95\x1e\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\x05print\x94\x93\x94\x8c\x03ran\x94\x85\x94R\x94.")
+    paths["cifar_code"] = str(root / "data/cifar-code")
+    np.savez(path("npz_complex", "data/complex.npz"), x=np.zeros((5, 8, 8), np.complex64), y=labels)
     path("cifar_list", "data/cifar-list/test_batch").write_bytes(pickle.dumps([1, 2, 3]))
     paths["cifar_list"] = str(root / "data/cifar-list")
 
@@ -182,6 +186,11 @@ CASES = [
     ("top-m-above-neurons", [*COVERAGE, "--top-m", "1000"]),
     ("timeout-negative", [*FUZZ, "--timeout", "-1"]),
     ("timeout-zero", [*FUZZ, "--timeout", "0"]),
+    ("timeout-nan", [*FUZZ, "--timeout", "nan"]),
+    ("timeout-inf", [*FUZZ, "--timeout", "inf"]),
+    ("fuzz-seed-negative", [*FUZZ, "--seed", "-1"]),
+    ("gate-min-mean-queries-nan", ["gate", "--model-uri", "models:/absent/1", "--min-mean-queries", "nan"]),
+    ("serve-poll-seconds-inf", ["serve", "--policy", "{policy_ok}", "--poll-seconds", "inf"]),
     ("num-seeds-zero", [*FUZZ[:-2], "--num-seeds", "0"]),
     ("batch-zero", [*FUZZ, "--batch", "0"]),
     ("workers-negative", [*FUZZ, "--workers", "-1"]),
@@ -247,6 +256,8 @@ CASES = [
     ("data-cifar10-corrupt-batch", coverage(train="cifar10:{cifar_garbage}")),
     ("data-cifar10-truncated-batch", coverage(train="cifar10:{cifar_cut}")),
     ("data-cifar10-not-a-dict", coverage(train="cifar10:{cifar_list}")),
+    ("data-cifar10-runs-code", coverage(train="cifar10:{cifar_code}")),
+    ("data-npz-complex-pixels", coverage(train="npz:{npz_complex}")),
     ("data-cifar10-no-batches", coverage(train="cifar10:{empty_dir}")),
     ("data-wrong-image-size", coverage(train="npz:{npz_28}")),
     ("fuzz-seed-data-wrong-size", [*FUZZ[:5], "--seed-data", "npz:{npz_28}"]),
@@ -436,6 +447,13 @@ FRAGMENTS = {
     "fuzz-dx-constraint-unknown": "--dx-constraint",
     "fuzz-dx-threshold-one": "--dx-threshold",
     "tracking-server-down": "http://127.0.0.1:9",
+    "timeout-nan": "--timeout",
+    "timeout-inf": "--timeout",
+    "fuzz-seed-negative": "--seed",
+    "gate-min-mean-queries-nan": "--min-mean-queries",
+    "serve-poll-seconds-inf": "--poll-seconds",
+    "data-cifar10-runs-code": "builtins.print",
+    "data-npz-complex-pixels": "real numbers",
     "tracking-server-down-describe": "does not answer",
     "compress-int8-static-without-calib": "--calib-data",
     "compress-register-as-two-methods": "--register-as",

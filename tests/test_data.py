@@ -263,6 +263,36 @@ def test_corrupt_cifar10_batch_is_a_user_error(tmp_path, damage):
     assert "download" in message
 
 
+class _RunsCode:
+    """What a crafted pickle carries: unpickling it runs ``exec``, which creates the file ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_cifar10_batches_of_any_pickle_protocol_are_read(tmp_path, protocol):
+    raw = np.arange(2 * 3072).astype(np.uint8).reshape(2, 3072)
+    (tmp_path / "test_batch").write_bytes(pickle.dumps({b"data": raw, b"labels": [1, 2], b"batch_label": b"test",
+                                                        b"filenames": [b"a.png", b"b.png"]}, protocol=protocol))
+    assert load_images(f"cifar10:{tmp_path}").labels.tolist() == [1, 2]
+
+
+def test_a_cifar10_batch_that_would_run_code_is_refused_unrun(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "test_batch").write_bytes(pickle.dumps({b"data": _RunsCode(marker), b"labels": [1]}))
+    message = _one_line_user_error(f"cifar10:{tmp_path}", "test_batch", "builtins.exec")
+    assert "nothing of it was run" in message and not marker.exists()
+
+
+def test_complex_pixels_are_refused(tmp_path):
+    np.savez(tmp_path / "c.npz", x=np.zeros((2, 8, 8), np.complex64), y=np.array([0, 1]))
+    _one_line_user_error(f"npz:{tmp_path / 'c.npz'}", "real numbers")
+
+
 def test_cifar10_batch_of_the_wrong_shape_is_a_user_error(tmp_path):
     with open(tmp_path / "test_batch", "wb") as handle:
         pickle.dump({b"data": np.zeros((2, 100), np.uint8), b"labels": [1, 2]}, handle)

@@ -20,7 +20,7 @@ import tempfile
 
 import click
 
-from mlflow_di.commands.options import CommaList, LayerNames, device_option, preprocessing_option
+from mlflow_di.commands.options import CommaList, FiniteFloat, LayerNames, device_option, preprocessing_option
 
 SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 
@@ -31,7 +31,7 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
               help="One or more compression methods, comma-separated.")
 @click.option("--calib-data", default=None, help="Data spec to calibrate int8-static on (e.g. mnist-train:DIR[0:500]).")
 @click.option("--eval-data", default=None, help="Data spec to compare accuracies on (default: --calib-data).")
-@click.option("--amount", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.3, show_default=True,
+@click.option("--amount", type=FiniteFloat(0.0, 1.0, max_open=True), default=0.3, show_default=True,
               help="Pruning fraction (prune-l1: of all weights; prune-structured: of each layer's channels).")
 @click.option("--register-as", default=None, help="Registered model name (default: <source>-<method>).")
 @click.option("--keep-float", type=LayerNames(), default=None, metavar="LAYER[,LAYER...]",

@@ -19,7 +19,7 @@ import time
 
 import click
 
-from mlflow_di.commands.options import (IntPair, LazyChoice, WritablePath, device_option, json_out_option,
+from mlflow_di.commands.options import (FiniteFloat, IntPair, LazyChoice, WritablePath, device_option, json_out_option,
                                         ray_options, seed_option, write_json_out)
 
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
@@ -54,7 +54,7 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
                    "one call: one campaign each, the original's calls shared, and a side-by-side comparison.")
 @click.option("--seed-data", "seed_data", required=True, help="Data spec of the seed images, e.g. mnist-test:DIR.")
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
-@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=180.0, show_default=True,
+@click.option("--timeout", type=FiniteFloat(0, min_open=True), default=180.0, show_default=True,
               help="Seconds per seed before giving up.")
 @click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy"), default="dflare",
@@ -65,21 +65,21 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--max-linf", type=click.IntRange(1, 255), default=None,
               help="Keep every queried input within this many 8-bit levels of its seed (L-inf); mutants beyond are "
                    "rejected without a query. dflare strategies only.")
-@click.option("--min-ssim", type=click.FloatRange(-1.0, 1.0, min_open=True, max_open=True), default=None,
+@click.option("--min-ssim", type=FiniteFloat(-1.0, 1.0, min_open=True, max_open=True), default=None,
               help="Keep every queried input at least this structurally similar (SSIM) to its seed; images must be "
                    "at least 11x11. dflare strategies only.")
 @click.option("--dx-constraint", type=click.Choice(["lighting", "occlusion", "blackout"]), default=None,
               help="deepxplore: the domain constraint on each gradient step: lighting (every pixel by the same "
                    "amount), occlusion (one rectangle, --dx-occlusion-at/-size), blackout (small rectangles, only "
                    "darker). Default: lighting.")
-@click.option("--dx-step", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--dx-step", type=FiniteFloat(0, min_open=True), default=None,
               help="deepxplore: step size in 8-bit levels per unit of the RMS-normalised gradient (default 10, the "
                    "paper's s; its MNIST script's pixels are 0..1, so its 10 is 2550 here).")
-@click.option("--dx-lambda1", type=click.FloatRange(0), default=None,
+@click.option("--dx-lambda1", type=FiniteFloat(0), default=None,
               help="deepxplore: weight of the target model's confidence in the seed's label, lowered (default 1).")
-@click.option("--dx-lambda2", type=click.FloatRange(0), default=None,
+@click.option("--dx-lambda2", type=FiniteFloat(0), default=None,
               help="deepxplore: weight of the not-yet-covered neuron's activation (default 0.1).")
-@click.option("--dx-threshold", type=click.FloatRange(0, 1, max_open=True), default=None,
+@click.option("--dx-threshold", type=FiniteFloat(0, 1, max_open=True), default=None,
               help="deepxplore: neuron coverage threshold on the layer-scaled activation (default 0, the paper's).")
 @click.option("--dx-iterations", type=click.IntRange(1), default=None,
               help="deepxplore: gradient steps per seed (default 20, the reference's); --max-queries caps it too.")

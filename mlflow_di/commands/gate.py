@@ -13,7 +13,7 @@ import datetime
 
 import click
 
-from mlflow_di.commands.options import Fraction, WritablePath, json_out_option, write_json_out, write_text_out
+from mlflow_di.commands.options import FiniteFloat, Fraction, WritablePath, json_out_option, write_json_out, write_text_out
 
 
 @click.command("gate")
@@ -26,11 +26,11 @@ from mlflow_di.commands.options import Fraction, WritablePath, json_out_option, 
 @click.option("--min-idc", type=Fraction(), default=None, help="Fail if IDC (0..1) of the newest coverage run is lower.")
 @click.option("--max-success-rate", type=Fraction(), default=None,
               help="Fail if the fuzzing success rate (0..1) against a compressed model is higher.")
-@click.option("--min-mean-queries", type=click.FloatRange(0), default=None,
+@click.option("--min-mean-queries", type=FiniteFloat(0), default=None,
               help="Fail if fuzzing needed fewer queries per deviating input on average.")
-@click.option("--max-accuracy-drop", type=click.FloatRange(-1, 1), default=None,
+@click.option("--max-accuracy-drop", type=FiniteFloat(-1, 1), default=None,
               help="Fail if compression lost more accuracy (source - compressed, 0..1).")
-@click.option("--max-class-accuracy-drop", type=click.FloatRange(-1, 1), default=None,
+@click.option("--max-class-accuracy-drop", type=FiniteFloat(-1, 1), default=None,
               help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1).")
 @click.option("--min-robustness-agreement", type=Fraction(), default=None,
               help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
@@ -47,7 +47,7 @@ from mlflow_di.commands.options import Fraction, WritablePath, json_out_option, 
 @click.option("--max-success-rate-rise", type=Fraction(), default=None,
               help="Fail if the fuzzing success rate against an export is higher than against the baseline's "
                    "export of the same method by more than this (0..1).")
-@click.option("--min-mean-queries-ratio", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--min-mean-queries-ratio", type=FiniteFloat(0, min_open=True), default=None,
               help="Fail if mean queries per deviating input divided by the baseline's (same method) is lower, "
                    "e.g. 0.8.")
 @click.option("--promote-alias", default=None, metavar="ALIAS",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from mlflow_di.commands.options import (CommaList, batch_size_option, device_option, json_out_option,
+from mlflow_di.commands.options import (CommaList, FiniteFloat, batch_size_option, device_option, json_out_option,
                                         preprocessing_option, seed_option, write_json_out)
 
 EXAMPLE_UNITS = 3  # units per hypothesis shown with their most activating inputs
@@ -35,9 +35,9 @@ EXAMPLE_UNITS = 3  # units per hypothesis shown with their most activating input
               help="Hypotheses to test: the built-in ones and/or a module's list; repeat to combine.")
 @click.option("--measures", type=CommaList("mlflow_di.inspection.measures:MEASURES", "measures", "MEASURE"),
               default="pearson,spearman,mi,probe", show_default=True, help="Affinity measures.")
-@click.option("--tolerance", type=click.FloatRange(0, min_open=True), default=0.1, show_default=True,
+@click.option("--tolerance", type=FiniteFloat(0, min_open=True), default=0.1, show_default=True,
               help="Stop reading data once every score's confidence interval is narrower than this.")
-@click.option("--confidence", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.95, show_default=True, help="Confidence of the intervals.")
+@click.option("--confidence", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=0.95, show_default=True, help="Confidence of the intervals.")
 @click.option("--early-stop/--no-early-stop", default=True, show_default=True,
               help="Stop once the scores have converged, or read all of --data.")
 @seed_option

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import pathlib
 
@@ -163,6 +164,17 @@ class IntPair(click.ParamType):
         return numbers
 
 
+class FiniteFloat(click.FloatRange):
+    """A real number in a range (click's ``FloatRange``) that is never NaN or infinite: NaN passes
+    every comparison of a range check, and a NaN timeout or limit would silently never apply."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"must be a finite number (got '{value}')", param, ctx)
+        return number
+
+
 class Fraction(click.ParamType):
     """A fraction in [0, 1]."""
 
@@ -216,9 +228,9 @@ def ray_options(what: str):
         click.option("--ray-address", type=RayAddress(), default="local", show_default=True,
                      help="local (start Ray on this machine), auto (the cluster this machine belongs to) or "
                           "ray://HOST:PORT."),
-        click.option("--cpus-per-worker", type=click.FloatRange(0), default=1.0, show_default=True,
+        click.option("--cpus-per-worker", type=FiniteFloat(0), default=1.0, show_default=True,
                      help="CPUs Ray reserves for each worker (fractions allowed)."),
-        click.option("--gpus-per-worker", type=click.FloatRange(0), default=0.0, show_default=True,
+        click.option("--gpus-per-worker", type=FiniteFloat(0), default=0.0, show_default=True,
                      help="GPUs Ray reserves for each worker (fractions share one GPU); PyTorch models then run there."),
     ]
 
@@ -240,7 +252,7 @@ device_option = click.option(
 batch_size_option = click.option(
     "--batch-size", type=click.IntRange(1), default=256, show_default=True,
     help="Images per forward pass; lower it if the GPU runs out of memory.")
-seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice.")
+seed_option = click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True, help="Seed of every random choice.")
 
 
 def write_json_out(payload: dict, path: str | None) -> None:

@@ -33,7 +33,7 @@ import time
 
 import click
 
-from mlflow_di.commands.options import WritablePath
+from mlflow_di.commands.options import FiniteFloat, WritablePath
 
 DEFAULT_STATE = "mlflow-di-service"
 DEFAULT_PORT = 5055
@@ -53,7 +53,7 @@ TAG_RETRY_S = 30.0
               help="Port of /health, /jobs and POST /webhook (0: any free port, printed at start).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Pipelines run at the same time.")
-@click.option("--poll-seconds", type=click.FloatRange(min=0), default=60.0, show_default=True,
+@click.option("--poll-seconds", type=FiniteFloat(min=0), default=60.0, show_default=True,
               help="Look for new versions this often (0: never; then only webhooks bring jobs).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="Only versions of this registered model (repeatable; default: every model).")
@@ -61,7 +61,7 @@ TAG_RETRY_S = 30.0
               help="Also queue the versions that existed before the service first started.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
               help="Runs of a pipeline that crashes before its job is an error.")
-@click.option("--retry-backoff", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--retry-backoff", type=FiniteFloat(min=0), default=30.0, show_default=True,
               help="Seconds before the first retry; doubled for each further one.")
 @click.option("--webhook-secret-env", metavar="VAR", default=None,
               help="Environment variable holding the webhook secret; POST /webhook is refused without it.")
