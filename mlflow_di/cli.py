@@ -8,6 +8,7 @@ usage errors answer at once.
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import os
@@ -81,6 +82,8 @@ def _quiet_library_logs() -> None:
     """Keep MLflow's INFO chatter (database set-up, 'Successfully registered model') off the terminal."""
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is imported (later, lazily)
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # it logs every SQL error with a traceback before raising it; the command's own line reports it
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     logging.getLogger("mlflow.pytorch").addFilter(_DropPickleAdvice())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # LiteRT's "Created TensorFlow Lite ... delegate" INFO
 
@@ -128,15 +131,43 @@ def _run(argv: list[str] | None) -> int:
             return 143
         _error("interrupted; finished work is kept")
         return 130
+    except OSError as exc:
+        line = write_error_line(exc)
+        if line is None:
+            raise
+        _error(line)
+        return 2
     except Exception as exc:  # noqa: BLE001 - MLflow's own errors about the user's input
         from mlflow_di.mlflow_edge.connection import mlflow_error_line
 
-        line = mlflow_error_line(exc)
+        line = write_error_line(exc) or mlflow_error_line(exc)
         if line is None:
             raise
         _error(line)
         return 2
     return result if isinstance(result, int) else 0
+
+
+#: OS errors that mean "this place cannot take the output", not a bug: the machine's state, fixed by the user.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+#: How SQLite (under SQLAlchemy, under MLflow) says the tracking store cannot take a write.
+_STORE_FULL = ("database or disk is full", "attempt to write a readonly database", "disk I/O error")
+
+
+def write_error_line(exc: BaseException) -> str | None:
+    """The one line for a write the machine refused (disk full, permissions, read-only mount or
+    store); None for any other error. The run that was writing has already ended FAILED and its
+    finished work is kept, so the line says where to make room and to resume."""
+    if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+        where = f"'{exc.filename}'" if exc.filename else "the output"
+        return (f"cannot write {where}: {exc.strerror or exc}; free space or fix the permissions (or pick another "
+                "location) and run again; finished work is kept")
+    text = str(exc)
+    reason = next((phrase for phrase in _STORE_FULL if phrase in text), None)
+    if reason:
+        return (f"the tracking store cannot take a write ({reason}); free space on its disk or fix its permissions "
+                "and run again; finished work is kept")
+    return None
 
 
 def console_main() -> None:

@@ -599,3 +599,27 @@ def test_bad_input_in_a_fresh_process(case_id, assets, tracking_uri):
     assert done.returncode == 2, shown
     assert len(lines) == 1 and lines[0].startswith(PREFIX) and "Traceback" not in done.stderr, shown
     assert running_runs(tracking_uri) == [], shown
+
+
+def test_a_second_process_on_a_running_campaign_is_one_line_naming_the_first(assets, tracking_uri, tmp_path, capsys):
+    """``--resume`` while the campaign's first process still runs: refused before any run is touched."""
+    folder = tmp_path / "campaign"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from mlflow_di.folder_lock import FolderLock; "
+         f"FolderLock({str(folder)!r}, 'x').acquire(); print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = main([arg.format(**assets) for arg in FUZZ] + ["--out-dir", str(folder), "--resume"])
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert f"another mlflow-di process (pid {holder.pid})" in lines[0] and "--out-dir" in lines[0]
+    assert running_runs(tracking_uri) == []
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    assert not experiments or not client.search_runs(experiments)  # no run started, none closed as orphaned

@@ -262,7 +262,7 @@ def test_a_port_in_use_or_a_state_folder_in_use_is_refused(tmp_path, tracking_ur
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert main([*argv, "--port", "0"]) == 2
     err = capsys.readouterr().err
-    assert "another mlflow-di serve" in err and "--state-dir" in err and len(err.splitlines()) == 1
+    assert "another mlflow-di process" in err and "mlflow-di serve" in err and "--state-dir" in err and len(err.splitlines()) == 1
 
 
 # ------------------------------------------------------------------------------ the registry side

@@ -118,6 +118,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
+    from mlflow_di.folder_lock import FolderLock
     from mlflow_di.fuzz.campaign import overlaps_by_default, run_campaigns, seeds_in_flight
     from mlflow_di.fuzz.device_mutations import mutation_device, with_operators_on
     from mlflow_di.mlflow_edge import datasets, registry, runs
@@ -169,6 +170,9 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, ",".join(compressed), label, seed, resume)
     if folder.exists() and any(folder.iterdir()) and not resume:
         raise UserError(f"'{folder}' already holds a campaign; pass --resume to continue it, or --out-dir for a new one")
+    # held until the command ends: a second process must not close this one's run as orphaned or append its seeds
+    click.get_current_context().call_on_close(FolderLock(
+        folder, "the campaign folder", advice="wait for it to finish (or stop it), or pass another --out-dir").acquire().release)
     folders = [export_folder(folder, number, uri, resume) for number, uri in enumerate(compressed)] if several \
         else [folder]
     campaign_tag = {"mlflow_di.campaign": str(folder.resolve())}

@@ -119,8 +119,12 @@ class LayerNames(click.ParamType):
 
 
 class WritablePath(click.ParamType):
-    """A file (``kind="file"``) or folder (``kind="dir"``) the command will write: its nearest
-    existing parent must be a writable folder, checked before any work starts."""
+    """A file (``kind="file"``) or folder (``kind="dir"``) the command will write, proven writable
+    before any work starts: the folder is created and a probe file of one block is written there and
+    removed. Asking permission bits is not enough: as root every folder "is writable", ``/proc`` and
+    read-only mounts included, and a full disk passes any permission check."""
+
+    PROBE_BYTES = 4096
 
     def __init__(self, kind: str = "file"):
         self.kind = kind
@@ -137,11 +141,40 @@ class WritablePath(click.ParamType):
         existing = path if path.exists() else next((p for p in path.parents if p.exists()), pathlib.Path("."))
         if existing != path and not existing.is_dir():
             self.fail(f"cannot create '{value}': '{existing}' is a file, not a folder", param, ctx)
-        folder = existing if existing.is_dir() else existing.parent
-        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            self.fail(f"cannot write to '{value}' (no write permission in '{folder}'); pick a writable location",
-                      param, ctx)
+        folder = path if self.kind == "dir" else path.parent
+        problem = probe_writable(folder)
+        if problem is None and path.exists() and not os.access(path, os.W_OK):
+            problem = "the file is read-only"
+        if problem:
+            self.fail(f"cannot write to '{value}' ({problem}); pick a writable location", param, ctx)
         return str(path)
+
+
+def probe_writable(folder: pathlib.Path) -> str | None:
+    """Write, flush and remove one block in ``folder``, creating the folder for the probe and
+    removing what it created afterwards (the command creates it again when it writes); None when
+    that worked, else why not (the OS's reason, e.g. "No space left on device")."""
+    created = []  # the folders the probe creates, deepest first
+    for parent in (folder, *folder.parents):
+        if parent.exists():
+            break
+        created.append(parent)
+    probe = folder / f".mlflow-di-probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * WritablePath.PROBE_BYTES)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        for leftover in (probe, *created):
+            try:
+                leftover.rmdir() if leftover.is_dir() else leftover.unlink()
+            except OSError:
+                pass
+    return None
 
 
 class IntPair(click.ParamType):
@@ -255,6 +288,14 @@ batch_size_option = click.option(
 seed_option = click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True, help="Seed of every random choice.")
 
 
+class WriteFailed(OSError):
+    """An output file could not be written (disk full, permissions, a read-only mount): the CLI's
+    one line names the file; nothing half-written is left behind."""
+
+    def __init__(self, target, cause: OSError):
+        super().__init__(cause.errno, cause.strerror or str(cause), str(target))
+
+
 def write_json_out(payload: dict, path: str | None) -> None:
     """Write ``payload`` to ``path`` (the ``--json-out`` option, checked writable when parsed)."""
     write_text_out(json.dumps(payload, indent=2, sort_keys=True, default=str), path)
@@ -266,7 +307,11 @@ def write_text_out(text: str, path: str | None) -> None:
     if not path:
         return
     target = pathlib.Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial")
-    partial.write_text(text)
-    os.replace(partial, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(text)
+        os.replace(partial, target)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise WriteFailed(target, exc) from None

@@ -144,7 +144,7 @@ class Service:
         self._seen: set[tuple[str, str]] = set()  # versions the poller already decided about
         self._threads: list[threading.Thread] = []
         self.server = None
-        self._lock_file = None
+        self._lock = None
 
     # ------------------------------------------------------------------------------ start
     def start(self, host: str, port: int, register_webhook: str | None) -> None:
@@ -157,8 +157,8 @@ class Service:
                 self.server.server_close()
             if getattr(self, "queue", None) is not None:
                 self.queue.close()
-            if self._lock_file is not None:
-                self._lock_file.close()  # releases the flock
+            if self._lock is not None:
+                self._lock.release()
             raise
 
     def _start(self, host: str, port: int, register_webhook: str | None) -> None:
@@ -200,24 +200,10 @@ class Service:
 
     def _lock_state(self) -> None:
         """One service per state folder: a second one would run the same jobs."""
-        from mlflow_di.errors import UserError
+        from mlflow_di.folder_lock import FolderLock
 
-        try:
-            import fcntl
-        except ImportError:  # no flock (Windows): one service per folder is then the user's care
-            return
-        self._lock_file = (self.state / "serve.lock").open("a+")
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock_file.seek(0)
-            other = self._lock_file.read().strip() or "?"
-            raise UserError(f"another mlflow-di serve (pid {other}) uses the state folder {self.state}; "
-                            "stop it or pass another --state-dir") from None
-        self._lock_file.seek(0)
-        self._lock_file.truncate()
-        self._lock_file.write(str(os.getpid()))
-        self._lock_file.flush()
+        self._lock = FolderLock(self.state, "the service state folder", lock_file=self.state / "serve.lock",
+                                     advice="stop that mlflow-di serve or pass another --state-dir").acquire()
 
     def _recover(self) -> None:
         """Jobs a dead service left running: stop any pipeline it left behind, queue them again."""
@@ -250,7 +236,7 @@ class Service:
             thread.join(timeout=30)
         running = len(self.queue.jobs("running"))
         self.queue.close()
-        self._lock_file and self._lock_file.close()
+        self._lock and self._lock.release()
         self._say(f"stopped; {running} running job(s) resume on the next start" if running else "stopped")
 
     # ------------------------------------------------------------------------------ jobs

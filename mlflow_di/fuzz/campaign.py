@@ -39,6 +39,7 @@ Seeds on which the models already disagree are recorded apart and not searched.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import time
@@ -54,6 +55,7 @@ from mlflow_di.fuzz.fitness import labels_differ, top1_labels
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.search import Search
+from mlflow_di.folder_lock import FolderLock
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
 from mlflow_di.fuzz.strategies import make_strategy
 from mlflow_di.models.device import use_own_cuda_streams
@@ -113,44 +115,47 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     if out_dirs is not None and len(out_dirs) != len(compressed):
         raise UserError(f"{len(compressed)} compressed models but {len(out_dirs)} output folders")
     check_arguments(seeds, timeout, max_queries, batch, out_dirs, resume, strategy)
-    fingerprint = seed_fingerprint(seeds, progress)
-    lanes = []
-    for number, model in enumerate(compressed):
-        config = CampaignConfig(
-            strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
-            max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
-            seeds_sha256=fingerprint, image_shape=tuple(seeds.image_shape),
-            original=_name(original, "original"), compressed=_name(model, "compressed"))
-        store = CampaignStore(out_dirs[number]) if out_dirs is not None else None
-        done: dict[int, SeedRecord] = {}
-        if store is not None and resume:
-            store.check_resumable(config)
-            done = store.read_records()
-        lanes.append(_Lane(model, config, store, done))
-    _check_seeds(original, lanes, seeds, progress=progress)
-    for lane in lanes:
-        if lane.store is not None and not resume:
-            lane.store.create(lane.config)
-    if overlap is None:
-        overlap = overlaps_by_default(original, compressed, executor)
-    runner = _Lockstep(original, lanes, seeds, strategy, batch, overlap)
-    try:
-        runner.run(progress, executor)
-    finally:
+    with contextlib.ExitStack() as locks:  # one process per campaign folder (see mlflow_di.folder_lock)
+        for folder in out_dirs or ():
+            locks.enter_context(FolderLock(folder, "the campaign folder"))
+        fingerprint = seed_fingerprint(seeds, progress)
+        lanes = []
+        for number, model in enumerate(compressed):
+            config = CampaignConfig(
+                strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
+                max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
+                seeds_sha256=fingerprint, image_shape=tuple(seeds.image_shape),
+                original=_name(original, "original"), compressed=_name(model, "compressed"))
+            store = CampaignStore(out_dirs[number]) if out_dirs is not None else None
+            done: dict[int, SeedRecord] = {}
+            if store is not None and resume:
+                store.check_resumable(config)
+                done = store.read_records()
+            lanes.append(_Lane(model, config, store, done))
+        _check_seeds(original, lanes, seeds, progress=progress)
         for lane in lanes:
+            if lane.store is not None and not resume:
+                lane.store.create(lane.config)
+        if overlap is None:
+            overlap = overlaps_by_default(original, compressed, executor)
+        runner = _Lockstep(original, lanes, seeds, strategy, batch, overlap)
+        try:
+            runner.run(progress, executor)
+        finally:
+            for lane in lanes:
+                if lane.store is not None:
+                    lane.store.close()
+        results = []
+        for lane in lanes:
+            records = sorted({**lane.done, **lane.records}.values(), key=lambda r: r.index)
+            result = assemble_result(lane.config, records, lane.store, complete=len(records) == len(seeds),
+                                     images=lane.images)
+            result.run_stats = lane.stats
+            result.run_stats.shared_original_inputs = runner.shared_original_inputs
             if lane.store is not None:
-                lane.store.close()
-    results = []
-    for lane in lanes:
-        records = sorted({**lane.done, **lane.records}.values(), key=lambda r: r.index)
-        result = assemble_result(lane.config, records, lane.store, complete=len(records) == len(seeds),
-                                 images=lane.images)
-        result.run_stats = lane.stats
-        result.run_stats.shared_original_inputs = runner.shared_original_inputs
-        if lane.store is not None:
-            lane.store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices)
-        results.append(result)
-    return results
+                lane.store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices)
+            results.append(result)
+        return results
 
 
 def check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dirs, resume, strategy=None) -> None:

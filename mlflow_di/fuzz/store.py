@@ -15,6 +15,7 @@ process died mid-write) is ignored and that seed runs again on resume.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -92,13 +93,20 @@ class CampaignStore:
         then), then its record line."""
         if trigger is not None:
             path = self.trigger_path(record.index)
-            partial = path.with_suffix(".partial.npz")
-            np.savez(partial, trigger=trigger, seed=seed_image)
-            os.replace(partial, path)
+            with _replacing(path, path.with_suffix(".partial.npz")) as partial:
+                np.savez(partial, trigger=trigger, seed=seed_image)
         if self._records_file is None:
             self._records_file = open(self.directory / RECORDS, "a", encoding="utf-8")
-        self._records_file.write(record.to_json() + "\n")
-        self._records_file.flush()
+        end = self._records_file.tell()
+        try:
+            self._records_file.write(record.to_json() + "\n")
+            self._records_file.flush()
+        except OSError:  # disk full: cut the torn line, so a resumed campaign appends after whole records
+            self._records_file.close()
+            self._records_file = None
+            with contextlib.suppress(OSError):
+                os.truncate(self.directory / RECORDS, end)
+            raise
 
     def read_trigger(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(trigger, seed) images of one triggering seed."""
@@ -112,9 +120,8 @@ class CampaignStore:
         if neuron_coverage is not None:
             _write_atomically(self.directory / NEURON_COVERAGE, json.dumps(neuron_coverage, indent=2, sort_keys=True))
         _write_atomically(self.directory / SUMMARY, summary.to_json())
-        partial = self.directory / "triggers.partial.npz"
-        np.savez_compressed(partial, triggers=triggers, seeds=seeds, indices=indices)
-        os.replace(partial, self.directory / ALL_TRIGGERS)
+        with _replacing(self.directory / ALL_TRIGGERS, self.directory / "triggers.partial.npz") as partial:
+            np.savez_compressed(partial, triggers=triggers, seeds=seeds, indices=indices)
 
     def close(self) -> None:
         if self._records_file is not None:
@@ -158,6 +165,18 @@ def load_campaign(directory) -> CampaignResult:
 
 
 def _write_atomically(path: pathlib.Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+    with _replacing(path, path.with_name(path.name + ".partial")) as partial:
+        partial.write_text(text)
+
+
+@contextlib.contextmanager
+def _replacing(path: pathlib.Path, partial: pathlib.Path):
+    """Write ``partial`` in the block, then put it in ``path``'s place; on a failed write (a full
+    disk) remove it, so a reader never meets half a file and the campaign folder keeps no debris."""
+    try:
+        yield partial
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
