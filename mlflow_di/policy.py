@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import math
 import pathlib
+import reprlib
 
 from mlflow_di.errors import UserError
 from mlflow_di.gate import Thresholds
@@ -145,19 +146,65 @@ def load_policy(path: str | pathlib.Path) -> Policy:
     return parse_policy(content, path.name)
 
 
+#: A policy is a few hundred bytes; a file far bigger is a mistake (or an attack on the service).
+MAX_POLICY_BYTES = 64 * 1024
+#: Values a policy may hold once its YAML aliases are expanded ("billion laughs": a 463-byte file
+#: of nested aliases expands to millions of values and kept the pipeline busy for minutes).
+MAX_POLICY_VALUES = 10_000
+
+
 def parse_policy(content: bytes | str, source: str = "policy") -> Policy:
-    """Check the YAML text ``content`` (``source`` names it in messages) and build the :class:`Policy`."""
+    """Check the YAML text ``content`` (``source`` names it in messages) and build the :class:`Policy`.
+
+    The file is bounded before anything is built from it: at most :data:`MAX_POLICY_BYTES`, and
+    at most :data:`MAX_POLICY_VALUES` values counted with every alias expanded (counted on the
+    composed node graph, where an alias is one shared node, so counting costs what the file does).
+    """
     import yaml
 
     raw = content.encode() if isinstance(content, str) else content
+    if len(raw) > MAX_POLICY_BYTES:
+        raise UserError(f"{source}: {len(raw):,} bytes is too big for a policy (at most {MAX_POLICY_BYTES:,}); "
+                        "check that this is the policy file")
+    loader = yaml.SafeLoader(raw)
     try:
-        document = yaml.safe_load(raw)
+        node = loader.get_single_node()
+        if node is not None:
+            _count_values(node, source, {})
+        document = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise UserError(f"{source}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise UserError(f"{source}: nested too deeply to be a policy") from None
+    finally:
+        loader.dispose()
     return from_mapping(document, source, hashlib.sha256(raw).hexdigest())
+
+
+def _count_values(node, source: str, counted: dict) -> int:
+    """Values under ``node`` with aliases expanded; a UserError beyond :data:`MAX_POLICY_VALUES`
+    or for an alias that contains itself. ``counted``: node id -> count (None while counting)."""
+    import yaml
+
+    key = id(node)
+    if key in counted:
+        if counted[key] is None:
+            raise UserError(f"{source}: a YAML alias refers to a value that contains it; a policy cannot be recursive")
+        return counted[key]
+    counted[key] = None
+    children = (node.value if isinstance(node, yaml.SequenceNode)
+                else [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else [])
+    total = 1
+    for child in children:
+        total += _count_values(child, source, counted)
+        if total > MAX_POLICY_VALUES:
+            raise UserError(f"{source}: its YAML aliases expand to more than {MAX_POLICY_VALUES:,} values; "
+                            "a policy needs a few dozen, write the values out")
+    counted[key] = total
+    return total
 
 
 def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
@@ -293,6 +340,12 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: Shows a value in a message without walking all of it (a value can hold thousands of items).
+_SHORT = reprlib.Repr()  # (keyword arguments to Repr need Python 3.12)
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict, _SHORT.maxset = 2, 4, 4, 4, 4
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 40
+
+
 def _shown(value) -> str:
-    text = repr(value)
+    text = _SHORT.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -161,6 +161,9 @@ def assets(tmp_path_factory) -> dict[str, str]:
         "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, budget: 10}\ncompress: {methods: [fp32]}\n")
     path("policy_bad_value", "policies/bad-value.yaml").write_text(
         "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, max_queries: ten}\ncompress: {methods: [fp32]}\n")
+    laughs = "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+    path("policy_alias_bomb", "policies/laughs.yaml").write_text("a: &a [x,x,x,x,x,x,x,x,x]\n" + laughs)  # 9^9 values
+    path("policy_recursive", "policies/recursive.yaml").write_text("gate: &g {thresholds: {min_idc: 0.5}, again: *g}\n")
     path("policy_ok", "policies/ok.yaml").write_text("gate: {thresholds: {min_idc: 0.5}}\n")
     path("policy_preprocessing_key", "policies/preprocessing-key.yaml").write_text(
         "preprocessing: {m: {colour: red}}\ngate: {thresholds: {min_idc: 0.5}}\n")
@@ -387,6 +390,9 @@ CASES = [
                                                    "--model-uri", "models:/m/1"]),
     # ---------------------------------------------------------------- serve (refused before any port is bound)
     ("serve-policy-unknown-key", ["serve", "--policy", "{policy_unknown_key}", "--state-dir", "{empty_dir}/service"]),
+    ("pipeline-policy-alias-bomb", ["pipeline", "--policy", "{policy_alias_bomb}", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-recursive-alias", ["pipeline", "--policy", "{policy_recursive}", "--model-uri", "models:/m/1"]),
+    ("serve-policy-alias-bomb", ["serve", "--policy", "{policy_alias_bomb}", "--state-dir", "{empty_dir}/service"]),
     ("serve-policy-missing", ["serve", "--policy", "{empty_dir}/absent.yaml", "--state-dir", "{empty_dir}/service"]),
     ("serve-webhook-secret-unset", ["serve", "--policy", "{policy_ok}", "--state-dir", "{empty_dir}/service",
                                     "--webhook-secret-env", "MLFLOW_DI_NO_SUCH_SECRET_VARIABLE"]),
@@ -505,6 +511,9 @@ FRAGMENTS = {
     "gate-min-mean-queries-ratio-zero": "--min-mean-queries-ratio",
     "gate-junit-xml-under-a-file": "--junit-xml",
     "pipeline-policy-missing": "absent.yaml",
+    "pipeline-policy-alias-bomb": "aliases expand to more than 10,000 values",
+    "pipeline-policy-recursive-alias": "cannot be recursive",
+    "serve-policy-alias-bomb": "aliases expand to more than 10,000 values",
     "pipeline-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
     "pipeline-policy-bad-value": "bad-value.yaml: fuzz.max_queries must be a positive integer, got 'ten'",
     "gate-summary-md-is-a-dir": "--summary-md",
