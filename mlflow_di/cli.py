@@ -18,6 +18,7 @@ import sys
 import click
 
 from mlflow_di import __version__
+from mlflow_di.commands.options import FiniteFloat
 from mlflow_di.errors import Terminated, UserError, note_sigterm, received_sigterm
 
 #: Subcommand name -> module in mlflow_di.commands (each defines ``command``), in help order.
@@ -48,8 +49,11 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="mlflow-di")
 @click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", default=None,
               help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here).")
+@click.option("--tracking-timeout", envvar="MLFLOW_DI_TRACKING_TIMEOUT", type=FiniteFloat(1, 3600), default=30.0,
+              show_default=True, help="Seconds a tracking server may take to prove it answers before any work "
+                                      "($MLFLOW_DI_TRACKING_TIMEOUT).")
 @click.pass_context
-def cli(ctx: click.Context, tracking_uri: str | None) -> None:
+def cli(ctx: click.Context, tracking_uri: str | None, tracking_timeout: float) -> None:
     """Coverage (IDC) and differential fuzzing (DFlare) for image classifiers in MLflow."""
     from mlflow_di.mlflow_edge import connection
 
@@ -60,7 +64,7 @@ def cli(ctx: click.Context, tracking_uri: str | None) -> None:
     connection.bound_http_retries()
     connection.use_tracking_uri(tracking_uri)
     if tracking_uri and _needs_store(ctx.invoked_subcommand, rest):
-        connection.check_reachable(tracking_uri)
+        connection.check_reachable(tracking_uri, tracking_timeout)
 
 
 def _needs_store(command: str | None, args: list[str]) -> bool:

@@ -410,6 +410,8 @@ CASES = [
     # ---------------------------------------------------------------- tracking store
     ("tracking-server-down", ["--tracking-uri", "http://127.0.0.1:9", "gate", "--model-uri", "models:/m/1",
                               "--min-idc", "0.5"]),
+    ("tracking-timeout-nan", ["--tracking-uri", "http://127.0.0.1:9", "--tracking-timeout", "nan", "gate",
+                              "--model-uri", "models:/m/1", "--min-idc", "0.5"]),
     ("tracking-server-down-describe", ["--tracking-uri", "http://127.0.0.1:9", "describe", "models:/m/1"]),
 ]
 
@@ -461,6 +463,7 @@ FRAGMENTS = {
     "data-cifar10-runs-code": "builtins.print",
     "data-npz-complex-pixels": "real numbers",
     "tracking-server-down-describe": "does not answer",
+    "tracking-timeout-nan": "--tracking-timeout",
     "compress-int8-static-without-calib": "--calib-data",
     "compress-register-as-two-methods": "--register-as",
     "compress-keep-float-unknown-layer": "'conv9'",
@@ -632,3 +635,55 @@ def test_a_second_process_on_a_running_campaign_is_one_line_naming_the_first(ass
     client = MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     assert not experiments or not client.search_runs(experiments)  # no run started, none closed as orphaned
+
+
+@pytest.fixture()
+def impostor_server():
+    """A server on 127.0.0.1 that is not (quite) MLflow: ``/health`` answers what ``health`` says
+    (status, body) and every other path hangs until the test ends."""
+    import http.server
+    import threading
+
+    release = threading.Event()
+    behaviour = {"health": (200, b"OK")}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            if self.path == "/health":
+                status, body = behaviour["health"]
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                release.wait(60)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", behaviour
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("health, fragment", [
+    ((404, b"<html>not found</html>"), "is not an MLflow tracking server: /health answered 404"),
+    ((200, b"<html>welcome to nginx</html>"), "is not an MLflow tracking server"),
+    ((200, b"OK"), "answers /health but not its API (no reply within"),
+], ids=["health-404", "health-not-mlflow", "api-hangs"])
+def test_a_tracking_server_that_is_not_mlflow_or_hangs_is_one_line_naming_it(impostor_server, health, fragment,
+                                                                             capsys, tracking_uri):
+    uri, behaviour = impostor_server
+    behaviour["health"] = health
+    started = time.perf_counter()
+    code = main(["--tracking-uri", uri, "--tracking-timeout", "3", "gate", "--model-uri", "models:/m/1",
+                 "--min-idc", "0.5"])
+    seconds = time.perf_counter() - started
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(PREFIX), lines
+    assert fragment in lines[0] and uri in lines[0] and "models:/m/1" not in lines[0]
+    assert seconds < 10, f"took {seconds:.1f} s with --tracking-timeout 3"

@@ -1,26 +1,33 @@
 """Which tracking store mlflow-di talks to, whether it answers, and MLflow errors as one line.
 
 Why a reachability check: MLflow's HTTP client retries a dead server with exponential backoff
-(minutes of silence, then a several-hundred-character error). A command checks the server's
-``/health`` once with a short timeout before it starts any work, and fails in seconds with the
-URI and what to check. Later calls get a bounded retry budget (:func:`bound_http_retries`), so
-a server that goes away mid-run costs seconds, not minutes, and the command keeps its results
-locally (see :mod:`mlflow_di.mlflow_edge.run_log`).
+(minutes of silence, then a several-hundred-character error). Before any work a command asks
+the server twice, within one time budget (``--tracking-timeout``, default 30 s): ``/health`` must
+answer 200 with MLflow's ``OK`` (any other page means something else listens there), and one
+cheap API call must answer at all (a server whose ``/health`` answers while its API hangs took
+minutes to fail, and the error then blamed the model). Either failure is one line that names
+the server. Later calls get a bounded retry budget (:func:`bound_http_retries`), so a server that
+goes away mid-run costs seconds, not minutes, and the command keeps its results locally (see
+:mod:`mlflow_di.mlflow_edge.run_log`).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import time
 import urllib.error
 import urllib.request
 
 from mlflow_di.errors import UserError
 
-#: Seconds the reachability check waits for ``/health``.
-HEALTH_TIMEOUT_S = 5.0
+#: Seconds the reachability check may take in all (``--tracking-timeout``).
+CHECK_BUDGET_S = 30.0
+#: The cheapest API call every MLflow server answers (its reply, even 401/403, proves the API is alive).
+_API_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
 #: MLflow HTTP settings the CLI uses unless the user set them: a few quick retries, short timeouts.
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 def tracking_uri() -> str:
@@ -43,24 +50,51 @@ def bound_http_retries() -> None:
         os.environ.setdefault(key, value)
 
 
-def check_reachable(uri: str | None = None, timeout: float = HEALTH_TIMEOUT_S) -> None:
-    """Raise a one-line :class:`UserError` when an HTTP tracking server does not answer ``/health``.
+def check_reachable(uri: str | None = None, budget_s: float = CHECK_BUDGET_S) -> None:
+    """Raise a one-line :class:`UserError` naming the server unless the HTTP tracking server at
+    ``uri`` answers ``/health`` with 200 ``OK`` and answers an API call, all within ``budget_s``.
 
     Local stores (sqlite, file paths) need no check: opening them reports its own errors.
     """
     uri = uri or tracking_uri()
     if not uri.startswith(("http://", "https://")):
         return
-    health = uri.rstrip("/") + "/health"
+    deadline = time.monotonic() + budget_s
+    base = uri.rstrip("/")
+    advice = f"check that the MLflow server runs there (curl {base}/health) or pass --tracking-uri / set MLFLOW_TRACKING_URI"
     try:
-        with urllib.request.urlopen(health, timeout=timeout):  # noqa: S310 (the user's own server)
-            return
-    except urllib.error.HTTPError:
-        return  # it answered (a proxy or auth layer may refuse /health): the server is there
+        status, body = _get(base + "/health", deadline)
+    except _NoAnswer as exc:
+        raise UserError(f"the tracking server {uri} does not answer ({exc}); {advice}") from None
+    if status != 200 or not body.strip().startswith(b"OK"):
+        raise UserError(f"{uri} is not an MLflow tracking server: /health answered {status} "
+                        f"{body[:40].decode(errors='replace').strip()!r}, not 200 'OK'; {advice}")
+    try:
+        _get(base + _API_PROBE, deadline)
+    except _NoAnswer as exc:
+        raise UserError(f"the tracking server {uri} answers /health but not its API ({exc}); check the server's "
+                        "database and logs, or raise --tracking-timeout") from None
+
+
+class _NoAnswer(Exception):
+    """No HTTP answer in time (refused, unresolvable, timed out)."""
+
+
+def _get(url: str, deadline: float) -> tuple[int, bytes]:
+    """(status, first bytes of the body) of GET ``url``; any HTTP status is an answer."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _NoAnswer("no time left of --tracking-timeout")
+    try:
+        with urllib.request.urlopen(url, timeout=left) as reply:  # noqa: S310 (the user's own server)
+            return reply.status, reply.read(256)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(256) if exc.fp is not None else b""
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UserError(f"the tracking server {uri} does not answer ({reason}); check that it runs "
-                        f"(curl {health}) or pass --tracking-uri / set MLFLOW_TRACKING_URI") from None
+        if isinstance(reason, (TimeoutError, socket.timeout)) or "timed out" in str(reason):
+            reason = f"no reply within {max(left, 0):.0f} s"
+        raise _NoAnswer(str(reason)) from None
 
 
 def first_line(text) -> str:
