@@ -161,7 +161,7 @@ def test_markdown_summary_has_a_heading_a_row_per_check_and_the_runs():
     assert len(table) == 1 + len(verdict.checks)
     assert table[3] == ("| success_rate_rise | `models:/m-int8/2` | 0.5 | <= 0.1 | 0.2 | 0.3 | **FAIL** | "
                         "[rc](http://ui/rc), [rb](http://ui/rb) |")
-    assert "- a note | piped" in lines and lines[-1] == "Gate run: [gate-run](http://ui/gate-run)"
+    assert "- a note \\| piped" in lines and lines[-1] == "Gate run: [gate-run](http://ui/gate-run)"
     assert all(line.count("|") - line.count("\\|") == 9 for line in table)
 
 
@@ -284,3 +284,24 @@ def test_gate_baseline_errors_exit_2_with_one_line(client, versions, capsys, arg
     code, out, err = run_gate(capsys, *args)
     assert code == 2, out + err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+HOSTILE = 'x"><img src=x onerror=alert(1)> `code` | *bold* [link](http://evil) <script>&amp;\x01'
+
+
+def test_hostile_names_render_as_text_in_markdown_and_junit():
+    """A model name full of HTML, Markdown and a control character: the summary renders it as text
+    (checked with markdown-it, a CommonMark/GFM parser) and the JUnit report stays parseable XML."""
+    from markdown_it import MarkdownIt
+
+    uri = f"models:/{HOSTILE}/1"
+    verdict = decide(uri, Thresholds(min_idc=0.5, max_success_rate=0.1),
+                     [Measurement("idc", None, missing=f"no coverage run recorded for {uri}"),
+                      Measurement("success_rate", 0.5, f"models:/{HOSTILE}-int8/2", "rc", method="int8")])
+    html = MarkdownIt("commonmark").enable("table").render(summary_markdown(verdict, notes=(f"note about {HOSTILE}",)))
+    assert "<img" not in html and "<script" not in html and 'href="http://evil"' not in html and "<em>" not in html
+    rows = [row for row in html.split("<tr>")[2:]]
+    assert len(rows) == len(verdict.checks) and all(row.count("<td>") == 6 for row in rows)
+    root = ET.fromstring(junit_xml(verdict, "gate-run"))
+    properties = {p.get("name"): p.get("value") for p in root.find("testsuite").find("properties")}
+    assert properties["model_uri"] == uri.replace("\x01", "\ufffd")

@@ -7,10 +7,16 @@ and ``--summary-md`` write them. JUnit: one ``testsuite`` named ``mlflow-di gate
 ``failure`` whose message reads ``value X vs threshold Y``. Markdown (for
 ``$GITHUB_STEP_SUMMARY``): a heading with PASS/FAIL, a table of the checks and the runs the
 values came from.
+
+Names come from users (a registered model may be called ``x"><img src=x onerror=...>``), so
+every piece of text is escaped for where it lands: Markdown punctuation and HTML are
+backslash-escaped in prose, names sit in code spans whose fence is longer than any backtick run
+in them, and the XML holds no character XML 1.0 forbids (CI parsers reject the whole report).
 """
 from __future__ import annotations
 
 import math
+import re
 import xml.etree.ElementTree as ET
 from typing import Callable
 
@@ -64,11 +70,33 @@ def junit_xml(verdict, gate_run_id: str | None = None, checked_at: str | None = 
                                 message=f"value {value_text(check.compared)} vs threshold {threshold_text(check)}")
         failure.text = details(check)
     ET.indent(root)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    text = ET.tostring(root, encoding="unicode")  # escapes & < > " itself
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("\ufffd", text) + "\n"
+
+
+#: Characters XML 1.0 does not allow anywhere (control characters but tab and newlines, lone surrogates).
+_NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+#: Markdown (CommonMark/GFM) punctuation that can start markup, and HTML's < > &.
+_MARKUP = re.compile(r"([\\`*_\[\]<>|!&~#])")
+
+
+def _prose(text) -> str:
+    """``text`` as literal Markdown prose: markup characters backslash-escaped, one line."""
+    return _MARKUP.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def _code(text) -> str:
+    """``text`` as a Markdown code span (shown literally, HTML included), fenced by more backticks
+    than its longest run of them."""
+    text = " ".join(str(text).split())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A table cell: GFM splits cells at every unescaped ``|``, inside code spans too."""
+    return re.sub(r"(?<!\\)\|", r"\\|", str(text))
 
 
 def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate_run_id: str | None = None,
@@ -78,20 +106,20 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
     ``run_link(run_id)`` gives the text naming a run (e.g. a Markdown link to the MLflow UI);
     default: the id in backticks.
     """
-    link = run_link or (lambda run_id: f"`{run_id}`")
+    link = run_link or _code
     relative = any(c.relation for c in verdict.checks)
-    lines = [f"## mlflow-di gate: {'PASS' if verdict.passed else 'FAIL'} for `{verdict.model_uri}`", ""]
-    lines += [f"- {note}" for note in notes]
+    lines = [f"## mlflow-di gate: {'PASS' if verdict.passed else 'FAIL'} for {_code(verdict.model_uri)}", ""]
+    lines += [f"- {_prose(note)}" for note in notes]
     if verdict.baseline_uri:
-        lines.append(f"- baseline: `{verdict.baseline_uri}`")
-    lines.append(f"- {verdict.summary()}")
+        lines.append(f"- baseline: {_code(verdict.baseline_uri)}")
+    lines.append(f"- {_prose(verdict.summary())}")
     lines.append("")
     header = ["criterion", "model", "value", "threshold", *(["baseline", "change"] if relative else []), "result", "runs"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for check in verdict.checks:
         runs = [link(run_id) for run_id in (check.run_id, check.baseline_run_id) if run_id]
-        row = [check.criterion, f"`{check.compressed}`" if check.compressed else "", value_text(check.measured),
-               threshold_text(check)]
+        row = [check.criterion, _code(check.compressed) if check.compressed else "",
+               value_text(check.measured), threshold_text(check)]
         if relative:
             row += [value_text(check.baseline) if check.relation and check.baseline_model else "",
                     value_text(check.change) if check.relation and check.change is not None else ""]
@@ -99,7 +127,7 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
         lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
     messages = list(dict.fromkeys(c.message for c in verdict.checks if c.message))
     if messages:
-        lines += ["", *[f"- {_cell(message)}" for message in messages]]
+        lines += ["", *[f"- {_prose(message)}" for message in messages]]
     if gate_run_id:
         lines += ["", f"Gate run: {link(gate_run_id)}"]
     return "\n".join(lines) + "\n"
