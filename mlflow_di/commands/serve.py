@@ -175,7 +175,7 @@ class Service:
         os.replace(partial, self.policy)
         self.queue = JobQueue(self.state / "jobs.sqlite")
         try:
-            self.server = ServiceServer(host, port, self)
+            self.server = ServiceServer(host, port, self, on_error=self._say)
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (pass another --port)") from None
         self.tracking_uri = connection.tracking_uri()
@@ -231,7 +231,6 @@ class Service:
             signal.signal(sig, signal.SIG_IGN)
         self.stop.set()
         self.server.shutdown()
-        self.server.server_close()
         for thread in self._threads:
             thread.join(timeout=30)
         running = len(self.queue.jobs("running"))
@@ -357,14 +356,17 @@ class Service:
             return 401, {"error": reason}
         try:
             payload = json.loads(body)
-            event = f"{payload.get('entity')}.{payload.get('action')}"
-            data = payload.get("data") or {}
-        except (ValueError, AttributeError):
-            return 400, {"error": "the body is not a JSON webhook payload"}
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            return 400, {"error": "the body is not a JSON webhook payload (an object with entity, action and data)"}
+        event = f"{payload.get('entity')}.{payload.get('action')}"
         if event != "model_version.created":
-            return 200, {"ignored": f"event {event}"}
-        name, version = data.get("name"), data.get("version")
-        if not isinstance(name, str) or not name or version in (None, ""):
+            return 200, {"ignored": f"event {event[:100]}"}
+        data = payload.get("data")
+        name, version = (data.get("name"), data.get("version")) if isinstance(data, dict) else (None, None)
+        if not (isinstance(name, str) and name and isinstance(version, (str, int)) and not isinstance(version, bool)
+                and str(version).strip()):
             return 400, {"error": "a model_version.created payload without data.name and data.version"}
         try:
             return self.offer(name, str(version), data.get("run_id"), "webhook")

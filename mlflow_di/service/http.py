@@ -1,76 +1,121 @@
-"""The service's HTTP endpoints (stdlib ``http.server``, one thread per request).
+"""The service's HTTP endpoints, served by waitress.
 
 ``GET /health`` and ``GET /jobs`` (``?state=queued`` to filter) answer JSON; ``POST /webhook``
 receives MLflow registry webhooks. What each answers is the ``app``'s business (an object with
 ``health()``, ``jobs(state)`` and ``webhook(headers, body) -> (status, dict)``); this module only
-routes, bounds the body and writes JSON. Binding is the caller's choice; the command binds
-127.0.0.1 unless told otherwise.
+routes and writes JSON. Binding is the caller's choice; the command binds 127.0.0.1 unless told
+otherwise.
+
+Why waitress and not ``http.server``: a thread-per-connection server gives a client that
+declares a body and never sends it a thread forever (300 such clients held 300 threads), prints
+a traceback for every client that hangs up, and drops connections beyond a listen backlog of 5.
+waitress reads requests in one event loop and hands only complete ones to a fixed pool of
+threads, closes connections idle for :data:`IDLE_TIMEOUT_S`, refuses bodies above
+:data:`MAX_BODY` with 413, and listens with a backlog of 1024. Every error an endpoint raises
+becomes a JSON 500 and one line through ``on_error``, never a traceback.
 """
 from __future__ import annotations
 
-import http.server
+import http
 import json
+import logging
+import threading
 import urllib.parse
 
-#: A registry webhook is a few hundred bytes; anything above this is refused unread.
+#: A registry webhook is a few hundred bytes; a larger body is refused (413) before it reaches the app.
 MAX_BODY = 1 << 20
+#: Seconds a connection may stay silent (mid-request included) before it is closed.
+IDLE_TIMEOUT_S = 20
+#: Requests handled at once; further complete requests wait in waitress's queue.
+HANDLER_THREADS = 8
+#: Open connections at most (stalled ones included); beyond it new ones wait in the listen backlog.
+MAX_CONNECTIONS = 2000
+#: Connections the kernel queues before the server accepts them.
+BACKLOG = 1024
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server_version = "mlflow-di-serve"
-    protocol_version = "HTTP/1.1"
+class ServiceServer:
+    """An HTTP server on ``(host, port)`` (port 0: any free one) answering for ``app``; errors of
+    the app are reported as one line to ``on_error``."""
 
-    def _send(self, status: int, payload: dict) -> None:
-        body = (json.dumps(payload, sort_keys=True) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def __init__(self, host: str, port: int, app, on_error=None):
+        from waitress import create_server
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
-        url = urllib.parse.urlsplit(self.path)
-        app = self.server.app
-        if url.path == "/health":
-            self._send(200, app.health())
-        elif url.path == "/jobs":
-            state = urllib.parse.parse_qs(url.query).get("state", [None])[0]
-            self._send(200, app.jobs(state))
-        else:
-            self._send(404, {"error": f"no such endpoint {url.path}; try /health, /jobs or POST /webhook"})
-
-    def do_POST(self):  # noqa: N802
-        url = urllib.parse.urlsplit(self.path)
-        if url.path != "/webhook":
-            self._send(404, {"error": f"no such endpoint {url.path}; webhooks go to POST /webhook"})
-            return
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0 or length > MAX_BODY:
-            self.close_connection = True
-            self._send(413 if length > MAX_BODY else 400, {"error": "bad Content-Length"})
-            return
-        body = self.rfile.read(length)
-        status, payload = self.server.app.webhook(self.headers, body)
-        self._send(status, payload)
-
-    def log_message(self, format, *args):  # noqa: A002 - quiet: the service logs job transitions itself
-        pass
-
-
-class ServiceServer(http.server.ThreadingHTTPServer):
-    """An HTTP server on ``(host, port)`` (port 0: any free one) answering for ``app``."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, host: str, port: int, app):
         self.app = app
-        super().__init__((host, port), _Handler)
+        self.on_error = on_error or (lambda line: None)
+        logging.getLogger("waitress").setLevel(logging.ERROR)  # no "Serving on", no queue-depth warnings
+        self._server = create_server(
+            self._wsgi, host=host, port=port, threads=HANDLER_THREADS, channel_timeout=IDLE_TIMEOUT_S,
+            cleanup_interval=max(1, IDLE_TIMEOUT_S // 4), connection_limit=MAX_CONNECTIONS, backlog=BACKLOG,
+            max_request_body_size=MAX_BODY, asyncore_use_poll=True, log_socket_errors=False,
+            expose_tracebacks=False, ident="mlflow-di-serve", clear_untrusted_proxy_headers=True)
+        self._stopped = threading.Event()
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+        host, port = self._server.effective_host, self._server.effective_port
+        return f"http://{host if ':' not in str(host) else f'[{host}]'}:{port}"
+
+    def serve_forever(self) -> None:
+        """Serve until :meth:`shutdown` (run it in a thread)."""
+        try:
+            self._server.run()
+        finally:
+            self._stopped.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Close every connection and the listening socket, then stop the handler threads."""
+        from waitress import wasyncore
+
+        server = self._server
+        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))  # runs in the loop's thread
+        self._stopped.wait(timeout)
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout)
+
+    def server_close(self) -> None:
+        """Release the socket of a server that never served (a failed start)."""
+        if not self._stopped.is_set():
+            from waitress import wasyncore
+
+            wasyncore.close_all(self._server._map)
+            self._server.task_dispatcher.shutdown(cancel_pending=True, timeout=1)
+            self._stopped.set()
+
+    # ------------------------------------------------------------------------------ WSGI
+    def _wsgi(self, environ, start_response):
+        method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "")
+        try:
+            status, payload = self._route(method, path, environ)
+        except Exception as exc:  # noqa: BLE001 - an endpoint's bug must not cost the client an answer
+            text = str(exc).strip().splitlines()
+            self.on_error(f"{method} {path} failed: {type(exc).__name__}: {text[0] if text else ''}".rstrip(": "))
+            status, payload = 500, {"error": f"internal error ({type(exc).__name__}); see the service's log"}
+        body = (json.dumps(payload, sort_keys=True, default=str) + "\n").encode()
+        start_response(f"{status} {http.HTTPStatus(status).phrase}",
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def _route(self, method: str, path: str, environ) -> tuple[int, dict]:
+        if method == "GET" and path == "/health":
+            return 200, self.app.health()
+        if method == "GET" and path == "/jobs":
+            state = urllib.parse.parse_qs(environ.get("QUERY_STRING", "")).get("state", [None])[0]
+            return 200, self.app.jobs(state)
+        if method == "POST" and path == "/webhook":
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            body = environ["wsgi.input"].read(length) if length > 0 else b""
+            return self.app.webhook(Headers(environ), body)
+        if path in ("/health", "/jobs", "/webhook"):
+            return 405, {"error": f"{method} {path} is not served; use {'POST' if path == '/webhook' else 'GET'}"}
+        return 404, {"error": f"no such endpoint {path}; try /health, /jobs or POST /webhook"}
+
+
+class Headers:
+    """A request's headers from a WSGI environ, looked up case-insensitively with ``get``."""
+
+    def __init__(self, environ):
+        self._values = {key[5:].replace("_", "-").lower(): value for key, value in environ.items()
+                        if key.startswith("HTTP_")}
+
+    def get(self, name: str, default=None):
+        return self._values.get(name.lower(), default)

@@ -1,0 +1,178 @@
+"""The service's HTTP layer against hostile clients: stalled bodies, hang-ups, bursts, bad payloads
+and endpoint errors. Everything on 127.0.0.1, against a stand-in app (the routing and the server
+are what is tested; the real service's answers are tested in test_serve.py)."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from mlflow_di.service import http as service_http
+
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class StandIn:
+    """An app whose webhook answers 202 with the body's length, or raises when told to."""
+
+    def __init__(self):
+        self.fail = False
+
+    def health(self):
+        return {"status": "ok"}
+
+    def jobs(self, state):
+        if self.fail:
+            raise RuntimeError("the queue's database is locked\nsecond line")
+        return {"jobs": [], "state": state}
+
+    def webhook(self, headers, body):
+        return 202, {"length": len(body), "delivery": headers.get("x-mlflow-delivery-id")}
+
+
+@pytest.fixture()
+def served(monkeypatch):
+    monkeypatch.setattr(service_http, "IDLE_TIMEOUT_S", 2)
+    errors = []
+    app = StandIn()
+    server = service_http.ServiceServer("127.0.0.1", 0, app, on_error=errors.append)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, app, errors
+    server.shutdown()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def get(url: str, timeout: float = 10) -> tuple[int, dict]:
+    try:
+        with LOCAL.open(url, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def stalled_connection(port: int) -> socket.socket:
+    """A client that declares a 1 MB body and sends 3 bytes of it."""
+    client = socket.create_connection(("127.0.0.1", port))
+    client.sendall(b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
+    return client
+
+
+def test_routes_answer_json_and_wrong_methods_are_405(served):
+    server, _, _ = served
+    assert get(server.url + "/health") == (200, {"status": "ok"})
+    assert get(server.url + "/jobs?state=queued") == (200, {"jobs": [], "state": "queued"})
+    status, answer = get(server.url + "/nowhere")
+    assert status == 404 and "/health" in answer["error"]
+    assert get(server.url + "/webhook")[0] == 405
+    request = urllib.request.Request(server.url + "/webhook", data=b"{}", headers={"X-MLflow-Delivery-Id": "d1"})
+    with LOCAL.open(request, timeout=10) as reply:
+        assert reply.status == 202 and json.loads(reply.read()) == {"length": 2, "delivery": "d1"}
+
+
+def test_an_endpoint_error_is_a_json_500_and_one_line(served):
+    server, app, errors = served
+    app.fail = True
+    status, answer = get(server.url + "/jobs")
+    assert status == 500 and "RuntimeError" in answer["error"]
+    assert errors == ["GET /jobs failed: RuntimeError: the queue's database is locked"]
+
+
+def test_stalled_clients_hold_no_threads_and_are_dropped_while_others_are_served(served):
+    server, _, _ = served
+    port = int(server.url.rsplit(":", 1)[1])
+    threads_before = threading.active_count()
+    stalled = [stalled_connection(port) for _ in range(200)]
+    try:
+        started = time.perf_counter()
+        assert get(server.url + "/health", timeout=5)[0] == 200  # served at once beside 200 stalled clients
+        assert time.perf_counter() - started < 2
+        assert threading.active_count() <= threads_before + service_http.HANDLER_THREADS
+        time.sleep(service_http.IDLE_TIMEOUT_S + 3)  # the idle timeout (2 s here) and a cleanup pass
+        closed = 0
+        for client in stalled:
+            client.settimeout(1)
+            try:
+                closed += client.recv(1) == b""
+            except (ConnectionResetError, TimeoutError):
+                closed += 0
+        assert closed == len(stalled)
+    finally:
+        for client in stalled:
+            client.close()
+
+
+def test_a_burst_loses_no_request_and_hang_ups_print_nothing(served, capfd):
+    server, _, errors = served
+    port = int(server.url.rsplit(":", 1)[1])
+    for _ in range(50):  # clients that send a request and hang up before the answer
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        client.close()
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        statuses = list(pool.map(lambda _: get(server.url + "/health", timeout=30)[0], range(300)))
+    assert statuses == [200] * 300
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "BrokenPipe" not in out + err and errors == []
+
+
+def test_a_body_above_the_limit_is_refused_unread(served):
+    server, _, _ = served
+    request = urllib.request.Request(server.url + "/webhook", data=b"x" * (service_http.MAX_BODY + 1))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        LOCAL.open(request, timeout=10)
+    assert refused.value.code == 413
+
+
+class Lookup(dict):
+    """Headers looked up case-insensitively, as the server hands them to the app."""
+
+    def get(self, key, default=None):
+        return super().get(key.lower(), default)
+
+
+def signed(payload) -> tuple[Lookup, bytes]:
+    """(headers, body) of ``payload`` delivered and signed as MLflow signs a webhook with secret ``s3cret``."""
+    from mlflow_di.service import signature
+
+    body = json.dumps(payload).encode()
+    stamp = str(int(time.time()))
+    return Lookup({"x-mlflow-delivery-id": "d", "x-mlflow-timestamp": stamp,
+                   "x-mlflow-signature": signature.sign("s3cret", "d", stamp, body)}), body
+
+
+def service_offering(offer):
+    """A Service with webhooks on (secret ``s3cret``) whose ``offer`` is ``offer``; nothing else set up."""
+    from mlflow_di.commands.serve import Service
+
+    service = Service.__new__(Service)
+    service.secret, service._say, service.offer = "s3cret", lambda line: None, offer
+    return service
+
+
+@pytest.mark.parametrize("payload", [
+    {"entity": "model_version", "action": "created", "data": "str"},
+    {"entity": "model_version", "action": "created", "data": {"name": "m", "version": [1]}},
+    {"entity": "model_version", "action": "created", "data": {"name": ["m"], "version": "1"}},
+    {"entity": "model_version", "action": "created", "data": {"name": "m", "version": True}},
+    ["not", "an", "object"],
+    "just a string",
+])
+def test_a_signed_payload_of_the_wrong_shape_is_a_400(payload):
+    service = service_offering(lambda *args: pytest.fail("a malformed payload must not be offered"))
+    status, answer = service.webhook(*signed(payload))
+    assert status == 400 and "error" in answer
+
+
+@pytest.mark.parametrize("version", ["3", 3])
+def test_a_signed_payload_of_the_right_shape_is_offered(version):
+    service = service_offering(lambda name, number, run_id, source: (200, {"offered": [name, number, source]}))
+    payload = {"entity": "model_version", "action": "created", "data": {"name": "m", "version": version}}
+    assert service.webhook(*signed(payload)) == (200, {"offered": ["m", "3", "webhook"]})
