@@ -285,6 +285,28 @@ class Verdict(JsonRoundTrip):
     def failures(self) -> list[Check]:
         return [c for c in self.checks if not c.passed]
 
+    @property
+    def unmeasured(self) -> list[Check]:
+        """Checks with no value to judge (the version was not analysed for them)."""
+        return [c for c in self.checks if c.compared is None]
+
+    @property
+    def outcome(self) -> str:
+        """``PASS`` (every check passed), ``FAIL`` (a measured value is beyond its threshold) or
+        ``ERROR`` (no measured value failed, but some check had nothing to judge: the version could
+        not be analysed, which says nothing about its quality and must not read as a failure)."""
+        if self.passed:
+            return "PASS"
+        return "FAIL" if any(c.compared is not None for c in self.failures) else "ERROR"
+
+    @property
+    def cause(self) -> str:
+        """Why the outcome is ERROR, in one line (the first unmeasured check's message); else ''."""
+        if self.outcome != "ERROR":
+            return ""
+        check = self.unmeasured[0] if self.unmeasured else None
+        return (check.message or f"{check.label} was not measured") if check else "no check was given"
+
     def worst(self, metric: str) -> float | None:
         """The least favourable recorded value of ``metric`` (over compressed models), None if none."""
         values = [m.value for m in self.measurements if m.metric == metric and m.found]
@@ -303,19 +325,23 @@ class Verdict(JsonRoundTrip):
     def summary(self) -> str:
         """One line, e.g. ``fail: 3/4 checks passed; failed: success_rate [models:/c/1]``."""
         passed = len(self.checks) - len(self.failures)
-        text = f"{'pass' if self.passed else 'fail'}: {passed}/{len(self.checks)} checks passed"
-        if self.failures:
-            text += "; failed: " + ", ".join(c.label for c in self.failures)
+        text = f"{self.outcome.lower()}: {passed}/{len(self.checks)} checks passed"
+        beyond = [c.label for c in self.failures if c.compared is not None]
+        if beyond:
+            text += "; failed: " + ", ".join(beyond)
+        if self.unmeasured:
+            text += "; not measured: " + ", ".join(c.label for c in self.unmeasured)
         return text
 
     def to_dict(self) -> dict:
         values = super().to_dict()
-        return {"model_uri": values.pop("model_uri"), "passed": self.passed, **values}
+        return {"model_uri": values.pop("model_uri"), "passed": self.passed, "outcome": self.outcome, **values}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Verdict":
         values = dict(values)
         values.pop("passed", None)  # derived from the checks
+        values.pop("outcome", None)
         return super().from_dict(values)
 
 

@@ -69,10 +69,11 @@ def test_demo_runs_the_whole_pipeline_in_a_fresh_store(tmp_path):
             export = client.get_model_version(f"digits-cnn-{method}", "1")
             assert export.tags["mlflow_di.source_uri"] == "models:/digits-cnn/1"
             assert export.tags["mlflow_di.method"] == method
-        verdict = version.tags["mlflow_di.gate"]
-        assert verdict in ("pass", "fail") and float(version.tags["mlflow_di.idc"]) > 0
+        verdict = version.tags["mlflow_di.verdict"]
+        assert verdict in ("PASS", "FAIL") and float(version.tags["mlflow_di.idc"]) > 0
+        assert "missing" not in version.tags.values() and version.description.startswith(f"## mlflow-di gate: {verdict}")
         aliases = client.get_registered_model("digits-cnn").aliases
-        assert ("champion" in aliases) == (verdict == "pass")  # the alias moves only on pass
+        assert ("champion" in aliases) == (verdict == "PASS")  # the alias moves only on pass
         commands = {run.data.tags["mlflow_di.command"]: run.info.status
                     for run in client.search_runs([e.experiment_id for e in client.search_experiments()])}
         assert commands == {name: "FINISHED" for name in ("demo", "compress", "coverage", "fuzz", "gate")}

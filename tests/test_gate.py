@@ -237,10 +237,14 @@ def test_gate_pass_writes_tags_moves_the_alias_and_logs_a_gate_run(client, histo
     assert code == 0, out + err
     assert str(client.get_model_version_by_alias("lenet", "champion").version) == "1"
     tags = client.get_model_version("lenet", "1").tags
-    assert {k: tags[k] for k in ("mlflow_di.gate", "mlflow_di.idc", "mlflow_di.success_rate", "mlflow_di.mean_queries",
+    assert {k: tags[k] for k in ("mlflow_di.verdict", "mlflow_di.idc", "mlflow_di.success_rate", "mlflow_di.mean_queries",
                                  "mlflow_di.accuracy_drop")} == {
-        "mlflow_di.gate": "pass", "mlflow_di.idc": "0.62", "mlflow_di.success_rate": "0.8",
+        "mlflow_di.verdict": "PASS", "mlflow_di.idc": "0.62", "mlflow_di.success_rate": "0.8",
         "mlflow_di.mean_queries": "40", "mlflow_di.accuracy_drop": "0.05"}
+    assert "missing" not in tags.values() and "mlflow_di.class_accuracy_drop" not in tags  # not asked for
+    description = client.get_model_version("lenet", "1").description
+    assert description.startswith("## mlflow-di gate: PASS for `models:/lenet/1`")
+    assert tags["mlflow_di.gate_run_id"] in description
     assert json.loads(tags["mlflow_di.gate_thresholds"]) == {
         "min_idc": 0.6, "max_success_rate": 0.85, "min_mean_queries": 30, "max_accuracy_drop": 0.06}
     run = client.get_run(tags["mlflow_di.gate_run_id"])
@@ -258,10 +262,24 @@ def test_gate_fail_exits_1_and_leaves_the_alias_alone(client, history, capsys):
                           "--promote-alias", "champion")
     assert code == 1, out + err
     assert str(client.get_model_version_by_alias("lenet", "champion").version) == "2"
-    assert client.get_model_version("lenet", "1").tags["mlflow_di.gate"] == "fail"
+    assert client.get_model_version("lenet", "1").tags["mlflow_di.verdict"] == "FAIL"
     failed = [line.split() for line in out.splitlines() if line.endswith("FAIL")]
     assert failed == [["success_rate", "[models:/lenet-prune/1]", "0.8", "<=", "0.5", "FAIL"]]
     assert "alias 'champion' not moved" in out
+
+
+def test_a_failing_version_loses_the_alias_it_held_and_keeps_its_own_description_text(client, history, capsys):
+    client.set_registered_model_alias("lenet", "champion", "1")
+    client.update_model_version("lenet", "1", description="Trained by Ada on the March data.")
+    code, out, _ = run_gate(capsys, "--model-uri", history.uri, "--max-success-rate", "0.5", "--promote-alias", "champion")
+    assert code == 1 and "alias 'champion' removed from this version" in out
+    assert "champion" not in client.get_registered_model("lenet").aliases
+    description = client.get_model_version("lenet", "1").description
+    assert description.startswith("## mlflow-di gate: FAIL") and description.endswith("Trained by Ada on the March data.")
+    assert run_gate(capsys, "--model-uri", history.uri, "--max-success-rate", "0.9")[0] == 0  # written again
+    again = client.get_model_version("lenet", "1").description
+    assert again.startswith("## mlflow-di gate: PASS") and again.count("mlflow-di gate") == 1
+    assert again.endswith("Trained by Ada on the March data.")
 
 
 def test_gate_min_robustness_agreement_fails_the_export_below_it(client, history, capsys):
@@ -276,26 +294,27 @@ def test_gate_min_robustness_agreement_fails_the_export_below_it(client, history
     assert code == 0, out
 
 
-def test_gate_without_recorded_coverage_fails_and_says_what_to_run(client, capsys):
+def test_gate_without_recorded_coverage_is_an_error_not_a_failure_and_says_what_to_run(client, capsys):
     register_version(client, "fresh")
-    code, out, _ = run_gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")
-    assert code == 1
+    code, out, err = run_gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")
+    assert code == 2
     assert [line.split() for line in out.splitlines() if line.startswith("idc")] == [["idc", "missing", ">=", "0.5", "FAIL"]]
-    assert "no coverage run recorded for models:/fresh/1; run `mlflow-di coverage --model-uri models:/fresh/1 ...` first" in out
-    assert client.get_model_version("fresh", "1").tags["mlflow_di.gate"] == "fail"
+    what = "no coverage run recorded for models:/fresh/1; run `mlflow-di coverage --model-uri models:/fresh/1 ...` first"
+    assert what in out and "verdict: ERROR" in out
+    assert err.splitlines() == [f"mlflow-di: error: the gate could not judge models:/fresh/1: {what}"]
+    version = client.get_model_version("fresh", "1")
+    assert version.tags["mlflow_di.verdict"] == "ERROR" and "mlflow_di.idc" not in version.tags
+    assert version.description.startswith("## mlflow-di gate: ERROR") and "could not judge" in version.description
 
 
-def test_a_new_check_overwrites_every_gate_tag(client, history, capsys):
+def test_a_new_check_leaves_only_its_own_tags(client, history, capsys):
     import json
 
     assert run_gate(capsys, "--model-uri", history.uri, *PASSING)[0] == 0
     assert run_gate(capsys, "--model-uri", history.uri, "--compressed", "models:/lenet-int8/1", "--min-idc", "0.6")[0] == 0
     tags = client.get_model_version("lenet", "1").tags
     assert json.loads(tags["mlflow_di.gate_thresholds"]) == {"min_idc": 0.6}
-    assert tags["mlflow_di.success_rate"] == "0.3"  # only int8 counted this time
-    register_version(client, "fresh")
-    assert run_gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")[0] == 1
-    assert client.get_model_version("fresh", "1").tags["mlflow_di.idc"] == "missing"
+    assert "mlflow_di.success_rate" not in tags and tags["mlflow_di.idc"] == "0.62"  # no stale value of a check not asked
 
 
 def test_gate_checks_the_largest_class_accuracy_drop_of_every_export(client, history, capsys):

@@ -117,7 +117,7 @@ def test_compress_fuzz_and_gate_run_on_a_default_logged_model(three_ways, tmp_pa
     code = main(["gate", "--model-uri", original, "--compressed", "models:/cnn-pt2-int8-dynamic/1",
                  "--max-accuracy-drop", "1"])
     assert code in (0, 1), capsys.readouterr().err
-    assert mlflow.MlflowClient().get_model_version("cnn-pt2", "1").tags["mlflow_di.gate"] in ("pass", "fail")
+    assert mlflow.MlflowClient().get_model_version("cnn-pt2", "1").tags["mlflow_di.verdict"] in ("PASS", "FAIL")
 
 
 def test_a_normalised_example_asks_once_for_the_preprocessing_then_every_command_uses_it(tracking_uri, tmp_path,
@@ -207,4 +207,4 @@ def gate_with_a_small_pipeline(name: str, tmp_path, capsys, settings: str = "") 
     code = main(["pipeline", "--policy", str(policy), "--model-uri", f"models:/{name}/1",
                  "--state-dir", str(tmp_path / "state")])
     assert code in (0, 1), capsys.readouterr().err
-    assert mlflow.MlflowClient().get_model_version(name, "1").tags["mlflow_di.gate"] in ("pass", "fail")
+    assert mlflow.MlflowClient().get_model_version(name, "1").tags["mlflow_di.verdict"] in ("PASS", "FAIL")

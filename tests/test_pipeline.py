@@ -135,6 +135,11 @@ def test_pipeline_runs_children_of_one_run_and_resumes_after_a_crash(registered_
         {"pipeline": 1, "compress": 1, "coverage": 1, "fuzz": 1, "gate": 1}  # nothing ran twice, one parent
     parent = found["pipeline"][0]
     assert parent.info.status == "FINISHED" and parent.data.params["model_uri"] == registered_cnn
+    gate_run = found["gate"][0]  # the parent carries the gate's verdict, metrics and report
+    assert parent.data.tags["mlflow_di.verdict"] == gate_run.data.tags["mlflow_di.verdict"] in ("PASS", "FAIL")
+    assert parent.data.tags["mlflow_di.gate_run_id"] == gate_run.info.run_id
+    assert parent.data.metrics["passed"] == gate_run.data.metrics["passed"]
+    assert "gate/report.html" in [a.path for a in mlflow_client.list_artifacts(parent.info.run_id, "gate")]
     for command in ("compress", "coverage", "fuzz", "gate"):
         assert found[command][0].data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert found[command][0].info.status == "FINISHED"
@@ -169,6 +174,10 @@ def test_a_policy_loads_only_the_pickles_it_trusts(registered_cnn, mlflow_client
                    "authors (pt2, ONNX and TFLite models need no trust: log it with mlflow.pytorch.log_model's "
                    "default pt2 format)"]
     assert all(run.info.status != "RUNNING" for runs in _runs_by_command(mlflow_client).values() for run in runs)
+    version = mlflow_client.get_model_version("cnn", "2")  # could not be analysed: ERROR with the cause, not FAIL
+    assert version.tags["mlflow_di.verdict"] == "ERROR"
+    assert version.description.startswith("## mlflow-di gate: ERROR for `models:/cnn/2`")
+    assert "does not trust it" in version.description
     # the same model named on the command line is a person's choice: it loads
     assert main(["describe", pickled]) == 0
     # and the pt2 version needs no trust: the same policy gets past loading it
@@ -177,6 +186,6 @@ def test_a_policy_loads_only_the_pickles_it_trusts(registered_cnn, mlflow_client
 
 
 def test_a_command_alone_still_starts_a_top_level_run(registered_cnn, mlflow_client):
-    assert main(["gate", "--model-uri", registered_cnn, "--max-accuracy-drop", "1"]) in (0, 1)
+    assert main(["gate", "--model-uri", registered_cnn, "--max-accuracy-drop", "1"]) == 2  # ERROR: nothing measured
     gate_run = _runs_by_command(mlflow_client)["gate"][0]
     assert "mlflow.parentRunId" not in gate_run.data.tags

@@ -143,11 +143,14 @@ def test_exit_codes_decide_the_job(tmp_path):
     codes = {"1": 0, "2": 1, "3": 2, "4": 3}
     for version in codes:
         queue.enqueue("m", version)
-    runner, lines = _runner(tmp_path, queue, lambda job: f"print('pipeline of {job.key}'); raise SystemExit({codes[job.version]})")
+    runner, lines = _runner(tmp_path, queue, lambda job: f"import sys; print('pipeline of {job.key}'); "
+                            f"print('mlflow-di: error: models:/m/{job.version} has no such layer', file=sys.stderr); "
+                            f"raise SystemExit({codes[job.version]})")
     while (job := queue.claim()) is not None:
         runner.run(job)
     states = {job.version: (job.state, job.attempts) for job in queue.jobs()}
     assert states == {"1": ("passed", 1), "2": ("failed", 1), "3": ("error", 1), "4": ("error", 2)}  # 3: retried once
+    assert queue.find("m", "3").message == "pipeline exited with code 2: models:/m/3 has no such layer"  # in /jobs
     assert "pipeline of m/4" in (tmp_path / "logs" / "m-4.log").read_text()
     assert (tmp_path / "logs" / "m-4.log").read_text().count("=== attempt") == 2
     assert any("m/4 queued again: pipeline exited with code 3" in line for line in lines)

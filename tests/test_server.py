@@ -27,13 +27,13 @@ def test_gate_pass_promotes_and_fail_leaves_the_alias(mlflow_server, use_server,
     code, out, err = run_gate(capsys, "--model-uri", history.uri, "--max-success-rate", "0.5", "--promote-alias", "champion")
     assert code == 1, out + err
     assert str(client.get_model_version_by_alias(name, "champion").version) == "2"
-    assert client.get_model_version(name, "1").tags["mlflow_di.gate"] == "fail"
+    assert client.get_model_version(name, "1").tags["mlflow_di.verdict"] == "FAIL"
 
     code, out, err = run_gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion")
     assert code == 0, out + err
     assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
     tags = client.get_model_version(name, "1").tags
-    assert (tags["mlflow_di.gate"], tags["mlflow_di.idc"], tags["mlflow_di.success_rate"]) == ("pass", "0.62", "0.8")
+    assert (tags["mlflow_di.verdict"], tags["mlflow_di.idc"], tags["mlflow_di.success_rate"]) == ("PASS", "0.62", "0.8")
     gate_run = client.get_run(tags["mlflow_di.gate_run_id"])
     assert gate_run.data.tags["mlflow_di.command"] == "gate" and gate_run.data.metrics["passed"] == 1.0
     verdict = client.download_artifacts(gate_run.info.run_id, "gate/verdict.json")  # through the artifact proxy
@@ -105,11 +105,11 @@ def test_gate_needs_edit_permission_on_the_registered_model(auth_server, use_ser
     assert code == 2, out + err
     assert err.strip() == ("mlflow-di: error: user reader may not write tags on models:/guarded/1 "
                            "(needs EDIT permission on the registered model)")
-    assert "mlflow_di.gate" not in admin.get_model_version("guarded", "1").tags
+    assert "mlflow_di.verdict" not in admin.get_model_version("guarded", "1").tags
     assert admin.get_registered_model("guarded").aliases == {}
 
     editor = use_server(auth_server, "editor", passwords["editor"])
     code, out, err = run_gate(capsys, "--model-uri", history.uri, *PASSING, "--promote-alias", "champion")
     assert code == 0, out + err
-    assert editor.get_model_version("guarded", "1").tags["mlflow_di.gate"] == "pass"
+    assert editor.get_model_version("guarded", "1").tags["mlflow_di.verdict"] == "PASS"
     assert str(editor.get_model_version_by_alias("guarded", "champion").version) == "1"

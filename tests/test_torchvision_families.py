@@ -125,7 +125,7 @@ def test_every_command_runs_on_the_family(registered, tmp_path, capsys):
                  "--max-accuracy-drop", "1"])
     assert code in (0, 1), capsys.readouterr().err  # a verdict either way; 2 would be bad input
     verdict = mlflow.MlflowClient().get_model_version(family, "1").tags
-    assert verdict["mlflow_di.gate"] in ("pass", "fail")
+    assert verdict["mlflow_di.verdict"] in ("PASS", "FAIL")
 
 
 def test_fitting_the_classic_criteria_leaves_a_batch_norm_model_in_eval_mode_and_unchanged():

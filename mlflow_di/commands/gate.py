@@ -1,11 +1,13 @@
 """``mlflow-di gate``: pass or fail a registered model version on its recorded results.
 
 Reads the newest coverage / fuzz / compress / robustness runs recorded for the version, applies the
-thresholds (:mod:`mlflow_di.gate`), logs the decision as a ``gate`` run, writes it and every
-measured value as model-version tags, and moves ``--promote-alias`` to the version only when
-every check passed. With ``--baseline`` the candidate is also compared with another version
+thresholds (:mod:`mlflow_di.gate`), logs the decision as a ``gate`` run, and writes it on the
+version: the verdict (PASS, FAIL, or ERROR when a check had nothing to judge) and the value of each
+check asked for as tags, the table of checks at the top of the description. ``--promote-alias``
+moves to the version only on PASS, and is removed from it on FAIL or ERROR (an earlier passing
+version keeps it). With ``--baseline`` the candidate is also compared with another version
 (relative thresholds); ``--junit-xml`` and ``--summary-md`` write the verdict for CI systems
-(also when it fails). Exit code 0 pass, 1 fail, 2 error.
+(also when it fails). Exit code 0 PASS, 1 FAIL, 2 ERROR or bad input (one line on stderr).
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     from mlflow_di.errors import UserError
     from mlflow_di.gate import Thresholds, decide
     from mlflow_di.mlflow_edge import recorded, registry, runs
+    from mlflow_di.reporting.ci import summary_markdown
 
     thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop, max_class_accuracy_drop,
                             min_robustness_agreement, max_idc_drop, max_success_rate_rise,
@@ -83,25 +86,46 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared)
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    tags = {"mlflow_di.command": "gate", **registry.version_tags(version, model_uri),
-            "mlflow_di.gate": "pass" if verdict.passed else "fail"}
+    tags = {"mlflow_di.command": "gate", **registry.version_tags(version, model_uri), "mlflow_di.verdict": verdict.outcome}
     with runs.tracked_run(f"gate {version.name}/{version.version}", tags=tags) as log:
-        _log_verdict(log, verdict, compressed, promote_alias)
+        metrics, report = _log_verdict(log, verdict, compressed, promote_alias)
         version_tags = registry.gate_tags(verdict, checked_at, log.run_id)
         if source is not None:
             version_tags["mlflow_di.gate_source"] = registry.version_uri(source)
         registry.write_version_tags(version, version_tags)
-        if verdict.passed and promote_alias:
+        registry.remove_version_tags(version, registry.stale_gate_tags(version, version_tags))
+        alias_dropped = False
+        if promote_alias and verdict.passed:
             registry.set_alias(version, promote_alias)
+        elif promote_alias:
+            alias_dropped = registry.drop_alias_from(version, promote_alias)
+        notes = _notes(verdict, version, source, baseline, promote_alias, alias_dropped)
+        run_link = _run_link([log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))])
+        registry.write_verdict_description(version, summary_markdown(
+            verdict, run_link, log.run_id, (f"checked {checked_at}; the report is gate/report.html of the gate run",
+                                           *notes)))
+    # what a pipeline calling this command logs on its own run (see commands/pipeline.py)
+    click.get_current_context().meta["mlflow_di.gate"] = {"run_id": log.run_id, "outcome": verdict.outcome,
+                                                          "metrics": metrics, "report": report}
     write_json_out({**verdict.to_dict(), "checked_at": checked_at, "run_id": log.run_id}, json_out)
-    _write_ci_reports(verdict, checked_at, log.run_id, junit_xml, summary_md,
-                      _notes(verdict, version, source, baseline, promote_alias))
-    _print_verdict(verdict, version, source, promote_alias, log.run_id)
+    _write_ci_reports(verdict, checked_at, log.run_id, junit_xml, summary_md, notes, run_link)
+    _print_verdict(verdict, version, source, promote_alias, log.run_id, alias_dropped)
+    if verdict.outcome == "ERROR":
+        raise UserError(f"the gate could not judge {model_uri}: {verdict.cause}")
     if not verdict.passed:
         click.get_current_context().exit(1)
 
 
-def _notes(verdict, version, source, baseline: str | None, promote_alias: str | None) -> tuple[str, ...]:
+def _run_link(run_ids):
+    """How Markdown names a run: a link to its page in the MLflow UI where there is one, else its id."""
+    from mlflow_di.mlflow_edge import runs
+
+    links = runs.run_links(run_ids)
+    return lambda run_id: f"[`{run_id[:8]}`]({links[run_id]})" if run_id in links else f"`{run_id}`"
+
+
+def _notes(verdict, version, source, baseline: str | None, promote_alias: str | None,
+           alias_dropped: bool = False) -> tuple[str, ...]:
     from mlflow_di.mlflow_edge import registry
 
     notes = [f"{registry.version_uri(version)}" + (f", an export of {registry.version_uri(source)}" if source else "")]
@@ -111,23 +135,20 @@ def _notes(verdict, version, source, baseline: str | None, promote_alias: str | 
     elif baseline and baseline != verdict.baseline_uri:
         notes.append(f"--baseline {baseline} is {verdict.baseline_uri}")
     if promote_alias:
-        notes.append(f"alias '{promote_alias}' " + ("moved to this version" if verdict.passed else "not moved"))
+        notes.append(f"alias '{promote_alias}' " + ("moved to this version" if verdict.passed else
+                                                     "removed from this version" if alias_dropped else "not moved"))
     return tuple(notes)
 
 
 def _write_ci_reports(verdict, checked_at: str, run_id: str, junit_xml: str | None, summary_md: str | None,
-                      notes: tuple[str, ...]) -> None:
+                      notes: tuple[str, ...], run_link) -> None:
     """--junit-xml and --summary-md (each written atomically)."""
-    from mlflow_di.mlflow_edge import runs
     from mlflow_di.reporting.ci import junit_xml as render_junit, summary_markdown
 
     if junit_xml:
         write_text_out(render_junit(verdict, run_id, checked_at), junit_xml)
     if summary_md:
-        run_ids = [run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))]
-        links = runs.run_links(run_ids)
-        write_text_out(summary_markdown(verdict, lambda r: f"[`{r[:8]}`]({links[r]})" if r in links else f"`{r}`",
-                                        run_id, notes), summary_md)
+        write_text_out(summary_markdown(verdict, run_link, run_id, notes), summary_md)
 
 
 def _log_verdict(log, verdict, compressed, promote_alias: str | None) -> None:
@@ -151,7 +172,9 @@ def _log_verdict(log, verdict, compressed, promote_alias: str | None) -> None:
             metrics[relation] = check.change
     log.metrics(metrics)
     log.json(verdict.to_dict(), "gate/verdict.json")
-    log.text(_report(verdict, promote_alias), "gate/report.html")
+    report = _report(verdict, promote_alias)
+    log.text(report, "gate/report.html")
+    return metrics, report
 
 
 def _report(verdict, promote_alias: str | None) -> str:
@@ -159,15 +182,19 @@ def _report(verdict, promote_alias: str | None) -> str:
     from mlflow_di.reporting import HtmlReport
 
     html = HtmlReport(f"Quality gate: {verdict.model_uri}")
-    html.verdict(verdict.passed, verdict.summary())
+    error = verdict.outcome == "ERROR"
+    html.verdict(None if error else verdict.passed, verdict.summary(), word="ERROR" if error else None)
+    if error:
+        html.paragraph(f"Could not judge: {verdict.cause}")
     html.section("Checks").table([{"check": row[0], "measured": row[1], **_baseline_cells(verdict, row), "threshold": row[-2],
-                                   "result": row[-1]} for row in _rows(verdict)])
+                                   "result": row[-1], "run": check.run_id or "-"}
+                                  for row, check in zip(_rows(verdict), verdict.checks)])
     if promote_alias:
         html.paragraph(f"Alias '{promote_alias}' " + ("moved to this version." if verdict.passed else "left untouched."))
     return html.render()
 
 
-def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: str) -> None:
+def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: str, alias_dropped: bool) -> None:
     from mlflow_di.mlflow_edge import registry
 
     click.echo(f"gate for {verdict.model_uri} ({version.name} version {version.version})")
@@ -183,14 +210,13 @@ def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: 
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     for message in dict.fromkeys(c.message for c in verdict.checks if c.message):  # once each, in order
         click.echo(f"  - {message}")
-    result = "PASS" if verdict.passed else "FAIL"
-    click.echo(f"verdict: {result} ({verdict.summary().split(': ', 1)[1]})")
+    click.echo(f"verdict: {verdict.outcome} ({verdict.summary().split(': ', 1)[1]})")
     if promote_alias:
         if verdict.passed:
             click.echo(f"alias '{promote_alias}' now points to {registry.version_uri(version)}")
         else:
-            click.echo(f"alias '{promote_alias}' not moved")
-    click.echo(f"tags written on {registry.version_uri(version)}; gate run {run_id}")
+            click.echo(f"alias '{promote_alias}' " + ("removed from this version" if alias_dropped else "not moved"))
+    click.echo(f"verdict, tags and description written on {registry.version_uri(version)}; gate run {run_id}")
 
 
 def _header(verdict) -> tuple[str, ...]:

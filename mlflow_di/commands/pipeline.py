@@ -9,7 +9,12 @@ Resumable: a state file (JSON, written atomically after each step) records the f
 and their outputs. Run again with the same policy (same bytes) and model, the finished steps are
 skipped and an interrupted fuzz campaign continues (``fuzz --resume`` on the folder it recorded);
 a changed policy starts over. The steps load a pickled PyTorch model only when the policy trusts
-its registered model (``trust.pickled_models``): nobody chose the version a service hands over. Exit code: the gate's (0 pass, 1 fail), 2 on bad input.
+its registered model (``trust.pickled_models``): nobody chose the version a service hands over.
+
+The pipeline's run gets the gate's verdict tag, metrics and report. Exit code: the gate's (0 PASS,
+1 FAIL), 2 when the version could not be analysed (a step's bad input, or a gate with nothing to
+judge); the version is then tagged ``mlflow_di.verdict=ERROR`` with the one-line cause at the top
+of its description, so it never reads as a quality failure.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ STATE_FILE = "state.json"
 @click.pass_context
 def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str | None, restart: bool) -> None:
     """Run the steps POLICY declares on MODEL-URI (compress, coverage, fuzz, robustness, gate) as child runs of one run."""
+    from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import runs
     from mlflow_di.models.loading import only_trusted_pickles
     from mlflow_di.policy import load_policy
@@ -46,28 +52,60 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
     state = _state(folder, policy, model_uri, restart)
     if all(step in state["done"] for step in policy.steps):
         click.echo(f"every step already finished (state {folder / STATE_FILE}); pass --restart to run them again")
+        if state["done"]["gate"].get("outcome") == "ERROR":
+            raise UserError(state["done"]["gate"]["error"])
         _exit(ctx, state["done"]["gate"]["exit_code"])
         return
     tags = {"mlflow_di.command": "pipeline", "mlflow_di.pipeline_state": str((folder / STATE_FILE).resolve())}
-    with runs.tracked_run(f"pipeline {model_uri}", tags=tags, run_id=state.get("run_id")) as log:
-        log.params({"policy": str(policy_path), "policy_sha256": policy.sha256, "model_uri": model_uri})
-        log.text(pathlib.Path(policy_path).read_text(), "pipeline/policy.yaml")
-        state["run_id"] = log.run_id
-        _save(folder, state)
-        for number, step in enumerate(policy.steps, 1):
-            title = f"{number}/{len(policy.steps)} {step}"
-            if step in state["done"]:
-                _banner(f"{title}: finished earlier, skipped")
-                continue
-            _banner(f"{title}: {_describe(step, steps[step], state)}")
-            with only_trusted_pickles(policy.trusted_pickles, f"the policy {policy.source}"):
-                state["done"][step] = _run_step(ctx, step, steps[step], state, folder)
+    try:
+        with runs.tracked_run(f"pipeline {model_uri}", tags=tags, run_id=state.get("run_id")) as log:
+            log.params({"policy": str(policy_path), "policy_sha256": policy.sha256, "model_uri": model_uri})
+            log.text(pathlib.Path(policy_path).read_text(), "pipeline/policy.yaml")
+            state["run_id"] = log.run_id
             _save(folder, state)
-        code = state["done"]["gate"]["exit_code"]
-        log.tags({"mlflow_di.gate": "pass" if code == 0 else "fail"})
+            for number, step in enumerate(policy.steps, 1):
+                title = f"{number}/{len(policy.steps)} {step}"
+                if step in state["done"]:
+                    _banner(f"{title}: finished earlier, skipped")
+                    continue
+                _banner(f"{title}: {_describe(step, steps[step], state)}")
+                with only_trusted_pickles(policy.trusted_pickles, f"the policy {policy.source}"):
+                    state["done"][step] = _run_step(ctx, step, steps[step], state, folder)
+                _save(folder, state)
+            gate = state["done"]["gate"]
+            _log_gate(log, gate, ctx.meta.get("mlflow_di.gate"))
+    except UserError as exc:  # a step could not analyse the version: ERROR on it, not a quality failure
+        _record_error(model_uri, str(exc))
+        raise
     click.echo("")
-    click.echo(f"pipeline run {log.run_id}: gate {'passed' if code == 0 else 'failed'}; state {folder / STATE_FILE}")
-    _exit(ctx, code)
+    click.echo(f"pipeline run {log.run_id}: verdict {gate['outcome']}; state {folder / STATE_FILE}")
+    if gate["outcome"] == "ERROR":
+        raise UserError(gate["error"])
+    _exit(ctx, gate["exit_code"])
+
+
+def _log_gate(log, gate: dict, this_process: dict | None) -> None:
+    """The gate's verdict on the pipeline's own run: its tag, its metrics and its report (when the
+    gate ran in this process; a resumed pipeline whose gate finished earlier logged them then)."""
+    log.tags({"mlflow_di.verdict": gate["outcome"], "mlflow_di.gate_run_id": gate.get("run_id") or "-"})
+    if this_process:
+        log.metrics(this_process["metrics"])
+        log.text(this_process["report"], "gate/report.html")
+
+
+def _record_error(model_uri: str, cause: str) -> None:
+    """Write verdict ERROR and its one-line cause on the registry version, where it can be written."""
+    from mlflow_di.mlflow_edge import registry
+    from mlflow_di.reporting.ci import error_markdown
+
+    if registry.registry_ref(model_uri) is None:
+        return
+    try:
+        version = registry.resolve_version(model_uri)
+        registry.write_version_tags(version, {"mlflow_di.verdict": "ERROR"})
+        registry.write_verdict_description(version, error_markdown(model_uri, cause))
+    except Exception:  # noqa: BLE001 - the registry may be the very thing that failed; the error line says why
+        pass
 
 
 def _exit(ctx: click.Context, code: int) -> None:
@@ -184,6 +222,7 @@ def _exports(state: dict) -> list[str]:
 def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folder: pathlib.Path) -> dict:
     """Run ``step``; returns what the state records for it."""
     from mlflow_di.commands import compress, coverage, fuzz, gate, robustness
+    from mlflow_di.errors import UserError
 
     model_uri = state["model_uri"]
     finished = {"finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -204,8 +243,15 @@ def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folde
     if step == "robustness":
         ctx.invoke(robustness.command, model_uri=model_uri, compressed=tuple(_exports(state)), **arguments)
         return finished
+    ctx.meta.pop("mlflow_di.gate", None)
     try:
         ctx.invoke(gate.command, model_uri=model_uri, compressed=tuple(_exports(state)), **arguments)
+        code, error = 0, ""
     except click.exceptions.Exit as stop:
-        return {**finished, "exit_code": stop.exit_code}
-    return {**finished, "exit_code": 0}
+        code, error = stop.exit_code, ""
+    except UserError as exc:
+        if "mlflow_di.gate" not in ctx.meta:  # bad input before any verdict: the pipeline's own error
+            raise
+        code, error = 2, str(exc)
+    judged = ctx.meta["mlflow_di.gate"]
+    return {**finished, "exit_code": code, "outcome": judged["outcome"], "run_id": judged["run_id"], "error": error}

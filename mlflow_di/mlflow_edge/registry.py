@@ -165,30 +165,90 @@ def lineage_source(version, client=None):
 
 
 # ------------------------------------------------------------------------------ writing
-def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
-    """The model-version tags recording ``verdict``.
+#: Tags the gate writes whatever it checked; the others name the value of one check it was asked for.
+GATE_TAGS = ("verdict", "gate_checked_at", "gate_thresholds", "gate_run_id")
+#: Tags earlier versions of the gate wrote and this one no longer does (removed when met).
+RETIRED_GATE_TAGS = ("gate", "gate_summary")
 
-    Every key is written on every check (a value not measured this time reads ``missing``), so
-    no stale value survives and no tag is ever deleted: deleting needs MANAGE permission on the
-    registered model, writing only EDIT.
+
+def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
+    """The model-version tags recording ``verdict``: ``mlflow_di.verdict`` (PASS, FAIL or ERROR),
+    when and by which run, the thresholds, and the value of each check that was asked for and
+    measured (the least favourable over the compressed models). A check nobody asked for gets no
+    tag; one that was asked for but not measured gets none either (the verdict is then ERROR and
+    the description says what to run). The description holds the full table (:func:`verdict_markdown`).
     """
     thresholds = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
-    tags = {f"{TAG_PREFIX}gate": "pass" if verdict.passed else "fail",
+    tags = {f"{TAG_PREFIX}verdict": verdict.outcome,
             f"{TAG_PREFIX}gate_checked_at": checked_at,
-            f"{TAG_PREFIX}gate_summary": verdict.summary()[:4000],
             f"{TAG_PREFIX}gate_thresholds": json.dumps(thresholds, sort_keys=True),
             f"{TAG_PREFIX}gate_run_id": run_id}
+    asked = {check.criterion for check in verdict.checks}
     for metric in CRITERION:
-        value = verdict.worst(metric)
-        tags[f"{TAG_PREFIX}{metric}"] = "missing" if value is None else format_value(value)
-    # the baseline compared with ("none": no --baseline this time) and, per relation, the least
-    # favourable change with the baseline value it came from
-    tags[f"{TAG_PREFIX}gate_baseline"] = verdict.baseline_uri or "none"
+        value = verdict.worst(metric) if metric in asked else None
+        if value is not None:
+            tags[f"{TAG_PREFIX}{metric}"] = format_value(value)
+    if any(check.relation for check in verdict.checks):  # "none": asked for, not set yet (--baseline-optional)
+        tags[f"{TAG_PREFIX}gate_baseline"] = verdict.baseline_uri or "none"
     for relation in RELATION:
-        check = verdict.worst_change(relation)
-        tags[f"{TAG_PREFIX}{relation}"] = "missing" if check is None else format_value(check.change)
-        tags[f"{TAG_PREFIX}{relation}_baseline"] = "missing" if check is None else format_value(check.baseline)
+        check = verdict.worst_change(relation) if relation in asked else None
+        if check is not None:
+            tags[f"{TAG_PREFIX}{relation}"] = format_value(check.change)
+            tags[f"{TAG_PREFIX}{relation}_baseline"] = format_value(check.baseline)
     return tags
+
+
+def stale_gate_tags(version, tags: dict) -> list[str]:
+    """Keys of gate tags ``version`` carries from an earlier gate that ``tags`` (this gate's) lacks."""
+    ours = {f"{TAG_PREFIX}{name}" for name in (*CRITERION, *RELATION, *(f"{r}_baseline" for r in RELATION),
+                                               "gate_baseline", *RETIRED_GATE_TAGS)}
+    return sorted(key for key in (version.tags or {}) if key in ours and key not in tags)
+
+
+def remove_version_tags(version, keys, client=None) -> None:
+    """Delete ``keys`` from the version's tags; where the user may not delete (MLflow may ask more
+    permission for it than for writing), mark them ``-`` instead, so no stale value reads as current."""
+    from mlflow.exceptions import MlflowException
+
+    client = client or _client()
+    for key in keys:
+        try:
+            client.delete_model_version_tag(version.name, str(version.version), key)
+        except MlflowException:
+            write_version_tags(version, {key: "-"}, client)
+
+
+#: The line that ends the verdict mlflow-di writes at the top of a version's description; the
+#: user's own text below it is kept when the verdict is written again.
+DESCRIPTION_END = "<!-- end of the mlflow-di verdict; text below is kept -->"
+
+
+def write_verdict_description(version, verdict_text: str, client=None) -> None:
+    """Put ``verdict_text`` (Markdown) at the top of the version's description, replacing an earlier
+    verdict and keeping whatever else the description says."""
+    client = client or _client()
+    current = client.get_model_version(version.name, str(version.version)).description or ""
+    kept = current.split(DESCRIPTION_END, 1)[1].lstrip("\n") if DESCRIPTION_END in current else current
+    text = f"{verdict_text.rstrip()}\n\n{DESCRIPTION_END}\n" + (f"\n{kept}" if kept.strip() else "")
+    with permission_errors(version_uri(version), "write the description of"):
+        client.update_model_version(version.name, str(version.version), description=text)
+
+
+def drop_alias_from(version, alias: str, client=None) -> bool:
+    """Remove ``alias`` when it points at ``version`` (which no longer passes); an alias on another
+    version (an earlier PASS) stays. True when it was removed."""
+    from mlflow.exceptions import MlflowException
+
+    client = client or _client()
+    try:
+        current = client.get_model_version_by_alias(version.name, alias)
+    except MlflowException:
+        return False
+    if str(current.version) != str(version.version):
+        return False
+    with permission_errors(version_uri(version), "move aliases of"):
+        client.delete_registered_model_alias(version.name, alias)
+    return True
 
 
 def format_value(value: float) -> str:

@@ -79,20 +79,52 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
     gate must not read as finished. Whatever the command logged before the failure stays logged;
     whatever could not be logged (the server went away) is kept on disk and the command says where.
     """
+    top_level = mlflow.active_run() is None
     try:
         run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})}, run_id)
     except MlflowException as exc:
         raise UserError(f"cannot start a run at {tracking_uri()}: {first_line(exc.message)}") from None
+    ended = status
     try:
         yield (log := RunLog(run))
     except KeyboardInterrupt:
-        log.end("KILLED")
+        log.end(ended := "KILLED")
         raise
     except BaseException:
-        log.end("FAILED")
+        log.end(ended := "FAILED")
         raise
     else:
         log.end(status)
+    finally:
+        if top_level:
+            _announce_at_exit(run, ended)
+
+
+def run_line(run, status: str) -> str:
+    """Where to find ``run`` in the MLflow UI, in one line: its page on an http(s) server, else the
+    page's address under ``mlflow ui`` started on this store."""
+    uri = tracking_uri()
+    page = f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    if uri.startswith(("http://", "https://")):
+        where = f"{uri.rstrip('/')}/{page}"
+    else:
+        where = f"http://127.0.0.1:5000/{page} after `mlflow ui --backend-store-uri {uri}`"
+    return f"run {run.info.run_id} ({status}): {where}"
+
+
+def _announce_at_exit(run, status: str) -> None:
+    """Print :func:`run_line` as the command's last output (commands print their own results
+    after their run ends); outside a command (the Python API) nothing is printed."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return
+    root = context.find_root()
+    pending = root.meta.setdefault("mlflow_di.run_lines", [])
+    if not pending:
+        root.call_on_close(lambda: [click.echo(line) for line in pending])
+    pending.append(run_line(run, status))
 
 
 def close_orphaned_runs(tags: dict, reason: str) -> list[str]:

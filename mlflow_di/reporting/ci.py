@@ -108,7 +108,9 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
     """
     link = run_link or _code
     relative = any(c.relation for c in verdict.checks)
-    lines = [f"## mlflow-di gate: {'PASS' if verdict.passed else 'FAIL'} for {_code(verdict.model_uri)}", ""]
+    lines = [f"## mlflow-di gate: {verdict.outcome} for {_code(verdict.model_uri)}", ""]
+    if verdict.outcome == "ERROR":
+        lines.append(f"- **could not judge**: {_prose(verdict.cause)}")
     lines += [f"- {_prose(note)}" for note in notes]
     if verdict.baseline_uri:
         lines.append(f"- baseline: {_code(verdict.baseline_uri)}")
@@ -131,3 +133,9 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
     if gate_run_id:
         lines += ["", f"Gate run: {link(gate_run_id)}"]
     return "\n".join(lines) + "\n"
+
+
+def error_markdown(model_uri: str, cause: str) -> str:
+    """The description of a version that could not be analysed: ERROR and the one-line cause."""
+    return (f"## mlflow-di gate: ERROR for {_code(model_uri)}\n\n- **could not analyse**: {_prose(cause)}\n"
+            "- this says nothing about the model's quality; fix the cause and run the pipeline again\n")

@@ -120,10 +120,12 @@ class HtmlReport:
         self._parts: list[str] = []
         self._in_section = False
 
-    def verdict(self, passed: bool | None, text: str) -> "HtmlReport":
-        """A big PASS (True) / FAIL (False) banner, or an informational INFO one (None), with ``text``."""
-        kind, word = {True: ("pass", "PASS"), False: ("fail", "FAIL"), None: ("info", "INFO")}[
+    def verdict(self, passed: bool | None, text: str, word: str | None = None) -> "HtmlReport":
+        """A big PASS (True) / FAIL (False) banner, or a neutral one (None: INFO, or ``word``, e.g.
+        ERROR for a gate that could not judge), with ``text``."""
+        kind, default = {True: ("pass", "PASS"), False: ("fail", "FAIL"), None: ("info", "INFO")}[
             None if passed is None else bool(passed)]
+        word = word or default
         self._parts.append(f'<div class="verdict {kind}" role="status"><span class="word">{word}</span>'
                            f'<span class="text">{_escape(text)}</span></div>')
         return self

@@ -77,7 +77,9 @@ class Runner:
                     stop_group(child)
                     self.report(job, "stopped with the service; it resumes on the next start")
                     return self.queue.job(job.id)
-        return self._after(job, child.returncode, f"pipeline exited with code {child.returncode}", started)
+        cause = last_error_line(log_path)
+        return self._after(job, child.returncode, f"pipeline exited with code {child.returncode}"
+                           + (f": {cause}" if cause and child.returncode != 0 else ""), started)
 
     def _after(self, job: Job, code: int | None, message: str, started: float) -> Job:
         seconds = time.monotonic() - started
@@ -93,6 +95,21 @@ class Runner:
             job = self.queue.finish(job.id, result, code, message)
             self.report(job, f"{result} (exit {code}, {seconds:.1f} s)")
         return job
+
+
+def last_error_line(log_path, tail_bytes: int = 16384) -> str:
+    """The cause the pipeline printed last (its ``mlflow-di: error: ...`` line), so ``/jobs`` and the
+    service's log say why a job ended in error without anyone opening the log file; '' if none."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(0, 2)
+            log.seek(max(0, log.tell() - tail_bytes))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    prefix = "mlflow-di: error: "
+    found = [line[len(prefix):].strip() for line in lines if line.startswith(prefix)]
+    return found[-1][:500] if found else ""
 
 
 def stop_group(child: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
