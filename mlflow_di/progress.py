@@ -12,7 +12,7 @@ import sys
 from tqdm.auto import tqdm
 
 #: Seconds between two progress lines when stderr is not a terminal.
-PLAIN_INTERVAL_S = 30.0
+PLAIN_INTERVAL_S = 10.0
 
 
 class _Lines:

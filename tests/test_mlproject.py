@@ -56,3 +56,18 @@ def test_import_keras_entry_point(tmp_path, shared_dir):
     result = mlflow_run("import_keras", tmp_path, arch="lenet1", weights=weights, register_as="lenet1")
     assert result.returncode == 0, result.stderr[-2000:]
     assert finished_commands(tmp_path) == ["import-keras"]
+
+
+def test_the_gate_entry_point_defaults_are_the_demo_policy():
+    """`mlflow run . -e gate` right after `make demo` judges the version as the demo's pipeline did."""
+    import yaml
+
+    from mlflow_di.policy import load_policy
+
+    entry = yaml.safe_load((REPO / "MLproject").read_text())["entry_points"]["gate"]["parameters"]
+    defaults = {name: spec["default"] for name, spec in entry.items() if "default" in spec}
+    policy = load_policy(REPO / "examples" / "policies" / "demo.yaml")
+    thresholds = {name: value for name, value in policy.to_dict()["gate"]["thresholds"].items() if value is not None}
+    assert {name: float(value) for name, value in defaults.items() if name != "promote_alias"} == \
+        {name: float(value) for name, value in thresholds.items()}
+    assert defaults["promote_alias"] == policy.gate.promote_alias
