@@ -109,3 +109,13 @@ def test_resume_finds_each_exports_folder_whatever_the_order(tmp_path):
     again = [export_folder(tmp_path, number, uri, resume=True) for number, uri in enumerate(["b.onnx", "models:/a/1"])]
     assert again == first[::-1]
     assert export_folder(tmp_path, 2, "c[1].onnx", resume=True).name == "03-c_1_.onnx"
+
+
+def test_the_old_name_of_seed_data_still_works_and_says_so(registered_cnn, tmp_path, capsys):
+    from mlflow_di.cli import main
+
+    code = main(["fuzz", "--original", registered_cnn, "--compressed", registered_cnn, "--seeds", "digits[0:3]",
+                 "--num-seeds", "3", "--max-queries", "5", "--out-dir", str(tmp_path / "campaign")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "fuzzing 3 seeds" in out
+    assert err.splitlines()[0] == "mlflow-di: note: --seeds is now --seed-data; the old name will go in a later release"

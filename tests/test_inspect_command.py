@@ -32,6 +32,9 @@ def test_inspect_labels_the_important_neurons_of_a_coverage_run(registered_cnn, 
     assert {"inspection/report.html", "inspection/heatmap_pearson.png", "inspection/heatmap_probe.png",
             "inspection/top_units_examples.png", "inspection/important_neurons.json"} <= artifacts
     summary = json.loads(out.read_text())
+    unit_rows = [row for row in summary["table"] if row["measure"] != "probe"]
+    assert unit_rows and all(isinstance(row["unit"], int) and row["name"] == f"unit {row['unit']}" for row in unit_rows)
+    assert all(row["unit"] is None and row["group"] for row in summary["table"] if row["measure"] == "probe")
     assert len(summary["important_neurons"]) == 4 and summary["layer"]
     # the coverage run now shows the labels: a table and a section of its report
     labels = mlflow.artifacts.load_text(f"runs:/{coverage_run}/coverage/important_neuron_labels.json")

@@ -52,7 +52,9 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--compressed", "compressed", required=True, multiple=True,
               help="Its compressed version (any backend). Repeat it to fuzz several exports against one original in "
                    "one call: one campaign each, the original's calls shared, and a side-by-side comparison.")
-@click.option("--seed-data", "seed_data", required=True, help="Data spec of the seed images, e.g. mnist-test:DIR.")
+@click.option("--seed-data", "seed_data", default=None, help="Data spec of the seed images, e.g. mnist-test:DIR (required).")
+@click.option("--seeds", "seeds_old_name", default=None, hidden=True, expose_value=False, callback=lambda ctx, param, value:
+              _renamed(ctx, value, "--seeds", "--seed-data"))
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
 @click.option("--timeout", type=FiniteFloat(0, min_open=True), default=180.0, show_default=True,
               help="Seconds per seed before giving up.")
@@ -116,6 +118,9 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             overlap, out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address,
             cpus_per_worker, gpus_per_worker, seed, json_out, device, **deepxplore) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
+    seed_data = seed_data or click.get_current_context().meta.get("--seed-data")
+    if not seed_data:
+        raise click.UsageError("Missing option '--seed-data'.")
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.folder_lock import FolderLock
@@ -315,6 +320,13 @@ def _white_box_model(ref, preprocessing, device):
         # an int8 export's QuantizeLinear, or a damaged file: no white-box view to take gradients of
         raise UserError(f"--strategy deepxplore needs the gradients of PyTorch models, and the onnx model "
                         f"'{ref.uri}' has no white-box view ({exc}); {advice}") from None
+
+
+def _renamed(ctx: click.Context, value, old: str, new: str):
+    """An option's old name still works for a while: it says so once and hands its value to ``new``."""
+    if value is not None:
+        click.echo(f"mlflow-di: note: {old} is now {new}; the old name will go in a later release", err=True)
+        ctx.meta[new] = value
 
 
 def export_folder(folder: pathlib.Path, number: int, uri: str, resume: bool = False) -> pathlib.Path:

@@ -76,12 +76,17 @@ class InspectionResult:
         return [f"unit {u}" for u in self.units]
 
     def table(self) -> list[dict]:
-        """Long format: one row per (measure, unit or group, hypothesis)."""
+        """Long format: one row per (measure, unit or group, hypothesis). ``unit`` is the unit's index
+        in the layer (an integer; None on a group's row), ``group`` the group's name (None on a
+        unit's row) and ``name`` the row as the report shows it (``unit 3``, ``group important``)."""
         rows = []
         for measure in self.measures:
+            groups = list(self.groups) if measure == "probe" else [None] * len(self.units)
+            units = [None] * len(groups) if measure == "probe" else list(self.units)
             for r, row_name in enumerate(self.rows_of(measure)):
                 for h, hypothesis in enumerate(self.hypotheses):
-                    rows.append({"measure": measure, "unit": row_name, "hypothesis": hypothesis,
+                    rows.append({"measure": measure, "unit": None if units[r] is None else int(units[r]),
+                                 "group": groups[r], "name": row_name, "hypothesis": hypothesis,
                                  "score": _num(self.scores[measure][r, h]),
                                  "ci_low": _num(self.lower[measure][r, h]), "ci_high": _num(self.upper[measure][r, h])})
         return rows
