@@ -335,3 +335,17 @@ def test_gate_errors_exit_2_with_one_line(client, history, capsys, args, message
     code, out, err = run_gate(capsys, *args)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_pinned_runs_are_the_only_evidence_and_the_tags_name_them(client, history, capsys):
+    old = [run for run in client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                             "tags.`mlflow_di.command` = 'coverage'")
+           if run.data.metrics.get("idc") == 0.40][0].info.run_id
+    code, out, _ = run_gate(capsys, "--model-uri", history.uri, "--min-idc", "0.5", "--runs", old)
+    assert code == 1  # the old run's 0.40, not the newest run's 0.62
+    tags = client.get_model_version("lenet", "1").tags
+    assert tags["mlflow_di.idc"] == "0.4" and tags["mlflow_di.gate_evidence"] == old
+    code, out, _ = run_gate(capsys, "--model-uri", history.uri, "--min-idc", "0.5")  # not pinned: the newest
+    assert code == 0 and client.get_model_version("lenet", "1").tags["mlflow_di.idc"] == "0.62"
+    code, _, err = run_gate(capsys, "--model-uri", history.uri, "--min-idc", "0.5", "--runs", "not-a-run")
+    assert code == 2 and "--runs" in err

@@ -140,6 +140,8 @@ def test_pipeline_runs_children_of_one_run_and_resumes_after_a_crash(registered_
     assert parent.data.tags["mlflow_di.gate_run_id"] == gate_run.info.run_id
     assert parent.data.metrics["passed"] == gate_run.data.metrics["passed"]
     assert "gate/report.html" in [a.path for a in mlflow_client.list_artifacts(parent.info.run_id, "gate")]
+    version = mlflow_client.get_model_version(*registered_cnn.removeprefix("models:/").split("/"))
+    assert found["coverage"][0].info.run_id in version.tags["mlflow_di.gate_evidence"].split(",")  # pinned to its steps
     for command in ("compress", "coverage", "fuzz", "gate"):
         assert found[command][0].data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert found[command][0].info.status == "FINISHED"

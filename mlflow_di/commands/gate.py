@@ -15,7 +15,8 @@ import datetime
 
 import click
 
-from mlflow_di.commands.options import FiniteFloat, Fraction, WritablePath, json_out_option, write_json_out, write_text_out
+from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritablePath, json_out_option, write_json_out,
+                                        write_text_out)
 
 
 @click.command("gate")
@@ -52,6 +53,9 @@ from mlflow_di.commands.options import FiniteFloat, Fraction, WritablePath, json
 @click.option("--min-mean-queries-ratio", type=FiniteFloat(0, min_open=True), default=None,
               help="Fail if mean queries per deviating input divided by the baseline's (same method) is lower, "
                    "e.g. 0.8.")
+@click.option("--runs", "pinned_runs", type=RunIds(), default=None,
+              help="Judge only these runs' results (comma-separated ids; a pipeline passes its own step runs). "
+                   "Default: the newest recorded run of each kind; the report names the runs it took.")
 @click.option("--promote-alias", default=None, metavar="ALIAS",
               help="On pass, point this alias of the registered model at the version (never touched on fail).")
 @json_out_option
@@ -62,7 +66,8 @@ from mlflow_di.commands.options import FiniteFloat, Fraction, WritablePath, json
 def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_rate, min_mean_queries,
             max_accuracy_drop, max_class_accuracy_drop, min_robustness_agreement, baseline: str | None,
             baseline_optional: bool, max_idc_drop, max_success_rate_rise, min_mean_queries_ratio,
-            promote_alias: str | None, json_out: str | None, junit_xml: str | None, summary_md: str | None) -> None:
+            pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
+            summary_md: str | None) -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
@@ -82,7 +87,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     baseline_version = (recorded.baseline_version(baseline, baseline_optional, candidate_uri=model_uri)
                         if baseline else None)  # its errors first
     version, source = recorded.gate_subject(model_uri)
-    found = recorded.measurements(model_uri, list(compressed), resolved=(version, source))
+    with recorded.only_runs(pinned_runs):
+        found = recorded.measurements(model_uri, list(compressed), resolved=(version, source))
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared)
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -177,6 +177,21 @@ def probe_writable(folder: pathlib.Path) -> str | None:
     return None
 
 
+class RunIds(click.ParamType):
+    """Comma-separated MLflow run ids (32 hexadecimal characters each), returned as a tuple."""
+
+    name = "RUN_ID[,RUN_ID...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        ids = tuple(dict.fromkeys(item.strip() for item in str(value).split(",") if item.strip()))
+        bad = [run_id for run_id in ids if len(run_id) != 32 or any(c not in "0123456789abcdef" for c in run_id)]
+        if not ids or bad:
+            self.fail(f"give MLflow run ids (32 hexadecimal characters) separated by commas (got '{value}')", param, ctx)
+        return ids
+
+
 class IntPair(click.ParamType):
     """Two whole numbers ``A,B`` (rows, columns), each at least ``minimum``, in the order given."""
 

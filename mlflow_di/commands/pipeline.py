@@ -243,9 +243,13 @@ def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folde
     if step == "robustness":
         ctx.invoke(robustness.command, model_uri=model_uri, compressed=tuple(_exports(state)), **arguments)
         return finished
+    from mlflow_di.mlflow_edge import runs
+
     ctx.meta.pop("mlflow_di.gate", None)
+    evidence = tuple(runs.descendant_run_ids(state["run_id"]))  # this pipeline's own step runs, nothing newer
     try:
-        ctx.invoke(gate.command, model_uri=model_uri, compressed=tuple(_exports(state)), **arguments)
+        ctx.invoke(gate.command, model_uri=model_uri, compressed=tuple(_exports(state)), pinned_runs=evidence,
+                   **arguments)
         code, error = 0, ""
     except click.exceptions.Exit as stop:
         code, error = stop.exit_code, ""

@@ -22,6 +22,8 @@ which :func:`mlflow_di.gate.pair` matches a candidate's export with a baseline's
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import math
@@ -55,6 +57,22 @@ def experiment_ids(client) -> list[str]:
             return ids
 
 
+#: The runs the gate may read (None: any, the newest of each kind); see :func:`only_runs`.
+_pinned: contextvars.ContextVar = contextvars.ContextVar("mlflow_di_pinned_runs", default=None)
+
+
+@contextlib.contextmanager
+def only_runs(run_ids):
+    """Inside the block the searches below find only the runs ``run_ids`` (None or empty: any run).
+    How a gate judges exactly the evidence it was given (a pipeline's own step runs) instead of
+    whichever run of each kind is newest."""
+    token = _pinned.set(frozenset(run_ids) if run_ids else None)
+    try:
+        yield
+    finally:
+        _pinned.reset(token)
+
+
 def search_recorded_runs(command: str, tags: dict, metric: str, client=None, max_results: int = 1000) -> list:
     """FINISHED runs of ``mlflow-di COMMAND`` with ``tags`` that recorded ``metric``, newest first."""
     client = client or _client()
@@ -63,6 +81,8 @@ def search_recorded_runs(command: str, tags: dict, metric: str, client=None, max
         return []
     query = (f"{tag_filter({f'{TAG_PREFIX}command': command, **tags})} and attributes.status = 'FINISHED'"
              f" and metrics.`{metric}` > -1e300")  # the metric filter keeps only runs that logged it
+    if _pinned.get() is not None:
+        query += f" and attributes.run_id IN ({', '.join(_quote(run_id) for run_id in sorted(_pinned.get()))})"
     runs, token = [], None
     while True:
         page = client.search_runs(experiments, query, max_results=max_results, page_token=token,
@@ -92,7 +112,7 @@ def logged_model_runs(model_id: str | None, command: str, tags: dict, metric: st
     runs, seen = [], set()
     for entry in sorted((m for m in logged.metrics or [] if m.key == metric and m.run_id),
                         key=lambda m: m.timestamp, reverse=True):
-        if entry.run_id in seen:
+        if entry.run_id in seen or (_pinned.get() is not None and entry.run_id not in _pinned.get()):
             continue
         seen.add(entry.run_id)
         try:

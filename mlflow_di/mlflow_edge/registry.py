@@ -165,8 +165,6 @@ def lineage_source(version, client=None):
 
 
 # ------------------------------------------------------------------------------ writing
-#: Tags the gate writes whatever it checked; the others name the value of one check it was asked for.
-GATE_TAGS = ("verdict", "gate_checked_at", "gate_thresholds", "gate_run_id")
 #: Tags earlier versions of the gate wrote and this one no longer does (removed when met).
 RETIRED_GATE_TAGS = ("gate", "gate_summary")
 
@@ -182,7 +180,9 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
     tags = {f"{TAG_PREFIX}verdict": verdict.outcome,
             f"{TAG_PREFIX}gate_checked_at": checked_at,
             f"{TAG_PREFIX}gate_thresholds": json.dumps(thresholds, sort_keys=True),
-            f"{TAG_PREFIX}gate_run_id": run_id}
+            f"{TAG_PREFIX}gate_run_id": run_id,
+            # the runs whose values were judged: what to open to check the verdict
+            f"{TAG_PREFIX}gate_evidence": ",".join(sorted({c.run_id for c in verdict.checks if c.run_id}))[:5000] or "-"}
     asked = {check.criterion for check in verdict.checks}
     for metric in CRITERION:
         value = verdict.worst(metric) if metric in asked else None

@@ -154,6 +154,20 @@ def end_project_run(status: str) -> None:
             mlflow.MlflowClient().set_terminated(run_id, status=status)
 
 
+def descendant_run_ids(run_id: str) -> list[str]:
+    """The ids of every run nested under ``run_id`` (children, their children, ...), e.g. a
+    pipeline's step runs and the per-export runs of its fuzz step."""
+    client = mlflow.MlflowClient()
+    experiment = client.get_run(run_id).info.experiment_id
+    found, frontier = [], [run_id]
+    while frontier:
+        query = f"tags.`mlflow.parentRunId` = '{frontier[0]}'"
+        children = [run.info.run_id for run in client.search_runs([experiment], query, max_results=1000)]
+        frontier = frontier[1:] + children
+        found.extend(children)
+    return found
+
+
 def run_links(run_ids) -> dict[str, str]:
     """{run id: its page in the MLflow UI} for an http(s) tracking server; {} for other stores
     (a sqlite file has no UI address) and for runs that cannot be read."""
