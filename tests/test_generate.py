@@ -116,10 +116,11 @@ def test_generate_command_end_to_end(registered_cnn, mlflow_client, tmp_path, ca
     experiments = [e.experiment_id for e in mlflow_client.search_experiments()]
     coverage_run = mlflow_client.search_runs(experiments, "tags.`mlflow_di.command` = 'coverage'")[0].info.run_id
     out, summary_file = tmp_path / "generated.npz", tmp_path / "summary.json"
-    assert main(["generate", "--model-uri", registered_cnn, "--coverage", coverage_run, "--data", "digits[1300:1400]",
+    assert main(["generate", "--model-uri", registered_cnn, "--coverage", "latest", "--data", "digits[1300:1400]",
                  "--num-seeds", "40", "--budget", "300", "--batch", "50", "--out", str(out),
                  "--json-out", str(summary_file)]) == 0
-    assert "guided" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "guided" in printed and f"--coverage latest: coverage run {coverage_run}" in printed
     run = mlflow_client.search_runs(experiments, "tags.`mlflow_di.command` = 'generate'")[0]
     assert run.info.status == "FINISHED" and run.data.params["coverage"] == coverage_run
     metrics = run.data.metrics

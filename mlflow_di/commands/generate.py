@@ -26,8 +26,9 @@ NPZ_ARTIFACT = "generation/generated.npz"
 @click.command("generate")
 @click.option("--model-uri", required=True, help="PyTorch model the coverage run measured: models:/NAME/VERSION, "
                                                  "runs:/..., a .pt file, keras:ARCH:FILE.")
-@click.option("--coverage", required=True, metavar="RUN_ID|FOLDER",
-              help="A coverage run that measured idc (or the coverage/model folder it saved).")
+@click.option("--coverage", required=True, metavar="RUN_ID|FOLDER|latest",
+              help="A coverage run that measured idc (or the coverage/model folder it saved); latest: the newest "
+                   "coverage run of MODEL-URI, a registered version.")
 @click.option("--data", "data_spec", required=True, help="Data spec of the seed inputs, e.g. digits[1300:1400].")
 @click.option("--budget", type=click.IntRange(1), default=1000, show_default=True,
               help="Mutants to try (model queries) in the guided search, and again in the random baseline.")
@@ -52,12 +53,13 @@ def command(model_uri, coverage, data_spec, budget, num_seeds, layer, max_depth,
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import datasets, registry, runs
-    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc
+    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc, latest_coverage
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
     from mlflow_di.models.loading import load_torch_model
     from mlflow_di.models.reference import ModelRef
 
     ref = ModelRef.parse(model_uri)
+    coverage = latest_coverage(coverage, model_uri)
     model = load_torch_model(ref, preprocessing, device)
     raw = load_images(data_spec)
     data = model.preprocessing.prepare(raw)

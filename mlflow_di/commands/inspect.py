@@ -24,8 +24,9 @@ EXAMPLE_UNITS = 3  # units per hypothesis shown with their most activating input
                                             "else the last hidden layer before the logits).")
 @click.option("--units", type=click.Choice(["all", "important"]), default="all", show_default=True,
               help="Score every unit of the layer, or only IDC's important neurons.")
-@click.option("--coverage", "coverage", default=None, metavar="RUN_ID|FOLDER",
-              help="A coverage run (or a folder saved by it) whose IDC important neurons to label.")
+@click.option("--coverage", "coverage", default=None, metavar="RUN_ID|FOLDER|latest",
+              help="A coverage run (or a folder saved by it) whose IDC important neurons to label; latest: the "
+                   "newest coverage run of MODEL-URI, a registered version.")
 @click.option("--top-m", type=click.IntRange(1), default=6, show_default=True,
               help="Important neurons to find when no --coverage is given and --units important.")
 @click.option("--importance-inputs", type=click.IntRange(10), default=2000, show_default=True,
@@ -53,12 +54,13 @@ def command(model_uri, data_spec, layer, units, coverage, top_m, importance_inpu
     from mlflow_di.data import load_images
     from mlflow_di.inspection import Inspection
     from mlflow_di.mlflow_edge import datasets, registry, runs
-    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc
+    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc, latest_coverage
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
     from mlflow_di.models.loading import load_torch_model
     from mlflow_di.models.reference import ModelRef
 
     ref = ModelRef.parse(model_uri)
+    coverage = latest_coverage(coverage, model_uri)
     model = load_torch_model(ref, preprocessing, device)
     raw = load_images(data_spec)
     data = model.preprocessing.prepare(raw)

@@ -27,9 +27,9 @@ ONNX_TOLERANCE = 1e-4
 
 @click.command("repair")
 @click.option("--compressed", required=True, help="The compressed model to repair (models:/NAME/VERSION, .onnx, .tflite).")
-@click.option("--campaign", "campaigns", required=True, multiple=True, metavar="RUN_OR_FOLDER",
+@click.option("--campaign", "campaigns", required=True, multiple=True, metavar="RUN_OR_FOLDER|latest",
               help="A fuzz campaign of this compressed model: its folder, or the fuzz run (ID or runs:/ID) that "
-                   "logged it. Repeatable.")
+                   "logged it; latest: the newest fuzz run against --compressed, a registered version. Repeatable.")
 @click.option("--original", default=None,
               help="The original model, whose labels are the targets (default: the one the campaigns fuzzed, when "
                    "they recorded it as a models:/ or runs:/ URI; required for file and Keras models).")
@@ -59,7 +59,7 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     from mlflow_di.repair.dataset import shared_seed_images
     from mlflow_di.repair.evaluate import check_fold_count
 
-    loaded = _load_campaigns(campaigns)
+    loaded = _load_campaigns([_latest_campaign(compressed) if spec == "latest" else spec for spec in campaigns])
     campaigns, fuzzed = [spec for spec, _ in loaded], [c for _, c in loaded]
     compressed_ref = ModelRef.parse(compressed)
     _check_campaigns_compressed(loaded, compressed_ref.uri)
@@ -108,6 +108,16 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     _print_summary(uri, result, "ONNX graph" if source.kind == "onnx" else "pyfunc")
     write_json_out({"registered": uri, **result.to_dict()}, json_out)
     return uri
+
+
+def _latest_campaign(compressed: str) -> str:
+    """The newest fuzz run against the registry version ``compressed`` (``--campaign latest``), said on the terminal."""
+    from mlflow_di.mlflow_edge import recorded, registry
+
+    tags = registry.compressed_model_tags(compressed) if registry.registry_ref(compressed) else {}
+    run_id = recorded.latest_run("--campaign", "fuzz", "success_rate", tags, compressed)
+    click.echo(f"--campaign latest: fuzz run {run_id}")
+    return run_id
 
 
 def _load_campaigns(specs) -> list:

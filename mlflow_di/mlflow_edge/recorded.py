@@ -377,3 +377,18 @@ def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Meas
             return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id)
     return Measurement(ROBUSTNESS_METRIC, None, target.key,
                        missing=missing_message(CRITERION[ROBUSTNESS_METRIC], subject_uri, target.key))
+
+
+def latest_run(option: str, command: str, metric: str, tags: dict, about: str) -> str:
+    """What ``OPTION latest`` names: the id of the newest FINISHED ``mlflow-di COMMAND`` run that
+    logged ``metric`` and carries ``tags`` (the registry version ``about`` names). A one-line
+    UserError when ``about`` is no registry version (newest of every model's runs would be a guess)
+    or when no such run was recorded."""
+    if not tags:
+        raise UserError(f"{option} latest needs a registered model version (models:/NAME/VERSION), not '{about}'; "
+                        f"give the run id instead")
+    runs = search_recorded_runs(command, tags, metric, max_results=1)
+    if not runs:
+        raise UserError(f"{option} latest: no finished `mlflow-di {command}` run recorded for {about}; "
+                        f"run `mlflow-di {command}` first or give a run id")
+    return runs[0].info.run_id

@@ -39,6 +39,21 @@ def add_text_artifact(run_id: str, text: str, artifact_path: str) -> None:
             mlflow.tracking.MlflowClient().log_artifact(run_id, str(local), str(target.parent) or None)
 
 
+def latest_coverage(coverage: str | None, model_uri: str) -> str | None:
+    """``coverage`` as given, or for ``latest`` the newest coverage run of the registry version
+    ``model_uri`` (said on the terminal, so the run taken is on record)."""
+    if coverage != "latest":
+        return coverage
+    import click
+
+    from mlflow_di.mlflow_edge.recorded import latest_run
+    from mlflow_di.mlflow_edge.registry import model_version_tags
+
+    run_id = latest_run("--coverage", "coverage", "idc", model_version_tags(model_uri), model_uri)
+    click.echo(f"--coverage latest: coverage run {run_id}")
+    return run_id
+
+
 def coverage_idc(coverage: str, model):
     """The fitted IDC of a coverage run id, or of a folder a coverage run saved (``coverage/model``), attached to ``model``."""
     import os
