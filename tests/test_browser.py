@@ -1,6 +1,7 @@
 """The MLflow UI shows what mlflow-di recorded: headless Chromium on a fuzz run's Artifacts tab lists
 ``fuzz/trigger_grid.png`` and ``fuzz/report.html`` and the grid image loads; a registered version's
-page leads to its LoggedModel, which shows the coverage metrics with the data they were measured on.
+page shows the gate's verdict in its description and leads to its LoggedModel, which shows the
+coverage metrics with the data they were measured on. Screenshots go to test-artifacts/screenshots/.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``apt-get install -y chromium chromium-driver``)
 and ``selenium``; skips without them. Selenium is pointed at /usr/bin/chromedriver and
@@ -44,6 +45,15 @@ def browser(tmp_path):
     driver.quit()
 
 
+#: Where the browser tests leave their screenshots (ignored by git; CI keeps the folder as its artifacts).
+SCREENSHOTS = pathlib.Path(__file__).resolve().parents[1] / "test-artifacts" / "screenshots"
+
+
+def screenshot(driver, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
 def trigger_grid(path: pathlib.Path) -> None:
     """A PNG grid of six digits scaled 4x, standing in for the fuzz command's trigger grid."""
     from PIL import Image
@@ -80,6 +90,7 @@ def test_fuzz_run_page_lists_the_report_and_shows_the_trigger_grid(mlflow_server
         return {e.get_attribute("artifact-name") for e in driver.find_elements(By.CSS_SELECTOR, TREE_NODE)}
 
     wait.until(lambda d: {"report.html", "trigger_grid.png"} <= listed(d))
+    screenshot(browser, "fuzz-run-artifacts")
     assert listed(browser) == {"fuzz", "report.html", "trigger_grid.png"}
     wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, node.format("trigger_grid.png")))).click()
     size = wait.until(lambda d: d.execute_script(
@@ -107,12 +118,18 @@ def test_a_version_page_leads_to_its_model_page_with_the_metrics_and_datasets(ml
     assert main(["coverage", "--model-uri", f"models:/{name}/1", "--train-data", "digits[0:200]",
                  "--test-data", "digits[600:700]", "--criteria", "idc", "--top-m", "3"]) == 0
 
-    browser.get(f"{mlflow_server.url}/#/models/{name}/versions/1")
-    wait = WebDriverWait(browser, WAIT)
-    wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, 'a[href*="/models/m-"]'))).click()
+    assert main(["gate", "--model-uri", f"models:/{name}/1", "--min-idc", "0"]) == 0
 
     def page(driver) -> str:
         return driver.execute_script("return document.body.innerText")
+
+    browser.get(f"{mlflow_server.url}/#/models/{name}/versions/1")
+    wait = WebDriverWait(browser, WAIT)
+    # the verdict, in the version's description, where a person looks first
+    wait.until(lambda d: f"mlflow-di gate: PASS for models:/{name}/1" in page(d))
+    screenshot(browser, "version-page-verdict")
+    assert "1/1 checks passed" in page(browser)
+    wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, 'a[href*="/models/m-"]'))).click()
 
     wait.until(lambda d: "Datasets used" in page(d) and "digits[600:700]" in page(d))
     text = page(browser)
