@@ -7,7 +7,9 @@ triggers) and the gate:
   agreement, an off-diagonal cell ``[i, j]`` counts inputs the original calls ``i`` and the
   compressed model calls ``j``;
 - :func:`per_class_accuracy`: for each true class, both models' accuracy and the drop
-  (original minus compressed), with the class's size, so that a drop on 3 images is read as such.
+  (original minus compressed), with the class's size, so that a drop on 3 images is read as such;
+- :func:`output_deviation`: on probabilities, the top-1 disagreement rate, the flips either way,
+  the KL divergence and each model's top-1/top-2 margin.
 
 A class with no inputs has accuracy ``nan`` (not 0): nothing was measured there.
 """
@@ -97,3 +99,45 @@ def matrix_rows(matrix: np.ndarray) -> list[dict]:
     """The matrix as table rows (``original`` label, then one column per compressed label)."""
     return [{"original": i, **{f"-> {j}": int(matrix[i, j]) for j in range(matrix.shape[1])}}
             for i in range(matrix.shape[0])]
+
+
+def output_deviation(p_original, p_compressed, labels=None) -> dict:
+    """How the compressed model's outputs deviate from the original's on the same inputs, beyond
+    accuracy (which can stay flat while answers flip both ways):
+
+    - ``disagreement_rate``: the fraction of inputs whose top-1 labels differ;
+    - ``flips_right_to_wrong`` / ``flips_wrong_to_right`` (with ``labels``): the fraction of inputs
+      the original gets right and the compressed model wrong, and the reverse (their difference is
+      the accuracy drop);
+    - ``kl_divergence`` / ``kl_divergence_max``: mean and largest KL(original || compressed) in nats,
+      probabilities clipped at 1e-12 (a zero probability would make it infinite);
+    - ``margin_original`` / ``margin_compressed``: each model's mean top-1 minus top-2 probability
+      (how decided it is; a compressed model with a smaller margin is closer to flipping).
+    """
+    p, q = np.asarray(p_original, np.float64), np.asarray(p_compressed, np.float64)
+    if p.ndim != 2 or p.shape != q.shape or not len(p):
+        raise UserError(f"probabilities of both models must be (inputs, classes) arrays of one shape with inputs, "
+                        f"got {p.shape} and {q.shape}")
+    top_p, top_q = p.argmax(axis=1), q.argmax(axis=1)
+    eps = 1e-12
+    p_safe, q_safe = np.clip(p, eps, 1.0), np.clip(q, eps, 1.0)
+    # >= 0 in exact arithmetic; float32 softmax outputs that sum to 1 +- 1e-7 can give -1e-9
+    kl = np.maximum(np.sum(p_safe * (np.log(p_safe) - np.log(q_safe)), axis=1), 0.0)
+    result = {"disagreement_rate": float(np.mean(top_p != top_q)), "kl_divergence": float(np.mean(kl)),
+              "kl_divergence_max": float(np.max(kl)), "margin_original": _mean_margin(p),
+              "margin_compressed": _mean_margin(q)}
+    if labels is not None:
+        truth = _labels(labels, "labels")
+        if len(truth) != len(p):
+            raise UserError(f"{len(truth)} labels for {len(p)} inputs")
+        right_p, right_q = top_p == truth, top_q == truth
+        result["flips_right_to_wrong"] = float(np.mean(right_p & ~right_q))
+        result["flips_wrong_to_right"] = float(np.mean(~right_p & right_q))
+    return result
+
+
+def _mean_margin(probabilities: np.ndarray) -> float:
+    if probabilities.shape[1] < 2:
+        return 1.0
+    top_two = np.sort(probabilities, axis=1)[:, -2:]
+    return float(np.mean(top_two[:, 1] - top_two[:, 0]))

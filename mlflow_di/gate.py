@@ -79,6 +79,7 @@ CRITERIA = (
               per_compressed=True),
     Criterion("robustness_agreement_min", "robustness", "min_robustness_agreement", greater_is_better=True,
               per_compressed=True),
+    Criterion("disagreement_rate", "compress", "max_disagreement_rate", greater_is_better=False, per_compressed=True),
 )
 CRITERION = {c.metric: c for c in CRITERIA}
 
@@ -134,16 +135,18 @@ class Thresholds(JsonRoundTrip):
     max_idc_drop: float | None = None
     max_success_rate_rise: float | None = None
     min_mean_queries_ratio: float | None = None
+    max_disagreement_rate: float | None = None
 
     #: thresholds added after verdicts were written: written only when set (older verdicts keep their bytes)
     JSON_OPTIONAL = {"max_class_accuracy_drop": None, "min_robustness_agreement": None, "max_idc_drop": None,
-                     "max_success_rate_rise": None, "min_mean_queries_ratio": None}
+                     "max_success_rate_rise": None, "min_mean_queries_ratio": None, "max_disagreement_rate": None}
 
     def __post_init__(self):
         for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
             if value is not None and not math.isfinite(value):
                 raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-        for name in ("min_idc", "max_success_rate", "min_robustness_agreement", "max_idc_drop", "max_success_rate_rise"):
+        for name in ("min_idc", "max_success_rate", "min_robustness_agreement", "max_idc_drop", "max_success_rate_rise",
+                     "max_disagreement_rate"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise UserError(f"--{name.replace('_', '-')} is a fraction between 0 and 1, got {value}")
@@ -155,7 +158,7 @@ class Thresholds(JsonRoundTrip):
         if not self.given() and not self.relative():
             raise UserError("no threshold given; pass at least one of --min-idc, --max-success-rate, "
                             "--min-mean-queries, --max-accuracy-drop, --max-class-accuracy-drop, "
-                            "--min-robustness-agreement (or, with --baseline, --max-idc-drop, "
+                            "--min-robustness-agreement, --max-disagreement-rate (or, with --baseline, --max-idc-drop, "
                             "--max-success-rate-rise, --min-mean-queries-ratio)")
         return self
 
@@ -335,13 +338,13 @@ class Verdict(JsonRoundTrip):
 
     def to_dict(self) -> dict:
         values = super().to_dict()
-        return {"model_uri": values.pop("model_uri"), "passed": self.passed, "outcome": self.outcome, **values}
+        return {"model_uri": values.pop("model_uri"), "passed": self.passed, **values}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Verdict":
         values = dict(values)
         values.pop("passed", None)  # derived from the checks
-        values.pop("outcome", None)
+        values.pop("outcome", None)  # derived too; the gate command writes it beside the verdict
         return super().from_dict(values)
 
 

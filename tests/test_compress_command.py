@@ -27,6 +27,9 @@ def test_every_method_registers_an_export_with_lineage_that_fuzz_accepts(registe
         metrics = run.data.metrics
         assert metrics["eval_images"] == 497 and 0 <= metrics["disagreements"] <= 497
         assert metrics["accuracy_drop"] == pytest.approx(metrics["source_accuracy"] - metrics["compressed_accuracy"])
+        assert metrics["disagreement_rate"] == pytest.approx(metrics["disagreements"] / 497)
+        assert metrics["flips_right_to_wrong"] - metrics["flips_wrong_to_right"] == pytest.approx(metrics["accuracy_drop"])
+        assert metrics["kl_divergence"] >= 0 and 0 <= metrics["margin_compressed"] <= 1
         assert metrics["compressed_size_bytes"] > 0
         out = tmp_path / f"fuzz-{method}.json"
         assert main(["fuzz", "--original", registered_cnn, "--compressed", f"models:/cnn-{method}/1",

@@ -3,6 +3,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
 from sklearn.metrics import confusion_matrix
 
 from mlflow_di.deviation import deviation_matrix, largest_class_drop, matrix_rows, per_class_accuracy
@@ -54,3 +56,44 @@ def test_mean_of_class_accuracies_weighted_by_size_is_the_overall_accuracy():
 def test_bad_labels_are_one_line_user_errors(call, message):
     with pytest.raises(UserError, match=message):
         call()
+
+
+# ------------------------------------------------------------------------------ output_deviation
+def _softmax(logits):
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(1, 20), st.integers(2, 6)), elements=st.floats(-8, 8)),
+       arrays(np.float64, st.tuples(st.integers(1, 20), st.integers(2, 6)), elements=st.floats(-8, 8)))
+def test_output_deviation_matches_scipy_and_its_definitions(logits_p, logits_q):
+    from scipy.stats import entropy
+
+    from mlflow_di.deviation import output_deviation
+
+    rows = min(len(logits_p), len(logits_q))
+    classes = min(logits_p.shape[1], logits_q.shape[1])
+    p, q = _softmax(logits_p[:rows, :classes]), _softmax(logits_q[:rows, :classes])
+    labels = np.arange(rows) % classes
+    got = output_deviation(p, q, labels)
+    kl = entropy(np.clip(p, 1e-12, 1), np.clip(q, 1e-12, 1), axis=1)  # scipy normalises; the clip barely moves it
+    assert got["kl_divergence"] == pytest.approx(float(np.mean(kl)), rel=1e-6, abs=1e-9)
+    assert got["kl_divergence_max"] == pytest.approx(float(np.max(kl)), rel=1e-6, abs=1e-9)
+    assert got["disagreement_rate"] == np.mean(p.argmax(1) != q.argmax(1))
+    drop = np.mean(p.argmax(1) == labels) - np.mean(q.argmax(1) == labels)
+    assert got["flips_right_to_wrong"] - got["flips_wrong_to_right"] == pytest.approx(drop)
+    assert 0 <= got["margin_original"] <= 1 and 0 <= got["margin_compressed"] <= 1
+
+
+def test_output_deviation_by_hand():
+    from mlflow_di.deviation import output_deviation
+
+    p = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]])
+    q = np.array([[0.2, 0.7, 0.1], [0.1, 0.8, 0.1]])  # the first input flips 0 -> 1
+    got = output_deviation(p, q, labels=[0, 1])
+    assert got["disagreement_rate"] == 0.5 and got["flips_right_to_wrong"] == 0.5 and got["flips_wrong_to_right"] == 0
+    assert got["kl_divergence"] == pytest.approx((0.7 * np.log(0.7 / 0.2) + 0.2 * np.log(0.2 / 0.7)) / 2)
+    assert got["margin_original"] == pytest.approx((0.5 + 0.7) / 2)
+    assert got["margin_compressed"] == pytest.approx((0.5 + 0.7) / 2)
+    assert output_deviation(p, p)["kl_divergence"] == 0 and "flips_right_to_wrong" not in output_deviation(p, p)

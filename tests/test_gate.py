@@ -117,6 +117,7 @@ def test_measurements_are_the_newest_finished_runs_of_that_version(client, histo
         ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02,
         ("success_rate", "models:/lenet-prune/1"): 0.8, ("mean_queries", "models:/lenet-prune/1"): 40.0,
         ("accuracy_drop", "models:/lenet-prune/1"): 0.05, ("max_class_accuracy_drop", "models:/lenet-prune/1"): 0.2,
+        ("disagreement_rate", "models:/lenet-int8/1"): 0.008, ("disagreement_rate", "models:/lenet-prune/1"): 0.1,
         # the newest robustness run that measured each export: int8 alone later, prune only in the first
         ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95,
         ("robustness_agreement_min", "models:/lenet-prune/1"): 0.60}
@@ -137,6 +138,7 @@ def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client,
         ("idc", None): 0.62,  # the source's coverage, not a 'run coverage on the export' message
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
         ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02,
+        ("disagreement_rate", "models:/lenet-int8/1"): 0.008,
         ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95}
     assert not any(m.missing for m in found)
 
@@ -349,3 +351,12 @@ def test_pinned_runs_are_the_only_evidence_and_the_tags_name_them(client, histor
     assert code == 0 and client.get_model_version("lenet", "1").tags["mlflow_di.idc"] == "0.62"
     code, _, err = run_gate(capsys, "--model-uri", history.uri, "--min-idc", "0.5", "--runs", "not-a-run")
     assert code == 2 and "--runs" in err
+
+
+def test_gate_max_disagreement_rate_reads_each_exports_compress_run(client, history, capsys):
+    code, out, _ = run_gate(capsys, "--model-uri", history.uri, "--max-disagreement-rate", "0.05")
+    assert code == 1
+    rows = [line.split() for line in out.splitlines() if line.startswith("disagreement_rate")]
+    assert rows == [["disagreement_rate", "[models:/lenet-int8/1]", "0.008", "<=", "0.05", "PASS"],
+                    ["disagreement_rate", "[models:/lenet-prune/1]", "0.1", "<=", "0.05", "FAIL"]]
+    assert client.get_model_version("lenet", "1").tags["mlflow_di.disagreement_rate"] == "0.1"

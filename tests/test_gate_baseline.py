@@ -118,7 +118,7 @@ def test_a_verdict_with_a_baseline_round_trips_and_one_without_keeps_the_old_key
     assert Verdict.from_json(verdict.to_json()) == verdict
     assert json.loads(verdict.to_json())["baseline_uri"] == BASE
     plain = decide(URI, Thresholds(min_idc=0.5), [Measurement("idc", 0.58)]).to_dict()
-    assert set(plain) == {"model_uri", "passed", "outcome", "thresholds", "checks", "measurements"}
+    assert set(plain) == {"model_uri", "passed", "thresholds", "checks", "measurements"}
     assert set(plain["checks"][0]) == {"metric", "compressed", "measured", "threshold", "greater_is_better", "passed",
                                        "run_id", "message"}
     assert set(plain["thresholds"]) == {"min_idc", "max_success_rate", "min_mean_queries", "max_accuracy_drop"}

@@ -4,7 +4,9 @@ One MLflow run and one registered version per method. Each run logs the accuracy
 and export on the evaluation data, their top-1 disagreements there, and both sizes; the
 version and the logged model carry lineage tags (source URI/version, method, parameters).
 On the evaluation data each run also logs the per-class deviation (original label x compressed
-label matrix, per-class accuracy drop, ``max_class_accuracy_drop`` for the gate). An int8-static
+label matrix, per-class accuracy drop, ``max_class_accuracy_drop`` for the gate) and the deviation
+accuracy hides: ``disagreement_rate`` (for the gate), the flips either way, the KL divergence of
+the export's probabilities from the source's and both models' top-1/top-2 margins. An int8-static
 run logs the layer-wise quantization diagnosis (SQNR per tensor, float vs QDQ model; on the
 evaluation data and, with ``--triggers``, on a fuzz campaign's triggers); with ``--keep-float``
 or ``--auto-keep-float`` it registers an export with those layers left in float and reports the
@@ -88,7 +90,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     lineage_base = {"mlflow_di.source_uri": model_uri,
                     "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
                     "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
-    original = _source_labels(source, evaluation, device)  # once: exports and pruning work on copies
+    original = _source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
     registered = []
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
@@ -146,7 +148,7 @@ def _inputs(raw_calib, raw_eval) -> dict:
 
 def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device,
                   selection: "Selection | None" = None, inputs: dict | None = None, original=None) -> str:
-    """One method's run and registered export; ``original``: the source's top-1 labels on ``evaluation``."""
+    """One method's run and registered export; ``original``: the source's probabilities on ``evaluation``."""
     import mlflow_di
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
@@ -233,33 +235,36 @@ def gzip_size(path) -> int:
     return len(gzip.compress(pathlib.Path(path).read_bytes(), compresslevel=6))
 
 
-def _source_labels(source, evaluation, device):
-    """The source model's top-1 labels on ``evaluation`` (None without evaluation data)."""
+def _source_probabilities(source, evaluation, device):
+    """The source model's probabilities on ``evaluation`` (None without evaluation data)."""
     from mlflow_di.models.device import resolve_device
 
     if evaluation is None:
         return None
     try:  # the source goes back to the CPU afterwards: the next method exports and prunes it there
-        return source.to(resolve_device(device)).classifier().predict(evaluation.images)
+        return source.to(resolve_device(device)).classifier().predict_proba(evaluation.images)
     finally:
         source.to("cpu")
 
 
-def _compare(original, compressed, evaluation) -> tuple[dict, dict | None]:
-    """Accuracy of source and export on ``evaluation``, how often their top-1 labels differ, and the
-    per-class deviation (``{"matrix": ..., "classes": [ClassAccuracy]}``, None without evaluation data)."""
+def _compare(source_probabilities, compressed, evaluation) -> tuple[dict, dict | None]:
+    """Accuracy of source and export on ``evaluation``, how their outputs deviate (top-1
+    disagreement rate, flips either way, KL divergence, margins: :func:`~mlflow_di.deviation.output_deviation`),
+    and the per-class deviation (``{"matrix": ..., "classes": [ClassAccuracy]}``, None without evaluation data)."""
     import numpy as np
 
-    from mlflow_di.deviation import deviation_matrix, largest_class_drop, per_class_accuracy
+    from mlflow_di.deviation import deviation_matrix, largest_class_drop, output_deviation, per_class_accuracy
 
     if evaluation is None:
         return {}, None
-    exported = compressed.predict(evaluation.images)
+    compressed_probabilities = compressed.predict_proba(evaluation.images)
+    original, exported = source_probabilities.argmax(axis=1), compressed_probabilities.argmax(axis=1)
     source_accuracy = float(np.mean(original == evaluation.labels))
     compressed_accuracy = float(np.mean(exported == evaluation.labels))
     metrics = {"source_accuracy": source_accuracy, "compressed_accuracy": compressed_accuracy,
                "accuracy_drop": source_accuracy - compressed_accuracy,
-               "disagreements": int(np.sum(original != exported)), "eval_images": len(evaluation)}
+               "disagreements": int(np.sum(original != exported)), "eval_images": len(evaluation),
+               **output_deviation(source_probabilities, compressed_probabilities, evaluation.labels)}
     classes = per_class_accuracy(evaluation.labels, original, exported)
     num_classes = len(classes)
     worst = largest_class_drop(classes)
@@ -383,6 +388,10 @@ def _print_summary(method: str, name: str, version, metrics: dict, result, devia
         click.echo(f"  accuracy {metrics['source_accuracy']:.2%} -> {metrics['compressed_accuracy']:.2%} "
                    f"({-metrics['accuracy_drop'] * 100 + 0.0:+.2f} points), top-1 differs on {metrics['disagreements']} "
                    f"of {metrics['eval_images']} images")
+        click.echo(f"  flips: right->wrong {metrics['flips_right_to_wrong']:.2%}, wrong->right "
+                   f"{metrics['flips_wrong_to_right']:.2%}; KL(source || export) mean {metrics['kl_divergence']:.4f} "
+                   f"(max {metrics['kl_divergence_max']:.3f}); top-1/top-2 margin {metrics['margin_original']:.3f} -> "
+                   f"{metrics['margin_compressed']:.3f}")
     click.echo(f"  size {result.source_size_bytes / 1024:.1f} KiB -> {result.size_bytes / 1024:.1f} KiB"
                + (f", sparsity {result.sparsity:.1%}" if result.sparsity is not None else ""))
     for line in size_notes(method, result, metrics):

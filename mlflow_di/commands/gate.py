@@ -35,6 +35,9 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
               help="Fail if compression lost more accuracy (source - compressed, 0..1).")
 @click.option("--max-class-accuracy-drop", type=FiniteFloat(-1, 1), default=None,
               help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1).")
+@click.option("--max-disagreement-rate", type=Fraction(), default=None,
+              help="Fail if a compressed model's top-1 label differs from the original's on more of the evaluation "
+                   "data (0..1) than this, as its compress run measured (accuracy can stay flat while answers flip).")
 @click.option("--min-robustness-agreement", type=Fraction(), default=None,
               help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
                    "in the worst corruption and severity of the newest robustness run.")
@@ -64,7 +67,8 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
 @click.option("--summary-md", type=WritablePath("file"), default=None,
               help="Also write a Markdown summary (e.g. to append to $GITHUB_STEP_SUMMARY), also on fail.")
 def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_rate, min_mean_queries,
-            max_accuracy_drop, max_class_accuracy_drop, min_robustness_agreement, baseline: str | None,
+            max_accuracy_drop, max_class_accuracy_drop, max_disagreement_rate, min_robustness_agreement,
+            baseline: str | None,
             baseline_optional: bool, max_idc_drop, max_success_rate_rise, min_mean_queries_ratio,
             pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
             summary_md: str | None) -> None:
@@ -77,9 +81,11 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     from mlflow_di.mlflow_edge import recorded, registry, runs
     from mlflow_di.reporting.ci import summary_markdown
 
-    thresholds = Thresholds(min_idc, max_success_rate, min_mean_queries, max_accuracy_drop, max_class_accuracy_drop,
-                            min_robustness_agreement, max_idc_drop, max_success_rate_rise,
-                            min_mean_queries_ratio).require_any()
+    thresholds = Thresholds(min_idc=min_idc, max_success_rate=max_success_rate, min_mean_queries=min_mean_queries,
+                            max_accuracy_drop=max_accuracy_drop, max_class_accuracy_drop=max_class_accuracy_drop,
+                            min_robustness_agreement=min_robustness_agreement, max_idc_drop=max_idc_drop,
+                            max_success_rate_rise=max_success_rate_rise, min_mean_queries_ratio=min_mean_queries_ratio,
+                            max_disagreement_rate=max_disagreement_rate).require_any()
     baseline = baseline or None  # MLproject passes "" for unset
     thresholds.require_baseline(baseline is not None)
     if baseline and baseline.strip() == model_uri.strip():
@@ -113,7 +119,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     # what a pipeline calling this command logs on its own run (see commands/pipeline.py)
     click.get_current_context().meta["mlflow_di.gate"] = {"run_id": log.run_id, "outcome": verdict.outcome,
                                                           "metrics": metrics, "report": report}
-    write_json_out({**verdict.to_dict(), "checked_at": checked_at, "run_id": log.run_id}, json_out)
+    write_json_out({**verdict.to_dict(), "outcome": verdict.outcome, "checked_at": checked_at, "run_id": log.run_id},
+                   json_out)
     _write_ci_reports(verdict, checked_at, log.run_id, junit_xml, summary_md, notes, run_link)
     _print_verdict(verdict, version, source, promote_alias, log.run_id, alias_dropped)
     if verdict.outcome == "ERROR":
@@ -177,7 +184,7 @@ def _log_verdict(log, verdict, compressed, promote_alias: str | None) -> None:
         if check is not None and abs(check.change) != float("inf"):
             metrics[relation] = check.change
     log.metrics(metrics)
-    log.json(verdict.to_dict(), "gate/verdict.json")
+    log.json({**verdict.to_dict(), "outcome": verdict.outcome}, "gate/verdict.json")
     report = _report(verdict, promote_alias)
     log.text(report, "gate/report.html")
     return metrics, report

@@ -327,12 +327,12 @@ def _producing_run(target: _CompressedTarget, client):
         return None
 
 
-COMPRESS_METRICS = ("accuracy_drop", "max_class_accuracy_drop")
+COMPRESS_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_rate")
 
 
 def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> list[Measurement]:
-    """accuracy_drop and max_class_accuracy_drop from the compress (or repair) run that produced the
-    compressed version."""
+    """accuracy_drop, max_class_accuracy_drop and disagreement_rate from the compress (or repair) run
+    that produced the compressed version."""
     missing = missing_message(CRITERION["accuracy_drop"], subject_uri, target.key)
     run = _producing_run(target, client)
     if run is None:
@@ -349,7 +349,7 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> l
     run_id = run.info.run_id
     return [Measurement(metric, run.data.metrics[metric], target.key, run_id) if metric in run.data.metrics else
             Measurement(metric, None, target.key, run_id, f"{tags.get(f'{TAG_PREFIX}command')} run {run_id} recorded no "
-                        f"{metric} (recorded before per-class deviation, or without --eval-data); run "
+                        f"{metric} (recorded by an older mlflow-di, or without --eval-data); run "
                         f"`mlflow-di compress` again") for metric in COMPRESS_METRICS]
 
 
