@@ -57,7 +57,8 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
               _renamed(ctx, value, "--seeds", "--seed-data"))
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
 @click.option("--timeout", type=FiniteFloat(0, min_open=True), default=180.0, show_default=True,
-              help="Seconds per seed before giving up.")
+              help="Compute seconds charged to each seed before its search gives up: its own search time plus its "
+                   "share of the batched model calls (not wall-clock: --batch seeds are searched at once).")
 @click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy"), default="dflare",
               show_default=True, help="dflare (DFlare steering by the original's log-probability margin: far fewer "
