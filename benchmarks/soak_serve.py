@@ -239,15 +239,17 @@ def main(argv=None) -> None:
     parser.add_argument("--malformed", type=float, default=0.1)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every verdict")
     args = parser.parse_args(argv)
+    import mlflow  # noqa: F401  (configures its loggers on import; quieted below)
+
     logging.getLogger("mlflow").setLevel(logging.ERROR)  # its per-version "Waiting up to 300 seconds" lines
     results = []
     for workers in (int(n) for n in args.workers.split(",")):
         with tempfile.TemporaryDirectory(prefix="soak-") as folder:
             results.append(soak(workers, args, pathlib.Path(folder)))
         print(json.dumps(results[-1], indent=1), flush=True)
-    print("\n| workers | versions | deliveries (bad) | lost | unexpected | jobs dup. | runs dup. | no verdict "
+    print("\n| workers | versions | deliveries (bad) | lost | unexpected | jobs dup. | runs dup. | no verdict | states "
           "| latency median / p90 / max s | threads max (stalled, burst, deliveries, pipelines) | RSS max MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         phases = r["phases"]
         threads = ", ".join(str(phases.get(p, {}).get("threads_max", "-"))
@@ -255,7 +257,8 @@ def main(argv=None) -> None:
         latency = r["latency_s"] or {}
         print(f"| {r['workers']} | {r['versions']} | {r['deliveries']} ({r['malformed']}) | {r['lost']} | "
               f"{sum(r['unexpected'].values())} | {r['jobs_duplicated']} | {r['pipeline_runs_duplicated']} | "
-              f"{r['without_verdict']} | {latency.get('median')} / {latency.get('p90')} / {latency.get('max')} | "
+              f"{r['without_verdict']} | {', '.join(f'{k} {v}' for k, v in sorted(r['states'].items()))} | "
+              f"{latency.get('median')} / {latency.get('p90')} / {latency.get('max')} | "
               f"{threads} | {max(p['rss_mib_max'] for p in phases.values())} |")
 
 
