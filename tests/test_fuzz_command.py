@@ -67,8 +67,8 @@ def test_a_campaign_logs_success_by_class_and_how_far_triggers_are_from_their_se
     run = mlflow.search_runs(search_all_experiments=True, output_format="list",
                              filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
     assert json.loads(run.data.tags["mlflow_di.fuzz_constraint"]) == {"max_linf": 48, "min_ssim": None}
-    # a constrained campaign answers another question: the gate does not read it
-    assert main(["gate", "--model-uri", registered_cnn, "--compressed", exports[1], "--max-success-rate", "1.0"]) == 1
+    # a constrained campaign answers another question: the gate does not read it, and has nothing to judge (ERROR)
+    assert main(["gate", "--model-uri", registered_cnn, "--compressed", exports[1], "--max-success-rate", "1.0"]) == 2
     metrics = run.data.metrics
     assert metrics["trigger_linf_max"] <= 48 and metrics["trigger_l0_median"] >= 1
     labels = {r.label for r in result.records if not r.already_deviating}
