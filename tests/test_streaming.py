@@ -260,7 +260,7 @@ def test_an_interrupt_mid_stream_propagates(digits_on_disk, monkeypatch):
 
 def test_fuzz_seeds_stream_and_match_the_in_memory_campaign(digits_on_disk, decodes, never_whole):
     from mlflow_di.fuzz import run_campaign
-    from mlflow_di.fuzz.campaign import seed_fingerprint
+    from mlflow_di.fuzz.seeds import seed_fingerprint
 
     memory, specs = digits_on_disk
     lazy = load_images(specs["folder"])

@@ -125,7 +125,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.folder_lock import FolderLock
-    from mlflow_di.fuzz.campaign import overlaps_by_default, run_campaigns, seeds_in_flight
+    from mlflow_di.fuzz.campaign import overlaps_by_default, run_campaigns
+    from mlflow_di.fuzz.lockstep import seeds_in_flight
     from mlflow_di.fuzz.device_mutations import mutation_device, with_operators_on
     from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error

@@ -23,7 +23,7 @@ import onnx
 import torch
 from torch import nn
 
-from mlflow_di.compression import export_diagnosis
+from mlflow_di.compression.export_diagnosis import describe_export_failure, describe_wrong_export, summary
 from mlflow_di.errors import UserError
 from mlflow_di.results_json import JsonRoundTrip
 from mlflow_di.models.metadata import ModelMetadata
@@ -105,7 +105,7 @@ def _export_with_fallback(module, trace_input, path, preprocessing, opset) -> tu
         return "dynamo", None
     except Exception as error:  # the exporter raises many types; all mean "could not capture"
         errors.append(error)
-    reason = export_diagnosis.summary(errors[0])
+    reason = summary(errors[0])
     warnings.warn(f"the dynamo ONNX exporter failed ({reason}); falling back to the TorchScript exporter")
     try:
         with warnings.catch_warnings():
@@ -118,7 +118,7 @@ def _export_with_fallback(module, trace_input, path, preprocessing, opset) -> tu
     except Exception as error:
         errors.append(error)
     path.unlink(missing_ok=True)
-    raise UserError(export_diagnosis.describe_export_failure(module, trace_input, errors)) from None
+    raise UserError(describe_export_failure(module, trace_input, errors)) from None
 
 
 def _check_against_module(module: nn.Module, check_input: torch.Tensor, path: pathlib.Path) -> float:
@@ -135,7 +135,7 @@ def _check_against_module(module: nn.Module, check_input: torch.Tensor, path: pa
             return max_abs_diff
         problem = f"does not compute what the PyTorch module computes (max |difference| {max_abs_diff:.3g})"
     path.unlink(missing_ok=True)
-    raise UserError(export_diagnosis.describe_wrong_export(module, check_input, problem))
+    raise UserError(describe_wrong_export(module, check_input, problem))
 
 
 def _first_line(error: BaseException) -> str:

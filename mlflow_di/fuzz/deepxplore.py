@@ -67,7 +67,7 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz._random import draw_index
-from mlflow_di.fuzz.campaign import SEED_BATCH, check_arguments, seed_fingerprint, predict_checked, top1
+from mlflow_di.fuzz.seeds import SEED_BATCH, check_arguments, predict_checked, seed_fingerprint, top1
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.store import CampaignStore, assemble_result

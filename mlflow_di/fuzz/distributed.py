@@ -70,7 +70,7 @@ class RayExecutor:
         self.address = check_address(self.address)
 
     def execute(self, runner) -> None:
-        """Search ``runner``'s seeds (a :class:`~mlflow_di.fuzz.campaign._Lockstep`) on the workers;
+        """Search ``runner``'s seeds (a :class:`~mlflow_di.fuzz.lockstep.Lockstep`) on the workers;
         each chunk's finished seeds go to ``runner.save`` as the chunk comes back."""
         ray, started = _connect(self.address)
         try:
@@ -135,7 +135,7 @@ class _Worker:
 
         import ray
 
-        from mlflow_di.fuzz.campaign import _Lane, _Lockstep
+        from mlflow_di.fuzz.lockstep import Lane, Lockstep
         from mlflow_di.models.shipping import unship
 
         began = time.perf_counter()
@@ -145,10 +145,10 @@ class _Worker:
         seeds = _SeedView(payload["images"], payload["labels"], self.image_shape)
         lanes = []
         for number, (config, todo, p_original, p_compressed) in enumerate(payload["lanes"]):
-            lane = _Lane(self.compressed[number], config, None, {})
+            lane = Lane(self.compressed[number], config, None, {})
             lane.todo, lane.p_original, lane.p_compressed = todo, p_original, p_compressed
             lanes.append(lane)
-        runner = _Lockstep(self.original, lanes, seeds, self.strategy, self.batch, self.overlap)
+        runner = Lockstep(self.original, lanes, seeds, self.strategy, self.batch, self.overlap)
         runner.run(progress=False)
         return {"lanes": [(lane.records, lane.images, lane.stats) for lane in lanes],
                 "shared_original_inputs": runner.shared_original_inputs, "seconds": time.perf_counter() - began}
