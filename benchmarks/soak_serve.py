@@ -239,6 +239,7 @@ def main(argv=None) -> None:
     parser.add_argument("--malformed", type=float, default=0.1)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every verdict")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM too stops what the soak started
     import mlflow  # noqa: F401  (configures its loggers on import; quieted below)
 
     logging.getLogger("mlflow").setLevel(logging.ERROR)  # its per-version "Waiting up to 300 seconds" lines
