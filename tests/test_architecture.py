@@ -176,3 +176,15 @@ def test_import_circles_are_found():
 def test_no_module_of_the_package_imports_itself_back_through_others():
     circles = import_circles(module_graph())
     assert circles == [], "import circles (lazy imports included): " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_fuzz_help_keeps_each_strategys_and_rays_options_apart(capsys):
+    from mlflow_di.cli import main
+
+    assert main(["fuzz", "--help"]) == 0
+    text = capsys.readouterr().out
+    general, rest = text.split("DeepXplore options (only with --strategy deepxplore):")
+    deepxplore, ray = rest.split("Ray options (--workers N):")
+    assert "--dx-" not in general and "--workers" not in general and "--dx-" not in ray
+    assert deepxplore.count("  --dx-") == 10 and "--ray-address" in ray
+    assert len(text.splitlines()) <= 110  # two screens

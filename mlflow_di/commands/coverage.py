@@ -15,14 +15,16 @@ import tempfile
 
 import click
 
-from mlflow_di.commands.options import (ClusterCounts, CommaList, LayerNames, LazyChoice, batch_size_option,
-                                        WritablePath, device_option, json_out_option, preprocessing_option,
-                                        ray_options, seed_option, write_json_out)
+from mlflow_di.commands.options import (RAY_OPTIONS, ClusterCounts, CommaList, LayerNames, LazyChoice,
+                                        SectionedCommand, WritablePath, batch_size_option, device_option,
+                                        json_out_option, preprocessing_option, ray_options, seed_option,
+                                        write_json_out)
 
 HEATMAP_INPUTS = 8
 
 
-@click.command("coverage")
+@click.command("coverage", cls=SectionedCommand, sections=(
+    ("Ray options (--workers N)", lambda param: param.name in RAY_OPTIONS + ("trace_dir",)),))
 @click.option("--model-uri", required=True, help="PyTorch model: models:/NAME/VERSION, runs:/..., a .pt file, keras:ARCH:FILE.")
 @click.option("--train-data", required=True, help="Data spec for the importance analysis, e.g. mnist-train:DIR[0:5000].")
 @click.option("--test-data", required=True, multiple=True,

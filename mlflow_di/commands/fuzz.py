@@ -19,8 +19,8 @@ import time
 
 import click
 
-from mlflow_di.commands.options import (FiniteFloat, IntPair, LazyChoice, WritablePath, device_option, json_out_option,
-                                        ray_options, seed_option, write_json_out)
+from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, IntPair, LazyChoice, SectionedCommand, WritablePath,
+                                        device_option, json_out_option, ray_options, seed_option, write_json_out)
 
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
                    "already_deviating", "fuzzed")
@@ -47,62 +47,58 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
     return CAMPAIGNS / (prefix + time.strftime("%Y%m%d-%H%M%S"))
 
 
-@click.command("fuzz")
+@click.command("fuzz", cls=SectionedCommand, sections=(
+    ("DeepXplore options (only with --strategy deepxplore)", lambda param: param.name.startswith("dx_")),
+    ("Ray options (--workers N)", lambda param: param.name in RAY_OPTIONS)))
 @click.option("--original", required=True, help="The original model (any backend: models:/..., .onnx, .tflite, .pt, keras:...).")
 @click.option("--compressed", "compressed", required=True, multiple=True,
-              help="Its compressed version (any backend). Repeat it to fuzz several exports against one original in "
-                   "one call: one campaign each, the original's calls shared, and a side-by-side comparison.")
+              help="Its compressed version (any backend); repeat it to fuzz several exports in one call, the "
+                   "original's calls shared.")
 @click.option("--seed-data", "seed_data", default=None, help="Data spec of the seed images, e.g. mnist-test:DIR (required).")
 @click.option("--seeds", "seeds_old_name", default=None, hidden=True, expose_value=False, callback=lambda ctx, param, value:
               _renamed(ctx, value, "--seeds", "--seed-data"))
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
 @click.option("--timeout", type=FiniteFloat(0, min_open=True), default=180.0, show_default=True,
-              help="Compute seconds charged to each seed before its search gives up: its own search time plus its "
-                   "share of the batched model calls (not wall-clock: --batch seeds are searched at once).")
+              help="Compute seconds charged to a seed before its search gives up (its search plus its share of the "
+                   "batched model calls; not wall-clock).")
 @click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
-@click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy"), default="dflare",
-              show_default=True, help="dflare (DFlare steering by the original's log-probability margin: far fewer "
-                                      "queries), dflare-paper (the paper's fitness), their ablations -d (no novelty) "
-                                      "and -r (random operator), diffchaser, or deepxplore (white-box "
-                                      "gradient ascent; every model PyTorch, see --dx-*).")
+@click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy", in_help=False),
+              default="dflare", show_default=True,
+              help="dflare (steered by the original's log-probability margin), dflare-paper (the paper's fitness), "
+                   "ablations dflare[-paper]-d (no novelty) and -r (random operator), diffchaser, or deepxplore "
+                   "(white-box, PyTorch models; its options below).")
 @click.option("--max-linf", type=click.IntRange(1, 255), default=None,
-              help="Keep every queried input within this many 8-bit levels of its seed (L-inf); mutants beyond are "
-                   "rejected without a query. dflare strategies only.")
+              help="Keep every queried input within this many 8-bit levels of its seed (L-inf). dflare strategies.")
 @click.option("--min-ssim", type=FiniteFloat(-1.0, 1.0, min_open=True, max_open=True), default=None,
-              help="Keep every queried input at least this structurally similar (SSIM) to its seed; images must be "
-                   "at least 11x11. dflare strategies only.")
+              help="Keep every queried input at least this similar (SSIM, images >= 11x11) to its seed. dflare "
+                   "strategies.")
 @click.option("--dx-constraint", type=click.Choice(["lighting", "occlusion", "blackout"]), default=None,
-              help="deepxplore: the domain constraint on each gradient step: lighting (every pixel by the same "
-                   "amount), occlusion (one rectangle, --dx-occlusion-at/-size), blackout (small rectangles, only "
-                   "darker). Default: lighting.")
+              help="Each gradient step's domain constraint: lighting (default: every pixel alike), occlusion (one "
+                   "rectangle), blackout (small rectangles, only darker).")
 @click.option("--dx-step", type=FiniteFloat(0, min_open=True), default=None,
-              help="deepxplore: step size in 8-bit levels per unit of the RMS-normalised gradient (default 10, the "
-                   "paper's s; its MNIST script's pixels are 0..1, so its 10 is 2550 here).")
+              help="Step in 8-bit levels per unit of the RMS-normalised gradient (default 10, the paper's s; the "
+                   "reference script's 10 on 0..1 pixels is 2550 here).")
 @click.option("--dx-lambda1", type=FiniteFloat(0), default=None,
-              help="deepxplore: weight of the target model's confidence in the seed's label, lowered (default 1).")
+              help="Weight of lowering the target model's confidence in the seed's label (default 1).")
 @click.option("--dx-lambda2", type=FiniteFloat(0), default=None,
-              help="deepxplore: weight of the not-yet-covered neuron's activation (default 0.1).")
+              help="Weight of the not-yet-covered neuron's activation (default 0.1).")
 @click.option("--dx-threshold", type=FiniteFloat(0, 1, max_open=True), default=None,
-              help="deepxplore: neuron coverage threshold on the layer-scaled activation (default 0, the paper's).")
+              help="Neuron coverage threshold on the layer-scaled activation (default 0, the paper's).")
 @click.option("--dx-iterations", type=click.IntRange(1), default=None,
-              help="deepxplore: gradient steps per seed (default 20, the reference's); --max-queries caps it too.")
+              help="Gradient steps per seed (default 20, the reference's; --max-queries caps it too).")
 @click.option("--dx-occlusion-at", type=IntPair("occlusion position", "0,0", 0, "ROW,COL"), default=None,
-              help="deepxplore occlusion: top-left corner of the rectangle (default 0,0).")
+              help="Occlusion: the rectangle's top-left corner (default 0,0).")
 @click.option("--dx-occlusion-size", type=IntPair("occlusion size", "10,10", 1), default=None,
-              help="deepxplore occlusion: rectangle size (default 10,10, the reference's MNIST one).")
+              help="Occlusion: the rectangle's size (default 10,10, the reference's).")
 @click.option("--dx-blackout-size", type=IntPair("blackout size", "6,6", 1), default=None,
-              help="deepxplore blackout: size of each rectangle (default 6,6, the reference's MNIST one).")
+              help="Blackout: each rectangle's size (default 6,6, the reference's).")
 @click.option("--dx-blackout-count", type=click.IntRange(1), default=None,
-              help="deepxplore blackout: rectangles tried per step (default 1, the reference's).")
+              help="Blackout: rectangles tried per step (default 1, the reference's).")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
-              help="Seeds searched in lockstep (results do not depend on it, unless a model's output for an image "
-                   "depends on the rest of its batch, as int8-dynamic's does).")
+              help="Seeds searched in lockstep (results do not depend on it, but for int8-dynamic exports).")
 @click.option("--overlap/--no-overlap", default=None,
-              help="Run one shift of --batch seeds through the models while a second shift's searches mutate "
-                   "and score (two shifts, so twice the seeds in flight, and more than --batch seeds are needed; "
-                   "results change only as with --batch). "
-                   "Default: on when a model runs on a GPU, where the host and the device would otherwise wait "
-                   "for each other. Black-box strategies only.")
+              help="Two shifts of --batch seeds: one at the models while the other searches (default: on when a "
+                   "model runs on a GPU). Black-box strategies.")
 @click.option("--out-dir", type=WritablePath("dir"), default=None,
               help="Campaign folder, written as seeds finish (default: a new folder under mlflow-di-campaigns/).")
 @click.option("--resume", is_flag=True,

@@ -16,6 +16,31 @@ import pathlib
 import click
 
 
+class SectionedCommand(click.Command):
+    """A command whose ``--help`` lists some options under headings of their own after the general
+    ones, so options that apply only in one mode (one strategy's settings, Ray's) stand apart.
+    ``sections``: (heading, predicate on the click parameter) pairs, in the order shown."""
+
+    def __init__(self, *args, sections=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sections = tuple(sections)
+
+    def format_options(self, ctx, formatter):
+        general, grouped = [], {heading: [] for heading, _ in self.sections}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            heading = next((heading for heading, belongs in self.sections if belongs(param)), None)
+            (grouped[heading] if heading else general).append(record)
+        with formatter.section("Options"):
+            formatter.write_dl(general)
+        for heading, records in grouped.items():
+            if records:
+                with formatter.section(heading):
+                    formatter.write_dl(records)
+
+
 class LazyChoice(click.ParamType):
     """One name from a registry ``"module:ATTRIBUTE"`` (a dict or sequence of names).
 
@@ -266,6 +291,10 @@ class RayAddress(CheckedBy):
 
     name = "ADDRESS"
     checker = "mlflow_di._ray:check_address"
+
+
+#: The parameter names :func:`ray_options` adds (a command's help can list them apart).
+RAY_OPTIONS = ("workers", "ray_address", "cpus_per_worker", "gpus_per_worker")
 
 
 def ray_options(what: str):
