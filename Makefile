@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser demo test clean
+.PHONY: docs install browser demo test clean
 
 install: $(STAMP)
 
@@ -37,8 +37,12 @@ browser:
 		|| echo "could not install chromium: the browser test will be skipped"; \
 	else echo "chromium not installed (needs root + apt-get): the browser test will be skipped"; fi
 
-test: install browser
+test: install browser docs
 	$(PY) -m pytest -q
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -14,7 +14,7 @@ the registered models whose pickled PyTorch versions the pipeline may load (load
 its code; see :func:`mlflow_di.models.loading.only_trusted_pickles`). The ``preprocessing``
 section is not a step either: it maps a registered model's name to the preprocessing fields its
 steps use (``digits-cnn: {mean: [0.1307], std: [0.3081]}``), above what the model records and
-below a command-line option (see README, "Your own models").
+below a command-line option (see docs/how-to/your-own-models.md).
 """
 from __future__ import annotations
 
