@@ -20,9 +20,12 @@ TEST_SPEC = "digits[1300:]"
 CALIB_SPEC = "digits[0:300]"
 DEMO_METHODS = ("int8-static", "prune-l1")
 #: The demo's gate policy: the tests must cover at least half of the important behaviours, no
-#: export may lose more than 2 points of accuracy, and fuzzing must need at least 10 queries on
-#: average to find a deviation (a compressed model that deviates at the first mutations fails).
-GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "min_mean_queries": 10.0}
+#: export may lose more than 2 points of accuracy nor answer differently from the CNN on more than
+#: 2% of the evaluation digits (accuracy can stay flat while answers flip both ways), and fuzzing
+#: must need at least 10 queries on average to find a deviation (a compressed model that
+#: deviates at the first mutations fails). Measured on the demo: int8-static differs on 0 of 497
+#: digits, prune-l1 on 6 (1.2%).
+GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "max_disagreement_rate": 0.02, "min_mean_queries": 10.0}
 
 
 @click.command("demo")
