@@ -21,7 +21,7 @@ import pytest
 from mlflow_di.cli import main
 from mlflow_di.service import signature
 from mlflow_di.service.queue import JobQueue, backoff_delay, outcome
-from mlflow_di.service.worker import Runner, stop_orphan
+from mlflow_di.service.worker import Runner, last_error_line, stop_orphan
 
 from mlflow_server import free_port, start_server, use_server  # noqa: F401  (fixture)
 
@@ -154,6 +154,15 @@ def test_exit_codes_decide_the_job(tmp_path):
     assert "pipeline of m/4" in (tmp_path / "logs" / "m-4.log").read_text()
     assert (tmp_path / "logs" / "m-4.log").read_text().count("=== attempt") == 2
     assert any("m/4 queued again: pipeline exited with code 3" in line for line in lines)
+
+
+def test_the_cause_of_an_error_is_the_last_attempts_own(tmp_path):
+    log = tmp_path / "job.log"
+    log.write_text("\n=== attempt 1 at T\nmlflow-di: error: the model cannot be loaded\n"
+                   "\n=== attempt 2 at T\nSegmentation fault\n")
+    assert last_error_line(log) == ""  # the crash of attempt 2 is not attempt 1's cause
+    log.write_text(log.read_text() + "\n=== attempt 3 at T\nmlflow-di: error: a\nmlflow-di: error: b\n")
+    assert last_error_line(log) == "b"
 
 
 def test_stopping_the_service_stops_the_pipeline_and_leaves_its_job_running(tmp_path):

@@ -64,7 +64,7 @@ class Runner:
         self.report(job, f"running (attempt {job.attempts}, log {log_path})")
         started = time.monotonic()
         with log_path.open("ab") as log:
-            log.write(f"\n=== attempt {job.attempts} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            log.write(f"\n{ATTEMPT_HEADER}{job.attempts} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
             log.flush()
             try:
                 child = subprocess.Popen(self.argv(job), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -97,9 +97,14 @@ class Runner:
         return job
 
 
+#: The header :meth:`Runner.run` writes before each attempt's output in a job's log.
+ATTEMPT_HEADER = "=== attempt "
+
+
 def last_error_line(log_path, tail_bytes: int = 16384) -> str:
-    """The cause the pipeline printed last (its ``mlflow-di: error: ...`` line), so ``/jobs`` and the
-    service's log say why a job ended in error without anyone opening the log file; '' if none."""
+    """The cause the last attempt's pipeline printed (its ``mlflow-di: error: ...`` line), so ``/jobs``
+    and the service's log say why a job ended in error without anyone opening the log file; ''
+    if that attempt printed none (a crash: an earlier attempt's cause is not this one's)."""
     try:
         with open(log_path, "rb") as log:
             log.seek(0, 2)
@@ -107,8 +112,9 @@ def last_error_line(log_path, tail_bytes: int = 16384) -> str:
             lines = log.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
+    starts = [number for number, line in enumerate(lines) if line.startswith(ATTEMPT_HEADER)]
     prefix = "mlflow-di: error: "
-    found = [line[len(prefix):].strip() for line in lines if line.startswith(prefix)]
+    found = [line[len(prefix):].strip() for line in lines[starts[-1] if starts else 0:] if line.startswith(prefix)]
     return found[-1][:500] if found else ""
 
 
