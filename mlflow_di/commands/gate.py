@@ -100,7 +100,6 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     tags = {"mlflow_di.command": "gate", **registry.version_tags(version, model_uri), "mlflow_di.verdict": verdict.outcome}
     with runs.tracked_run(f"gate {version.name}/{version.version}", tags=tags) as log:
-        metrics, report = _log_verdict(log, verdict, compressed, promote_alias)
         version_tags = registry.gate_tags(verdict, checked_at, log.run_id)
         if source is not None:
             version_tags["mlflow_di.gate_source"] = registry.version_uri(source)
@@ -112,6 +111,7 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
         elif promote_alias:
             alias_dropped = registry.drop_alias_from(version, promote_alias)
         notes = _notes(verdict, version, source, baseline, promote_alias, alias_dropped)
+        metrics, report = _log_verdict(log, verdict, compressed, promote_alias, notes)
         run_link = _run_link([log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))])
         registry.write_verdict_description(version, summary_markdown(
             verdict, run_link, log.run_id, (f"checked {checked_at}; the report is gate/report.html of the gate run",
@@ -164,7 +164,7 @@ def _write_ci_reports(verdict, checked_at: str, run_id: str, junit_xml: str | No
         write_text_out(summary_markdown(verdict, run_link, run_id, notes), summary_md)
 
 
-def _log_verdict(log, verdict, compressed, promote_alias: str | None) -> None:
+def _log_verdict(log, verdict, compressed, promote_alias: str | None, notes: tuple[str, ...]) -> tuple[dict, str]:
     from mlflow_di.gate import CRITERION, RELATION
 
     params = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
@@ -185,12 +185,12 @@ def _log_verdict(log, verdict, compressed, promote_alias: str | None) -> None:
             metrics[relation] = check.change
     log.metrics(metrics)
     log.json({**verdict.to_dict(), "outcome": verdict.outcome}, "gate/verdict.json")
-    report = _report(verdict, promote_alias)
+    report = _report(verdict, notes)
     log.text(report, "gate/report.html")
     return metrics, report
 
 
-def _report(verdict, promote_alias: str | None) -> str:
+def _report(verdict, notes: tuple[str, ...]) -> str:
     """The verdict as a self-contained page for the MLflow UI's artifact view."""
     from mlflow_di.reporting import HtmlReport
 
@@ -202,8 +202,8 @@ def _report(verdict, promote_alias: str | None) -> str:
     html.section("Checks").table([{"check": row[0], "measured": row[1], **_baseline_cells(verdict, row), "threshold": row[-2],
                                    "result": row[-1], "run": check.run_id or "-"}
                                   for row, check in zip(_rows(verdict), verdict.checks)])
-    if promote_alias:
-        html.paragraph(f"Alias '{promote_alias}' " + ("moved to this version." if verdict.passed else "left untouched."))
+    for note in notes:  # the version, its baseline, what happened to the alias: as the summaries say them
+        html.paragraph(note)
     return html.render()
 
 
