@@ -135,13 +135,7 @@ def _run(argv: list[str] | None) -> int:
             return 143
         _error("interrupted; finished work is kept")
         return 130
-    except OSError as exc:
-        line = write_error_line(exc)
-        if line is None:
-            raise
-        _error(line)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - MLflow's own errors about the user's input
+    except Exception as exc:  # noqa: BLE001 - a write the machine refused, or MLflow's errors about the user's input
         from mlflow_di.mlflow_edge.connection import mlflow_error_line
 
         line = write_error_line(exc) or mlflow_error_line(exc)

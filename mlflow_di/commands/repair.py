@@ -111,13 +111,11 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
 
 
 def _latest_campaign(compressed: str) -> str:
-    """The newest fuzz run against the registry version ``compressed`` (``--campaign latest``), said on the terminal."""
+    """The newest fuzz run against the registry version ``compressed`` (``--campaign latest``)."""
     from mlflow_di.mlflow_edge import recorded, registry
 
     tags = registry.compressed_model_tags(compressed) if registry.registry_ref(compressed) else {}
-    run_id = recorded.latest_run("--campaign", "fuzz", "success_rate", tags, compressed)
-    click.echo(f"--campaign latest: fuzz run {run_id}")
-    return run_id
+    return recorded.latest_run("--campaign", "fuzz", "success_rate", tags, compressed)
 
 
 def _load_campaigns(specs) -> list:

@@ -203,7 +203,7 @@ class Service:
         from mlflow_di.folder_lock import FolderLock
 
         self._lock = FolderLock(self.state, "the service state folder", lock_file=self.state / "serve.lock",
-                                     advice="stop that mlflow-di serve or pass another --state-dir").acquire()
+                                advice="stop that mlflow-di serve or pass another --state-dir").acquire()
 
     def _recover(self) -> None:
         """Jobs a dead service left running: stop any pipeline it left behind, queue them again."""

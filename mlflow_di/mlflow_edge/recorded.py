@@ -381,9 +381,11 @@ def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Meas
 
 def latest_run(option: str, command: str, metric: str, tags: dict, about: str) -> str:
     """What ``OPTION latest`` names: the id of the newest FINISHED ``mlflow-di COMMAND`` run that
-    logged ``metric`` and carries ``tags`` (the registry version ``about`` names). A one-line
-    UserError when ``about`` is no registry version (newest of every model's runs would be a guess)
-    or when no such run was recorded."""
+    logged ``metric`` and carries ``tags`` (the registry version ``about`` names), said on the
+    terminal so the run taken is on record. A one-line UserError when ``about`` is no registry
+    version (newest of every model's runs would be a guess) or when no such run was recorded."""
+    import click
+
     if not tags:
         raise UserError(f"{option} latest needs a registered model version (models:/NAME/VERSION), not '{about}'; "
                         f"give the run id instead")
@@ -391,4 +393,5 @@ def latest_run(option: str, command: str, metric: str, tags: dict, about: str) -
     if not runs:
         raise UserError(f"{option} latest: no finished `mlflow-di {command}` run recorded for {about}; "
                         f"run `mlflow-di {command}` first or give a run id")
+    click.echo(f"{option} latest: {command} run {runs[0].info.run_id}")
     return runs[0].info.run_id

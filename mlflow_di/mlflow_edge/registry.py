@@ -174,7 +174,8 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
     when and by which run, the thresholds, and the value of each check that was asked for and
     measured (the least favourable over the compressed models). A check nobody asked for gets no
     tag; one that was asked for but not measured gets none either (the verdict is then ERROR and
-    the description says what to run). The description holds the full table (:func:`verdict_markdown`).
+    the description says what to run). The description holds the full table
+    (:func:`write_verdict_description`).
     """
     thresholds = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
     tags = {f"{TAG_PREFIX}verdict": verdict.outcome,

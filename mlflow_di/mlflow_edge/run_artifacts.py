@@ -41,17 +41,13 @@ def add_text_artifact(run_id: str, text: str, artifact_path: str) -> None:
 
 def latest_coverage(coverage: str | None, model_uri: str) -> str | None:
     """``coverage`` as given, or for ``latest`` the newest coverage run of the registry version
-    ``model_uri`` (said on the terminal, so the run taken is on record)."""
+    ``model_uri`` (:func:`~mlflow_di.mlflow_edge.recorded.latest_run`)."""
     if coverage != "latest":
         return coverage
-    import click
-
     from mlflow_di.mlflow_edge.recorded import latest_run
     from mlflow_di.mlflow_edge.registry import model_version_tags
 
-    run_id = latest_run("--coverage", "coverage", "idc", model_version_tags(model_uri), model_uri)
-    click.echo(f"--coverage latest: coverage run {run_id}")
-    return run_id
+    return latest_run("--coverage", "coverage", "idc", model_version_tags(model_uri), model_uri)
 
 
 def coverage_idc(coverage: str, model):

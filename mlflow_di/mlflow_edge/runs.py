@@ -104,12 +104,17 @@ def run_line(run, status: str) -> str:
     """Where to find ``run`` in the MLflow UI, in one line: its page on an http(s) server, else the
     page's address under ``mlflow ui`` started on this store."""
     uri = tracking_uri()
-    page = f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    page = _run_page(run.info.experiment_id, run.info.run_id)
     if uri.startswith(("http://", "https://")):
         where = f"{uri.rstrip('/')}/{page}"
     else:
         where = f"http://127.0.0.1:5000/{page} after `mlflow ui --backend-store-uri {uri}`"
     return f"run {run.info.run_id} ({status}): {where}"
+
+
+def _run_page(experiment_id: str, run_id: str) -> str:
+    """A run's page in the MLflow UI, relative to the UI's address."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def _announce_at_exit(run, status: str) -> None:
@@ -177,7 +182,7 @@ def run_links(run_ids) -> dict[str, str]:
     client, links = mlflow.MlflowClient(), {}
     for run_id in dict.fromkeys(r for r in run_ids if r):
         try:
-            links[run_id] = f"{base}/#/experiments/{client.get_run(run_id).info.experiment_id}/runs/{run_id}"
+            links[run_id] = f"{base}/{_run_page(client.get_run(run_id).info.experiment_id, run_id)}"
         except MlflowException:
             continue
     return links
