@@ -162,3 +162,34 @@ def test_rq6_random_control_keeps_the_label_and_the_chain_length():
     assert fallbacks == 0
     assert (Brightest().predict(mutants) == labels).all()
     assert mutants.shape == seeds.shape and (mutants >= seeds).all()
+
+
+def test_sigterm_stops_the_harness_inside_a_training_and_saves_no_half_trained_row(tmp_path):
+    """SIGTERM while RQ6 trains its first model (epochs made endless): the harness stops within
+    seconds with exit code 130, starts no other training, saves no row for the interrupted model,
+    and still writes the report from what finished. (Before, the training swallowed the interrupt,
+    saved the half-trained model's row and the harness went on with the next one.)"""
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.reproduce", "--tiny", "--out", str(tmp_path),
+                                "--only", "idc_rq6", "--set", "rq6_epochs=1000000"],
+                               cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    lines = []
+    try:
+        for line in process.stderr:
+            lines.append(line)
+            if "idc_rq6: training" in line:
+                time.sleep(1)
+                process.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                break
+        rest = process.communicate(timeout=60)[1]
+    finally:
+        process.kill()
+    output = "".join(lines) + rest
+    assert process.returncode == 130, output[-3000:]
+    assert time.monotonic() - signalled < 30
+    assert output.count("idc_rq6: training") == 1 and "interrupted:" in output
+    assert not list((tmp_path / "idc_rq6").glob("model-*.json")) and not (tmp_path / "idc_rq6.json").exists()
+    assert (tmp_path / "REPRODUCTION.md").is_file()

@@ -30,3 +30,23 @@ def test_adadelta_trains_and_an_unknown_optimizer_is_named():
     assert losses[-1] < losses[0]
     with pytest.raises(UserError, match="unknown optimizer 'sgd'; choose one of adam, adadelta"):
         train_classifier(model, inputs, labels, epochs=1, optimizer="sgd", progress=False)
+
+
+def test_an_interrupt_goes_on_to_the_caller_with_the_module_in_eval_mode(monkeypatch):
+    """Ctrl-C/SIGTERM during training is not swallowed: a caller (the demo, the reproduction
+    harness) must stop, not register or score a half-trained model."""
+    from mlflow_di.models import training
+
+    calls = []
+
+    def one_epoch(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return 1.0
+
+    monkeypatch.setattr(training, "_train_one_epoch", one_epoch)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 2))
+    with pytest.raises(KeyboardInterrupt):
+        train_classifier(model, torch.rand(8, 1, 4, 4), torch.zeros(8, dtype=torch.long), epochs=5, progress=False)
+    assert len(calls) == 2 and not model.training and torch.get_num_threads() >= 1

@@ -8,8 +8,9 @@
 
 Results are saved per experiment in ``--out`` (``<name>.json``; DFlare campaigns one file each,
 reused when run again with the same settings), so an interrupted run (Ctrl-C) keeps what it
-finished (SIGTERM counts as Ctrl-C, for runs in the background); the report is written from
-whatever is there. Exit code 1 if an experiment failed.
+finished (SIGTERM counts as Ctrl-C, for runs in the background) and stops: no further experiment
+or campaign starts after the signal; the report is written from whatever is there. Exit code 1 if
+an experiment failed, 130 if it was interrupted.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import mlflow_di  # noqa: E402,F401  (torchvision guard before anything imports 
 
 from benchmarks.reproduce import EXPERIMENTS  # noqa: E402
 from benchmarks.reproduce.config import REPO, Config, default_shared, make_config  # noqa: E402
-from benchmarks.reproduce.results import ExperimentResult, Log, now  # noqa: E402
+from benchmarks.reproduce.results import ExperimentResult, Log, checkpoint, now, request_stop  # noqa: E402
 
 RESULTS_DIR = REPO / "benchmarks" / "reproduce"
 FULL_MARKDOWN = REPO / "benchmarks" / "REPRODUCTION.md"
@@ -89,6 +90,7 @@ def run_experiment(name: str, config: Config, subjects, out: pathlib.Path, log: 
     if name == "idc_rq3":
         kwargs = {"cache_dir": out / "cache" / "attacks"}
     result = module.run(config, subjects, log, **kwargs)
+    checkpoint()  # a result that ran through a stop request may hold cut-short campaigns: not saved
     result.seconds = time.perf_counter() - started
     result.finished = now()
     result.meta["command"] = command
@@ -98,12 +100,14 @@ def run_experiment(name: str, config: Config, subjects, out: pathlib.Path, log: 
 
 
 def _interrupt(_signum, _frame):
+    request_stop()
     raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     mode = "quick" if args.quick else "tiny" if args.tiny else "full"
     out = (args.out or RESULTS_DIR / ("results" if mode == "full" else f"results-{mode}")).resolve()
     markdown = (args.markdown or (FULL_MARKDOWN if mode == "full" and args.out is None else out / "REPRODUCTION.md"))
@@ -131,9 +135,12 @@ def main(argv=None) -> int:
                     failed.append(name)
                     log(f"{name}: FAILED\n{traceback.format_exc()}")
         except KeyboardInterrupt:
-            log("interrupted: finished experiments (and finished DFlare campaigns) are saved")
+            log.note("interrupted: finished experiments (and finished DFlare campaigns) are saved")
+            write_report(out, markdown, command)
+            log.note(f"report written to {markdown}")
+            return 130
     write_report(out, markdown, command)
-    log(f"report written to {markdown}")
+    log.note(f"report written to {markdown}")
     return 1 if failed else 0
 
 

@@ -12,6 +12,7 @@ import math
 import pathlib
 import statistics
 import sys
+import threading
 import time
 
 import numpy as np
@@ -77,8 +78,25 @@ def mean_std(values) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+_STOP = threading.Event()
+
+
+def request_stop() -> None:
+    """Ask the harness to stop (its SIGINT/SIGTERM handler does): the next :func:`checkpoint` raises."""
+    _STOP.set()
+
+
+def checkpoint() -> None:
+    """Raise ``KeyboardInterrupt`` if a stop was asked. The library's campaigns and searches catch
+    an interrupt to keep their finished seeds and return; without this, an experiment would go on
+    with its next campaign after the signal (every progress line is a checkpoint)."""
+    if _STOP.is_set():
+        raise KeyboardInterrupt
+
+
 class Log:
-    """Progress lines with a timestamp, to stderr and (optionally) a log file, flushed at once."""
+    """Progress lines with a timestamp, to stderr and (optionally) a log file, flushed at once.
+    Calling it is a :func:`checkpoint`; :meth:`note` writes without one (the harness's own last lines)."""
 
     def __init__(self, path: pathlib.Path | None = None, quiet: bool = False):
         self.path, self.quiet = path, quiet
@@ -87,6 +105,10 @@ class Log:
             path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, message: str) -> None:
+        checkpoint()
+        self.note(message)
+
+    def note(self, message: str) -> None:
         line = f"[{now()} +{time.perf_counter() - self.started:7.0f}s] {message}"
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
