@@ -1,7 +1,7 @@
 """Run the reproduction experiments and write the markdown report.
 
     python -m benchmarks.reproduce                 # full configuration -> benchmarks/REPRODUCTION.md
-    python -m benchmarks.reproduce --quick         # small version (< 10 min) -> <out>/REPRODUCTION.md
+    python -m benchmarks.reproduce --quick         # small version (< 5 min) -> <out>/REPRODUCTION.md
     python -m benchmarks.reproduce --tiny --out D  # seconds, on the digits CNN (for tests)
     python -m benchmarks.reproduce --only dflare_table4 --set fuzz_runs=2
     python -m benchmarks.reproduce --render-only   # re-render the report from saved results
@@ -42,7 +42,7 @@ TAKES_OUT = ("dflare_table4", "dflare_rq4", "idc_rq6")
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.reproduce", description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="small version of every experiment (< 10 min)")
+    mode.add_argument("--quick", action="store_true", help="small version of every experiment (< 5 min)")
     mode.add_argument("--tiny", action="store_true", help="seconds-long run on the digits CNN (tests the harness)")
     parser.add_argument("--out", type=pathlib.Path, help="results folder (default benchmarks/reproduce/results[-MODE])")
     parser.add_argument("--markdown", type=pathlib.Path,

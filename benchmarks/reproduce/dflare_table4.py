@@ -33,6 +33,13 @@ def plan(config: Config, strategy: str) -> tuple[int, int]:
     return config.fuzz_seeds, config.fuzz_runs
 
 
+def max_queries(config: Config, strategy: str) -> int | None:
+    """The query cap of ``strategy``'s campaigns: the expensive strategies' own, when set."""
+    if strategy in EXPENSIVE and config.expensive_max_queries is not None:
+        return config.expensive_max_queries
+    return config.fuzz_max_queries
+
+
 def campaign_record(result, pair: str, strategy: str, run: int, wall: float, config: Config, seeds: int) -> dict:
     summary = result.summary
     stops = collections.Counter(r.stop for r in result.records)
@@ -46,7 +53,10 @@ def campaign_record(result, pair: str, strategy: str, run: int, wall: float, con
 
 
 def _settings(config: Config, seeds: int) -> dict:
-    return {"seeds": seeds, **{key: getattr(config, key) for key in SETTINGS}}
+    settings = {"seeds": seeds, **{key: getattr(config, key) for key in SETTINGS}}
+    if config.expensive_max_queries is not None:  # only when set: campaigns saved before it existed stay reusable
+        settings["expensive_max_queries"] = config.expensive_max_queries
+    return settings
 
 
 def _record_path(folder: pathlib.Path, pair: str, strategy: str, run: int) -> pathlib.Path:
@@ -78,7 +88,7 @@ def run(config: Config, subjects, log: Log, out: pathlib.Path | None = None) -> 
                     log(f"dflare_table4: {pair_name} {strategy} run {run_index + 1}/{runs} on {len(seeds)} seeds")
                     started = time.perf_counter()
                     result = run_campaign(pair.original, pair.compressed, seeds, strategy=harness_strategy(strategy),
-                                          timeout=config.fuzz_timeout, max_queries=config.fuzz_max_queries,
+                                          timeout=config.fuzz_timeout, max_queries=max_queries(config, strategy),
                                           batch=config.fuzz_batch, seed=run_index, progress=False)
                     record = campaign_record(result, pair_name, strategy, run_index, time.perf_counter() - started,
                                              config, len(seeds))
@@ -92,5 +102,6 @@ def run(config: Config, subjects, log: Log, out: pathlib.Path | None = None) -> 
     meta = {"seeds": config.fuzz_seeds, "runs": config.fuzz_runs, "timeout": config.fuzz_timeout,
             "plan": {strategy: plan(config, strategy) for strategy in config.fuzz_strategies},
             "max_queries": config.fuzz_max_queries,
+            "max_queries_by_strategy": {strategy: max_queries(config, strategy) for strategy in config.fuzz_strategies},
             "pairs": {name: pair_description(name, config) for name in config.fuzz_pairs}}
     return ExperimentResult("dflare_table4", records, meta, config.to_dict())

@@ -631,6 +631,8 @@ def _method(result: ExperimentResult) -> str:
                    "MNIST training split (IDC analysis, seeds, retraining) and the 10,000-image test split."))
     if result.name == "dflare_table4":
         limit = f", at most {m['max_queries']} queries" if m.get("max_queries") else ""
+        capped = {s: q for s, q in (m.get("max_queries_by_strategy") or {}).items() if q != m.get("max_queries")}
+        limit += "".join(f"; {s} at most {q} queries" for s, q in capped.items())
         plans = m.get("plan") or {}
         budget = "; ".join(f"{s}: {seeds} seeds x {runs} run(s)" for s, (seeds, runs) in plans.items()) or \
             f"{m['seeds']} seeds x {m['runs']} run(s)"
