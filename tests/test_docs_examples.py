@@ -160,3 +160,12 @@ def test_every_yaml_example_is_a_valid_policy_or_part_of_one(block, scratch):
     if not ({"compress", "coverage", "fuzz", "robustness", "gate"} & set(document)):
         document["gate"] = {"thresholds": {"min_idc": 0.5}}
     parse_policy(yaml.safe_dump(document), source=block.where)
+
+
+def test_every_picture_a_page_shows_exists():
+    """mkdocs --strict checks links between pages, not pictures: a screenshot renamed or never
+    made would leave a broken image on the site."""
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).is_file(), f"{page.relative_to(REPO)} shows {target}, which is missing"
