@@ -23,9 +23,11 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 # Train and register the digits CNN, then run the shipped policy on the version just registered
 # (mlflow-di demo alone does the same in one command, with the same settings).
 demo: install
-	$(VENV)/bin/mlflow-di demo --train-only > $(VENV)/.demo-train.log; code=$$?; cat $(VENV)/.demo-train.log; exit $$code
-	$(VENV)/bin/mlflow-di pipeline --policy examples/policies/demo.yaml \
-		--model-uri "$$(sed -n 's/^registered \(models:[^ ]*\) .*/\1/p' $(VENV)/.demo-train.log)"
+	@echo "mlflow-di demo --train-only"
+	@PYTHONUNBUFFERED=1 bash -o pipefail -c '$(VENV)/bin/mlflow-di demo --train-only | tee $(VENV)/.demo-train.log'
+	@uri="$$(sed -n 's/^registered \(models:[^ ]*\) .*/\1/p' $(VENV)/.demo-train.log)"; \
+		echo; echo "mlflow-di pipeline --policy examples/policies/demo.yaml --model-uri $$uri"; \
+		$(VENV)/bin/mlflow-di pipeline --policy examples/policies/demo.yaml --model-uri "$$uri"
 
 # The browser test drives Debian's Chromium; install it where we may (root with apt-get),
 # otherwise that one test skips and says why.

@@ -79,9 +79,25 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
         raise
     click.echo("")
     click.echo(f"pipeline run {log.run_id}: verdict {gate['outcome']}; state {folder / STATE_FILE}")
+    _where_to_look(model_uri)
     if gate["outcome"] == "ERROR":
         raise UserError(gate["error"])
     _exit(ctx, gate["exit_code"])
+
+
+def _where_to_look(model_uri: str) -> None:
+    """Where the verdict and the evidence are in the MLflow UI (the run's own line follows at exit)."""
+    from mlflow_di.mlflow_edge.connection import tracking_uri
+
+    uri = tracking_uri()
+    click.echo("where to look:")
+    if not uri.startswith(("http://", "https://")):
+        click.echo(f"  mlflow ui --backend-store-uri {uri}   # then open http://127.0.0.1:5000")
+    name, _, version = model_uri.removeprefix("models:/").partition("/")
+    page = f"Models > {name} > Version {version}" if model_uri.startswith("models:/") and version.isdigit() \
+        else f"Models > {name}"
+    click.echo(f"  {page}: the verdict heads the version's description")
+    click.echo("  the pipeline run below: gate/report.html in its Artifacts; one child run per step with its report")
 
 
 def _log_gate(log, gate: dict, this_process: dict | None) -> None:

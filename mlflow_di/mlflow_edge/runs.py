@@ -132,6 +132,20 @@ def _announce_at_exit(run, status: str) -> None:
     pending.append(run_line(run, status))
 
 
+def take_run_lines() -> list[str]:
+    """The run lines a command has collected so far (each run's :func:`run_line`), taken so that
+    they are not printed again at exit: for a command that shows them in its own closing block."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return []
+    pending = context.find_root().meta.get("mlflow_di.run_lines", [])
+    taken = list(pending)
+    pending.clear()
+    return taken
+
+
 def close_orphaned_runs(tags: dict, reason: str) -> list[str]:
     """End as KILLED every RUNNING run carrying ``tags`` (left by a process that was killed hard).
 
