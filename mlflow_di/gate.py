@@ -80,6 +80,9 @@ CRITERIA = (
     Criterion("robustness_agreement_min", "robustness", "min_robustness_agreement", greater_is_better=True,
               per_compressed=True),
     Criterion("disagreement_rate", "compress", "max_disagreement_rate", greater_is_better=False, per_compressed=True),
+    #: the share of fuzzed seeds that gave a trigger within the realism budget (fuzz's realism_* bounds)
+    Criterion("realistic_success_rate", "fuzz", "max_realistic_success_rate", greater_is_better=False,
+              per_compressed=True),
 )
 CRITERION = {c.metric: c for c in CRITERIA}
 
@@ -136,17 +139,19 @@ class Thresholds(JsonRoundTrip):
     max_success_rate_rise: float | None = None
     min_mean_queries_ratio: float | None = None
     max_disagreement_rate: float | None = None
+    max_realistic_success_rate: float | None = None
 
     #: thresholds added after verdicts were written: written only when set (older verdicts keep their bytes)
     JSON_OPTIONAL = {"max_class_accuracy_drop": None, "min_robustness_agreement": None, "max_idc_drop": None,
-                     "max_success_rate_rise": None, "min_mean_queries_ratio": None, "max_disagreement_rate": None}
+                     "max_success_rate_rise": None, "min_mean_queries_ratio": None, "max_disagreement_rate": None,
+                     "max_realistic_success_rate": None}
 
     def __post_init__(self):
         for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
             if value is not None and not math.isfinite(value):
                 raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
         for name in ("min_idc", "max_success_rate", "min_robustness_agreement", "max_idc_drop", "max_success_rate_rise",
-                     "max_disagreement_rate"):
+                     "max_disagreement_rate", "max_realistic_success_rate"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise UserError(f"--{name.replace('_', '-')} is a fraction between 0 and 1, got {value}")
@@ -158,7 +163,8 @@ class Thresholds(JsonRoundTrip):
         if not self.given() and not self.relative():
             raise UserError("no threshold given; pass at least one of --min-idc, --max-success-rate, "
                             "--min-mean-queries, --max-accuracy-drop, --max-class-accuracy-drop, "
-                            "--min-robustness-agreement, --max-disagreement-rate (or, with --baseline, --max-idc-drop, "
+                            "--min-robustness-agreement, --max-disagreement-rate, --max-realistic-success-rate (or, "
+                            "with --baseline, --max-idc-drop, "
                             "--max-success-rate-rise, --min-mean-queries-ratio)")
         return self
 
@@ -197,8 +203,10 @@ class Measurement(JsonRoundTrip):
     run_id: str | None = None
     missing: str = ""
     method: str | None = None
+    #: what a reader must know about a measured value (e.g. that its triggers are noise-like)
+    note: str = ""
 
-    JSON_OPTIONAL = {"method": None}
+    JSON_OPTIONAL = {"method": None, "note": ""}
 
     @property
     def found(self) -> bool:
@@ -378,7 +386,7 @@ def _check(criterion: Criterion, threshold: float, measurement: Measurement) -> 
     if measurement.found:
         value = measurement.value
         passed = value >= threshold if criterion.greater_is_better else value <= threshold
-        message = ""
+        message = measurement.note
     else:
         passed, message = False, measurement.missing or missing_message(criterion, "the model")
     return Check(criterion.metric, measurement.compressed, measurement.value, float(threshold),

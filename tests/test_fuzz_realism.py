@@ -189,3 +189,32 @@ def test_per_class_rows_and_trigger_matrix_by_hand():
     assert rows[2]["success_rate"] == 0.0 and rows[2]["mean_queries"] is None
     matrix = trigger_matrix(records)
     assert matrix.shape == (3, 3) and matrix[0, 2] == 2 and matrix[1, 0] == 1 and matrix.sum() == 3
+
+
+def test_the_realism_budget_counts_triggers_within_every_measurable_bound():
+    """Hand-made records: a trigger counts as realistic when L-inf and (where measurable) SSIM meet the
+    budget; the campaign's own bounds replace the default's where it set them."""
+    from types import SimpleNamespace
+
+    from mlflow_di.fuzz.realism import (DEFAULT_BUDGET, Constraint, campaign_budget, distribution_rows,
+                                        realism_summary, within_budget)
+
+    def record(linf, ssim, success=True, index=0):
+        distances = {"l0": 3, "l0_fraction": 0.1, "l2": 0.5, "linf": linf, "ssim": ssim}
+        return SimpleNamespace(success=success, index=index, trigger_distances=distances if success else None)
+
+    assert within_budget({"linf": 32, "ssim": 0.9}) and not within_budget({"linf": 33, "ssim": 0.99})
+    assert not within_budget({"linf": 4, "ssim": 0.89}) and within_budget({"linf": 4, "ssim": None})
+    assert not within_budget(None)
+    assert campaign_budget(None) == DEFAULT_BUDGET
+    assert campaign_budget(Constraint(max_linf=8)) == Constraint(max_linf=8, min_ssim=0.9)
+    records = [record(10, 0.95, index=0), record(200, 0.2, index=1), record(30, None, index=2),
+               record(0, 1.0, success=False, index=3)]
+    summary = realism_summary(records, fuzzed=4)
+    assert summary == {"realistic_triggers": 2, "realistic_success_rate": 0.5, "realism_max_linf": 32,
+                       "realism_min_ssim": 0.9}
+    assert realism_summary(records, fuzzed=4, budget=Constraint(max_linf=20))["realistic_triggers"] == 1
+    rows = {row["distance"]: row for row in distribution_rows(records)}
+    assert rows["linf"] == {"distance": "linf", "triggers": 3, "min": 10.0, "p25": 20.0, "median": 30.0,
+                            "p75": 115.0, "max": 200.0}
+    assert rows["ssim"]["triggers"] == 2 and rows["ssim"]["median"] == pytest.approx(0.575)

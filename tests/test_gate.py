@@ -360,3 +360,27 @@ def test_gate_max_disagreement_rate_reads_each_exports_compress_run(client, hist
     assert rows == [["disagreement_rate", "[models:/lenet-int8/1]", "0.008", "<=", "0.05", "PASS"],
                     ["disagreement_rate", "[models:/lenet-prune/1]", "0.1", "<=", "0.05", "FAIL"]]
     assert client.get_model_version("lenet", "1").tags["mlflow_di.disagreement_rate"] == "0.1"
+
+
+def test_realistic_success_rate_is_judged_and_noise_is_named(client, capsys):
+    """A campaign whose triggers are mostly outside the realism budget: --max-realistic-success-rate
+    judges the share of seeds with a realistic trigger, and the success-rate check, which passes,
+    says in its message (console and description) that it counts noise-like inputs."""
+    from mlflow_server import fuzz_tags
+
+    experiment = client.create_experiment("realism")
+    model = register_version(client, "noisy")
+    export = register_version(client, "noisy-int8")
+    record_run(client, experiment, "fuzz", model, tags=fuzz_tags(export),
+               metrics={"success_rate": 0.9, "mean_queries": 40, "triggers": 90, "fuzzed": 100,
+                        "realistic_triggers": 3, "realistic_success_rate": 0.03,
+                        "realism_max_linf": 32, "realism_min_ssim": 0.9})
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/noisy/1", "--max-success-rate", "0.95",
+                            "--max-realistic-success-rate", "0.02")
+    assert code == 1
+    rows = [line.split() for line in out.splitlines() if line.startswith(("success_rate", "realistic_success_rate"))]
+    assert rows == [["success_rate", "[models:/noisy-int8/1]", "0.9", "<=", "0.95", "PASS"],
+                    ["realistic_success_rate", "[models:/noisy-int8/1]", "0.03", "<=", "0.02", "FAIL"]]
+    assert "only 3 of 90 triggers are within the realism budget" in out and "noise-like" in out
+    version = client.get_model_version("noisy", "1")
+    assert version.tags["mlflow_di.realistic_success_rate"] == "0.03" and "noise-like" in version.description

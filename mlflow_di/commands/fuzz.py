@@ -25,6 +25,8 @@ from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, IntPair, LazyC
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
                    "already_deviating", "fuzzed")
 CAMPAIGNS = pathlib.Path("mlflow-di-campaigns")
+#: summary keys logged as metrics besides SUMMARY_METRICS: the triggers' distances and the realism budget's counts
+REALISM_PREFIXES = ("trigger_", "realistic_", "realism_")
 
 
 def _campaign_prefix(original: str, compressed: str, strategy: str, seed: int) -> str:
@@ -76,8 +78,8 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
               help="Each gradient step's domain constraint: lighting (default: every pixel alike), occlusion (one "
                    "rectangle), blackout (small rectangles, only darker).")
 @click.option("--dx-step", type=FiniteFloat(0, min_open=True), default=None,
-              help="Step in 8-bit levels per unit of the RMS-normalised gradient (default 10, the paper's s; the "
-                   "reference script's 10 on 0..1 pixels is 2550 here).")
+              help="Step in 8-bit levels per unit of the RMS-normalised gradient (default 2550: the reference MNIST "
+                   "script's s = 10 on 0..1 pixels; 10 is the paper's s in 0..255 units).")
 @click.option("--dx-lambda1", type=FiniteFloat(0), default=None,
               help="Weight of lowering the target model's confidence in the seed's label (default 1).")
 @click.option("--dx-lambda2", type=FiniteFloat(0), default=None,
@@ -343,13 +345,16 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _summary(result) -> dict:
-    from mlflow_di.fuzz.realism import distance_summary
+    from mlflow_di.fuzz.realism import Constraint, campaign_budget, distance_summary, realism_summary
 
     s = result.summary
+    own = (result.config.strategy_options or {}).get("constraint")  # DeepXplore's is a name, not a budget
+    budget = campaign_budget(Constraint(**own) if isinstance(own, dict) else None)
     return {"success_rate": s.success_rate, "mean_queries": s.mean_queries, "median_queries": s.median_queries,
             "mean_seconds": s.mean_seconds, "triggers": s.triggers, "seeds": s.seeds,
             "already_deviating": s.already_deviating, "fuzzed": s.fuzzed, "strategy": s.strategy,
             "complete": result.complete, **distance_summary(result.records),
+            **realism_summary(result.records, s.fuzzed, budget),
             **({"neuron_coverage": result.neuron_coverage} if result.neuron_coverage is not None else {}),
             "operators": {name: {"selected": o.selected, "accepted": o.accepted, "triggered": o.triggered}
                           for name, o in s.operators.items()}}
@@ -357,7 +362,8 @@ def _summary(result) -> dict:
 
 def _metrics(summary: dict, class_rows: list[dict]) -> dict:
     """What a campaign's run records as metrics: the summary, trigger realism, and success by class."""
-    metrics = {k: v for k, v in summary.items() if k in SUMMARY_METRICS or k.startswith("trigger_")}
+    metrics = {k: v for k, v in summary.items() if (k in SUMMARY_METRICS or k.startswith(REALISM_PREFIXES))
+               and v is not None}
     for row in class_rows:
         metrics[f"class_success_rate.{row['class']}"] = row["success_rate"]
     for role, value in (summary.get("neuron_coverage") or {}).items():  # deepxplore: NC reached per model
@@ -410,6 +416,8 @@ def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: 
                        f"(success rate {summary['success_rate']:.1%}); "
                        f"{_plural(summary['already_deviating'], 'seed')} already deviated")
     html.section("Summary").metrics({k: summary[k] for k in SUMMARY_METRICS}, percent_keys=["success_rate"])
+    if summary["triggers"]:
+        _realism_section(html, result, summary)
     if summary.get("neuron_coverage"):
         coverage = {f"neuron_coverage.{role}": value for role, value in summary["neuron_coverage"].items()}
         html.section("Neuron coverage reached").metrics(coverage, percent_keys=list(coverage), caption=(
@@ -424,10 +432,6 @@ def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: 
         html.section("Triggers").gallery(pages, "every trigger: seed | trigger | amplified difference, with both "
                                                 "models' labels, the operators applied and the perturbation size")
         log.table(distance_rows(result.records), "fuzz/trigger_distances.json")
-        realism = {k: v for k, v in summary.items() if k.startswith("trigger_")}
-        html.section("How far the triggers are from their seeds").metrics(realism, caption=(
-            "l0: pixels changed; l2: Euclidean distance of pixel/255; linf: largest change in 8-bit levels; "
-            "ssim: structural similarity to the seed (1 = identical)"))
         matrix = trigger_matrix(result.records)
         log.table(matrix_rows(matrix), "fuzz/trigger_matrix.json")
         html.section("Triggers by label pair").image(rp.heatmap(
@@ -514,6 +518,32 @@ def _print_sharing(comparison: dict) -> None:
                f"{metrics['triggers_fooling_all']} of {metrics['triggers_total']} triggers fool every compressed model")
 
 
+def realism_note(summary: dict) -> str:
+    """One sentence: how many triggers are within the realism budget (the report's flag, the printed summary)."""
+    bounds = [f"L-inf <= {summary['realism_max_linf']}"] if summary.get("realism_max_linf") is not None else []
+    if summary.get("realism_min_ssim") is not None:
+        bounds.append(f"SSIM >= {summary['realism_min_ssim']:g} where measurable")
+    return (f"{summary['realistic_triggers']} of {_plural(summary['triggers'], 'trigger')} within the realism budget "
+            f"({', '.join(bounds)}): realistic success rate {summary['realistic_success_rate']:.1%}")
+
+
+def _realism_section(html, result, summary: dict) -> None:
+    """The triggers' distances to their seeds as distributions, right under the summary, with a
+    warning when most triggers are outside the realism budget (noise, not a finding to act on)."""
+    from mlflow_di.fuzz.realism import distribution_rows
+
+    html.section("How realistic the triggers are")
+    if summary["realistic_triggers"] * 2 < summary["triggers"]:
+        html.verdict(False, f"{realism_note(summary)}. Most triggers are noise-like: a reviewer would not call them "
+                            "the same image. Rerun with --min-ssim / --max-linf to search inside a budget.",
+                     word="NOISE")
+    else:
+        html.paragraph(realism_note(summary) + ".")
+    html.table(distribution_rows(result.records), caption=(
+        "over the triggers: ssim = structural similarity to the seed (1 = identical; needs 11x11 images), linf = "
+        "largest change in 8-bit levels, l2 = Euclidean distance of pixel/255, l0 = pixels changed"))
+
+
 def _trigger_grid_pages(result) -> list:
     from mlflow_di import reporting as rp
 
@@ -538,6 +568,11 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
     if summary["mean_queries"] is not None:
         click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}, median {summary['median_queries']:.0f}; "
                    f"seconds per trigger: mean {summary['mean_seconds']:.3f}")
+    if summary["triggers"]:
+        median = ", ".join(f"{key} {summary[f'trigger_{key}_median']:.3g}" for key in ("ssim", "linf")
+                           if summary.get(f"trigger_{key}_median") is not None)
+        click.echo(f"  realism: {realism_note(summary)}; medians {median}"
+                   + ("  <- mostly noise-like" if summary["realistic_triggers"] * 2 < summary["triggers"] else ""))
     if summary.get("neuron_coverage"):
         click.echo("  neuron coverage reached (seeds and triggers): " + ", ".join(
             f"{role} {value:.1%}" for role, value in summary["neuron_coverage"].items()))

@@ -38,6 +38,10 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
 @click.option("--max-disagreement-rate", type=Fraction(), default=None,
               help="Fail if a compressed model's top-1 label differs from the original's on more of the evaluation "
                    "data (0..1) than this, as its compress run measured (accuracy can stay flat while answers flip).")
+@click.option("--max-realistic-success-rate", type=Fraction(), default=None,
+              help="Fail if more of the fuzzed seeds (0..1) gave a trigger within the realism budget (SSIM >= 0.9 "
+                   "to the seed where measurable, L-inf <= 32 levels, or the campaign's own --min-ssim/--max-linf): "
+                   "deviations a person would call the same image.")
 @click.option("--min-robustness-agreement", type=Fraction(), default=None,
               help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
                    "in the worst corruption and severity of the newest robustness run.")
@@ -67,8 +71,8 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
 @click.option("--summary-md", type=WritablePath("file"), default=None,
               help="Also write a Markdown summary (e.g. to append to $GITHUB_STEP_SUMMARY), also on fail.")
 def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_rate, min_mean_queries,
-            max_accuracy_drop, max_class_accuracy_drop, max_disagreement_rate, min_robustness_agreement,
-            baseline: str | None,
+            max_accuracy_drop, max_class_accuracy_drop, max_disagreement_rate, max_realistic_success_rate,
+            min_robustness_agreement, baseline: str | None,
             baseline_optional: bool, max_idc_drop, max_success_rate_rise, min_mean_queries_ratio,
             pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
             summary_md: str | None) -> None:
@@ -85,7 +89,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
                             max_accuracy_drop=max_accuracy_drop, max_class_accuracy_drop=max_class_accuracy_drop,
                             min_robustness_agreement=min_robustness_agreement, max_idc_drop=max_idc_drop,
                             max_success_rate_rise=max_success_rate_rise, min_mean_queries_ratio=min_mean_queries_ratio,
-                            max_disagreement_rate=max_disagreement_rate).require_any()
+                            max_disagreement_rate=max_disagreement_rate,
+                            max_realistic_success_rate=max_realistic_success_rate).require_any()
     baseline = baseline or None  # MLproject passes "" for unset
     thresholds.require_baseline(baseline is not None)
     if baseline and baseline.strip() == model_uri.strip():

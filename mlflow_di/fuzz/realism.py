@@ -99,6 +99,54 @@ class Constraint:
         return {"max_linf": self.max_linf, "min_ssim": self.min_ssim}
 
 
+#: What a trigger must meet to count as realistic when a campaign set no budget of its own: SSIM of at
+#: least 0.9 to its seed (where the image is large enough for SSIM's window) and no value moved by
+#: more than 32 of 256 levels. Looser triggers are reported too, but as what they are: noise-like.
+DEFAULT_BUDGET = Constraint(max_linf=32, min_ssim=0.9)
+
+
+def within_budget(distances: dict | None, budget: Constraint = DEFAULT_BUDGET) -> bool:
+    """Whether a trigger with these :func:`distances` meets every bound of ``budget`` that can be
+    measured on it (SSIM is not defined on images smaller than its window: then L-inf alone)."""
+    if not distances:
+        return False
+    if budget.max_linf is not None and distances["linf"] > budget.max_linf:
+        return False
+    return budget.min_ssim is None or distances.get("ssim") is None or distances["ssim"] >= budget.min_ssim
+
+
+def campaign_budget(constraint: Constraint | None) -> Constraint:
+    """The budget a campaign's triggers are judged by: its own constraint's bounds where it set them,
+    :data:`DEFAULT_BUDGET`'s for the rest."""
+    if constraint is None:
+        return DEFAULT_BUDGET
+    return Constraint(max_linf=constraint.max_linf if constraint.max_linf is not None else DEFAULT_BUDGET.max_linf,
+                      min_ssim=constraint.min_ssim if constraint.min_ssim is not None else DEFAULT_BUDGET.min_ssim)
+
+
+def realism_summary(records, fuzzed: int, budget: Constraint = DEFAULT_BUDGET) -> dict:
+    """``realistic_triggers`` (triggers within ``budget``), ``realistic_success_rate`` (those over the
+    seeds fuzzed: the success rate a person would believe) and the budget's bounds as
+    ``realism_max_linf`` / ``realism_min_ssim``."""
+    realistic = sum(within_budget(r.trigger_distances, budget) for r in records if r.success)
+    return {"realistic_triggers": realistic, "realistic_success_rate": realistic / fuzzed if fuzzed else 0.0,
+            "realism_max_linf": budget.max_linf, "realism_min_ssim": budget.min_ssim}
+
+
+def distribution_rows(records) -> list[dict]:
+    """Per distance (l0, l2, linf, ssim): how many triggers have it, and its minimum, quartiles and
+    maximum over the campaign's triggers (the report's realism table: distributions, not only medians)."""
+    rows = distance_rows(records)
+    table = []
+    for key in ("ssim", "linf", "l2", "l0"):
+        values = np.asarray([row[key] for row in rows if row.get(key) is not None], np.float64)
+        if len(values):
+            low, q1, median, q3, high = np.percentile(values, [0, 25, 50, 75, 100])
+            table.append({"distance": key, "triggers": int(len(values)), "min": float(low), "p25": float(q1),
+                          "median": float(median), "p75": float(q3), "max": float(high)})
+    return table
+
+
 def distance_rows(records) -> list[dict]:
     """One row per trigger: seed index and its distances (records without distances are left out)."""
     return [{"seed": r.index, **r.trigger_distances} for r in records if r.success and r.trigger_distances]

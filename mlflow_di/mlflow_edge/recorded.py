@@ -298,8 +298,23 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
         found_none = metrics.get("triggers") == 0 or metrics.get("success_rate") == 0
         mean_queries = math.inf if found_none else None
     missing = "" if mean_queries is not None else f"fuzz run {run_id} recorded no mean_queries"
-    return [Measurement("success_rate", metrics["success_rate"], target.key, run_id),
-            Measurement("mean_queries", mean_queries, target.key, run_id, missing)]
+    note = _noise_note(metrics, run_id)
+    found = [Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note),
+             Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note)]
+    if metrics.get("realistic_success_rate") is not None:  # campaigns logged before realism budgets have none
+        found.append(Measurement("realistic_success_rate", metrics["realistic_success_rate"], target.key, run_id))
+    return found
+
+
+def _noise_note(metrics: dict, run_id: str) -> str:
+    """A warning when most of a campaign's triggers are outside the realism budget: its success rate and
+    queries then count noise-like inputs, and the verdict must say so."""
+    triggers, realistic = metrics.get("triggers"), metrics.get("realistic_triggers")
+    if not triggers or realistic is None or realistic * 2 >= triggers:
+        return ""
+    return (f"fuzz run {run_id}: only {int(realistic)} of {int(triggers)} triggers are within the realism budget "
+            f"(L-inf <= {metrics.get('realism_max_linf', 32):g}, SSIM >= {metrics.get('realism_min_ssim', 0.9):g}); "
+            "success rate and queries count noise-like inputs")
 
 
 def _method(target: _CompressedTarget, client) -> str | None:
