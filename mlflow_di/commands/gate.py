@@ -207,6 +207,8 @@ def _report(verdict, notes: tuple[str, ...]) -> str:
     html.section("Checks").table([{"check": row[0], "measured": row[1], **_baseline_cells(verdict, row), "threshold": row[-2],
                                    "result": row[-1], "run": check.run_id or "-"}
                                   for row, check in zip(_rows(verdict), verdict.checks)])
+    for message in dict.fromkeys(c.message for c in verdict.checks if c.message):  # as the console lists them
+        html.paragraph(message)
     for note in notes:  # the version, its baseline, what happened to the alias: as the summaries say them
         html.paragraph(note)
     return html.render()
