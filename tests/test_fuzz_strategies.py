@@ -40,8 +40,9 @@ def _step(search, f, g):
 
 def test_registry_names_and_what_they_are():
     assert set(STRATEGIES) == {"dflare", "dflare-d", "dflare-r", "dflare-paper", "dflare-paper-d", "dflare-paper-r",
-                               "diffchaser", "deepxplore"}
+                               "diffchaser", "deepxplore", "boundary"}
     assert make_strategy("deepxplore").white_box  # run by fuzz.deepxplore, not the black-box runner
+    assert make_strategy("boundary").white_box  # run by fuzz.boundary: it needs the original's gradients
     default, paper = make_strategy("dflare"), make_strategy("dflare-paper")
     assert (default.fitness, default.acceptance, default.novelty, default.selection) == (
         "margin", "paper", True, "metropolis-hastings")

@@ -26,7 +26,7 @@ SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_secon
                    "already_deviating", "fuzzed")
 CAMPAIGNS = pathlib.Path("mlflow-di-campaigns")
 #: summary keys logged as metrics besides SUMMARY_METRICS: the triggers' distances and the realism budget's counts
-REALISM_PREFIXES = ("trigger_", "realistic_", "realism_")
+REALISM_PREFIXES = ("trigger_", "realistic_", "realism_", "mean_original_passes")
 
 
 def _campaign_prefix(original: str, compressed: str, strategy: str, seed: int) -> str:
@@ -67,13 +67,15 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy", in_help=False),
               default="dflare", show_default=True,
               help="dflare (steered by the original's log-probability margin), dflare-paper (the paper's fitness), "
-                   "ablations dflare[-paper]-d (no novelty) and -r (random operator), diffchaser, or deepxplore "
-                   "(white-box, PyTorch models; its options below).")
+                   "ablations dflare[-paper]-d (no novelty) and -r (random operator), diffchaser, boundary "
+                   "(realistic triggers in few queries: walks a PyTorch original to its decision boundary inside "
+                   "--max-linf/--min-ssim), or deepxplore (white-box, PyTorch models; its options below).")
 @click.option("--max-linf", type=click.IntRange(1, 255), default=None,
-              help="Keep every queried input within this many 8-bit levels of its seed (L-inf). dflare strategies.")
+              help="Keep every queried input within this many 8-bit levels of its seed (L-inf). dflare strategies "
+                   "and boundary.")
 @click.option("--min-ssim", type=FiniteFloat(-1.0, 1.0, min_open=True, max_open=True), default=None,
               help="Keep every queried input at least this similar (SSIM, images >= 11x11) to its seed. dflare "
-                   "strategies.")
+                   "strategies and boundary.")
 @click.option("--dx-constraint", type=click.Choice(["lighting", "occlusion", "blackout"]), default=None,
               help="Each gradient step's domain constraint: lighting (default: every pixel alike), occlusion (one "
                    "rectangle), blackout (small rectangles, only darker).")
@@ -137,23 +139,31 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         raise UserError(f"--compressed {repeated[0]} is given twice; name each compressed model once")
     search = _strategy(strategy, max_linf, min_ssim, deepxplore)
     white_box = strategy == "deepxplore"
-    if white_box and overlap:
-        raise UserError("--overlap applies to the black-box strategies; deepxplore runs its models in its own loop "
+    walk = strategy == "boundary"  # the original white-box, the compressed model black-box
+    if (white_box or walk) and overlap:
+        raise UserError(f"--overlap applies to the black-box strategies; {strategy} runs its models in its own loop "
                         "(drop --overlap)")
-    executor = _executor(workers, ray_address, cpus_per_worker, gpus_per_worker, white_box)
+    if walk and len(compressed) > 1:
+        raise UserError("--strategy boundary fuzzes one compressed model at a time; give one --compressed per call")
+    executor = _executor(workers, ray_address, cpus_per_worker, gpus_per_worker, white_box or walk, strategy)
     original_ref = ModelRef.parse(original)
     compressed_refs = [ModelRef.parse(uri) for uri in compressed]
     if white_box:  # one campaign over every model, with their gradients
         torch_models = [_white_box_model(ref, pre, device) for ref, pre in
                         [(original_ref, preprocessing_original)] + [(r, preprocessing_compressed) for r in compressed_refs]]
         original_model, *compressed_models = [model.classifier() for model in torch_models]
+    elif walk:
+        torch_original = _white_box_model(original_ref, preprocessing_original, device)
+        original_model = torch_original.classifier()
+        compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
     else:
         original_model = load_classifier(original_ref, preprocessing_original, device)
         compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
-    mutations_on = None if white_box else mutation_device(original_model, executor)  # a CUDA original's GPU
-    overlapping = not white_box and (overlap if overlap is not None
+    mutations_on = None if white_box or walk else mutation_device(original_model, executor)  # a CUDA original's GPU
+    overlapping = not (white_box or walk) and (overlap if overlap is not None
                                      else overlaps_by_default(original_model, compressed_models, executor))
-    search = with_operators_on(search, mutations_on)
+    if not walk:
+        search = with_operators_on(search, mutations_on)
     raw_seeds = load_images(seed_data)
     seeds = original_model.preprocessing.prepare(raw_seeds)  # lazy: resized per batch if the model says so
     seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
@@ -224,6 +234,11 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
 
                 results = [run_deepxplore(torch_models, seeds, search, timeout=timeout, max_queries=max_queries,
                                           batch=batch, seed=seed, out_dir=folders[0], resume=resume)]
+            elif walk:
+                from mlflow_di.fuzz.boundary import run_boundary
+
+                results = [run_boundary(torch_original, compressed_models[0], seeds, search, timeout=timeout,
+                                        max_queries=max_queries, seed=seed, out_dir=folders[0], resume=resume)]
             else:
                 results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
                                         max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders,
@@ -258,7 +273,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                                                      **comparison["metrics"]}, json_out)
 
 
-def _executor(workers: int, address: str, cpus: float, gpus: float, white_box: bool = False):
+def _executor(workers: int, address: str, cpus: float, gpus: float, white_box: bool = False,
+              strategy: str = "deepxplore"):
     """None (search in this process) for ``--workers 0``, else the Ray executor; Ray missing is one line."""
     if not workers:
         return None
@@ -268,7 +284,7 @@ def _executor(workers: int, address: str, cpus: float, gpus: float, white_box: b
     from mlflow_di.fuzz.distributed import RayExecutor
 
     if white_box:
-        raise UserError("--workers runs the black-box strategies on Ray; deepxplore runs in this process "
+        raise UserError(f"--workers runs the black-box strategies on Ray; {strategy} runs in this process "
                         "(drop --workers, or use --device cuda for speed)")
     if importlib.util.find_spec("ray") is None:
         raise UserError("--workers needs Ray: pip install 'mlflow-di[ray]' (or run with --workers 0)")
@@ -288,6 +304,10 @@ def _strategy(name: str, max_linf, min_ssim, deepxplore: dict | None = None):
     given = {key[3:]: value for key, value in (deepxplore or {}).items() if value is not None}
     if given and name != "deepxplore":
         raise UserError(f"--dx-{next(iter(given)).replace('_', '-')} is a setting of --strategy deepxplore, not {name}")
+    if name == "boundary":
+        if max_linf is None and min_ssim is None:
+            return strategy
+        return dataclasses.replace(strategy, constraint=Constraint(max_linf=max_linf, min_ssim=min_ssim))
     if name == "deepxplore":
         if max_linf is not None or min_ssim is not None:
             raise UserError("--max-linf and --min-ssim work with the dflare strategies; deepxplore keeps its inputs "
@@ -353,11 +373,18 @@ def _summary(result) -> dict:
     return {"success_rate": s.success_rate, "mean_queries": s.mean_queries, "median_queries": s.median_queries,
             "mean_seconds": s.mean_seconds, "triggers": s.triggers, "seeds": s.seeds,
             "already_deviating": s.already_deviating, "fuzzed": s.fuzzed, "strategy": s.strategy,
-            "complete": result.complete, **distance_summary(result.records),
+            "complete": result.complete, **distance_summary(result.records), **_passes(result.records),
             **realism_summary(result.records, s.fuzzed, budget),
             **({"neuron_coverage": result.neuron_coverage} if result.neuron_coverage is not None else {}),
             "operators": {name: {"selected": o.selected, "accepted": o.accepted, "triggered": o.triggered}
                           for name, o in s.operators.items()}}
+
+
+def _passes(records) -> dict:
+    """``mean_original_passes``: the original's forward plus backward passes per fuzzed seed, for the
+    strategies that use its gradients (boundary); their ``queries`` count the compressed model only."""
+    counted = [r.original_passes for r in records if r.original_passes is not None and not r.already_deviating]
+    return {"mean_original_passes": float(sum(counted) / len(counted))} if counted else {}
 
 
 def _metrics(summary: dict, class_rows: list[dict]) -> dict:
@@ -568,6 +595,9 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
     if summary["mean_queries"] is not None:
         click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}, median {summary['median_queries']:.0f}; "
                    f"seconds per trigger: mean {summary['mean_seconds']:.3f}")
+    if summary.get("mean_original_passes") is not None:
+        click.echo(f"  queries count images sent to the compressed model; the original (white-box) ran "
+                   f"{summary['mean_original_passes']:.0f} forward/backward passes per seed on average")
     if summary["triggers"]:
         median = ", ".join(f"{key} {summary[f'trigger_{key}_median']:.3g}" for key in ("ssim", "linf")
                            if summary.get(f"trigger_{key}_median") is not None)

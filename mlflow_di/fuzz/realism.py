@@ -116,12 +116,9 @@ def within_budget(distances: dict | None, budget: Constraint = DEFAULT_BUDGET) -
 
 
 def campaign_budget(constraint: Constraint | None) -> Constraint:
-    """The budget a campaign's triggers are judged by: its own constraint's bounds where it set them,
-    :data:`DEFAULT_BUDGET`'s for the rest."""
-    if constraint is None:
-        return DEFAULT_BUDGET
-    return Constraint(max_linf=constraint.max_linf if constraint.max_linf is not None else DEFAULT_BUDGET.max_linf,
-                      min_ssim=constraint.min_ssim if constraint.min_ssim is not None else DEFAULT_BUDGET.min_ssim)
+    """The budget a campaign's triggers are judged by: the one it searched inside (``--max-linf``,
+    ``--min-ssim``: the bounds it set, no others), else :data:`DEFAULT_BUDGET`."""
+    return constraint if constraint is not None and constraint.active else DEFAULT_BUDGET
 
 
 def realism_summary(records, fuzzed: int, budget: Constraint = DEFAULT_BUDGET) -> dict:

@@ -82,13 +82,16 @@ class SeedRecord(JsonRoundTrip):
     #: DeepXplore: the number of the model (0 = original) whose confidence in the seed's label the
     #: search lowered while keeping the others' (the paper's randomly picked model j)
     target_model: int | None = None
+    #: white-box strategies (boundary): the original's forward plus backward passes for this seed,
+    #: reported apart from ``queries`` (images sent to the compressed model)
+    original_passes: int | None = None
 
     def __post_init__(self):
         self.stop = Stop(self.stop)
 
     #: fields added later, written only when set, so records of campaigns without them keep their bytes
     JSON_OPTIONAL = {"trigger_distances": None, "constraint_rejections": 0, "model_labels": None,
-                     "target_model": None}
+                     "target_model": None, "original_passes": None}
 
     @property
     def already_deviating(self) -> bool:

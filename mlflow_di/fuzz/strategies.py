@@ -2,6 +2,8 @@
 
 ``deepxplore`` (Pei et al.) is white-box: it needs PyTorch models and is run by
 :func:`~mlflow_di.fuzz.deepxplore.run_deepxplore`, not by the black-box campaign runner.
+``boundary`` needs the original's gradients (PyTorch) and queries the compressed model as a black
+box, inside a realism budget: :func:`~mlflow_di.fuzz.boundary.run_boundary`.
 
 ``dflare`` (the default) is DFlare's Algorithm 1 with a fitness that keeps a signal where the
 paper's has none: minus the original model's log-probability margin between its two most likely
@@ -33,7 +35,15 @@ STRATEGIES: dict[str, Callable[[], object]] = {
     # white-box: gradients of PyTorch models, run by fuzz.deepxplore.run_deepxplore (imported when
     # asked for: that module uses the campaign runner's helpers, which import this registry)
     "deepxplore": lambda: _deepxplore(),
+    # white-box original, black-box compressed: run by fuzz.boundary.run_boundary
+    "boundary": lambda: _boundary(),
 }
+
+
+def _boundary():
+    from mlflow_di.fuzz.boundary import BoundaryWalk
+
+    return BoundaryWalk()
 
 
 def _deepxplore():

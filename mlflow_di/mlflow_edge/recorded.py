@@ -285,11 +285,17 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
     found = recorded_runs("fuzz", {**subject_tags, **target.fuzz_tags}, "success_rate", client, target.model_id,
                           max_results=100)  # constrained campaigns are left out below
     runs = [run for run in found if FUZZ_CONSTRAINT_TAG not in run.data.tags]
+    # realistic_success_rate counts triggers within a realism budget: a campaign held to one (e.g.
+    # --strategy boundary --min-ssim 0.9) answers it best, so it is read from the newest campaign of any kind
+    realistic = next((run for run in found if run.data.metrics.get("realistic_success_rate") is not None), None)
+    of_realism = [] if realistic is None else [Measurement(
+        "realistic_success_rate", realistic.data.metrics["realistic_success_rate"], target.key, realistic.info.run_id)]
     if not runs:
         message = missing_message(CRITERION["success_rate"], subject_uri, target.key)
         if found:
             message += " (only campaigns held to --max-linf/--min-ssim were recorded; the gate reads unconstrained ones)"
-        return [Measurement(metric, None, target.key, missing=message) for metric in ("success_rate", "mean_queries")]
+        return [Measurement(metric, None, target.key, missing=message)
+                for metric in ("success_rate", "mean_queries")] + of_realism
     run = runs[0]
     metrics, run_id = run.data.metrics, run.info.run_id
     mean_queries = metrics.get("mean_queries")
@@ -299,11 +305,8 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
         mean_queries = math.inf if found_none else None
     missing = "" if mean_queries is not None else f"fuzz run {run_id} recorded no mean_queries"
     note = _noise_note(metrics, run_id)
-    found = [Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note),
-             Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note)]
-    if metrics.get("realistic_success_rate") is not None:  # campaigns logged before realism budgets have none
-        found.append(Measurement("realistic_success_rate", metrics["realistic_success_rate"], target.key, run_id))
-    return found
+    return [Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note),
+            Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note), *of_realism]
 
 
 def _noise_note(metrics: dict, run_id: str) -> str:
@@ -312,9 +315,10 @@ def _noise_note(metrics: dict, run_id: str) -> str:
     triggers, realistic = metrics.get("triggers"), metrics.get("realistic_triggers")
     if not triggers or realistic is None or realistic * 2 >= triggers:
         return ""
+    bounds = [f"{name} {relation} {metrics[key]:g}" for key, name, relation in
+              (("realism_max_linf", "L-inf", "<="), ("realism_min_ssim", "SSIM", ">=")) if key in metrics]
     return (f"fuzz run {run_id}: only {int(realistic)} of {int(triggers)} triggers are within the realism budget "
-            f"(L-inf <= {metrics.get('realism_max_linf', 32):g}, SSIM >= {metrics.get('realism_min_ssim', 0.9):g}); "
-            "success rate and queries count noise-like inputs")
+            f"({', '.join(bounds)}); success rate and queries count noise-like inputs")
 
 
 def _method(target: _CompressedTarget, client) -> str | None:

@@ -1,0 +1,428 @@
+"""The ``boundary`` strategy: realistic deviations in few queries to the compressed model.
+
+The owner of a registry version also owns the original model, so its gradients are free; only the
+compressed export is a black box. A compressed model is a slightly shifted copy of the original's
+decision boundaries, so the two part right next to the original's boundary. For each seed (both
+models say label c) the search:
+
+1. **Walks to the original's boundary inside the realism budget** (white-box, no query). Targeted
+   toward each of the original's ``targets`` most likely other classes j at once (one batched
+   forward/backward pass per step), it lowers the margin z_c - z_j of the original's pre-softmax
+   outputs:
+
+   - under ``max_linf`` (an L-inf ball around the seed): signed-gradient steps of
+     ``max(1, max_linf / 8)`` levels, clipped back into the ball (projected gradient descent);
+   - under ``min_ssim``: steps along the RMS-normalised gradient; where SSIM to the seed nears
+     the bound, the part of the step that would lower SSIM is removed (SSIM's own gradient, from
+     a differentiable SSIM with the same window as :func:`~mlflow_di.fuzz.realism.ssim`) and a
+     step that went below is pulled back; the rounded uint8 image is then scaled toward the seed
+     until it meets every bound, so every image the search uses is inside the budget.
+
+2. **Queries the compressed model only where the two can part.** When a step changes the
+   original's label, a bisection with the original alone (free) narrows the step to two adjacent
+   images inside the budget, one on each side of the original's boundary. The compressed model is
+   queried on those two: unless its own boundary falls exactly between them, one of them is a
+   trigger (the compressed model flipped earlier or later than the original). Every trigger is
+   confirmed with both models' black-box ``predict_proba`` on the uint8 image.
+
+3. Walks again with the next step size in ``step_sizes`` (SSIM) when a walk ends without one,
+   and finally, with the queries left, runs DFlare under the same budget (``fallback``): the walk
+   and DFlare find different seeds.
+
+``queries`` counts images sent to the compressed model; ``original_passes`` (per seed) counts the
+original's forward passes plus backward passes, always reported apart. ``timeout`` is compute
+seconds per seed (seeds run one after another). Measured on the DFlare LeNet pairs:
+benchmarks/RESULTS.md, bench_boundary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from mlflow_di.data import ImageSet
+from mlflow_di.errors import UserError
+from mlflow_di.fuzz.realism import SSIM_K1, SSIM_K2, SSIM_RADIUS, SSIM_RANGE, SSIM_SIGMA, Constraint, distances
+from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
+from mlflow_di.fuzz.seeds import SEED_BATCH, check_arguments, predict_checked, seed_fingerprint, top1
+from mlflow_di.fuzz.store import CampaignStore, assemble_result
+from mlflow_di.progress import progress_bar as tqdm
+
+#: the margin of the step's SSIM over the bound within which the step keeps off SSIM's downhill side
+SSIM_GUARD = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryWalk:
+    """The boundary strategy's settings (see the module docstring)."""
+
+    constraint: Constraint | None = None
+    #: gradient steps per walk
+    steps: int = 60
+    #: RMS-normalised step sizes in 8-bit levels, one walk each (L-inf walks use max(1, max_linf / 8))
+    step_sizes: tuple[float, ...] = (2.0, 6.0, 20.0)
+    #: the original's most likely other classes walked toward at once
+    targets: int = 9
+    #: bisection steps between the images before and after the original's label changes
+    bisections: int = 8
+    #: DFlare under the same budget with the queries left, after the walks
+    fallback: bool = True
+    name: str = "boundary"
+
+    #: the black-box runner refuses it: it needs the original's gradients
+    white_box = True
+
+    def __post_init__(self):
+        if int(self.steps) < 1 or int(self.targets) < 1 or int(self.bisections) < 0:
+            raise UserError("the boundary walk needs at least 1 step and 1 target class")
+        if not self.step_sizes or any(not size > 0 for size in self.step_sizes):
+            raise UserError(f"the boundary walk's step sizes must be positive, got {self.step_sizes}")
+
+    def options(self) -> dict:
+        """The settings as JSON values (what a campaign's config records and ``resume`` compares)."""
+        options = {"steps": self.steps, "step_sizes": list(self.step_sizes), "targets": self.targets,
+                   "bisections": self.bisections, "fallback": self.fallback}
+        if self.constraint is not None and self.constraint.active:
+            options["constraint"] = self.constraint.to_dict()
+        return options
+
+
+def run_boundary(original, compressed, seeds: ImageSet, strategy: BoundaryWalk | None = None,
+                 timeout: float = 180.0, max_queries: int | None = None, seed: int = 0, out_dir=None,
+                 resume: bool = False, progress: bool = True) -> CampaignResult:
+    """Search each seed for a trigger inside ``strategy.constraint``, with the original's gradients.
+
+    ``original``: a :class:`~mlflow_di.models.torch_model.TorchModel` (white-box); ``compressed``:
+    any classifier with ``predict_proba`` (ONNX, TFLite, PyTorch). Budgets, ``out_dir``/``resume``
+    and the result are those of :func:`~mlflow_di.fuzz.campaign.run_campaign`.
+    """
+    strategy = strategy or BoundaryWalk()
+    check_arguments(seeds, timeout, max_queries, 1, None if out_dir is None else [out_dir], resume, strategy)
+    if original.preprocessing.has_raw_step and original.preprocessing.needs_raw_step(*seeds.image_shape[:2]):
+        raise UserError(f"{original.name}: the boundary walk needs seeds of the model's input size (its raw-image "
+                        "resize step has no gradient); prepare the seeds with the model's raw-image step first")
+    config = CampaignConfig(
+        strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout), max_queries=max_queries,
+        seed=int(seed), data=seeds.name, seed_count=len(seeds), seeds_sha256=seed_fingerprint(seeds, progress),
+        image_shape=tuple(seeds.image_shape), original=original.name, compressed=getattr(compressed, "name", ""))
+    store = CampaignStore(out_dir) if out_dir is not None else None
+    done: dict[int, SeedRecord] = {}
+    if store is not None and resume:
+        store.check_resumable(config)
+        done = store.read_records()
+    elif store is not None:
+        store.create(config)
+    walker = _Walker(original, compressed, strategy, config)
+    records: dict[int, SeedRecord] = {}
+    images: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    bar = tqdm(total=len(seeds), initial=len(done), disable=not progress, desc=f"fuzz {strategy.name}", unit="seed",
+               dynamic_ncols=True)
+    todo = [i for i in range(len(seeds)) if i not in done]
+    try:
+        for start in range(0, len(todo), SEED_BATCH):
+            indices = np.asarray(todo[start:start + SEED_BATCH], np.int64)
+            batch = np.asarray(seeds.images[indices])
+            p_original = predict_checked(walker.original_classifier, batch, "original")
+            p_compressed = predict_checked(compressed, batch, "compressed")
+            if p_original.shape[1] != p_compressed.shape[1]:
+                raise UserError(f"the models disagree on the number of classes ({p_original.shape[1]}, "
+                                f"{p_compressed.shape[1]}); compare versions of one model")
+            for row, index in enumerate(indices):
+                record, trigger = walker.search(int(index), int(seeds.labels[index]), batch[row],
+                                                p_original[row], p_compressed[row])
+                records[record.index] = record
+                if trigger is not None:
+                    images[record.index] = (trigger, batch[row])
+                if store is not None:
+                    store.append(record, trigger, batch[row])
+                bar.update(1)
+    except KeyboardInterrupt:
+        bar.write(f"interrupted: {len(records)} seeds finished in this run are saved; "
+                  f"{len(todo) - len(records)} not finished")
+    finally:
+        bar.close()
+        if store is not None:
+            store.close()
+    merged = sorted({**done, **records}.values(), key=lambda r: r.index)
+    result = assemble_result(config, merged, store, complete=len(merged) == len(seeds), images=images)
+    result.run_stats = walker.stats
+    if store is not None:
+        store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices)
+    return result
+
+
+class _Budget:
+    """Projection of images into the realism budget around one seed (uint8 images in, uint8 out)."""
+
+    def __init__(self, constraint: Constraint | None, seed: np.ndarray):
+        self.constraint = constraint if constraint is not None and constraint.active else None
+        self.seed = seed
+        self.seed_float = seed.astype(np.float64)
+
+    def allows(self, image: np.ndarray) -> bool:
+        return self.constraint is None or self.constraint.allows(image, self.seed)
+
+    def project(self, image: np.ndarray) -> np.ndarray:
+        """``image`` (float, any values) as a uint8 image inside the budget: clipped to the L-inf ball
+        and 0..255, then scaled toward the seed (bisection on the offset) until every bound holds."""
+        if self.constraint is not None and self.constraint.max_linf is not None:
+            bound = self.constraint.max_linf
+            image = np.clip(image, self.seed_float - bound, self.seed_float + bound)
+        offset = image - self.seed_float
+        rounded = _uint8(self.seed_float + offset)
+        if self.allows(rounded):
+            return rounded
+        low, high = 0.0, 1.0
+        for _ in range(10):
+            middle = (low + high) / 2
+            if self.allows(_uint8(self.seed_float + middle * offset)):
+                low = middle
+            else:
+                high = middle
+        return _uint8(self.seed_float + low * offset)
+
+
+def _uint8(image: np.ndarray) -> np.ndarray:
+    return np.clip(np.floor(image + 0.5), 0, 255).astype(np.uint8)
+
+
+class _Walker:
+    """One seed at a time: the walks, the bisection at each crossing, the fallback."""
+
+    def __init__(self, original, compressed, strategy: BoundaryWalk, config: CampaignConfig):
+        from mlflow_di.fuzz.deepxplore import float64_copy
+
+        self.original, self.compressed, self.strategy, self.config = original, compressed, strategy, config
+        self.original_classifier = original.classifier()
+        self.gradient_model = float64_copy(original)
+        self.stats = RunStats()
+
+    # the original, white-box -------------------------------------------------------------------
+    def _logits(self, pixels):
+        from mlflow_di.fuzz.deepxplore import forward
+
+        return forward(self.gradient_model, pixels, [])[0]
+
+    def _labels(self, images: np.ndarray, seed) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            seed.passes += 1
+            return self._logits(torch.from_numpy(np.asarray(images, np.float64))).argmax(dim=1).numpy()
+
+    # one seed ------------------------------------------------------------------------------------
+    def search(self, index: int, label: int, image: np.ndarray, p_original: np.ndarray,
+               p_compressed: np.ndarray) -> tuple[SeedRecord, np.ndarray | None]:
+        seed = _SeedState(index, label, image, p_original, p_compressed, time.perf_counter())
+        c = int(p_original.argmax())
+        if int(p_compressed.argmax()) != c:
+            return seed.record(Stop.ALREADY_DEVIATING, None), None
+        budget = _Budget(self.strategy.constraint, image)
+        sizes = self.strategy.step_sizes if self._ssim_walk(budget) else (self._linf_step(budget),)
+        for size in sizes:
+            stop = self._walk(seed, budget, c, size)
+            if stop is not None:
+                return seed.finish(stop, self)
+        if self.strategy.fallback:
+            stop = self._fallback(seed, budget)
+            if stop is not None:
+                return seed.finish(stop, self)
+        return seed.finish(Stop.MAX_QUERIES if self._out_of_queries(seed) else
+                           Stop.TIMEOUT if self._out_of_time(seed) else Stop.CONSTRAINED, self)
+
+    def _ssim_walk(self, budget: _Budget) -> bool:
+        return budget.constraint is None or budget.constraint.max_linf is None
+
+    def _linf_step(self, budget: _Budget) -> float:
+        return max(1.0, budget.constraint.max_linf / 8)
+
+    def _out_of_queries(self, seed) -> bool:
+        return self.config.max_queries is not None and seed.queries >= self.config.max_queries
+
+    def _out_of_time(self, seed) -> bool:
+        return time.perf_counter() - seed.started >= self.config.timeout
+
+    def _walk(self, seed, budget: _Budget, c: int, size: float) -> Stop | None:
+        """One targeted walk from the seed; a Stop when the seed is finished (trigger or budget spent)."""
+        import torch
+
+        targets = _targets(seed.p_original, c, self.strategy.targets)
+        seed_tensor = torch.from_numpy(budget.seed_float)[None]
+        current = [budget.seed.copy() for _ in targets]
+        target_index = torch.as_tensor(targets)
+        rows = torch.arange(len(targets))
+        for _ in range(self.strategy.steps):
+            if self._out_of_time(seed) or self._out_of_queries(seed):
+                return Stop.MAX_QUERIES if self._out_of_queries(seed) else Stop.TIMEOUT
+            pixels = torch.from_numpy(np.stack(current).astype(np.float64)).requires_grad_(True)
+            logits = self._logits(pixels)
+            margin = logits[:, c] - logits[rows, target_index]
+            gradient, = torch.autograd.grad(margin.sum(), pixels)
+            seed.passes += 2
+            with torch.no_grad():
+                moved = self._step(pixels.detach(), gradient, seed_tensor, size, budget)
+            proposals = [budget.project(moved[k]) for k in range(len(targets))]
+            labels = self._labels(np.stack(proposals), seed)
+            for k, proposal in enumerate(proposals):
+                if labels[k] != c:
+                    stop = self._crossing(seed, budget, c, current[k], proposal)
+                    if stop is not None:
+                        return stop
+                current[k] = proposal
+        return None
+
+    def _step(self, pixels, gradient, seed_tensor, size: float, budget: _Budget) -> np.ndarray:
+        """Every target's next (float) image: a signed step in an L-inf budget, else an RMS-normalised
+        step kept off SSIM's downhill side near the bound."""
+        import torch
+
+        if not self._ssim_walk(budget):
+            return (pixels - size * gradient.sign()).numpy()
+        rms = gradient.pow(2).mean(dim=(1, 2, 3), keepdim=True).sqrt() + 1e-12
+        step = -gradient / rms * size
+        bound = budget.constraint.min_ssim if budget.constraint is not None else None
+        if bound is not None:
+            with torch.enable_grad():
+                probe = pixels.clone().requires_grad_(True)
+                similarity = differentiable_ssim(probe, seed_tensor)
+                uphill, = torch.autograd.grad(similarity.sum(), probe)
+            similarity = similarity.detach().view(-1, 1, 1, 1)
+            norm = (uphill * uphill).sum(dim=(1, 2, 3), keepdim=True) + 1e-20
+            along = (step * uphill).sum(dim=(1, 2, 3), keepdim=True)
+            near = (similarity < bound + SSIM_GUARD) & (along < 0)
+            step = torch.where(near, step - along / norm * uphill, step)
+            step = step + (bound + SSIM_GUARD / 4 - similarity).clamp_min(0) / norm * uphill
+        return (pixels + step).numpy()
+
+    def _crossing(self, seed, budget: _Budget, c: int, before: np.ndarray, after: np.ndarray) -> Stop | None:
+        """The original's label changed between ``before`` (c) and ``after``: bisect (original only) to
+        two close images inside the budget, then query the compressed model on both."""
+        for _ in range(self.strategy.bisections):
+            middle = _uint8((before.astype(np.float64) + after) / 2)
+            if np.array_equal(middle, before) or np.array_equal(middle, after) or not budget.allows(middle):
+                break
+            if self._labels(middle[None], seed)[0] == c:
+                before = middle
+            else:
+                after = middle
+        for candidate in (before, after):
+            if self._out_of_queries(seed):
+                return Stop.MAX_QUERIES
+            if self._query(seed, candidate, "walk"):
+                return Stop.TRIGGER
+        return None
+
+    def _query(self, seed, image: np.ndarray, how: str) -> bool:
+        """Both models' black-box answers on ``image`` (one query to the compressed model); a trigger
+        when their labels differ."""
+        p_compressed = predict_checked(self.compressed, image[None], "compressed")[0]
+        p_original = predict_checked(self.original_classifier, image[None], "original")[0]
+        seed.queries += 1
+        seed.passes += 1
+        seed.counts[how][0] += 1
+        if int(p_original.argmax()) != int(p_compressed.argmax()):
+            seed.trigger, seed.trigger_probabilities = image.copy(), (p_original, p_compressed)
+            seed.counts[how][1] += 1
+            seed.operators.append(how)
+            return True
+        return False
+
+    def _fallback(self, seed, budget: _Budget) -> Stop | None:
+        """DFlare under the same budget, from the seed, with the queries and time left."""
+        from mlflow_di.fuzz.dflare import DFlare
+
+        strategy = DFlare(constraint=budget.constraint)
+        rng = np.random.default_rng([self.config.seed, seed.index])
+        search = strategy.start(seed.image, seed.p_original, seed.p_compressed, rng)
+        while not search.found and not search.exhausted:
+            if self._out_of_time(seed) or self._out_of_queries(seed):
+                return None
+            proposals = search.propose(limit=1)
+            if not len(proposals):
+                break
+            p_original = predict_checked(self.original_classifier, proposals, "original")
+            p_compressed = predict_checked(self.compressed, proposals, "compressed")
+            before = search.queries
+            search.observe(p_original, p_compressed)
+            used = max(search.queries - before, 1)
+            seed.queries += used
+            seed.passes += used
+            seed.counts["dflare"][0] += used
+        if search.found:
+            seed.trigger = search.trigger.copy()
+            seed.trigger_probabilities = search.trigger_probabilities
+            seed.counts["dflare"][1] += 1
+            seed.operators.extend(f"dflare:{name}" for name in search.trigger_operators)
+            return Stop.TRIGGER
+        return None
+
+
+def _targets(p_original: np.ndarray, c: int, count: int) -> list[int]:
+    """The original's ``count`` most likely classes other than ``c``, most likely first."""
+    order = [int(k) for k in np.argsort(-np.asarray(p_original), kind="stable") if int(k) != c]
+    return order[:count]
+
+
+@dataclasses.dataclass
+class _SeedState:
+    index: int
+    label: int
+    image: np.ndarray
+    p_original: np.ndarray
+    p_compressed: np.ndarray
+    started: float
+    queries: int = 0
+    passes: int = 0
+    trigger: np.ndarray | None = None
+    trigger_probabilities: tuple | None = None
+    operators: list = dataclasses.field(default_factory=list)
+    counts: dict = dataclasses.field(default_factory=lambda: {"walk": [0, 0], "dflare": [0, 0]})
+
+    def record(self, stop: Stop, walker: "_Walker | None") -> SeedRecord:
+        record = SeedRecord(
+            index=self.index, label=self.label, success=stop is Stop.TRIGGER, stop=stop, queries=self.queries,
+            seconds=time.perf_counter() - self.started,
+            seed_labels=(int(self.p_original.argmax()), int(self.p_compressed.argmax())),
+            seed_probabilities=top1(self.p_original, self.p_compressed),
+            operators=list(self.operators) if stop is Stop.TRIGGER else [],
+            operator_counts={name: list(counts) for name, counts in self.counts.items() if counts[0]},
+            original_passes=self.passes)
+        if stop is Stop.TRIGGER:
+            record.trigger_labels = (int(self.trigger_probabilities[0].argmax()),
+                                     int(self.trigger_probabilities[1].argmax()))
+            record.trigger_probabilities = top1(*self.trigger_probabilities)
+            record.trigger_distances = distances(self.trigger, self.image)
+        return record
+
+    def finish(self, stop: Stop, walker: "_Walker") -> tuple[SeedRecord, np.ndarray | None]:
+        walker.stats.inputs += self.queries
+        walker.stats.model_seconds += time.perf_counter() - self.started
+        return self.record(stop, walker), (self.trigger if stop is Stop.TRIGGER else None)
+
+
+def differentiable_ssim(images, seed):
+    """SSIM of each float64 (B, H, W, C) image to the (1, H, W, C) seed, as a torch tensor (B,) with
+    gradients: the window, constants and averaging of :func:`~mlflow_di.fuzz.realism.ssim`."""
+    import torch
+    import torch.nn.functional as F
+
+    radius = SSIM_RADIUS
+    offsets = torch.arange(-radius, radius + 1, dtype=images.dtype)
+    kernel = torch.exp(-0.5 * (offsets / SSIM_SIGMA) ** 2)
+    kernel = kernel / kernel.sum()
+    batch, height, width, channels = images.shape
+
+    def local_mean(values):  # (B*C, 1, H, W) -> Gaussian-weighted means where the window fits
+        values = F.conv2d(values, kernel.view(1, 1, -1, 1))
+        return F.conv2d(values, kernel.view(1, 1, 1, -1))
+
+    a = images.permute(0, 3, 1, 2).reshape(batch * channels, 1, height, width)
+    b = seed.permute(0, 3, 1, 2).expand(batch, channels, height, width).reshape(batch * channels, 1, height, width)
+    mean_a, mean_b = local_mean(a), local_mean(b)
+    var_a = local_mean(a * a) - mean_a ** 2
+    var_b = local_mean(b * b) - mean_b ** 2
+    cov = local_mean(a * b) - mean_a * mean_b
+    c1, c2 = (SSIM_K1 * SSIM_RANGE) ** 2, (SSIM_K2 * SSIM_RANGE) ** 2
+    local = ((2 * mean_a * mean_b + c1) * (2 * cov + c2)) / ((mean_a ** 2 + mean_b ** 2 + c1) * (var_a + var_b + c2))
+    return local.reshape(batch, -1).mean(dim=1)

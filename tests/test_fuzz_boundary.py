@@ -1,0 +1,151 @@
+"""The boundary strategy (white-box original, black-box compressed model, inside a realism budget):
+its differentiable SSIM against the measured one, every trigger inside its budget and confirmed by
+both models, queries and the original's passes counted apart, resume, and the command line end to
+end with its one-line refusals."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mlflow_di.cli import main
+from mlflow_di.data import ImageSet, load_images
+from mlflow_di.errors import UserError
+from mlflow_di.fuzz import load_campaign
+from mlflow_di.fuzz.boundary import BoundaryWalk, differentiable_ssim, run_boundary
+from mlflow_di.fuzz.realism import Constraint, ssim
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def pair(one_torch_thread):
+    """digits-cnn trained briefly, and its 50% pruned copy as the 'compressed' black box."""
+    from mlflow_di.compression.prune import prune_l1
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+    from mlflow_di.models.training import train_classifier
+
+    spec = zoo.architecture("digits-cnn")
+    original = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn")
+    train = load_images("digits[0:600]")
+    train_classifier(original.module, original.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
+                     progress=False)
+    pruned = TorchModel(prune_l1(original.module, 0.5).module, spec.preprocessing, name="cnn-pruned")
+    return original, pruned.classifier()
+
+
+def test_the_differentiable_ssim_is_the_measured_ssim():
+    rng = np.random.default_rng(0)
+    seed = rng.integers(0, 256, (16, 14, 3)).astype(np.uint8)
+    images = [np.clip(seed.astype(int) + rng.integers(-40, 41, seed.shape), 0, 255).astype(np.uint8) for _ in range(3)]
+    images.append(seed)
+    values = differentiable_ssim(torch.from_numpy(np.stack(images).astype(np.float64)),
+                                 torch.from_numpy(seed.astype(np.float64))[None]).numpy()
+    np.testing.assert_allclose(values, [ssim(image, seed) for image in images], rtol=1e-9, atol=1e-12)
+    assert values[-1] == pytest.approx(1.0)
+
+
+def test_every_trigger_is_inside_its_budget_and_confirmed_and_costs_are_counted_apart(pair, tmp_path):
+    original, compressed = pair
+    seeds = load_images("digits[1300:1330]")
+    result = run_boundary(original, compressed, seeds, BoundaryWalk(constraint=Constraint(max_linf=48)),
+                          max_queries=300, out_dir=tmp_path / "campaign", progress=False)
+    fuzzed = [r for r in result.records if not r.already_deviating]
+    assert result.summary.triggers >= 3, [r.stop for r in fuzzed]
+    for record, trigger, seed in zip([r for r in result.records if r.success], result.triggers, result.trigger_seeds):
+        assert np.abs(trigger.astype(int) - seed).max() <= 48  # checked, not assumed
+        labels = (original.classifier().predict(trigger[None])[0], compressed.predict(trigger[None])[0])
+        assert labels[0] != labels[1] and tuple(record.trigger_labels) == labels
+        assert record.trigger_distances["linf"] <= 48
+    assert all(r.queries <= 300 and r.original_passes > 0 for r in fuzzed)
+    walked = [r for r in result.records if r.success and r.operators == ["walk"]]
+    assert walked and all(r.queries <= 2 * 9 * 60 for r in walked)  # two queries per crossing at most
+    again = load_campaign(tmp_path / "campaign")
+    assert [r.to_json() for r in again.records] == [r.to_json() for r in result.records]
+
+
+def test_resume_keeps_finished_seeds_and_matches_one_run(pair, tmp_path):
+    original, compressed = pair
+    seeds = load_images("digits[1300:1316]")
+    strategy = BoundaryWalk(constraint=Constraint(max_linf=40), fallback=False)
+    whole = run_boundary(original, compressed, seeds, strategy, max_queries=100, progress=False)
+    first = seeds.subset(slice(0, 16), seeds.name)
+    folder = tmp_path / "campaign"
+    run_boundary(original, compressed, first, strategy, max_queries=100, out_dir=folder, progress=False)
+    resumed = run_boundary(original, compressed, first, strategy, max_queries=100, out_dir=folder, resume=True,
+                           progress=False)
+    strip = lambda r: (r.index, r.success, r.queries, r.trigger_labels)  # noqa: E731 (seconds differ)
+    assert [strip(r) for r in resumed.records] == [strip(r) for r in whole.records]
+
+
+def test_a_seed_too_small_for_ssim_and_a_bad_step_are_one_line(pair):
+    original, compressed = pair
+    with pytest.raises(UserError, match="--min-ssim needs images of at least 11x11"):
+        run_boundary(original, compressed, load_images("digits[0:4]"),
+                     BoundaryWalk(constraint=Constraint(min_ssim=0.9)), progress=False)
+    with pytest.raises(UserError, match="step sizes must be positive"):
+        BoundaryWalk(step_sizes=(0.0,))
+
+
+def test_an_ssim_budget_holds_on_larger_images(pair):
+    """16x16 copies of the digits (each pixel doubled) through a model that pools them back: every
+    image the walk proposes is inside SSIM >= 0.8, so every trigger is."""
+    from mlflow_di.models.torch_model import TorchModel
+
+    original, _ = pair
+
+    class Halve(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.pool, self.inner = torch.nn.AvgPool2d(2), inner
+
+        def forward(self, x):
+            return self.inner(self.pool(x))
+
+    import dataclasses
+
+    from mlflow_di.compression.prune import prune_l1
+
+    preprocessing = dataclasses.replace(original.preprocessing, input_shape=(16, 16, 1))
+    big = TorchModel(Halve(original.module), preprocessing, name="cnn16")
+    other = TorchModel(Halve(prune_l1(original.module, 0.5).module), preprocessing, name="cnn16-pruned")
+    digits = load_images("digits[1300:1312]")
+    images = np.repeat(np.repeat(np.asarray(digits.images), 2, axis=1), 2, axis=2)
+    seeds = ImageSet(images, np.asarray(digits.labels), "digits16")
+    result = run_boundary(big, other.classifier(), seeds, BoundaryWalk(constraint=Constraint(min_ssim=0.8), steps=20),
+                          max_queries=200, progress=False)
+    assert result.summary.triggers >= 1
+    assert all(ssim(trigger, seed) >= 0.8 for trigger, seed in zip(result.triggers, result.trigger_seeds))
+
+
+def test_cli_boundary_logs_queries_passes_and_realism_and_refuses_what_it_cannot_do(registered_cnn, tmp_path, capsys):
+    import mlflow
+
+    from mlflow_di.compression.prune import prune_l1
+    from mlflow_di.models.loading import load_torch_model
+
+    source = load_torch_model(registered_cnn)
+    pruned = tmp_path / "pruned.pt"
+    torch.save({"module": prune_l1(source.module, 0.5).module,
+                "mlflow_di": {"preprocessing": source.preprocessing.to_dict()}}, pruned)
+    summary_file = tmp_path / "summary.json"
+    args = ["fuzz", "--original", registered_cnn, "--compressed", str(pruned), "--seed-data", "digits[1300:1316]",
+            "--strategy", "boundary", "--max-linf", "48", "--max-queries", "200"]
+    assert main([*args, "--json-out", str(summary_file), "--out-dir", str(tmp_path / "c")]) == 0, \
+        capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "forward/backward passes per seed" in printed and "realism:" in printed
+    summary = json.loads(summary_file.read_text())
+    assert summary["strategy"] == "boundary" and summary["mean_original_passes"] > 0
+    assert summary["realism_max_linf"] == 48 and "realism_min_ssim" in summary
+    assert summary["realistic_triggers"] == summary["triggers"]  # searched inside the budget it is judged by
+    run = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                             filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
+    assert run.data.metrics["mean_original_passes"] > 0 and "mlflow_di.fuzz_constraint" in run.data.tags
+    for extra, expected in ((["--compressed", str(pruned) + "x"], "one compressed model at a time"),
+                            (["--workers", "2"], "boundary runs in this process"),
+                            (["--overlap"], "boundary runs its models in its own loop")):
+        code = main([*args, *extra, "--out-dir", str(tmp_path / "refused")])
+        err = capsys.readouterr().err
+        assert code == 2 and expected in err and "Traceback" not in err
