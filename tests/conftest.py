@@ -135,3 +135,25 @@ def ray_cluster():
     ray, _ = connect("local", num_cpus=2)  # the product's own start: loopback, no dashboard, no usage reports
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trained_cnns(one_torch_thread):
+    """digits-cnn trained briefly (5 epochs on digits[0:600]), and two pruned copies of it (50%
+    unstructured, 30% of the channels): versions of one model to fuzz against each other."""
+    import torch
+
+    from mlflow_di.compression.prune import prune_l1, prune_structured
+    from mlflow_di.data import load_images
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+    from mlflow_di.models.training import train_classifier
+
+    spec = zoo.architecture("digits-cnn")
+    original = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn")
+    train = load_images("digits[0:600]")
+    train_classifier(original.module, original.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
+                     progress=False)
+    pruned = TorchModel(prune_l1(original.module, 0.5).module, spec.preprocessing, name="cnn-pruned")
+    channels = TorchModel(prune_structured(original.module, 0.3).module, spec.preprocessing, name="cnn-channels")
+    return original, pruned, channels

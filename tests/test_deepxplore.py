@@ -21,21 +21,9 @@ SEEDS = "digits[1300:1340]"
 
 
 @pytest.fixture(scope="module")
-def trained(one_torch_thread):
+def trained(trained_cnns):
     """digits-cnn trained briefly, and two pruned copies (50% unstructured, 30% channels)."""
-    from mlflow_di.compression.prune import prune_l1, prune_structured
-    from mlflow_di.models import zoo
-    from mlflow_di.models.torch_model import TorchModel
-    from mlflow_di.models.training import train_classifier
-
-    spec = zoo.architecture("digits-cnn")
-    original = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn")
-    train = load_images("digits[0:600]")
-    train_classifier(original.module, original.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
-                     progress=False)
-    pruned = TorchModel(prune_l1(original.module, 0.5).module, spec.preprocessing, name="cnn-pruned")
-    channels = TorchModel(prune_structured(original.module, 0.3).module, spec.preprocessing, name="cnn-channels")
-    return original, pruned, channels
+    return trained_cnns
 
 
 @pytest.fixture(scope="module")

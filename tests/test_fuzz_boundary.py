@@ -19,19 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def pair(one_torch_thread):
+def pair(trained_cnns):
     """digits-cnn trained briefly, and its 50% pruned copy as the 'compressed' black box."""
-    from mlflow_di.compression.prune import prune_l1
-    from mlflow_di.models import zoo
-    from mlflow_di.models.torch_model import TorchModel
-    from mlflow_di.models.training import train_classifier
-
-    spec = zoo.architecture("digits-cnn")
-    original = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn")
-    train = load_images("digits[0:600]")
-    train_classifier(original.module, original.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
-                     progress=False)
-    pruned = TorchModel(prune_l1(original.module, 0.5).module, spec.preprocessing, name="cnn-pruned")
+    original, pruned, _ = trained_cnns
     return original, pruned.classifier()
 
 

@@ -43,9 +43,9 @@ import numpy as np
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.realism import SSIM_K1, SSIM_K2, SSIM_RADIUS, SSIM_RANGE, SSIM_SIGMA, Constraint, distances
+from mlflow_di.fuzz.realism import SSIM_RADIUS, SSIM_SIGMA, Constraint, distances, local_ssim
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
-from mlflow_di.fuzz.seeds import SEED_BATCH, check_arguments, predict_checked, seed_fingerprint, top1
+from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
 from mlflow_di.progress import progress_bar as tqdm
 
@@ -99,13 +99,9 @@ def run_boundary(original, compressed, seeds: ImageSet, strategy: BoundaryWalk |
     """
     strategy = strategy or BoundaryWalk()
     check_arguments(seeds, timeout, max_queries, 1, None if out_dir is None else [out_dir], resume, strategy)
-    if original.preprocessing.has_raw_step and original.preprocessing.needs_raw_step(*seeds.image_shape[:2]):
-        raise UserError(f"{original.name}: the boundary walk needs seeds of the model's input size (its raw-image "
-                        "resize step has no gradient); prepare the seeds with the model's raw-image step first")
-    config = CampaignConfig(
-        strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout), max_queries=max_queries,
-        seed=int(seed), data=seeds.name, seed_count=len(seeds), seeds_sha256=seed_fingerprint(seeds, progress),
-        image_shape=tuple(seeds.image_shape), original=original.name, compressed=getattr(compressed, "name", ""))
+    refuse_raw_resize(original, seeds, "the boundary walk")
+    config = campaign_config(strategy, seeds, timeout, max_queries, seed, original.name,
+                             getattr(compressed, "name", ""), progress)
     store = CampaignStore(out_dir) if out_dir is not None else None
     done: dict[int, SeedRecord] = {}
     if store is not None and resume:
@@ -419,10 +415,4 @@ def differentiable_ssim(images, seed):
 
     a = images.permute(0, 3, 1, 2).reshape(batch * channels, 1, height, width)
     b = seed.permute(0, 3, 1, 2).expand(batch, channels, height, width).reshape(batch * channels, 1, height, width)
-    mean_a, mean_b = local_mean(a), local_mean(b)
-    var_a = local_mean(a * a) - mean_a ** 2
-    var_b = local_mean(b * b) - mean_b ** 2
-    cov = local_mean(a * b) - mean_a * mean_b
-    c1, c2 = (SSIM_K1 * SSIM_RANGE) ** 2, (SSIM_K2 * SSIM_RANGE) ** 2
-    local = ((2 * mean_a * mean_b + c1) * (2 * cov + c2)) / ((mean_a ** 2 + mean_b ** 2 + c1) * (var_a + var_b + c2))
-    return local.reshape(batch, -1).mean(dim=1)
+    return local_ssim(a, b, local_mean).reshape(batch, -1).mean(dim=1)

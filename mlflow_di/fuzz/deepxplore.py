@@ -70,7 +70,7 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz._random import draw_index
-from mlflow_di.fuzz.seeds import SEED_BATCH, check_arguments, predict_checked, seed_fingerprint, top1
+from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
@@ -301,14 +301,9 @@ def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = 
     strategy.check_image_shape(seeds.image_shape)
     for model in models:
         model.preprocessing.check_images(seeds.images[:1])
-        if model.preprocessing.has_raw_step and model.preprocessing.needs_raw_step(*seeds.image_shape[:2]):
-            raise UserError(f"{model.name}: DeepXplore needs seeds of the model's input size (its raw-image resize "
-                            "step has no gradient); prepare the seeds with the model's raw-image step first")
-    config = CampaignConfig(
-        strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout), max_queries=max_queries,
-        seed=int(seed), data=seeds.name, seed_count=len(seeds), seeds_sha256=seed_fingerprint(seeds, progress),
-        image_shape=tuple(seeds.image_shape), original=models[0].name,
-        compressed=",".join(model.name for model in models[1:]))
+        refuse_raw_resize(model, seeds, "DeepXplore")
+    config = campaign_config(strategy, seeds, timeout, max_queries, seed, models[0].name,
+                             ",".join(model.name for model in models[1:]), progress)
     store = CampaignStore(out_dir) if out_dir is not None else None
     done: dict[int, SeedRecord] = {}
     if store is not None and resume:

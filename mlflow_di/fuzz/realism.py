@@ -45,13 +45,19 @@ def ssim(image: np.ndarray, reference: np.ndarray) -> float:
     if min(a.shape[:2]) <= 2 * SSIM_RADIUS:
         raise UserError(f"SSIM needs images of at least {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} pixels, "
                         f"got {a.shape[0]}x{a.shape[1]}")
-    mean_a, mean_b = _filter(a), _filter(b)
-    var_a = _filter(a * a) - mean_a ** 2
-    var_b = _filter(b * b) - mean_b ** 2
-    cov = _filter(a * b) - mean_a * mean_b
+    return float(local_ssim(a, b, _filter).mean())
+
+
+def local_ssim(a, b, local_mean):
+    """SSIM at every window position of ``a`` against ``b``, given ``local_mean`` (Gaussian-weighted
+    means where the window fits): plain arithmetic, so numpy arrays and torch tensors (with their
+    gradients, :func:`~mlflow_di.fuzz.boundary.differentiable_ssim`) share it."""
+    mean_a, mean_b = local_mean(a), local_mean(b)
+    var_a = local_mean(a * a) - mean_a ** 2
+    var_b = local_mean(b * b) - mean_b ** 2
+    cov = local_mean(a * b) - mean_a * mean_b
     c1, c2 = (SSIM_K1 * SSIM_RANGE) ** 2, (SSIM_K2 * SSIM_RANGE) ** 2
-    local = ((2 * mean_a * mean_b + c1) * (2 * cov + c2)) / ((mean_a ** 2 + mean_b ** 2 + c1) * (var_a + var_b + c2))
-    return float(local.mean())
+    return ((2 * mean_a * mean_b + c1) * (2 * cov + c2)) / ((mean_a ** 2 + mean_b ** 2 + c1) * (var_a + var_b + c2))
 
 
 def distances(image: np.ndarray, seed: np.ndarray) -> dict[str, float]:

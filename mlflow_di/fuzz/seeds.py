@@ -64,3 +64,23 @@ def predict_checked(model, images: np.ndarray, role: str) -> np.ndarray:
 
 def top1(p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, float]:
     return float(np.max(p_original)), float(np.max(p_compressed))
+
+
+def refuse_raw_resize(model, seeds: ImageSet, who: str) -> None:
+    """A one-line UserError when a white-box search would need ``model``'s raw-image resize step,
+    which has no gradient."""
+    if model.preprocessing.has_raw_step and model.preprocessing.needs_raw_step(*seeds.image_shape[:2]):
+        raise UserError(f"{model.name}: {who} needs seeds of the model's input size (its raw-image resize step has "
+                        "no gradient); prepare the seeds with the model's raw-image step first")
+
+
+def campaign_config(strategy, seeds: ImageSet, timeout, max_queries, seed: int, original: str, compressed: str,
+                    progress: bool = False):
+    """The :class:`~mlflow_di.fuzz.results.CampaignConfig` of a campaign of ``strategy`` on ``seeds``
+    (its fingerprint read here: a lazy set is walked once)."""
+    from mlflow_di.fuzz.results import CampaignConfig
+
+    return CampaignConfig(
+        strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout), max_queries=max_queries,
+        seed=int(seed), data=seeds.name, seed_count=len(seeds), seeds_sha256=seed_fingerprint(seeds, progress),
+        image_shape=tuple(seeds.image_shape), original=original, compressed=compressed)
