@@ -133,9 +133,27 @@ def test_cli_boundary_logs_queries_passes_and_realism_and_refuses_what_it_cannot
     run = mlflow.search_runs(search_all_experiments=True, output_format="list",
                              filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
     assert run.data.metrics["mean_original_passes"] > 0 and "mlflow_di.fuzz_constraint" in run.data.tags
+    black_box = [*args]
+    black_box[2], black_box[4] = str(shared_tflite(tmp_path)), registered_cnn  # a TFLite original
+    code = main([*black_box, "--out-dir", str(tmp_path / "refused")])
+    err = capsys.readouterr().err
+    assert code == 2 and "needs the gradients of PyTorch models" in err and "as --original" in err
     for extra, expected in ((["--compressed", str(pruned) + "x"], "one compressed model at a time"),
                             (["--workers", "2"], "boundary runs in this process"),
                             (["--overlap"], "boundary runs its models in its own loop")):
         code = main([*args, *extra, "--out-dir", str(tmp_path / "refused")])
         err = capsys.readouterr().err
         assert code == 2 and expected in err and "Traceback" not in err
+
+
+def shared_tflite(tmp_path):
+    """A TFLite model: the DFlare reference's, or (without ../shared) a file with a .tflite name whose
+    kind is refused before it is read."""
+    from conftest import _shared_path
+
+    path = _shared_path() / "models" / "dflare" / "lenet5-quan.lite"
+    if path.is_file():
+        return path
+    stand_in = tmp_path / "model.tflite"
+    stand_in.write_bytes(b"not read")
+    return stand_in

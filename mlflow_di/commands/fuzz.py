@@ -153,7 +153,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                         [(original_ref, preprocessing_original)] + [(r, preprocessing_compressed) for r in compressed_refs]]
         original_model, *compressed_models = [model.classifier() for model in torch_models]
     elif walk:
-        torch_original = _white_box_model(original_ref, preprocessing_original, device)
+        torch_original = _white_box_model(original_ref, preprocessing_original, device, "boundary")
         original_model = torch_original.classifier()
         compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
     else:
@@ -321,16 +321,19 @@ def _strategy(name: str, max_linf, min_ssim, deepxplore: dict | None = None):
     return dataclasses.replace(strategy, constraint=Constraint(max_linf=max_linf, min_ssim=min_ssim))
 
 
-def _white_box_model(ref, preprocessing, device):
-    """The white-box PyTorch model of ``ref`` for deepxplore; a one-line UserError for any other kind."""
+def _white_box_model(ref, preprocessing, device, strategy: str = "deepxplore"):
+    """The white-box PyTorch model of ``ref`` for deepxplore (every model) or boundary (the original);
+    a one-line UserError for any other kind."""
     from mlflow_di.errors import UserError
     from mlflow_di.models.loading import load_torch_model, resolve
 
     advice = ("fuzz the PyTorch model it was made from (a pruned copy: mlflow_di.compression.prune; an int8 one: "
               "mlflow_di.compression.fake_quant.fake_quantize) or pick a black-box strategy such as dflare")
+    if strategy == "boundary":
+        advice = "give the PyTorch model the export was made from as --original, or pick a black-box strategy such as dflare"
     source = resolve(ref)
     if not source.white_box:
-        raise UserError(f"--strategy deepxplore needs the gradients of PyTorch models, but '{ref.uri}' is a "
+        raise UserError(f"--strategy {strategy} needs the gradients of PyTorch models, but '{ref.uri}' is a "
                         f"{source.kind} model; {advice}")
     try:
         return load_torch_model(source, preprocessing, device)
@@ -338,7 +341,7 @@ def _white_box_model(ref, preprocessing, device):
         if source.kind != "onnx":
             raise
         # an int8 export's QuantizeLinear, or a damaged file: no white-box view to take gradients of
-        raise UserError(f"--strategy deepxplore needs the gradients of PyTorch models, and the onnx model "
+        raise UserError(f"--strategy {strategy} needs the gradients of PyTorch models, and the onnx model "
                         f"'{ref.uri}' has no white-box view ({exc}); {advice}") from None
 
 
