@@ -2,7 +2,7 @@
 
     .venv/bin/python docs/screenshots.py          # about a minute on 2 cores; needs chromium
 
-It runs the demo and ``inspect`` in a temporary folder (its own local store), takes each
+It runs the demo, ``inspect`` and ``repair`` in a temporary folder (its own local store), takes each
 command's ``report.html`` from the runs' artifacts and has headless Chromium photograph the top
 of it. Run it again when a report's layout changes; the images are committed.
 """
@@ -24,6 +24,7 @@ REPORTS = (
     ("gate/report.html", "report-gate", 1000),
     ("compress/report.html", "report-compress", 1300),
     ("inspection/report.html", "report-inspection", 1300),
+    ("repair/report.html", "report-repair", 1300),
 )
 
 
@@ -43,6 +44,8 @@ def main() -> int:
         run([str(bin_dir / "mlflow-di"), "demo"], work)
         run([str(bin_dir / "mlflow-di"), "inspect", "--model-uri", "models:/digits-cnn/1", "--data", "digits[0:600]",
              "--coverage", "latest"], work)
+        run([str(bin_dir / "mlflow-di"), "repair", "--compressed", "models:/digits-cnn-prune-l1/1", "--campaign",
+             "latest"], work)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'mlflow.db'}"
         import mlflow
 

@@ -90,6 +90,8 @@ def _quiet_library_logs() -> None:
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     logging.getLogger("mlflow.pytorch").addFilter(_DropPickleAdvice())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # LiteRT's "Created TensorFlow Lite ... delegate" INFO
+    # a progress bar per artifact download (repair reads 60 campaign files: 60 bars); the commands say what they read
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def _on_sigterm(signum, frame):
