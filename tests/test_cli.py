@@ -52,37 +52,6 @@ def test_failed_work_marks_the_run_failed_and_keeps_what_was_logged(tracking_uri
     assert mlflow.get_run(run.info.run_id).info.status == "KILLED"
 
 
-def test_demo_runs_the_whole_pipeline_in_a_fresh_store(tmp_path):
-    result = run_cli("demo", "--fuzz-seeds", "20", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    # quiet off a terminal: no MLflow registration chatter, no carriage-return progress redraws
-    assert "Successfully registered" not in result.stderr and "\r" not in result.stderr, result.stderr[-2000:]
-    assert "verdict: PASS" in result.stdout  # the demo's policy passes on its own models
-    assert "registered models:/digits-cnn/1" in result.stdout
-    assert pathlib.Path(tmp_path, "mlflow.db").exists()  # the default store: sqlite:///mlflow.db here
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    try:
-        client = mlflow.MlflowClient()
-        version = client.get_model_version("digits-cnn", "1")
-        assert mlflow.get_run(version.run_id).data.metrics["test_accuracy"] > 0.9
-        for method in ("int8-static", "prune-l1"):  # exports registered with lineage back to the source
-            export = client.get_model_version(f"digits-cnn-{method}", "1")
-            assert export.tags["mlflow_di.source_uri"] == "models:/digits-cnn/1"
-            assert export.tags["mlflow_di.method"] == method
-        verdict = version.tags["mlflow_di.verdict"]
-        assert verdict in ("PASS", "FAIL") and float(version.tags["mlflow_di.idc"]) > 0
-        assert "missing" not in version.tags.values() and version.description.startswith(f"## mlflow-di gate: {verdict}")
-        aliases = client.get_registered_model("digits-cnn").aliases
-        assert ("champion" in aliases) == (verdict == "PASS")  # the alias moves only on pass
-        commands = {run.data.tags["mlflow_di.command"]: run.info.status
-                    for run in client.search_runs([e.experiment_id for e in client.search_experiments()])}
-        assert commands == {name: "FINISHED" for name in ("demo", "compress", "coverage", "fuzz", "gate")}
-        described = run_cli("describe", "models:/digits-cnn/1", cwd=tmp_path)
-        assert described.returncode == 0 and "fc1" in described.stdout and "classes:        10" in described.stdout
-    finally:
-        mlflow.set_tracking_uri(None)
-
-
 def test_describe_onnx_and_torch_files(tmp_path):
     from test_models import tiny_onnx, tiny_torch
 

@@ -42,6 +42,8 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
     for entry, params in steps:
         result = mlflow_run(entry, tmp_path, **params)
         assert result.returncode == 0, f"{entry}: {result.stderr[-2000:]}"
+        if entry == "demo":
+            check_the_demo(tmp_path, result)
     # the demo's own five runs, then one run per entry point (demo's runs included once each)
     assert finished_commands(tmp_path).count("coverage") == 2
     assert finished_commands(tmp_path).count("gate") == 2
@@ -49,6 +51,27 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
     assert finished_commands(tmp_path).count("robustness") == 1
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert client.get_model_version_by_alias("digits-cnn", "champion").version == 1
+
+
+def check_the_demo(store: pathlib.Path, result: subprocess.CompletedProcess) -> None:
+    """What the one-command demo leaves (``make demo`` is walked by test_readme_walk.py): quiet off a
+    terminal, the CNN and its exports registered with lineage, the verdict on the version, the alias
+    only on PASS, and one FINISHED run per step."""
+    # quiet off a terminal: no MLflow registration chatter, no carriage-return progress redraws
+    assert "Successfully registered" not in result.stderr and "\r" not in result.stderr, result.stderr[-2000:]
+    assert "registered models:/digits-cnn/1" in result.stdout
+    client = mlflow.MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    version = client.get_model_version("digits-cnn", "1")
+    assert client.get_run(version.run_id).data.metrics["test_accuracy"] > 0.8
+    for method in ("int8-static", "prune-l1"):  # exports registered with lineage back to the source
+        export = client.get_model_version(f"digits-cnn-{method}", "1")
+        assert export.tags["mlflow_di.source_uri"] == "models:/digits-cnn/1"
+        assert export.tags["mlflow_di.method"] == method
+    verdict = version.tags["mlflow_di.verdict"]
+    assert verdict in ("PASS", "FAIL") and float(version.tags["mlflow_di.idc"]) > 0
+    assert "missing" not in version.tags.values() and version.description.startswith(f"## mlflow-di gate: {verdict}")
+    assert ("champion" in client.get_registered_model("digits-cnn").aliases) == (verdict == "PASS")
+    assert set(finished_commands(store)) == {"demo", "compress", "coverage", "fuzz", "gate"}
 
 
 def test_import_keras_entry_point(tmp_path, shared_dir):
