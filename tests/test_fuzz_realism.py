@@ -197,12 +197,13 @@ def test_the_realism_budget_counts_triggers_within_every_measurable_bound():
     from types import SimpleNamespace
 
     from mlflow_di.fuzz.realism import (DEFAULT_BUDGET, Constraint, campaign_budget, distribution_rows,
-                                        realism_summary, within_budget)
+                                        realism_summary)
 
     def record(linf, ssim, success=True, index=0):
         distances = {"l0": 3, "l0_fraction": 0.1, "l2": 0.5, "linf": linf, "ssim": ssim}
         return SimpleNamespace(success=success, index=index, trigger_distances=distances if success else None)
 
+    within_budget = DEFAULT_BUDGET.met_by
     assert within_budget({"linf": 32, "ssim": 0.9}) and not within_budget({"linf": 33, "ssim": 0.99})
     assert not within_budget({"linf": 4, "ssim": 0.89}) and within_budget({"linf": 4, "ssim": None})
     assert not within_budget(None)

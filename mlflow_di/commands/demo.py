@@ -90,16 +90,14 @@ def _where_to_look(model_uri: str, name: str, gate_code: int) -> None:
     click.echo(f"gate {verdict}")
     click.echo("")
     click.echo("where to look:")
-    from mlflow_di.mlflow_edge.connection import tracking_uri
+    from mlflow_di.mlflow_edge.runs import take_run_lines, ui_line
 
-    click.echo(f"  mlflow ui --backend-store-uri {tracking_uri()}   # then open http://127.0.0.1:5000")
+    click.echo(f"  {ui_line()}")
     click.echo(f"  Models > {name}: each version's description starts with its verdict; {name}-int8-static and "
                f"{name}-prune-l1 carry lineage tags (mlflow_di.source_uri, mlflow_di.method)")
     click.echo("  Experiments > mlflow-di: one run per step; open a run's Artifacts for coverage/report.html or "
                "fuzz/report.html, fuzz/trigger_grid.png and the tables")
     click.echo(f"  mlflow-di describe {model_uri}")
-    from mlflow_di.mlflow_edge.runs import take_run_lines
-
     lines = take_run_lines()
     if lines:
         click.echo("  the runs, one per step:")

@@ -152,12 +152,12 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         torch_models = [_white_box_model(ref, pre, device) for ref, pre in
                         [(original_ref, preprocessing_original)] + [(r, preprocessing_compressed) for r in compressed_refs]]
         original_model, *compressed_models = [model.classifier() for model in torch_models]
-    elif walk:
-        torch_original = _white_box_model(original_ref, preprocessing_original, device, "boundary")
-        original_model = torch_original.classifier()
-        compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
-    else:
-        original_model = load_classifier(original_ref, preprocessing_original, device)
+    else:  # boundary: the original white-box (its gradients), the compressed models black-box as for dflare
+        if walk:
+            torch_original = _white_box_model(original_ref, preprocessing_original, device, "boundary")
+            original_model = torch_original.classifier()
+        else:
+            original_model = load_classifier(original_ref, preprocessing_original, device)
         compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
     mutations_on = None if white_box or walk else mutation_device(original_model, executor)  # a CUDA original's GPU
     overlapping = not (white_box or walk) and (overlap if overlap is not None
@@ -550,20 +550,20 @@ def _print_sharing(comparison: dict) -> None:
 
 def realism_note(summary: dict) -> str:
     """One sentence: how many triggers are within the realism budget (the report's flag, the printed summary)."""
-    bounds = [f"L-inf <= {summary['realism_max_linf']}"] if summary.get("realism_max_linf") is not None else []
-    if summary.get("realism_min_ssim") is not None:
-        bounds.append(f"SSIM >= {summary['realism_min_ssim']:g} where measurable")
+    from mlflow_di.fuzz.realism import Constraint
+
+    budget = Constraint(max_linf=summary["realism_max_linf"], min_ssim=summary["realism_min_ssim"])
     return (f"{summary['realistic_triggers']} of {_plural(summary['triggers'], 'trigger')} within the realism budget "
-            f"({', '.join(bounds)}): realistic success rate {summary['realistic_success_rate']:.1%}")
+            f"({budget.describe()}): realistic success rate {summary['realistic_success_rate']:.1%}")
 
 
 def _realism_section(html, result, summary: dict) -> None:
     """The triggers' distances to their seeds as distributions, right under the summary, with a
     warning when most triggers are outside the realism budget (noise, not a finding to act on)."""
-    from mlflow_di.fuzz.realism import distribution_rows
+    from mlflow_di.fuzz.realism import distribution_rows, mostly_noise
 
     html.section("How realistic the triggers are")
-    if summary["realistic_triggers"] * 2 < summary["triggers"]:
+    if mostly_noise(summary["realistic_triggers"], summary["triggers"]):
         html.verdict(False, f"{realism_note(summary)}. Most triggers are noise-like: a reviewer would not call them "
                             "the same image. Rerun with --min-ssim / --max-linf to search inside a budget.",
                      word="NOISE")
@@ -602,10 +602,12 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
         click.echo(f"  queries count images sent to the compressed model; the original (white-box) ran "
                    f"{summary['mean_original_passes']:.0f} forward/backward passes per seed on average")
     if summary["triggers"]:
+        from mlflow_di.fuzz.realism import mostly_noise
+
         median = ", ".join(f"{key} {summary[f'trigger_{key}_median']:.3g}" for key in ("ssim", "linf")
                            if summary.get(f"trigger_{key}_median") is not None)
         click.echo(f"  realism: {realism_note(summary)}; medians {median}"
-                   + ("  <- mostly noise-like" if summary["realistic_triggers"] * 2 < summary["triggers"] else ""))
+                   + ("  <- mostly noise-like" if mostly_noise(summary["realistic_triggers"], summary["triggers"]) else ""))
     if summary.get("neuron_coverage"):
         click.echo("  neuron coverage reached (seeds and triggers): " + ", ".join(
             f"{role} {value:.1%}" for role, value in summary["neuron_coverage"].items()))

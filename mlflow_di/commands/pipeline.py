@@ -87,12 +87,10 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
 
 def _where_to_look(model_uri: str) -> None:
     """Where the verdict and the evidence are in the MLflow UI (the run's own line follows at exit)."""
-    from mlflow_di.mlflow_edge.connection import tracking_uri
+    from mlflow_di.mlflow_edge.runs import ui_line
 
-    uri = tracking_uri()
     click.echo("where to look:")
-    if not uri.startswith(("http://", "https://")):
-        click.echo(f"  mlflow ui --backend-store-uri {uri}   # then open http://127.0.0.1:5000")
+    click.echo(f"  {ui_line()}")
     name, _, version = model_uri.removeprefix("models:/").partition("/")
     page = f"Models > {name} > Version {version}" if model_uri.startswith("models:/") and version.isdigit() \
         else f"Models > {name}"

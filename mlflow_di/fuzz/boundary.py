@@ -165,10 +165,10 @@ class _Budget:
         if self.constraint is not None and self.constraint.max_linf is not None:
             bound = self.constraint.max_linf
             image = np.clip(image, self.seed_float - bound, self.seed_float + bound)
-        offset = image - self.seed_float
-        rounded = _uint8(self.seed_float + offset)
+        rounded = _uint8(image)
         if self.allows(rounded):
             return rounded
+        offset = image - self.seed_float
         low, high = 0.0, 1.0
         for _ in range(10):
             middle = (low + high) / 2
@@ -213,7 +213,7 @@ class _Walker:
         seed = _SeedState(index, label, image, p_original, p_compressed, time.perf_counter())
         c = int(p_original.argmax())
         if int(p_compressed.argmax()) != c:
-            return seed.record(Stop.ALREADY_DEVIATING, None), None
+            return seed.record(Stop.ALREADY_DEVIATING), None
         budget = _Budget(self.strategy.constraint, image)
         sizes = self.strategy.step_sizes if self._ssim_walk(budget) else (self._linf_step(budget),)
         for size in sizes:
@@ -375,7 +375,7 @@ class _SeedState:
     operators: list = dataclasses.field(default_factory=list)
     counts: dict = dataclasses.field(default_factory=lambda: {"walk": [0, 0], "dflare": [0, 0]})
 
-    def record(self, stop: Stop, walker: "_Walker | None") -> SeedRecord:
+    def record(self, stop: Stop) -> SeedRecord:
         record = SeedRecord(
             index=self.index, label=self.label, success=stop is Stop.TRIGGER, stop=stop, queries=self.queries,
             seconds=time.perf_counter() - self.started,
@@ -392,9 +392,9 @@ class _SeedState:
         return record
 
     def finish(self, stop: Stop, walker: "_Walker") -> tuple[SeedRecord, np.ndarray | None]:
+        # the seed's time is in its record; RunStats' model/search split is the lockstep runner's, not measured here
         walker.stats.inputs += self.queries
-        walker.stats.model_seconds += time.perf_counter() - self.started
-        return self.record(stop, walker), (self.trigger if stop is Stop.TRIGGER else None)
+        return self.record(stop), (self.trigger if stop is Stop.TRIGGER else None)
 
 
 def differentiable_ssim(images, seed):

@@ -101,6 +101,23 @@ class Constraint:
             return False
         return self.min_ssim is None or ssim(image, seed) >= self.min_ssim
 
+    def met_by(self, distances: dict | None) -> bool:
+        """Whether a trigger with these :func:`distances` meets every bound that can be measured on it
+        (SSIM is not defined on images smaller than its window: then L-inf alone). :meth:`allows`
+        decides the same from the images, before a query; this, from a record, after."""
+        if not distances:
+            return False
+        if self.max_linf is not None and distances["linf"] > self.max_linf:
+            return False
+        return self.min_ssim is None or distances.get("ssim") is None or distances["ssim"] >= self.min_ssim
+
+    def describe(self) -> str:
+        """The bounds in words, e.g. ``L-inf <= 32, SSIM >= 0.9 where measurable``."""
+        bounds = [f"L-inf <= {self.max_linf}"] if self.max_linf is not None else []
+        if self.min_ssim is not None:
+            bounds.append(f"SSIM >= {self.min_ssim:g} where measurable")
+        return ", ".join(bounds) or "no bound"
+
     def to_dict(self) -> dict:
         return {"max_linf": self.max_linf, "min_ssim": self.min_ssim}
 
@@ -111,14 +128,10 @@ class Constraint:
 DEFAULT_BUDGET = Constraint(max_linf=32, min_ssim=0.9)
 
 
-def within_budget(distances: dict | None, budget: Constraint = DEFAULT_BUDGET) -> bool:
-    """Whether a trigger with these :func:`distances` meets every bound of ``budget`` that can be
-    measured on it (SSIM is not defined on images smaller than its window: then L-inf alone)."""
-    if not distances:
-        return False
-    if budget.max_linf is not None and distances["linf"] > budget.max_linf:
-        return False
-    return budget.min_ssim is None or distances.get("ssim") is None or distances["ssim"] >= budget.min_ssim
+def mostly_noise(realistic: int, triggers: int) -> bool:
+    """Whether fewer than half of a campaign's ``triggers`` are within its realism budget: its success
+    rate and queries then count noise-like inputs, and every place that shows them says so."""
+    return realistic * 2 < triggers
 
 
 def campaign_budget(constraint: Constraint | None) -> Constraint:
@@ -131,7 +144,7 @@ def realism_summary(records, fuzzed: int, budget: Constraint = DEFAULT_BUDGET) -
     """``realistic_triggers`` (triggers within ``budget``), ``realistic_success_rate`` (those over the
     seeds fuzzed: the success rate a person would believe) and the budget's bounds as
     ``realism_max_linf`` / ``realism_min_ssim``."""
-    realistic = sum(within_budget(r.trigger_distances, budget) for r in records if r.success)
+    realistic = sum(budget.met_by(r.trigger_distances) for r in records if r.success)
     return {"realistic_triggers": realistic, "realistic_success_rate": realistic / fuzzed if fuzzed else 0.0,
             "realism_max_linf": budget.max_linf, "realism_min_ssim": budget.min_ssim}
 

@@ -312,13 +312,15 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
 def _noise_note(metrics: dict, run_id: str) -> str:
     """A warning when most of a campaign's triggers are outside the realism budget: its success rate and
     queries then count noise-like inputs, and the verdict must say so."""
+    from mlflow_di.fuzz.realism import Constraint, mostly_noise
+
     triggers, realistic = metrics.get("triggers"), metrics.get("realistic_triggers")
-    if not triggers or realistic is None or realistic * 2 >= triggers:
+    if not triggers or realistic is None or not mostly_noise(realistic, triggers):
         return ""
-    bounds = [f"{name} {relation} {metrics[key]:g}" for key, name, relation in
-              (("realism_max_linf", "L-inf", "<="), ("realism_min_ssim", "SSIM", ">=")) if key in metrics]
+    linf = metrics.get("realism_max_linf")  # metrics are floats; a bound the campaign did not have is absent
+    budget = Constraint(max_linf=None if linf is None else int(linf), min_ssim=metrics.get("realism_min_ssim"))
     return (f"fuzz run {run_id}: only {int(realistic)} of {int(triggers)} triggers are within the realism budget "
-            f"({', '.join(bounds)}); success rate and queries count noise-like inputs")
+            f"({budget.describe()}); success rate and queries count noise-like inputs")
 
 
 def _method(target: _CompressedTarget, client) -> str | None:

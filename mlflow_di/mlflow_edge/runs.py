@@ -105,11 +105,24 @@ def run_line(run, status: str) -> str:
     page's address under ``mlflow ui`` started on this store."""
     uri = tracking_uri()
     page = _run_page(run.info.experiment_id, run.info.run_id)
-    if uri.startswith(("http://", "https://")):
+    if _served(uri):
         where = f"{uri.rstrip('/')}/{page}"
     else:
         where = f"http://127.0.0.1:5000/{page} after `mlflow ui --backend-store-uri {uri}`"
     return f"run {run.info.run_id} ({status}): {where}"
+
+
+def ui_line() -> str:
+    """How to open this store in the MLflow UI, in one line (the closing "where to look" blocks)."""
+    uri = tracking_uri()
+    if _served(uri):
+        return f"open {uri.rstrip('/')}"
+    return f"mlflow ui --backend-store-uri {uri}   # then open http://127.0.0.1:5000"
+
+
+def _served(uri: str) -> bool:
+    """Whether the tracking URI is a server whose UI is already up (http/https), not a local store."""
+    return uri.startswith(("http://", "https://"))
 
 
 def _run_page(experiment_id: str, run_id: str) -> str:
@@ -191,7 +204,7 @@ def run_links(run_ids) -> dict[str, str]:
     """{run id: its page in the MLflow UI} for an http(s) tracking server; {} for other stores
     (a sqlite file has no UI address) and for runs that cannot be read."""
     base = tracking_uri().rstrip("/")
-    if not base.startswith(("http://", "https://")):
+    if not _served(base):
         return {}
     client, links = mlflow.MlflowClient(), {}
     for run_id in dict.fromkeys(r for r in run_ids if r):
