@@ -131,6 +131,7 @@ def test_a_version_page_leads_to_its_model_page_with_the_metrics_and_datasets(ml
     assert "1/1 checks passed" in page(browser)
     wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, 'a[href*="/models/m-"]'))).click()
 
-    wait.until(lambda d: "Datasets used" in page(d) and "digits[600:700]" in page(d))
+    # the metrics table renders after the datasets panel: wait for both before reading the page
+    wait.until(lambda d: "Datasets used" in page(d) and "digits[600:700]" in page(d) and "\nidc\n" in page(d))
     text = page(browser)
     assert "\nidc\n" in text and "coverage " in text  # the metric, from the coverage run
