@@ -92,3 +92,55 @@ def test_auto_keep_float_reports_before_and_after_with_the_diagnosis_and_per_cla
     assert "Per-class deviation on the evaluation data" in report and "Layers kept in float" in report
     matrix = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/deviation_matrix.json"))
     assert sum(sum(v for k, v in zip(matrix["columns"], row) if k.startswith("->")) for row in matrix["data"]) == 497
+
+
+def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_ways(registered_cnn, capsys):
+    code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:200]",
+                 "--eval-data", "digits[1300:1550]", "--holdout-data", "digits[1550:]", "--diagnosis-images", "64",
+                 "--max-disagreement-rate", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    client = mlflow.MlflowClient()
+    version = client.get_model_version("cnn-int8-static", "1")
+    run = client.get_run(version.run_id)
+    metrics, params = run.data.metrics, run.data.params
+    search = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/bounded_search.json"))
+    chosen = search["kept_float"]
+    assert metrics["bounded.exports"] == len(search["trials"]) >= 1
+    assert metrics["disagreements"] == 0  # the registered export meets the bound on the search data
+    assert metrics["bounded.held_out_images"] == 247 and params["holdout_data"] == "digits[1550:]"
+    assert metrics["bounded.meets_held_out"] == int(metrics["bounded.held_out_disagreements"] == 0)
+    assert 0 < metrics["bounded.held_out_disagreement_upper95"] < 0.05
+    assert params["max_disagreement_rate"] == "0.0" and "max_accuracy_drop" not in params
+    lineage = json.loads(version.tags["mlflow_di.params"])
+    assert lineage.get("kept_float", []) == chosen and len(chosen) < 4
+    assert len(lineage.get("nodes_to_exclude", [])) == len(chosen)
+    assert [trial["step"] for trial in search["trials"]][0] == "all int8"
+    if chosen:  # the fully quantized export missed the bound: its figures are logged next to the choice
+        assert search["trials"][0]["search"]["disagreements"] == metrics["before_keep_float.disagreements"] > 0
+        assert all(f"{module} (ONNX node {node})" in out for module, node in zip(chosen, lineage["nodes_to_exclude"]))
+    report = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/report.html")
+    assert "Bounded export" in report and "95% upper bound" in report
+    assert "held out: top-1 differs on" in out
+
+
+def test_an_unreachable_bound_fails_in_one_line_and_keeps_what_the_search_measured(registered_cnn, capsys,
+                                                                                  monkeypatch):
+    from mlflow_di.compression import bounded
+
+    def unreachable(ranking, measure, bounds, on_trial=None):  # the search as if even one int8 layer were too many
+        trial = bounded.Trial([], "all int8", measure(()), False)
+        raise bounded.UnreachableBounds("no int8 export meets disagreement rate <= 0: ...",
+                                        bounded.BoundedSearch(bounds, ranking, [trial], []))
+
+    monkeypatch.setattr(bounded, "search_float_layers", unreachable)
+    code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:100]",
+                 "--eval-data", "digits[1300:1400]", "--holdout-data", "digits[1400:1500]", "--diagnosis-images", "16",
+                 "--max-disagreement-rate", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == "mlflow-di: error: no int8 export meets disagreement rate <= 0: ..."
+    runs = mlflow.search_runs(output_format="list", search_all_experiments=True,
+                              filter_string="tags.`mlflow_di.command` = 'compress'")
+    assert [run.info.status for run in runs] == ["FAILED"]
+    search = json.loads(mlflow.artifacts.load_text(f"runs:/{runs[0].info.run_id}/compress/bounded_search.json"))
+    assert search["trials"][0]["search"]["images"] == 100

@@ -10,7 +10,10 @@ the export's probabilities from the source's and both models' top-1/top-2 margin
 run logs the layer-wise quantization diagnosis (SQNR per tensor, float vs QDQ model; on the
 evaluation data and, with ``--triggers``, on a fuzz campaign's triggers); with ``--keep-float``
 or ``--auto-keep-float`` it registers an export with those layers left in float and reports the
-fully quantized export's figures next to it (``before_keep_float.*``).
+fully quantized export's figures next to it (``before_keep_float.*``). With
+``--max-accuracy-drop``/``--max-disagreement-rate`` it searches for the export with the fewest
+layers in float that meets those bounds on the evaluation data, verifies it on ``--holdout-data``
+(:mod:`mlflow_di.compression.bounded`) and logs every export the search measured.
 """
 from __future__ import annotations
 
@@ -45,10 +48,20 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 @click.option("--diagnosis-images", type=click.IntRange(0), default=256, show_default=True,
               help="int8-static: images (the first ones) of the evaluation data and of the triggers for the "
                    "layer-wise diagnosis; 0 skips it. Memory grows with it (all activations of a batch are kept).")
+@click.option("--max-accuracy-drop", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
+              help="int8-static: register the export with the fewest layers in float whose accuracy on --eval-data "
+                   "is at most this much below the source's (0.01 = 1 point); verified on --holdout-data.")
+@click.option("--max-disagreement-rate", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
+              help="int8-static: as --max-accuracy-drop, for the fraction of --eval-data images on which the export's "
+                   "top-1 differs from the source's.")
+@click.option("--holdout-data", default=None, metavar="SPEC",
+              help="Data spec the bounded export is verified on: images the search did not see "
+                   "(e.g. mnist-test:DIR[5000:10000] with --eval-data mnist-test:DIR[0:5000]).")
 @preprocessing_option
 @device_option
 def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep_float, auto_keep_float, triggers,
-            diagnosis_images, preprocessing, device="cpu") -> list[str]:
+            diagnosis_images, preprocessing, max_accuracy_drop=None, max_disagreement_rate=None, holdout_data=None,
+            device="cpu") -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
@@ -69,6 +82,8 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
                         f"add it to --method (got {','.join(methods)})")
     if auto_keep_float and not diagnosis_images:
         raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
+    bounds = _bounds(methods, max_accuracy_drop, max_disagreement_rate, holdout_data, keep_float, auto_keep_float,
+                     diagnosis_images)
     campaign = _load_triggers(triggers) if triggers else None
     ref = ModelRef.parse(model_uri)
     resolved = resolve(ref)
@@ -79,7 +94,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
 
         keep_float = [name for name, _ in prunable_layers(source.module)]
     check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
-    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph)
+    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
     raw_eval = load_images(eval_data) if eval_data else raw_calib
@@ -91,6 +106,13 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
                     "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
                     "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
     original = _source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
+    if bounds is not None:
+        from mlflow_di.mlflow_edge import datasets
+
+        raw_held_out = load_images(holdout_data)
+        inputs["held-out"] = datasets.spec_dataset(raw_held_out)
+        held_out = prepare(raw_held_out)
+        selection.splits = (_split(evaluation, original), _split(held_out, _source_probabilities(source, held_out, device)))
     registered = []
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
@@ -109,6 +131,8 @@ class Selection:
     campaign: object = None  # a loaded fuzz CampaignResult (--triggers)
     triggers: str | None = None  # its folder
     graph: str | None = None  # an ONNX original's file: quantization starts from it, not from its view
+    bounds: object = None  # compression.bounded.Bounds: search for the fewest float layers meeting them
+    splits: tuple = ()  # (search, held-out) LabelledSplits for the bounded search
 
     @property
     def selective(self) -> bool:
@@ -126,6 +150,39 @@ class Outcome:
     kept_float: list = dataclasses.field(default_factory=list)
     auto: bool = False
     notes: list = dataclasses.field(default_factory=list)
+    search: object = None  # compression.bounded.BoundedSearch of a bounded export
+
+
+def _bounds(methods, max_accuracy_drop, max_disagreement_rate, holdout_data, keep_float, auto_keep_float,
+            diagnosis_images):
+    """The bounds a bounded export must meet (None when none is asked for), or a UserError on a combination
+    that cannot work."""
+    from mlflow_di.compression.bounded import Bounds
+    from mlflow_di.errors import UserError
+
+    bounds = Bounds(max_accuracy_drop, max_disagreement_rate)
+    if not bounds.active:
+        if holdout_data:
+            raise UserError("--holdout-data verifies a bounded export; add --max-accuracy-drop or --max-disagreement-rate")
+        return None
+    if methods != ("int8-static",) and list(methods) != ["int8-static"]:
+        raise UserError("--max-accuracy-drop and --max-disagreement-rate choose which layers int8-static keeps in "
+                        f"float; use them with --method int8-static alone (got {','.join(methods)})")
+    if keep_float or auto_keep_float:
+        raise UserError("a bounded export chooses the layers kept in float itself; drop --keep-float/--auto-keep-float")
+    if not diagnosis_images:
+        raise UserError("the bounded search ranks layers by the diagnosis; leave --diagnosis-images above 0")
+    if not holdout_data:
+        raise UserError("a bounded export is verified on images the search does not see: pass --holdout-data SPEC "
+                        "(e.g. --eval-data mnist-test:DIR[0:5000] --holdout-data mnist-test:DIR[5000:10000])")
+    return bounds
+
+
+def _split(images, probabilities):
+    """A :class:`~mlflow_di.compression.bounded.LabelledSplit` of prepared images and the source's probabilities."""
+    from mlflow_di.compression.bounded import LabelledSplit
+
+    return LabelledSplit(images.name, images.images, images.labels, probabilities.argmax(axis=1))
 
 
 def _load_triggers(folder: str):
@@ -159,7 +216,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
         with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:
             log.inputs((dataset, context) for context, dataset in (inputs or {}).items()  # calibration: int8-static
                        if context != "calibration" or method == "int8-static")
-            outcome = _export(source, method, calib, evaluation, amount, pathlib.Path(scratch), selection)
+            outcome = _export_keeping_search(log, source, method, calib, evaluation, amount, pathlib.Path(scratch),
+                                             selection)
             result = outcome.result
             params = {"amount": amount} if method.startswith("prune") else {}
             if method == "int8-static":
@@ -167,6 +225,9 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                               auto_keep_float=selection.auto_keep_float, diagnosis_images=selection.diagnosis_images)
                 if selection.triggers:
                     params["triggers"] = selection.triggers
+                if selection.bounds is not None:
+                    params.update({key: value for key, value in selection.bounds.to_dict().items() if value is not None},
+                                  holdout_data=selection.splits[1].name)
             log.params({"model_uri": ref.uri, "method": method, **params,
                         "eval_data": evaluation.name if evaluation is not None else "none"})
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
@@ -183,6 +244,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                                 if key not in ("source_accuracy", "eval_images")
                                 and not key.startswith("class_accuracy_drop.")})
                 metrics["kept_float_layers"] = len(outcome.kept_float)
+            if outcome.search is not None:
+                metrics.update(_search_metrics(outcome.search))
             log.json(result.to_dict(), "compress/result.json")
             _log_tables(log, deviation, outcome)
             log.text(_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
@@ -196,6 +259,33 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             registry.write_version_tags(version, lineage)
         _print_summary(method, name, info.registered_model_version, metrics, result, deviation, outcome)
     return f"models:/{name}/{info.registered_model_version}"
+
+
+def _export_keeping_search(log, source, method, calib, evaluation, amount, scratch, selection) -> Outcome:
+    """:func:`_export`; a bounded search that finds no export logs what it measured before it fails."""
+    from mlflow_di.compression.bounded import UnreachableBounds
+
+    try:
+        return _export(source, method, calib, evaluation, amount, scratch, selection)
+    except UnreachableBounds as unreachable:
+        _log_search(log, unreachable.search)
+        raise
+
+
+def _log_search(log, search) -> None:
+    log.json(search.to_dict(), "compress/bounded_search.json")
+    log.table(search.rows(), "compress/bounded_search_table.json")
+
+
+def _search_metrics(search) -> dict:
+    """The bounded search's cost and its choice's held-out figures, as run metrics."""
+    held_out = search.held_out
+    return {"bounded.exports": search.exports, "bounded.kept_float_layers": len(search.kept_float),
+            "bounded.held_out_images": held_out.images, "bounded.held_out_disagreements": held_out.disagreements,
+            "bounded.held_out_disagreement_rate": held_out.disagreement_rate,
+            "bounded.held_out_disagreement_upper95": held_out.disagreement_upper_bound(),
+            "bounded.held_out_accuracy_drop": held_out.accuracy_drop,
+            "bounded.meets_held_out": int(not search.held_out_failures)}
 
 
 def _export(source, method, calib, evaluation, amount, scratch, selection: Selection) -> Outcome:
@@ -222,11 +312,31 @@ def _export(source, method, calib, evaluation, amount, scratch, selection: Selec
         else:
             outcome.notes.append("the fuzz campaign given with --triggers holds no triggers (no deviating input "
                                  "was found), so there is no trigger diagnosis")
+    if selection.bounds is not None:
+        return _bounded(source, calib_images, scratch, selection, outcome)
     if selection.selective:
         kept = list(selection.keep_float) or outcome.diagnoses[0].worst_layers(selection.auto_keep_float)
         outcome.before, outcome.kept_float, outcome.auto = result, kept, not selection.keep_float
         outcome.result = compress(source.module, preprocessing, method, scratch / "kept-float",
                                   calib_inputs=calib_images, keep_float=kept, graph=selection.graph)
+    return outcome
+
+
+def _bounded(source, calib_images, scratch, selection: Selection, outcome: Outcome) -> Outcome:
+    """The bounded search, ranked by the evaluation data's diagnosis (worst layer first, then layers it
+    never reached): the chosen export becomes the result, the fully quantized one ``before``."""
+    from mlflow_di.compression.bounded import bounded_int8_static
+    from mlflow_di.compression.prune import prunable_layers
+
+    ranking = list(outcome.diagnoses[0].layer_scores())
+    ranking += [name for name, _ in prunable_layers(source.module) if name not in ranking]
+    search, held_out = selection.splits
+    fully_quantized = outcome.result
+    outcome.result, outcome.search = bounded_int8_static(
+        source.module, source.preprocessing, calib_images, search, held_out, selection.bounds, ranking,
+        scratch / "bounded", graph=selection.graph, first=fully_quantized)
+    if outcome.search.kept_float:
+        outcome.before, outcome.kept_float = fully_quantized, list(outcome.search.kept_float)
     return outcome
 
 
@@ -281,6 +391,8 @@ def _log_tables(log, deviation, outcome: Outcome) -> None:
     if deviation is not None:
         log.table(matrix_rows(deviation["matrix"]), "compress/deviation_matrix.json")
         log.table([c.to_row() for c in deviation["classes"]], "compress/per_class_accuracy.json")
+    if outcome.search is not None:
+        _log_search(log, outcome.search)
     for diagnosis in outcome.diagnoses:
         log.table(diagnosis.rows(), f"compress/sqnr_{diagnosis.data}.json")
         log.json(diagnosis.to_dict(), f"compress/diagnosis_{diagnosis.data}.json")
@@ -298,6 +410,8 @@ def _report(model_uri: str, name: str, result, metrics: dict, deviation=None, ou
                "before_keep_float.max_class_accuracy_drop")
     html.section("Metrics").metrics({k: v for k, v in metrics.items() if not k.startswith("class_accuracy_drop.")},
                                     percent_keys=[k for k in percent if k in metrics])
+    if outcome.search is not None:
+        _search_section(html, outcome.search, result.params)
     if outcome.before is not None:
         _before_after_section(html, metrics, outcome)
     html.section("Parameters").code(json.dumps(result.params, indent=2, sort_keys=True))
@@ -314,7 +428,8 @@ def _report(model_uri: str, name: str, result, metrics: dict, deviation=None, ou
 
 
 def _before_after_section(html, metrics: dict, outcome: Outcome) -> None:
-    how = (f"--auto-keep-float {len(outcome.kept_float)}: the layers with the lowest scores on the evaluation data"
+    how = ("chosen by the bounded search" if outcome.search is not None else
+           f"--auto-keep-float {len(outcome.kept_float)}: the layers with the lowest scores on the evaluation data"
            if outcome.auto else "named with --keep-float")
     html.section("Layers kept in float").paragraph(f"Kept in float: {', '.join(outcome.kept_float)} ({how}). "
                                                    "The fully quantized export was measured on the same data:")
@@ -327,6 +442,27 @@ def _before_after_section(html, metrics: dict, outcome: Outcome) -> None:
         else:
             rows.append({"export": label, "size KiB": round(size / 1024, 1)})
     html.table(rows)
+
+
+def _search_section(html, search, params: dict) -> None:
+    """The bounded search: the bounds, every export it measured, its choice in both names, the held-out check."""
+    held_out = search.held_out
+    html.section("Bounded export")
+    kept = ", ".join(search.kept_float) or "none (every layer quantized)"
+    html.paragraph(f"Bounds: {search.bounds.describe()}. Kept in float: {kept}. The search measured "
+                   f"{search.exports} exports on the evaluation data, ranking layers by the diagnosis below "
+                   f"({', '.join(search.ranking)}), and verified its choice on held-out images:")
+    missed = search.held_out_failures
+    verdict = "meets the bounds" if not missed else "MISSES " + "; ".join(missed)
+    html.paragraph(f"Held out: {held_out.describe()}; 95% upper bound of the disagreement rate "
+                   f"{held_out.disagreement_upper_bound():.2%}. The choice {verdict} there.")
+    html.table(search.rows())
+    if search.kept_float:
+        html.paragraph("To reproduce this export with ONNX Runtime's quantizer, exclude these nodes "
+                       "(PyTorch module -> ONNX node):")
+        html.table([{"module": module, "ONNX node": node}
+                    for module, node in zip(params["kept_float"], params["nodes_to_exclude"])])
+        html.code(f"quantize_static(..., nodes_to_exclude={params['nodes_to_exclude']!r})")
 
 
 def _deviation_section(html, deviation) -> None:
@@ -406,6 +542,19 @@ def _print_summary(method: str, name: str, version, metrics: dict, result, devia
         click.echo(f"  largest class accuracy drop: class {worst.label} {worst.original_accuracy:.2%} -> "
                    f"{worst.compressed_accuracy:.2%} ({worst.images} images)")
     _print_diagnosis(metrics, outcome or Outcome(result))
+    if outcome is not None and outcome.search is not None:
+        _print_search(outcome.search, result.params)
+
+
+def _print_search(search, params: dict) -> None:
+    held_out = search.held_out
+    kept = ", ".join(f"{module} (ONNX node {node})" for module, node in
+                     zip(params.get("kept_float", []), params.get("nodes_to_exclude", []))) or "none"
+    click.echo(f"  bounded search ({search.bounds.describe()}): {search.exports} exports measured; kept in float: {kept}")
+    click.echo(f"  search data: {search.chosen.search.describe()}")
+    click.echo(f"  held out: {held_out.describe()} (95% upper bound {held_out.disagreement_upper_bound():.2%})")
+    for missed in search.held_out_failures:
+        click.echo(f"  WARNING: the chosen export misses a bound on the held-out data: {missed}")
 
 
 def _print_diagnosis(metrics: dict, outcome: Outcome) -> None:

@@ -23,7 +23,12 @@ from torch import nn
 from mlflow_di.compression.export import OnnxExport, compression_metadata, export_onnx, onnx_opset, set_metadata
 from mlflow_di.compression.onnx_ops import assert_linear_layers_quantized
 from mlflow_di.compression.prune import prunable_layers, prune_l1, prune_structured
-from mlflow_di.compression.quantize import quantize_int8_dynamic, quantize_int8_static, require_calibration_inputs
+from mlflow_di.compression.quantize import (
+    excluded_nodes,
+    quantize_int8_dynamic,
+    quantize_int8_static,
+    require_calibration_inputs,
+)
 from mlflow_di.errors import UserError
 from mlflow_di.results_json import JsonRoundTrip
 from mlflow_di.data import LazyImages
@@ -166,8 +171,9 @@ def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_
             quantize_int8_static(fp32_path, path, calib, per_channel=True, float_out=float_path, keep_float=keep_float)
             params = {"format": "QDQ", "per_channel": True, "weights": "int8", "activations": "int8",
                       "calibration": "minmax", "calibration_samples": int(len(calib))}
-            if keep_float:
+            if keep_float:  # both names: PyTorch modules, and the ONNX nodes ORT's nodes_to_exclude takes
                 params["kept_float"] = keep_float
+                params["nodes_to_exclude"] = excluded_nodes(float_path, keep_float)
             extra["float_path"] = str(float_path)
         else:
             quantize_int8_dynamic(fp32_path, path, per_channel=True)

@@ -1,0 +1,281 @@
+"""A bounded int8 export: the fewest layers left in float for which an int8-static export meets its bounds.
+
+OpenVINO NNCF's ``quantize_with_accuracy_control(max_drop=...)`` reverts the worst layers to
+float until an accuracy drop is met. Accuracy can stay flat while answers flip, so here a bound
+can also be on the top-1 *disagreement* with the original (:class:`Bounds`). The search, measured
+on a search split of labelled images (:func:`search_float_layers`):
+
+1. every layer quantized: if that meets every bound, nothing stays in float;
+2. the layers are ranked (the caller passes the layer-wise diagnosis's order, worst first); keeping
+   all but the last-ranked layer in float must meet the bounds, else no export can and
+   :class:`UnreachableBounds` says which bound fails and by how much;
+3. bisection on how many of the ranked layers stay in float finds the shortest meeting prefix.
+   It assumes that keeping more layers in float does not hurt; every candidate is measured, so
+   where that is false the result is larger than needed, never wrong;
+4. backward elimination: each kept layer, least suspicious first, goes back to int8 if the
+   export still meets every bound without it.
+
+The chosen export is then measured once on a held-out split it was not chosen on
+(:func:`verify`), because a rate near its bound on a few thousand images is mostly noise: the
+held-out figure comes with its one-sided 95% Clopper-Pearson upper bound.
+
+Pure search over a ``measure(kept_float) -> Scores`` function; :func:`bounded_int8_static` wires
+it to :func:`~mlflow_di.compression.methods.compress` and ONNX Runtime.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import numpy as np
+
+from mlflow_di.errors import UserError
+from mlflow_di.results_json import JsonRoundTrip
+
+CONFIDENCE = 0.95
+
+
+@dataclasses.dataclass
+class Scores(JsonRoundTrip):
+    """How an export's top-1 answers compare with the original's and the labels on one split."""
+
+    images: int
+    disagreements: int
+    original_correct: int
+    compressed_correct: int
+
+    @property
+    def disagreement_rate(self) -> float:
+        return self.disagreements / self.images if self.images else 0.0
+
+    @property
+    def accuracy_drop(self) -> float:
+        """Original minus export accuracy (a fraction; negative when the export is better)."""
+        return (self.original_correct - self.compressed_correct) / self.images if self.images else 0.0
+
+    def disagreement_upper_bound(self, confidence: float = CONFIDENCE) -> float:
+        """One-sided Clopper-Pearson upper bound of the disagreement rate at ``confidence``."""
+        return clopper_pearson_upper(self.disagreements, self.images, confidence)
+
+    def describe(self) -> str:
+        return (f"top-1 differs on {self.disagreements} of {self.images} images ({self.disagreement_rate:.2%}), "
+                f"accuracy drop {self.accuracy_drop * 100:+.2f} points")
+
+
+def scores(original_labels, compressed_labels, labels) -> Scores:
+    """:class:`Scores` from the two models' top-1 labels and the true labels of one split."""
+    original, compressed, labels = (np.asarray(a) for a in (original_labels, compressed_labels, labels))
+    return Scores(len(labels), int(np.sum(original != compressed)), int(np.sum(original == labels)),
+                  int(np.sum(compressed == labels)))
+
+
+def clopper_pearson_upper(successes: int, trials: int, confidence: float = CONFIDENCE) -> float:
+    """The exact one-sided upper confidence bound of a binomial rate (1.0 with no trials)."""
+    from scipy.stats import beta
+
+    if trials == 0 or successes >= trials:
+        return 1.0
+    return float(beta.ppf(confidence, successes + 1, trials - successes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds(JsonRoundTrip):
+    """What an export must meet; None leaves a bound out. Both are fractions (0.01 = 1 point / 1%)."""
+
+    max_accuracy_drop: float | None = None
+    max_disagreement_rate: float | None = None
+
+    def __post_init__(self):
+        for name, value in dataclasses.asdict(self).items():
+            if value is not None and not (math.isfinite(value) and 0 <= value <= 1):
+                raise UserError(f"--{name.replace('_', '-')} must be a fraction between 0 and 1, got {value}")
+
+    @property
+    def active(self) -> bool:
+        return any(value is not None for value in dataclasses.asdict(self).values())
+
+    def failures(self, measured: Scores) -> list[str]:
+        """One phrase per bound ``measured`` misses (empty when it meets them all)."""
+        missed = []
+        if self.max_accuracy_drop is not None and measured.accuracy_drop > self.max_accuracy_drop:
+            missed.append(f"accuracy drop {measured.accuracy_drop:.2%} > --max-accuracy-drop {self.max_accuracy_drop:g}")
+        if self.max_disagreement_rate is not None and measured.disagreement_rate > self.max_disagreement_rate:
+            missed.append(f"disagreement rate {measured.disagreement_rate:.2%} ({measured.disagreements} of "
+                          f"{measured.images}) > --max-disagreement-rate {self.max_disagreement_rate:g}")
+        return missed
+
+    def met_by(self, measured: Scores) -> bool:
+        return not self.failures(measured)
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_accuracy_drop is not None:
+            parts.append(f"accuracy drop <= {self.max_accuracy_drop:g}")
+        if self.max_disagreement_rate is not None:
+            parts.append(f"disagreement rate <= {self.max_disagreement_rate:g}")
+        return " and ".join(parts) or "no bound"
+
+
+@dataclasses.dataclass
+class Trial(JsonRoundTrip):
+    """One candidate export measured on the search split: which layers stayed in float, and why it was tried."""
+
+    kept_float: list[str]
+    step: str  # "all int8", "all but one", "bisection" or "elimination"
+    search: Scores
+    meets: bool
+
+
+@dataclasses.dataclass
+class BoundedSearch(JsonRoundTrip):
+    """The search's record: the bounds, the ranking it walked, every export it measured and its choice."""
+
+    bounds: Bounds
+    ranking: list[str]
+    trials: list[Trial]
+    kept_float: list[str]
+    held_out: Scores | None = None
+
+    JSON_DUMPS = {"indent": 2}
+
+    @property
+    def exports(self) -> int:
+        """Exports made and measured (the search's cost, in units of one plain int8 export)."""
+        return len(self.trials)
+
+    @property
+    def chosen(self) -> Trial:
+        return next(t for t in self.trials if sorted(t.kept_float) == sorted(self.kept_float))
+
+    @property
+    def held_out_failures(self) -> list[str]:
+        return self.bounds.failures(self.held_out) if self.held_out is not None else []
+
+    def rows(self) -> list[dict]:
+        """One table row per measured export, in the order they were made."""
+        return [{"kept in float": ", ".join(t.kept_float) or "(none)", "step": t.step,
+                 "disagreements": t.search.disagreements, "disagreement rate": f"{t.search.disagreement_rate:.3%}",
+                 "accuracy drop": f"{t.search.accuracy_drop * 100:+.2f} pts", "meets": "yes" if t.meets else "no",
+                 "chosen": "<-" if sorted(t.kept_float) == sorted(self.kept_float) else ""} for t in self.trials]
+
+
+class UnreachableBounds(UserError):
+    """No export with at least one quantized layer meets the bounds; ``search`` holds what was measured."""
+
+    def __init__(self, message: str, search: BoundedSearch):
+        super().__init__(message)
+        self.search = search
+
+
+def search_float_layers(ranking: list[str], measure: Callable[[tuple], Scores], bounds: Bounds,
+                        on_trial: Callable[[Trial], None] | None = None) -> BoundedSearch:
+    """The fewest of ``ranking``'s layers (worst first) to keep in float so that ``measure`` meets ``bounds``.
+
+    ``measure(kept_float)`` exports with those layers in float and scores the export on the search
+    split; each set is measured once. ``on_trial`` is told of every measurement (progress).
+    Raises :class:`UnreachableBounds` when even all layers but one in float miss a bound.
+    """
+    if not bounds.active:
+        raise UserError("a bounded export needs a bound: pass --max-accuracy-drop or --max-disagreement-rate")
+    ranking = list(dict.fromkeys(ranking))
+    trials: list[Trial] = []
+    measured: dict[frozenset, Trial] = {}
+
+    def meets(kept, step: str) -> bool:
+        key = frozenset(kept)
+        if key not in measured:
+            result = measure(tuple(kept))
+            measured[key] = Trial(list(kept), step, result, bounds.met_by(result))
+            trials.append(measured[key])
+            if on_trial is not None:
+                on_trial(measured[key])
+        return measured[key].meets
+
+    def record(kept) -> BoundedSearch:
+        return BoundedSearch(bounds, ranking, trials, list(kept))
+
+    if meets((), "all int8"):
+        return record(())
+    if len(ranking) < 2:
+        raise UnreachableBounds(f"the fully quantized export misses {bounds.describe()} "
+                                f"({'; '.join(bounds.failures(trials[0].search))}) and the model has "
+                                f"{len(ranking)} quantizable layer, so none can stay in float", record(()))
+    if not meets(ranking[:-1], "all but one"):
+        last = trials[-1]
+        raise UnreachableBounds(
+            f"no int8 export meets {bounds.describe()}: even with {len(ranking) - 1} of {len(ranking)} layers in "
+            f"float (only {ranking[-1]} quantized) {'; '.join(bounds.failures(last.search))} on the search data; "
+            "loosen the bound or use another method", record(ranking[:-1]))
+    low, high = 0, len(ranking) - 1  # prefix lengths: low misses, high meets
+    while high - low > 1:
+        middle = (low + high) // 2
+        if meets(ranking[:middle], "bisection"):
+            high = middle
+        else:
+            low = middle
+    kept = list(ranking[:high])
+    for layer in reversed(kept[:]):  # least suspicious first
+        candidate = [name for name in kept if name != layer]
+        if meets(candidate, "elimination"):
+            kept = candidate
+    return record(kept)
+
+
+def verify(search: BoundedSearch, measure_held_out: Callable[[tuple], Scores]) -> BoundedSearch:
+    """Measure the chosen export on the held-out split; the figures land in ``search.held_out``."""
+    search.held_out = measure_held_out(tuple(search.kept_float))
+    return search
+
+
+@dataclasses.dataclass
+class LabelledSplit:
+    """One split of labelled images: ``images`` as a classifier's ``predict`` takes them (raw uint8, an
+    array or lazy), their true ``labels`` and the original model's top-1 labels (``original``)."""
+
+    name: str
+    images: object
+    labels: np.ndarray
+    original: np.ndarray
+
+
+def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSplit, held_out: LabelledSplit,
+                        bounds: Bounds, ranking: list[str], out_dir, graph=None, device=None, first=None,
+                        progress: bool = True):
+    """Search (on ``search``) and verify (on ``held_out``) the int8-static export with the fewest of
+    ``ranking``'s layers in float that meets ``bounds``; returns ``(CompressionResult, BoundedSearch)``.
+
+    Every candidate is a real ONNX Runtime export (:func:`~mlflow_di.compression.methods.compress`
+    with ``keep_float``) run on the split; ``first``: the fully quantized export when the caller
+    has made it already. Raises :class:`UnreachableBounds` as :func:`search_float_layers` does.
+    """
+    import pathlib
+
+    from mlflow_di.compression.methods import compress
+    from mlflow_di.models.classifier import OnnxClassifier
+    from mlflow_di.progress import progress_bar
+
+    out_dir = pathlib.Path(out_dir)
+    exports = {frozenset(): first} if first is not None else {}
+
+    def export(kept: tuple):
+        key = frozenset(kept)
+        if key not in exports:
+            exports[key] = compress(module, preprocessing, "int8-static", out_dir / f"candidate-{len(exports)}",
+                                    calib_inputs=calib_inputs, keep_float=list(kept), graph=graph)
+        return exports[key]
+
+    def measure_on(split: LabelledSplit):
+        def measure(kept: tuple) -> Scores:
+            predicted = OnnxClassifier(export(kept).path, preprocessing=preprocessing, device=device).predict(split.images)
+            return scores(split.original, predicted, split.labels)
+        return measure
+
+    with progress_bar(desc="bounded int8 search", unit="export", disable=not progress, leave=False) as bar:
+        def on_trial(trial: Trial) -> None:
+            bar.update(1)
+            bar.set_postfix(kept=len(trial.kept_float), disagreements=trial.search.disagreements)
+
+        record = search_float_layers(ranking, measure_on(search), bounds, on_trial)
+    verify(record, measure_on(held_out))
+    return export(tuple(record.kept_float)), record
