@@ -41,6 +41,14 @@ class CompressPolicy:
     calib_data: str | None = _kind("text", None)
     eval_data: str | None = _kind("text", None)
     amount: float = _kind("fraction", 0.3)
+    max_accuracy_drop: float | None = _kind("fraction", None)
+    max_disagreement_rate: float | None = _kind("fraction", None)
+    holdout_data: str | None = _kind("text", None)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the int8-static export must meet a bound (``compress --max-accuracy-drop`` and the like)."""
+        return self.max_accuracy_drop is not None or self.max_disagreement_rate is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +230,14 @@ def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
         raise UserError(f"{source}: fuzz needs a compress section (the exports to fuzz against the model)")
     if "compress" in sections and "int8-static" in sections["compress"].methods and not sections["compress"].calib_data:
         raise UserError(f"{source}: compress.calib_data is required for int8-static")
+    if "compress" in sections and sections["compress"].bounded:
+        compress = sections["compress"]
+        if "int8-static" not in compress.methods:
+            raise UserError(f"{source}: compress.max_accuracy_drop and compress.max_disagreement_rate bound the "
+                            "int8-static export; add int8-static to compress.methods")
+        if not compress.holdout_data:
+            raise UserError(f"{source}: compress.holdout_data is required with a bound (images the search does not "
+                            "see, which verify the bounded export)")
     return Policy(**sections, source=source, sha256=sha256)
 
 

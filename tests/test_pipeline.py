@@ -33,6 +33,12 @@ GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
     (GATE + "robustness: {data: digits, severities: [high]}\n", "robustness.severities must be a list of integers"),
     (GATE + "fuzz: {seed_data: digits}\n", "fuzz needs a compress section"),
     (GATE + "compress: {methods: [int8-static]}\n", "compress.calib_data is required for int8-static"),
+    (GATE + "compress: {methods: [prune-l1], max_disagreement_rate: 0.01, holdout_data: digits}\n",
+     "compress.max_accuracy_drop and compress.max_disagreement_rate bound the int8-static export"),
+    (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: 0.01}\n",
+     "compress.holdout_data is required with a bound"),
+    (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: .nan, holdout_data: d}\n",
+     "compress.max_accuracy_drop must be a number from 0 to below 1"),
     ("- gate\n", "a policy is a mapping of sections"),
     (GATE + "preprocessing: {cnn: {colour: red}}\n", "unknown key preprocessing.cnn.colour"),
     (GATE + "preprocessing: {cnn: {std: [0]}}\n", "preprocessing.cnn: preprocessing std must not contain 0"),
@@ -64,7 +70,11 @@ def test_the_shipped_policies_validate(name):
     policy = load_policy(EXAMPLES / name)
     assert policy.gate.thresholds and policy.compress and policy.fuzz
     with click.Context(command) as ctx:  # also the names only the commands know (methods, strategy, ...)
-        assert set(_step_arguments(ctx, policy, "models:/m/1")) == set(policy.steps)
+        arguments = _step_arguments(ctx, policy, "models:/m/1")
+    assert set(arguments) == set(policy.steps)
+    if policy.compress.bounded:  # the bounded export's keys are compress's own options
+        assert arguments["compress"]["max_disagreement_rate"] == policy.compress.max_disagreement_rate
+        assert arguments["compress"]["holdout_data"] == policy.compress.holdout_data
 
 
 def test_the_demo_policy_is_what_the_demo_runs():

@@ -49,7 +49,7 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
               help="int8-static: images (the first ones) of the evaluation data and of the triggers for the "
                    "layer-wise diagnosis; 0 skips it. Memory grows with it (all activations of a batch are kept).")
 @click.option("--max-accuracy-drop", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
-              help="int8-static: register the export with the fewest layers in float whose accuracy on --eval-data "
+              help="int8-static (other methods ignore it): register the export with the fewest layers in float whose accuracy on --eval-data "
                    "is at most this much below the source's (0.01 = 1 point); verified on --holdout-data.")
 @click.option("--max-disagreement-rate", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
               help="int8-static: as --max-accuracy-drop, for the fraction of --eval-data images on which the export's "
@@ -165,9 +165,9 @@ def _bounds(methods, max_accuracy_drop, max_disagreement_rate, holdout_data, kee
         if holdout_data:
             raise UserError("--holdout-data verifies a bounded export; add --max-accuracy-drop or --max-disagreement-rate")
         return None
-    if methods != ("int8-static",) and list(methods) != ["int8-static"]:
+    if "int8-static" not in methods:
         raise UserError("--max-accuracy-drop and --max-disagreement-rate choose which layers int8-static keeps in "
-                        f"float; use them with --method int8-static alone (got {','.join(methods)})")
+                        f"float; add int8-static to --method (got {','.join(methods)})")
     if keep_float or auto_keep_float:
         raise UserError("a bounded export chooses the layers kept in float itself; drop --keep-float/--auto-keep-float")
     if not diagnosis_images:
