@@ -94,10 +94,15 @@ def test_auto_keep_float_reports_before_and_after_with_the_diagnosis_and_per_cla
     assert sum(sum(v for k, v in zip(matrix["columns"], row) if k.startswith("->")) for row in matrix["data"]) == 497
 
 
-def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_ways(registered_cnn, capsys):
+def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_ways(registered_cnn, capsys, tmp_path):
+    """Also the sensitivity split and the blame per trigger (one command: all three cost exports)."""
+    campaign = tmp_path / "campaign"  # triggers aplenty: the model against itself with its inputs shifted
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", registered_cnn, "--seed-data", "digits[0:6]",
+                 "--preprocessing-compressed", "mean=0.3", "--max-queries", "20", "--out-dir", str(campaign)]) == 0
+    capsys.readouterr()
     code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:200]",
                  "--eval-data", "digits[1300:1550]", "--holdout-data", "digits[1550:]", "--diagnosis-images", "64",
-                 "--max-disagreement-rate", "0"])
+                 "--max-disagreement-rate", "0", "--sensitivity", "--triggers", str(campaign)])
     out, err = capsys.readouterr()
     assert code == 0, err
     client = mlflow.MlflowClient()
@@ -123,6 +128,24 @@ def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_w
     assert "Bounded export" in report and "95% upper bound" in report
     assert "held out: top-1 differs on" in out
 
+    found = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/sensitivity.json"))
+    assert [row["layer"] for row in found["layers"]] == ["conv1.0", "conv2.0", "fc1.0", "before_softmax"]
+    assert found["images"] == found["simulated_images"] == 250
+    assert found["all_int8_disagreements"] == search["trials"][0]["search"]["disagreements"]
+    for row in found["layers"]:
+        assert 0 <= row["alone_disagreements"] <= 250 and 0 <= row["all_but_disagreements"] <= 250
+        assert 0 <= row["weight_only_flips"] <= 250 and row["weight_only_sqnr_db"] > 20
+    assert "sensitivity (every layer int8:" in out and "weight-only / activation-only logits SQNR" in out
+    assert "Layer sensitivity: weights vs activations" in report
+
+    blamed = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/blame.json"))
+    triggers = json.loads((campaign / "summary.json").read_text())["triggers"] if (campaign / "summary.json").exists() \
+        else len(blamed["triggers"])
+    assert len(blamed["triggers"]) == triggers > 0 and blamed["usual_images"] == 64
+    layers = {"(input)", "(within usual error)", "conv1.0", "conv2.0", "fc1.0", "before_softmax"}
+    assert {row["layer"] for row in blamed["triggers"]} <= layers
+    assert "Blame per trigger" in report and f"blame on {triggers} triggers:" in out
+
 
 def test_an_unreachable_bound_fails_in_one_line_and_keeps_what_the_search_measured(registered_cnn, capsys,
                                                                                   monkeypatch):
@@ -144,3 +167,4 @@ def test_an_unreachable_bound_fails_in_one_line_and_keeps_what_the_search_measur
     assert [run.info.status for run in runs] == ["FAILED"]
     search = json.loads(mlflow.artifacts.load_text(f"runs:/{runs[0].info.run_id}/compress/bounded_search.json"))
     assert search["trials"][0]["search"]["images"] == 100
+

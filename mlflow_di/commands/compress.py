@@ -57,11 +57,14 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 @click.option("--holdout-data", default=None, metavar="SPEC",
               help="Data spec the bounded export is verified on: images the search did not see "
                    "(e.g. mnist-test:DIR[5000:10000] with --eval-data mnist-test:DIR[0:5000]).")
+@click.option("--sensitivity", is_flag=True, default=False,
+              help="int8-static: per layer, the error of quantizing only its weights vs only its input (simulated) "
+                   "and the disagreements of an export quantizing it alone / all layers but it (two exports a layer).")
 @preprocessing_option
 @device_option
 def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep_float, auto_keep_float, triggers,
             diagnosis_images, preprocessing, max_accuracy_drop=None, max_disagreement_rate=None, holdout_data=None,
-            device="cpu") -> list[str]:
+            sensitivity=False, device="cpu") -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
@@ -77,8 +80,8 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
         raise UserError("int8-static needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
     if register_as and len(methods) > 1:
         raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
-    if (keep_float or auto_keep_float or triggers) and "int8-static" not in methods:
-        raise UserError("--keep-float, --auto-keep-float and --triggers apply to int8-static only; "
+    if (keep_float or auto_keep_float or triggers or sensitivity) and "int8-static" not in methods:
+        raise UserError("--keep-float, --auto-keep-float, --triggers and --sensitivity apply to int8-static only; "
                         f"add it to --method (got {','.join(methods)})")
     if auto_keep_float and not diagnosis_images:
         raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
@@ -94,7 +97,8 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
 
         keep_float = [name for name, _ in prunable_layers(source.module)]
     check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
-    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds)
+    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds,
+                          sensitivity)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
     raw_eval = load_images(eval_data) if eval_data else raw_calib
@@ -106,13 +110,15 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
                     "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
                     "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
     original = _source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
+    if bounds is not None or sensitivity:
+        selection.splits = (_split(evaluation, original), None)
     if bounds is not None:
         from mlflow_di.mlflow_edge import datasets
 
         raw_held_out = load_images(holdout_data)
         inputs["held-out"] = datasets.spec_dataset(raw_held_out)
         held_out = prepare(raw_held_out)
-        selection.splits = (_split(evaluation, original), _split(held_out, _source_probabilities(source, held_out, device)))
+        selection.splits = (selection.splits[0], _split(held_out, _source_probabilities(source, held_out, device)))
     registered = []
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
@@ -132,7 +138,8 @@ class Selection:
     triggers: str | None = None  # its folder
     graph: str | None = None  # an ONNX original's file: quantization starts from it, not from its view
     bounds: object = None  # compression.bounded.Bounds: search for the fewest float layers meeting them
-    splits: tuple = ()  # (search, held-out) LabelledSplits for the bounded search
+    sensitivity: bool = False  # the per-layer sensitivity split (compression.sensitivity)
+    splits: tuple = ()  # (evaluation, held-out) LabelledSplits: the bounded search's, the sensitivity's
 
     @property
     def selective(self) -> bool:
@@ -151,6 +158,8 @@ class Outcome:
     auto: bool = False
     notes: list = dataclasses.field(default_factory=list)
     search: object = None  # compression.bounded.BoundedSearch of a bounded export
+    sensitivity: object = None  # compression.sensitivity.Sensitivity
+    blame: object = None  # compression.blame.Blame of the --triggers campaign
 
 
 def _bounds(methods, max_accuracy_drop, max_disagreement_rate, holdout_data, keep_float, auto_keep_float,
@@ -307,11 +316,24 @@ def _export(source, method, calib, evaluation, amount, scratch, selection: Selec
     if selection.campaign is not None:
         triggers = selection.campaign.triggers
         if len(triggers):
-            outcome.diagnoses.append(diagnose(result.float_path, result.path, calibration_inputs(
-                triggers, preprocessing), "triggers", selection.diagnosis_images))
+            trigger_inputs = calibration_inputs(triggers, preprocessing)
+            outcome.diagnoses.append(diagnose(result.float_path, result.path, trigger_inputs, "triggers",
+                                              selection.diagnosis_images))
+            if evaluation is not None:
+                from mlflow_di.compression.blame import blame
+
+                outcome.blame = blame(result.float_path, result.path, calibration_inputs(evaluation.images, preprocessing),
+                                      trigger_inputs, max_images=selection.diagnosis_images)
         else:
             outcome.notes.append("the fuzz campaign given with --triggers holds no triggers (no deviating input "
                                  "was found), so there is no trigger diagnosis")
+    if selection.sensitivity:
+        from mlflow_di.compression.prune import prunable_layers
+        from mlflow_di.compression.sensitivity import sensitivity
+
+        outcome.sensitivity = sensitivity(source.module, preprocessing, calib_images, selection.splits[0],
+                                          [name for name, _ in prunable_layers(source.module)], scratch / "sensitivity",
+                                          graph=selection.graph, all_int8=result)
     if selection.bounds is not None:
         return _bounded(source, calib_images, scratch, selection, outcome)
     if selection.selective:
@@ -393,6 +415,12 @@ def _log_tables(log, deviation, outcome: Outcome) -> None:
         log.table([c.to_row() for c in deviation["classes"]], "compress/per_class_accuracy.json")
     if outcome.search is not None:
         _log_search(log, outcome.search)
+    if outcome.blame is not None:
+        log.json(outcome.blame.to_dict(), "compress/blame.json")
+        log.table(outcome.blame.rows(), "compress/blame_table.json")
+    if outcome.sensitivity is not None:
+        log.json(outcome.sensitivity.to_dict(), "compress/sensitivity.json")
+        log.table(outcome.sensitivity.rows(), "compress/sensitivity_table.json")
     for diagnosis in outcome.diagnoses:
         log.table(diagnosis.rows(), f"compress/sqnr_{diagnosis.data}.json")
         log.json(diagnosis.to_dict(), f"compress/diagnosis_{diagnosis.data}.json")
@@ -420,6 +448,10 @@ def _report(model_uri: str, name: str, result, metrics: dict, deviation=None, ou
                                                 result.quantized_ops["quantized_layers"].items()])
     if deviation is not None:
         _deviation_section(html, deviation)
+    if outcome.blame is not None:
+        _blame_section(html, outcome.blame)
+    if outcome.sensitivity is not None:
+        _sensitivity_section(html, outcome.sensitivity)
     for diagnosis in outcome.diagnoses:
         _diagnosis_section(html, diagnosis)
     for note in outcome.notes:
@@ -463,6 +495,36 @@ def _search_section(html, search, params: dict) -> None:
         html.table([{"module": module, "ONNX node": node}
                     for module, node in zip(params["kept_float"], params["nodes_to_exclude"])])
         html.code(f"quantize_static(..., nodes_to_exclude={params['nodes_to_exclude']!r})")
+
+
+def _blame_section(html, found) -> None:
+    from mlflow_di.compression.blame import WITHIN_USUAL
+    from mlflow_di.reporting.plots import bar_plot
+
+    html.section("Blame per trigger")
+    html.paragraph(
+        f"For each of the campaign's {len(found.triggers)} triggers, the first layer (in graph order) where the "
+        f"fully quantized export's activations part from the float model's by more than they usually do: more "
+        f"than the {found.quantile:.0%} quantile of that tensor's relative error on {found.usual_images} evaluation "
+        f"images. '{WITHIN_USUAL}': no tensor exceeded it. By chance alone, {found.false_alarm_rate:.1%} of the "
+        "evaluation images exceed some tensor's usual error: a layer's share well above that is a finding.")
+    counts = found.counts()
+    shares = {layer: count / len(found.triggers) for layer, count in counts.items()}
+    html.image(bar_plot(shares, "Triggers blamed on each layer", percent=True))
+    html.table(found.rows())
+
+
+def _sensitivity_section(html, found) -> None:
+    html.section("Layer sensitivity: weights vs activations, alone vs all but one")
+    html.paragraph(
+        f"Weight-only / activation-only: the model in PyTorch with only this layer's weights (int8 per channel) or "
+        f"only its input (int8 per tensor, calibrated range) rounded, on {found.simulated_images} evaluation images: "
+        "the logits' SQNR against the float model (dB, higher is better) and the images whose top-1 changes. "
+        f"Quantized alone / all but this one: ONNX Runtime exports quantizing only this layer, or every layer but "
+        f"this one, and their top-1 disagreements with the original on {found.images} images (every layer "
+        f"quantized: {found.all_int8_disagreements}). A layer whose 'all but' count is far below that is one to "
+        "keep in float; weight-only far below activation-only says its weights, not its input range, cost the most.")
+    html.table(found.rows())
 
 
 def _deviation_section(html, deviation) -> None:
@@ -544,6 +606,10 @@ def _print_summary(method: str, name: str, version, metrics: dict, result, devia
     _print_diagnosis(metrics, outcome or Outcome(result))
     if outcome is not None and outcome.search is not None:
         _print_search(outcome.search, result.params)
+    if outcome is not None and outcome.sensitivity is not None:
+        _print_sensitivity(outcome.sensitivity)
+    if outcome is not None and outcome.blame is not None:
+        _print_blame(outcome.blame)
 
 
 def _print_search(search, params: dict) -> None:
@@ -555,6 +621,23 @@ def _print_search(search, params: dict) -> None:
     click.echo(f"  held out: {held_out.describe()} (95% upper bound {held_out.disagreement_upper_bound():.2%})")
     for missed in search.held_out_failures:
         click.echo(f"  WARNING: the chosen export misses a bound on the held-out data: {missed}")
+
+
+def _print_blame(found) -> None:
+    total = len(found.triggers)
+    click.echo(f"  blame on {total} triggers: " + ", ".join(f"{layer} {count / total:.0%}"
+                                                           for layer, count in list(found.counts().items())[:4])
+               + f" (by chance, {found.false_alarm_rate:.0%} of evaluation images exceed some layer's usual error)")
+
+
+def _print_sensitivity(found) -> None:
+    helpful = sorted((row for row in found.layers if row.all_but_disagreements is not None),
+                     key=lambda row: (row.all_but_disagreements, row.layer))[:3]
+    click.echo(f"  sensitivity (every layer int8: {found.all_int8_disagreements} disagreements of {found.images}): "
+               + ", ".join(f"{row.layer} in float -> {row.all_but_disagreements}" for row in helpful))
+    click.echo("  weight-only / activation-only logits SQNR: "
+               + ", ".join(f"{row.layer} {row.weight_only_sqnr_db:.1f}/{row.activation_only_sqnr_db:.1f} dB"
+                           for row in found.layers))
 
 
 def _print_diagnosis(metrics: dict, outcome: Outcome) -> None:

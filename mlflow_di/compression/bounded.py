@@ -251,18 +251,22 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
     """
     import pathlib
 
-    from mlflow_di.compression.methods import compress
+    from mlflow_di.compression.methods import compress, float_export
     from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.progress import progress_bar
 
     out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     exports = {frozenset(): first} if first is not None else {}
+    fp32 = []  # the float model, exported once for every candidate
 
     def export(kept: tuple):
         key = frozenset(kept)
         if key not in exports:
+            if not fp32:
+                fp32.append(float_export(module, preprocessing, out_dir / "fp32.onnx", graph=graph))
             exports[key] = compress(module, preprocessing, "int8-static", out_dir / f"candidate-{len(exports)}",
-                                    calib_inputs=calib_inputs, keep_float=list(kept), graph=graph)
+                                    calib_inputs=calib_inputs, keep_float=list(kept), exported=fp32[0])
         return exports[key]
 
     def measure_on(split: LabelledSplit):

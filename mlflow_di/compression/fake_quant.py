@@ -51,9 +51,13 @@ def _activation_grid(low: float, high: float) -> tuple[float, int]:
     return scale, int(round(QMIN - low / scale))
 
 
-def fake_quantize(module: nn.Module, calibration: torch.Tensor) -> nn.Module:
+def fake_quantize(module: nn.Module, calibration: torch.Tensor, only=None, weights: bool = True,
+                  activations: bool = True) -> nn.Module:
     """A fake-quantized copy of ``module`` (see the module docstring); ``calibration`` is a batch of
-    preprocessed model inputs (e.g. ``TorchModel.to_tensor(images)``) that sets the activation ranges."""
+    preprocessed model inputs (e.g. ``TorchModel.to_tensor(images)``) that sets the activation ranges.
+
+    ``only`` (layer names) quantizes those layers alone; ``weights``/``activations`` choose what is
+    quantized in them (the sensitivity split of :mod:`~mlflow_di.compression.sensitivity`)."""
     if not isinstance(module, nn.Module):
         raise UserError(f"fake quantization needs a PyTorch nn.Module, got {type(module).__name__}")
     if len(calibration) == 0:
@@ -62,6 +66,8 @@ def fake_quantize(module: nn.Module, calibration: torch.Tensor) -> nn.Module:
     layers = prunable_layers(quantized)
     if not layers:
         raise UserError(f"{type(module).__name__} has no Conv or Linear layer to quantize")
+    if only is not None:
+        layers = [(name, layer) for name, layer in layers if name in set(only)]
     ranges: dict[str, list[float]] = {}
 
     def recorder(name):
@@ -79,13 +85,13 @@ def fake_quantize(module: nn.Module, calibration: torch.Tensor) -> nn.Module:
         for hook in hooks:
             hook.remove()
     with torch.no_grad():
-        for name, layer in layers:
+        for name, layer in layers if weights else ():
             weight = layer.weight
             scale = weight.abs().flatten(1).amax(dim=1).clamp_min(1e-12) / WEIGHT_MAX
             shape = (-1,) + (1,) * (weight.ndim - 1)
             weight.copy_(torch.clamp(torch.round(weight / scale.view(shape)), -WEIGHT_MAX, WEIGHT_MAX)
                          * scale.view(shape))
-    for name, layer in layers:
+    for name, layer in layers if activations else ():
         if name not in ranges:  # never reached by a forward pass: left in float
             continue
         parent_name, _, child = name.rpartition(".")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pathlib
+import shutil
 import tempfile
 import time
 
@@ -119,6 +120,7 @@ def compress(
     opset: int | None = None,
     keep_float=(),
     graph=None,
+    exported: OnnxExport | None = None,
 ) -> CompressionResult:
     """Compress ``module`` with ``method`` into ``out_dir/<method>.onnx``.
 
@@ -131,7 +133,9 @@ def compress(
     int8-static also keeps the float graph it quantized as ``out_dir/<method>.float.onnx``.
     ``graph``: the ONNX file ``module`` is the white-box view of (an ONNX original): fp32 and the
     int8 methods then start from that graph itself instead of an export of the view; pruning
-    prunes the view's weights and exports it.
+    prunes the view's weights and exports it. ``exported``: an fp32 export of ``module`` made
+    earlier (:func:`float_export`) that fp32 and the int8 methods copy instead of exporting again
+    (a search that quantizes one model many times exports it once).
     """
     check_method(method)
     if keep_float and method != "int8-static":
@@ -145,7 +149,7 @@ def compress(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{method}.onnx"
     start = time.perf_counter()
-    fields = _run_method(module, preprocessing, method, path, calib, amount, opset, list(keep_float), graph)
+    fields = _run_method(module, preprocessing, method, path, calib, amount, opset, list(keep_float), graph, exported)
     seconds = time.perf_counter() - start
     set_metadata(path, compression_metadata(method, fields["params"]))
     return CompressionResult(
@@ -154,9 +158,23 @@ def compress(
     )
 
 
-def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_float, graph=None) -> dict:
+def float_export(module, preprocessing: Preprocessing, out, opset=None, graph=None, exported=None) -> OnnxExport:
+    """The fp32 ONNX model the methods start from at ``out``: a copy of ``exported`` when given, else
+    an ONNX original's own ``graph``, else an export of ``module``."""
+    if exported is not None:
+        shutil.copyfile(exported.path, out)
+        return dataclasses.replace(exported, path=str(out))
+    if graph is not None:
+        return _original_graph(graph, preprocessing, out)
+    return export_onnx(module, preprocessing, out, opset)
+
+
+def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_float, graph=None,
+                exported=None) -> dict:
     """Do the work of one method; returns the CompressionResult fields it determines."""
-    float_graph = export_onnx if graph is None else lambda _module, prep, out, _opset: _original_graph(graph, prep, out)
+    def float_graph(module, preprocessing, out, opset):
+        return float_export(module, preprocessing, out, opset, graph, exported)
+
     if method == "fp32":
         export = float_graph(module, preprocessing, path, opset)
         return {"params": _export_params(export), "exporter": export.exporter}

@@ -117,7 +117,7 @@ def node_module(node) -> str:
     return parts[-2] if len(parts) > 2 else ""
 
 
-class _FloatGraph:
+class FloatGraph:
     """Producers, modules and layers of the float graph's tensors."""
 
     def __init__(self, model: onnx.ModelProto):
@@ -157,6 +157,22 @@ def _batch_activations(augmented: pathlib.Path, input_name: str, batch) -> dict[
         input_name, batch, batch_size=len(batch), progress=False))
 
 
+def matched_activations(float_path, qdq_path, inputs, count: int, batch_size: int = DIAGNOSIS_BATCH):
+    """For each batch of the first ``count`` preprocessed ``inputs``: ``(batch size, matching)``, where
+    ``matching`` is ORT's ``create_activation_matching`` of every intermediate tensor of both models
+    (tensor -> ``{"float": [...], "pre_qdq": [...], "post_qdq": [...]}``, one array per batch)."""
+    input_name, _ = model_input(float_path)
+    with tempfile.TemporaryDirectory(prefix="mlflow-di-qdq-debug-") as work:
+        augmented_float = pathlib.Path(work) / "float.onnx"
+        augmented_qdq = pathlib.Path(work) / "qdq.onnx"
+        qdq_debug.modify_model_output_intermediate_tensors(str(float_path), str(augmented_float))
+        qdq_debug.modify_model_output_intermediate_tensors(str(qdq_path), str(augmented_qdq))
+        for start in range(0, count, batch_size):
+            batch = np.ascontiguousarray(inputs[start:min(start + batch_size, count)], dtype=np.float32)
+            yield len(batch), qdq_debug.create_activation_matching(
+                _batch_activations(augmented_qdq, input_name, batch), _batch_activations(augmented_float, input_name, batch))
+
+
 def diagnose(float_path, qdq_path, inputs, data: str = "eval", max_images: int = DIAGNOSIS_IMAGES,
              batch_size: int = DIAGNOSIS_BATCH) -> LayerDiagnosis:
     """Per-tensor SQNR of ``qdq_path`` against ``float_path`` on the first ``max_images`` of ``inputs``.
@@ -167,24 +183,15 @@ def diagnose(float_path, qdq_path, inputs, data: str = "eval", max_images: int =
     count = min(len(inputs), max_images)
     if count == 0:
         raise UserError(f"no {data} images to diagnose the quantization on")
-    input_name, _ = model_input(float_path)
-    graph = _FloatGraph(onnx.load(str(float_path)))
+    graph = FloatGraph(onnx.load(str(float_path)))
     qdq_producer = {out: node.op_type for node in onnx.load(str(qdq_path)).graph.node for out in node.output}
     sums: dict[str, np.ndarray] = {}  # tensor -> [||float||^2, ||float - qdq||^2, ||pre||^2, ||pre - post||^2]
-    with tempfile.TemporaryDirectory(prefix="mlflow-di-qdq-debug-") as work:
-        augmented_float = pathlib.Path(work) / "float.onnx"
-        augmented_qdq = pathlib.Path(work) / "qdq.onnx"
-        qdq_debug.modify_model_output_intermediate_tensors(str(float_path), str(augmented_float))
-        qdq_debug.modify_model_output_intermediate_tensors(str(qdq_path), str(augmented_qdq))
-        for start in range(0, count, batch_size):
-            batch = np.ascontiguousarray(inputs[start:min(start + batch_size, count)], dtype=np.float32)
-            matching = qdq_debug.create_activation_matching(_batch_activations(augmented_qdq, input_name, batch),
-                                                            _batch_activations(augmented_float, input_name, batch))
-            for name, match in matching.items():
-                if "float" not in match:
-                    continue  # a tensor only the QDQ graph has
-                totals = sums.setdefault(name, np.zeros(4))
-                totals += _norms(match["float"], match["pre_qdq"], match["post_qdq"])
+    for _, matching in matched_activations(float_path, qdq_path, inputs, count, batch_size):
+        for name, match in matching.items():
+            if "float" not in match:
+                continue  # a tensor only the QDQ graph has
+            totals = sums.setdefault(name, np.zeros(4))
+            totals += _norms(match["float"], match["pre_qdq"], match["post_qdq"])
     rows = [TensorError(name, "activation", graph.module(name), graph.layer(name), sqnr_db(s[0], s[1]),
                         sqnr_db(s[2], s[3]) if graph.op_type(name) == _pre_qdq_op(qdq_producer, name) else None)
             for name, s in sums.items()]
