@@ -43,12 +43,15 @@ class CompressPolicy:
     amount: float = _kind("fraction", 0.3)
     max_accuracy_drop: float | None = _kind("fraction", None)
     max_disagreement_rate: float | None = _kind("fraction", None)
+    max_realistic_success_rate: float | None = _kind("fraction", None)
     holdout_data: str | None = _kind("text", None)
+    fuzz_seeds: int = _kind("positive integer", 50)
 
     @property
     def bounded(self) -> bool:
         """Whether the int8-static export must meet a bound (``compress --max-accuracy-drop`` and the like)."""
-        return self.max_accuracy_drop is not None or self.max_disagreement_rate is not None
+        return any(bound is not None for bound in
+                   (self.max_accuracy_drop, self.max_disagreement_rate, self.max_realistic_success_rate))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,8 +236,8 @@ def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
     if "compress" in sections and sections["compress"].bounded:
         compress = sections["compress"]
         if "int8-static" not in compress.methods:
-            raise UserError(f"{source}: compress.max_accuracy_drop and compress.max_disagreement_rate bound the "
-                            "int8-static export; add int8-static to compress.methods")
+            raise UserError(f"{source}: compress.max_accuracy_drop, max_disagreement_rate and "
+                            "max_realistic_success_rate bound the int8-static export; add int8-static to compress.methods")
         if not compress.holdout_data:
             raise UserError(f"{source}: compress.holdout_data is required with a bound (images the search does not "
                             "see, which verify the bounded export)")

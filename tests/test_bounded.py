@@ -140,3 +140,12 @@ def test_exhaustively_on_three_layers_the_choice_is_as_small_as_any_meeting_set_
     meeting = [set(kept) for size in range(3) for kept in itertools.combinations(costs, size)
                if bounds.met_by(measure(kept))]
     assert len(search.kept_float) == min(len(kept) for kept in meeting)
+
+
+def test_a_realistic_success_bound_judges_the_fuzzed_seeds():
+    bounds = Bounds(max_realistic_success_rate=0.1)
+    assert bounds.met_by(Scores(100, 50, 90, 40, fuzzed=20, realistic=2))
+    missed = bounds.failures(Scores(100, 0, 90, 90, fuzzed=20, realistic=3))
+    assert missed == ["realistic success rate 15.00% (3 of 20 seeds) > --max-realistic-success-rate 0.1"]
+    assert "realistic triggers on 3 of 20 fuzzed seeds" in Scores(100, 0, 90, 90, fuzzed=20, realistic=3).describe()
+    assert bounds.describe() == "realistic success rate <= 0.1"

@@ -34,7 +34,7 @@ GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
     (GATE + "fuzz: {seed_data: digits}\n", "fuzz needs a compress section"),
     (GATE + "compress: {methods: [int8-static]}\n", "compress.calib_data is required for int8-static"),
     (GATE + "compress: {methods: [prune-l1], max_disagreement_rate: 0.01, holdout_data: digits}\n",
-     "compress.max_accuracy_drop and compress.max_disagreement_rate bound the int8-static export"),
+     "compress.max_accuracy_drop, max_disagreement_rate and max_realistic_success_rate bound the int8-static"),
     (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: 0.01}\n",
      "compress.holdout_data is required with a bound"),
     (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: .nan, holdout_data: d}\n",

@@ -54,6 +54,13 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 @click.option("--max-disagreement-rate", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
               help="int8-static: as --max-accuracy-drop, for the fraction of --eval-data images on which the export's "
                    "top-1 differs from the source's.")
+@click.option("--max-realistic-success-rate", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
+              help="int8-static: as --max-accuracy-drop, for the fraction of --fuzz-seeds seeds on which a boundary "
+                   "search (the source's gradients, 200 queries to the export per seed) finds a trigger inside "
+                   "SSIM >= 0.9 and L-inf <= 32.")
+@click.option("--fuzz-seeds", type=click.IntRange(1), default=50, show_default=True, metavar="N",
+              help="With --max-realistic-success-rate: the first N images of --eval-data (search) and of "
+                   "--holdout-data (verification) are fuzzed against each candidate.")
 @click.option("--holdout-data", default=None, metavar="SPEC",
               help="Data spec the bounded export is verified on: images the search did not see "
                    "(e.g. mnist-test:DIR[5000:10000] with --eval-data mnist-test:DIR[0:5000]).")
@@ -64,7 +71,7 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 @device_option
 def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep_float, auto_keep_float, triggers,
             diagnosis_images, preprocessing, max_accuracy_drop=None, max_disagreement_rate=None, holdout_data=None,
-            sensitivity=False, device="cpu") -> list[str]:
+            sensitivity=False, max_realistic_success_rate=None, fuzz_seeds=50, device="cpu") -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
@@ -85,8 +92,8 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
                         f"add it to --method (got {','.join(methods)})")
     if auto_keep_float and not diagnosis_images:
         raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
-    bounds = _bounds(methods, max_accuracy_drop, max_disagreement_rate, holdout_data, keep_float, auto_keep_float,
-                     diagnosis_images)
+    bounds = _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate, holdout_data,
+                     keep_float, auto_keep_float, diagnosis_images)
     campaign = _load_triggers(triggers) if triggers else None
     ref = ModelRef.parse(model_uri)
     resolved = resolve(ref)
@@ -98,7 +105,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
         keep_float = [name for name, _ in prunable_layers(source.module)]
     check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
     selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds,
-                          sensitivity)
+                          sensitivity, fuzz_seeds)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
     raw_eval = load_images(eval_data) if eval_data else raw_calib
@@ -139,6 +146,7 @@ class Selection:
     graph: str | None = None  # an ONNX original's file: quantization starts from it, not from its view
     bounds: object = None  # compression.bounded.Bounds: search for the fewest float layers meeting them
     sensitivity: bool = False  # the per-layer sensitivity split (compression.sensitivity)
+    fuzz_seeds: int = 50  # seeds per split fuzzed against each candidate for a realistic-success bound
     splits: tuple = ()  # (evaluation, held-out) LabelledSplits: the bounded search's, the sensitivity's
 
     @property
@@ -162,21 +170,22 @@ class Outcome:
     blame: object = None  # compression.blame.Blame of the --triggers campaign
 
 
-def _bounds(methods, max_accuracy_drop, max_disagreement_rate, holdout_data, keep_float, auto_keep_float,
-            diagnosis_images):
+def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate, holdout_data, keep_float,
+            auto_keep_float, diagnosis_images):
     """The bounds a bounded export must meet (None when none is asked for), or a UserError on a combination
     that cannot work."""
     from mlflow_di.compression.bounded import Bounds
     from mlflow_di.errors import UserError
 
-    bounds = Bounds(max_accuracy_drop, max_disagreement_rate)
+    bounds = Bounds(max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate)
     if not bounds.active:
         if holdout_data:
-            raise UserError("--holdout-data verifies a bounded export; add --max-accuracy-drop or --max-disagreement-rate")
+            raise UserError("--holdout-data verifies a bounded export; add --max-accuracy-drop, --max-disagreement-rate "
+                            "or --max-realistic-success-rate")
         return None
     if "int8-static" not in methods:
-        raise UserError("--max-accuracy-drop and --max-disagreement-rate choose which layers int8-static keeps in "
-                        f"float; add int8-static to --method (got {','.join(methods)})")
+        raise UserError("--max-accuracy-drop, --max-disagreement-rate and --max-realistic-success-rate choose which "
+                        f"layers int8-static keeps in float; add int8-static to --method (got {','.join(methods)})")
     if keep_float or auto_keep_float:
         raise UserError("a bounded export chooses the layers kept in float itself; drop --keep-float/--auto-keep-float")
     if not diagnosis_images:
@@ -237,6 +246,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                 if selection.bounds is not None:
                     params.update({key: value for key, value in selection.bounds.to_dict().items() if value is not None},
                                   holdout_data=selection.splits[1].name)
+                    if selection.bounds.max_realistic_success_rate is not None:
+                        params["fuzz_seeds"] = selection.fuzz_seeds
             log.params({"model_uri": ref.uri, "method": method, **params,
                         "eval_data": evaluation.name if evaluation is not None else "none"})
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
@@ -294,7 +305,9 @@ def _search_metrics(search) -> dict:
             "bounded.held_out_disagreement_rate": held_out.disagreement_rate,
             "bounded.held_out_disagreement_upper95": held_out.disagreement_upper_bound(),
             "bounded.held_out_accuracy_drop": held_out.accuracy_drop,
-            "bounded.meets_held_out": int(not search.held_out_failures)}
+            "bounded.meets_held_out": int(not search.held_out_failures),
+            **({"bounded.held_out_realistic_success_rate": held_out.realistic_success_rate,
+                "bounded.held_out_fuzzed_seeds": held_out.fuzzed} if held_out.fuzzed else {})}
 
 
 def _export(source, method, calib, evaluation, amount, scratch, selection: Selection) -> Outcome:
@@ -347,16 +360,18 @@ def _export(source, method, calib, evaluation, amount, scratch, selection: Selec
 def _bounded(source, calib_images, scratch, selection: Selection, outcome: Outcome) -> Outcome:
     """The bounded search, ranked by the evaluation data's diagnosis (worst layer first, then layers it
     never reached): the chosen export becomes the result, the fully quantized one ``before``."""
-    from mlflow_di.compression.bounded import bounded_int8_static
+    from mlflow_di.compression.bounded import RealisticProbe, bounded_int8_static
     from mlflow_di.compression.prune import prunable_layers
 
     ranking = list(outcome.diagnoses[0].layer_scores())
     ranking += [name for name, _ in prunable_layers(source.module) if name not in ranking]
     search, held_out = selection.splits
     fully_quantized = outcome.result
+    realistic = RealisticProbe(source, seeds=selection.fuzz_seeds) \
+        if selection.bounds.max_realistic_success_rate is not None else None
     outcome.result, outcome.search = bounded_int8_static(
         source.module, source.preprocessing, calib_images, search, held_out, selection.bounds, ranking,
-        scratch / "bounded", graph=selection.graph, first=fully_quantized)
+        scratch / "bounded", graph=selection.graph, first=fully_quantized, realistic=realistic)
     if outcome.search.kept_float:
         outcome.before, outcome.kept_float = fully_quantized, list(outcome.search.kept_float)
     return outcome
@@ -486,8 +501,8 @@ def _search_section(html, search, params: dict) -> None:
                    f"({', '.join(search.ranking)}), and verified its choice on held-out images:")
     missed = search.held_out_failures
     verdict = "meets the bounds" if not missed else "MISSES " + "; ".join(missed)
-    html.paragraph(f"Held out: {held_out.describe()}; 95% upper bound of the disagreement rate "
-                   f"{held_out.disagreement_upper_bound():.2%}. The choice {verdict} there.")
+    html.paragraph(f"Held out: {held_out.describe(upper_bound=True)} (the upper bound: of the disagreement rate, "
+                   f"one-sided Clopper-Pearson). The choice {verdict} there.")
     html.table(search.rows())
     if search.kept_float:
         html.paragraph("To reproduce this export with ONNX Runtime's quantizer, exclude these nodes "
@@ -618,7 +633,7 @@ def _print_search(search, params: dict) -> None:
                      zip(params.get("kept_float", []), params.get("nodes_to_exclude", []))) or "none"
     click.echo(f"  bounded search ({search.bounds.describe()}): {search.exports} exports measured; kept in float: {kept}")
     click.echo(f"  search data: {search.chosen.search.describe()}")
-    click.echo(f"  held out: {held_out.describe()} (95% upper bound {held_out.disagreement_upper_bound():.2%})")
+    click.echo(f"  held out: {held_out.describe(upper_bound=True)}")
     for missed in search.held_out_failures:
         click.echo(f"  WARNING: the chosen export misses a bound on the held-out data: {missed}")
 

@@ -44,6 +44,12 @@ class Scores(JsonRoundTrip):
     disagreements: int
     original_correct: int
     compressed_correct: int
+    fuzzed: int = 0  # seeds a realistic (boundary) search ran on, when a bound asks for it
+    realistic: int = 0  # of those, seeds on which it found a trigger inside the realism budget
+
+    @property
+    def realistic_success_rate(self) -> float:
+        return self.realistic / self.fuzzed if self.fuzzed else 0.0
 
     @property
     def disagreement_rate(self) -> float:
@@ -58,9 +64,14 @@ class Scores(JsonRoundTrip):
         """One-sided Clopper-Pearson upper bound of the disagreement rate at ``confidence``."""
         return clopper_pearson_upper(self.disagreements, self.images, confidence)
 
-    def describe(self) -> str:
-        return (f"top-1 differs on {self.disagreements} of {self.images} images ({self.disagreement_rate:.2%}), "
+    def describe(self, upper_bound: bool = False) -> str:
+        """One line; ``upper_bound`` adds the disagreement rate's 95% upper bound."""
+        upper = f"; 95% upper bound {self.disagreement_upper_bound():.2%}" if upper_bound else ""
+        text = (f"top-1 differs on {self.disagreements} of {self.images} images ({self.disagreement_rate:.2%}{upper}), "
                 f"accuracy drop {self.accuracy_drop * 100:+.2f} points")
+        if self.fuzzed:
+            text += f", realistic triggers on {self.realistic} of {self.fuzzed} fuzzed seeds"
+        return text
 
 
 def scores(original_labels, compressed_labels, labels) -> Scores:
@@ -85,6 +96,8 @@ class Bounds(JsonRoundTrip):
 
     max_accuracy_drop: float | None = None
     max_disagreement_rate: float | None = None
+    #: of seeds fuzzed with the boundary strategy, those with a trigger inside the realism budget
+    max_realistic_success_rate: float | None = None
 
     def __post_init__(self):
         for name, value in dataclasses.asdict(self).items():
@@ -103,6 +116,10 @@ class Bounds(JsonRoundTrip):
         if self.max_disagreement_rate is not None and measured.disagreement_rate > self.max_disagreement_rate:
             missed.append(f"disagreement rate {measured.disagreement_rate:.2%} ({measured.disagreements} of "
                           f"{measured.images}) > --max-disagreement-rate {self.max_disagreement_rate:g}")
+        if self.max_realistic_success_rate is not None and \
+                measured.realistic_success_rate > self.max_realistic_success_rate:
+            missed.append(f"realistic success rate {measured.realistic_success_rate:.2%} ({measured.realistic} of "
+                          f"{measured.fuzzed} seeds) > --max-realistic-success-rate {self.max_realistic_success_rate:g}")
         return missed
 
     def met_by(self, measured: Scores) -> bool:
@@ -114,6 +131,8 @@ class Bounds(JsonRoundTrip):
             parts.append(f"accuracy drop <= {self.max_accuracy_drop:g}")
         if self.max_disagreement_rate is not None:
             parts.append(f"disagreement rate <= {self.max_disagreement_rate:g}")
+        if self.max_realistic_success_rate is not None:
+            parts.append(f"realistic success rate <= {self.max_realistic_success_rate:g}")
         return " and ".join(parts) or "no bound"
 
 
@@ -156,7 +175,9 @@ class BoundedSearch(JsonRoundTrip):
         """One table row per measured export, in the order they were made."""
         return [{"kept in float": ", ".join(t.kept_float) or "(none)", "step": t.step,
                  "disagreements": t.search.disagreements, "disagreement rate": f"{t.search.disagreement_rate:.3%}",
-                 "accuracy drop": f"{t.search.accuracy_drop * 100:+.2f} pts", "meets": "yes" if t.meets else "no",
+                 "accuracy drop": f"{t.search.accuracy_drop * 100:+.2f} pts",
+                 **({"realistic triggers": f"{t.search.realistic}/{t.search.fuzzed}"} if t.search.fuzzed else {}),
+                 "meets": "yes" if t.meets else "no",
                  "chosen": "<-" if sorted(t.kept_float) == sorted(self.kept_float) else ""} for t in self.trials]
 
 
@@ -177,7 +198,8 @@ def search_float_layers(ranking: list[str], measure: Callable[[tuple], Scores], 
     Raises :class:`UnreachableBounds` when even all layers but one in float miss a bound.
     """
     if not bounds.active:
-        raise UserError("a bounded export needs a bound: pass --max-accuracy-drop or --max-disagreement-rate")
+        raise UserError("a bounded export needs a bound: pass --max-accuracy-drop, --max-disagreement-rate or "
+                        "--max-realistic-success-rate")
     ranking = list(dict.fromkeys(ranking))
     trials: list[Trial] = []
     measured: dict[frozenset, Trial] = {}
@@ -239,15 +261,43 @@ class LabelledSplit:
     original: np.ndarray
 
 
+@dataclasses.dataclass
+class RealisticProbe:
+    """How a candidate's realistic deviation is measured for ``--max-realistic-success-rate``: the
+    boundary strategy (:mod:`~mlflow_di.fuzz.boundary`) from the PyTorch ``original`` against the
+    candidate export, inside ``budget``, at most ``max_queries`` to the export per seed, on the first
+    ``seeds`` images of each split."""
+
+    original: object  # a TorchModel
+    seeds: int = 50
+    max_queries: int = 200
+    budget: object = None  # a fuzz.realism.Constraint; None: the default realism budget
+
+    def count(self, export_path, split: LabelledSplit, preprocessing, device=None) -> tuple[int, int]:
+        """(seeds fuzzed, seeds with a realistic trigger) for one export on one split's first seeds."""
+        from mlflow_di.data import ImageSet
+        from mlflow_di.fuzz.boundary import BoundaryWalk, run_boundary
+        from mlflow_di.fuzz.realism import DEFAULT_BUDGET, realism_summary
+        from mlflow_di.models.classifier import OnnxClassifier
+
+        budget = self.budget or DEFAULT_BUDGET
+        count = min(self.seeds, len(split.images))
+        seeds = ImageSet(np.asarray(split.images[0:count]), np.asarray(split.labels[:count]), f"{split.name}[:{count}]")
+        result = run_boundary(self.original, OnnxClassifier(export_path, preprocessing=preprocessing, device=device),
+                              seeds, BoundaryWalk(constraint=budget), max_queries=self.max_queries, progress=False)
+        return count, realism_summary(result.records, count, budget)["realistic_triggers"]
+
+
 def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSplit, held_out: LabelledSplit,
                         bounds: Bounds, ranking: list[str], out_dir, graph=None, device=None, first=None,
-                        progress: bool = True):
+                        progress: bool = True, realistic: RealisticProbe | None = None):
     """Search (on ``search``) and verify (on ``held_out``) the int8-static export with the fewest of
     ``ranking``'s layers in float that meets ``bounds``; returns ``(CompressionResult, BoundedSearch)``.
 
     Every candidate is a real ONNX Runtime export (:func:`~mlflow_di.compression.methods.compress`
     with ``keep_float``) run on the split; ``first``: the fully quantized export when the caller
-    has made it already. Raises :class:`UnreachableBounds` as :func:`search_float_layers` does.
+    has made it already. With ``bounds.max_realistic_success_rate``, ``realistic`` says how each
+    candidate is fuzzed. Raises :class:`UnreachableBounds` as :func:`search_float_layers` does.
     """
     import pathlib
 
@@ -255,6 +305,8 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
     from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.progress import progress_bar
 
+    if bounds.max_realistic_success_rate is not None and realistic is None:
+        raise UserError("--max-realistic-success-rate needs the original model to fuzz each candidate with")
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     exports = {frozenset(): first} if first is not None else {}
@@ -271,8 +323,12 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
 
     def measure_on(split: LabelledSplit):
         def measure(kept: tuple) -> Scores:
-            predicted = OnnxClassifier(export(kept).path, preprocessing=preprocessing, device=device).predict(split.images)
-            return scores(split.original, predicted, split.labels)
+            path = export(kept).path
+            predicted = OnnxClassifier(path, preprocessing=preprocessing, device=device).predict(split.images)
+            measured = scores(split.original, predicted, split.labels)
+            if bounds.max_realistic_success_rate is not None:
+                measured.fuzzed, measured.realistic = realistic.count(path, split, preprocessing, device)
+            return measured
         return measure
 
     with progress_bar(desc="bounded int8 search", unit="export", disable=not progress, leave=False) as bar:
