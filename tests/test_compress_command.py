@@ -102,7 +102,8 @@ def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_w
     capsys.readouterr()
     code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:200]",
                  "--eval-data", "digits[1300:1550]", "--holdout-data", "digits[1550:]", "--diagnosis-images", "64",
-                 "--max-disagreement-rate", "0", "--sensitivity", "--triggers", str(campaign)])
+                 "--max-disagreement-rate", "0", "--sensitivity", "--triggers", str(campaign),
+                 "--max-realistic-success-rate", "1", "--fuzz-seeds", "3"])
     out, err = capsys.readouterr()
     assert code == 0, err
     client = mlflow.MlflowClient()
@@ -117,6 +118,9 @@ def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_w
     assert metrics["bounded.meets_held_out"] == int(metrics["bounded.held_out_disagreements"] == 0)
     assert 0 < metrics["bounded.held_out_disagreement_upper95"] < 0.05
     assert params["max_disagreement_rate"] == "0.0" and "max_accuracy_drop" not in params
+    assert params["max_realistic_success_rate"] == "1.0" and params["fuzz_seeds"] == "3"
+    assert metrics["bounded.held_out_fuzzed_seeds"] == 3 and 0 <= metrics["bounded.held_out_realistic_success_rate"] <= 1
+    assert all(trial["search"]["fuzzed"] == 3 for trial in search["trials"])
     lineage = json.loads(version.tags["mlflow_di.params"])
     assert lineage.get("kept_float", []) == chosen and len(chosen) < 4
     assert len(lineage.get("nodes_to_exclude", [])) == len(chosen)

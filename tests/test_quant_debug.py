@@ -158,6 +158,26 @@ def test_keep_float_leaves_the_named_layer_without_qdq_around_its_weight(exporte
     assert any(n.input[0] == "conv.weight_quantized" for n in graph.node if n.op_type == "DequantizeLinear")
     assert result.params["kept_float"] == ["fc1"]
     assert set(result.quantized_ops["float_layers"]) == {"fc1.weight"}
+    assert result.params["nodes_to_exclude"] == [gemm.name]
+
+
+def test_the_logged_nodes_to_exclude_reproduce_the_export_with_onnx_runtimes_own_quantizer(exported, images,
+                                                                                            tmp_path):
+    """What the compress report tells a user to run: quantize_static on the float graph, excluding the
+    logged nodes, with the same settings, gives the export's outputs."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    from mlflow_di.compression.quantize import ArrayCalibrationReader
+
+    result = exported(keep_float=["fc1"])
+    again = tmp_path / "again.onnx"
+    quantize_static(result.float_path, str(again), ArrayCalibrationReader("input", PREPROCESSING.apply(images[:64]),
+                                                                          progress=False),
+                    quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                    nodes_to_exclude=result.params["nodes_to_exclude"])
+    inputs = PREPROCESSING.apply(images)
+    np.testing.assert_array_equal(run_onnx(again, inputs), run_onnx(result.path, inputs))
 
 
 @pytest.mark.parametrize("kwargs, problem", [

@@ -252,8 +252,13 @@ def test_a_policy_with_a_mistake_is_refused_before_any_port_is_bound(tmp_path, c
     port = free_port()
     code = main(["serve", "--policy", str(policy), "--port", str(port), "--state-dir", str(tmp_path / "state")])
     err = capsys.readouterr().err
-    assert code == 2 and err.splitlines() == ["mlflow-di: error: policy.yaml: unknown key compress.amout; "
-                                              "known: methods, calib_data, eval_data, amount"]
+    import dataclasses
+
+    from mlflow_di.policy import CompressPolicy
+
+    known = ", ".join(field.name for field in dataclasses.fields(CompressPolicy))
+    assert known.startswith("methods, calib_data, eval_data, amount, ")
+    assert code == 2 and err.splitlines() == [f"mlflow-di: error: policy.yaml: unknown key compress.amout; known: {known}"]
     assert not (tmp_path / "state").exists() and _port_is_free(port)
 
 

@@ -56,8 +56,8 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
                    "top-1 differs from the source's.")
 @click.option("--max-realistic-success-rate", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
               help="int8-static: as --max-accuracy-drop, for the fraction of --fuzz-seeds seeds on which a boundary "
-                   "search (the source's gradients, 200 queries to the export per seed) finds a trigger inside "
-                   "SSIM >= 0.9 and L-inf <= 32.")
+                   "search (the source's gradients, 200 queries to the export per seed) finds a trigger no pixel of "
+                   "which moves more than 32 levels from its seed.")
 @click.option("--fuzz-seeds", type=click.IntRange(1), default=50, show_default=True, metavar="N",
               help="With --max-realistic-success-rate: the first N images of --eval-data (search) and of "
                    "--holdout-data (verification) are fuzzed against each candidate.")
