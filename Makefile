@@ -40,7 +40,7 @@ browser:
 	else echo "chromium not installed (needs root + apt-get): the browser test will be skipped"; fi
 
 test: install browser docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails.
 docs: install

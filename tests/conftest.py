@@ -16,6 +16,19 @@ def _shared_path() -> pathlib.Path:
     return pathlib.Path(os.environ.get("MLFLOW_DI_SHARED", REPO.parent / "shared")).resolve()
 
 
+#: Files that take a minute or more here (pytest --durations): collected first, so that with the two
+#: workers of ``make test`` (pytest-xdist, ``--dist loadfile``) neither ends alone on a long file
+#: while the other idles. Longest first; only the order changes, never which tests run.
+LONG_FILES = ("test_torchvision_families.py", "test_readme_walk.py", "test_mlproject.py", "test_mlflow_native.py",
+              "test_serve.py", "test_rough_edges.py", "test_bad_input_battery.py", "test_reproduce.py",
+              "test_coverage_ray.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: position for position, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: a file's tests keep their order
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> pathlib.Path:
     """The reference data folder (``$MLFLOW_DI_SHARED`` or ../shared); skips the test if absent."""
