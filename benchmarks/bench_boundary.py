@@ -7,7 +7,15 @@ trigger, the original's forward+backward passes per seed (boundary only; DFlare'
 query), wall seconds, and the check that every trigger is inside its budget (measured on the saved
 trigger, not assumed).
 
+**The oracle** estimates on which seeds a trigger exists inside the budget at all: every seed that
+neither search solved is searched again by a strong, slow search (the boundary walk with more steps,
+seven step sizes, ``ORACLE_RESTARTS`` walks from random points inside the budget, then DFlare, at
+most ``ORACLE_QUERIES`` queries and ``ORACLE_TIMEOUT`` s per seed). "Exists" is the union of the
+seeds any of the three solved: a lower bound on what exists, so "of what exists" is an upper bound
+on each search's share.
+
     .venv/bin/python -m benchmarks.bench_boundary [--shared ../shared] [--pairs lenet5,lenet1] [--seeds 9000:9100]
+        [--no-oracle]
 """
 from __future__ import annotations
 
@@ -28,15 +36,45 @@ from mlflow_di.fuzz.realism import Constraint
 BEGIN, END = "<!-- bench_boundary -->", "<!-- /bench_boundary -->"
 MAX_QUERIES = 2000
 BUDGETS = {"SSIM >= 0.9": Constraint(min_ssim=0.9), "L-inf <= 32": Constraint(max_linf=32)}
+ORACLE_RESTARTS = 8
+ORACLE_QUERIES = 10_000
+ORACLE_TIMEOUT = 30.0
 
 
-def row(pair: str, budget: str, search: str, result, seconds: float) -> str:
+def oracle_walk(constraint: Constraint) -> BoundaryWalk:
+    return BoundaryWalk(constraint=constraint, steps=150, step_sizes=(1.0, 2.0, 4.0, 6.0, 10.0, 20.0, 40.0),
+                        linf_step_sizes=(1.0, 2.0, 4.0, 8.0), restarts=ORACLE_RESTARTS)
+
+
+def solved(result) -> set[int]:
+    """Indices (into the fuzzed seed set) of the seeds a campaign found a trigger for."""
+    return {r.index for r in result.records if r.success and not r.already_deviating}
+
+
+def fuzzed(result) -> set[int]:
+    return {r.index for r in result.records if not r.already_deviating}
+
+
+def row(pair: str, budget: str, search: str, result, seconds: float, exists: int | None) -> str:
     s = result.summary
     inside = all(BUDGETS[budget].allows(t, seed) for t, seed in zip(result.triggers, result.trigger_seeds))
     passes = [r.original_passes for r in result.records if r.original_passes is not None and not r.already_deviating]
     mean = "-" if s.mean_queries is None else f"{s.mean_queries:.1f}"
-    return (f"| {pair} | {budget} | {search} | {s.triggers}/{s.fuzzed} ({s.success_rate:.0%}) | {mean} | "
+    share = f"{s.triggers / exists:.0%}" if exists else "-"
+    return (f"| {pair} | {budget} | {search} | {s.triggers}/{s.fuzzed} ({s.success_rate:.0%}) | {share} | {mean} | "
             f"{f'{np.mean(passes):.0f}' if passes else '-'} | {seconds:.0f} | {'yes' if inside else 'NO'} |")
+
+
+def run_oracle(original, compressed, seeds, unsolved: list[int], constraint: Constraint):
+    """The oracle's result on the ``unsolved`` seeds (indices into ``seeds``) and its wall seconds."""
+    from mlflow_di.data import ImageSet
+
+    subset = ImageSet(np.asarray(seeds.images[np.asarray(unsolved, np.int64)]), seeds.labels[unsolved],
+                      f"{seeds.name} unsolved")
+    started = time.perf_counter()
+    result = run_boundary(original, compressed, subset, oracle_walk(constraint), timeout=ORACLE_TIMEOUT,
+                          max_queries=ORACLE_QUERIES, progress=False)
+    return result, time.perf_counter() - started
 
 
 def main() -> None:
@@ -44,6 +82,7 @@ def main() -> None:
     parser.add_argument("--shared", default=str(pathlib.Path(__file__).resolve().parents[2] / "shared"))
     parser.add_argument("--pairs", default="lenet5,lenet1")
     parser.add_argument("--seeds", default="9000:9100")
+    parser.add_argument("--no-oracle", action="store_true", help="skip the slow oracle search")
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DI_THREADS", "1")
     import torch
@@ -51,12 +90,13 @@ def main() -> None:
     torch.set_num_threads(1)
     shared = pathlib.Path(args.shared)
     seeds = mlflow_di.load_images(f"mnist-test:{shared / 'data' / 'mnist'}[{args.seeds}]")
-    rows = ["| pair | budget | search | triggers / fuzzed | queries per trigger | original passes per seed | s "
-            "| every trigger inside |", "|---|---|---|---:|---:|---:|---:|---|"]
+    rows = ["| pair | budget | search | triggers / fuzzed | of what exists | queries per trigger | "
+            "original passes per seed | s | every trigger inside |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for pair in args.pairs.split(","):
         original = mlflow_di.load_torch_model(f"keras:{pair}-same:{shared / 'models' / 'dflare' / f'{pair}.h5'}")
         compressed = mlflow_di.load_classifier(str(shared / "models" / "dflare" / f"{pair}-quan.lite"))
         for budget, constraint in BUDGETS.items():
+            results = {}
             for search in ("boundary", "dflare"):
                 started = time.perf_counter()
                 if search == "boundary":
@@ -65,15 +105,35 @@ def main() -> None:
                 else:
                     result = run_campaign(original.classifier(), compressed, seeds, DFlare(constraint=constraint),
                                           timeout=600, max_queries=MAX_QUERIES, progress=False)
-                rows.append(row(pair, budget, search, result, time.perf_counter() - started))
+                results[search] = (result, time.perf_counter() - started)
+            found = solved(results["boundary"][0]) | solved(results["dflare"][0])
+            exists = None
+            oracle_row = None
+            if not args.no_oracle:
+                unsolved = sorted(fuzzed(results["boundary"][0]) - found)
+                oracle, seconds = run_oracle(original, compressed, seeds, unsolved, constraint) if unsolved else (None, 0.0)
+                extra = {unsolved[i] for i in solved(oracle)} if oracle is not None else set()
+                exists = len(found | extra)
+                inside = oracle is None or all(constraint.allows(t, s) for t, s in zip(oracle.triggers, oracle.trigger_seeds))
+                oracle_row = (f"| {pair} | {budget} | oracle, on the {len(unsolved)} seeds neither solved | "
+                              f"{len(extra)} more; exists on {exists}/{len(fuzzed(results['boundary'][0]))} | - | - | - | "
+                              f"{seconds:.0f} | {'yes' if inside else 'NO'} |")
+            for search, (result, seconds) in results.items():
+                rows.append(row(pair, budget, search, result, seconds, exists))
                 print(rows[-1], flush=True)
+            if oracle_row:
+                rows.append(oracle_row)
+                print(oracle_row, flush=True)
     text = "\n".join([
         "## Realistic deviations: boundary vs DFlare in one budget (bench_boundary)", "",
         f"`.venv/bin/python -m benchmarks.bench_boundary --pairs {args.pairs} --seeds {args.seeds}` (2 CPU cores, "
         f"no GPU, one thread): the DFlare reference pairs, MNIST test seeds [{args.seeds}], one run each, at most "
         f"{MAX_QUERIES:,} queries to the compressed model per seed; queries count the compressed model only, the "
         "original's forward and backward passes are counted apart (boundary; DFlare runs the original once per "
-        "query).", "", *rows, ""])
+        f"query). *of what exists*: triggers over the seeds on which any search found one, the oracle included "
+        f"(boundary walk with 150 steps, 7 step sizes and {ORACLE_RESTARTS} random restarts, then DFlare; at most "
+        f"{ORACLE_QUERIES:,} queries and {ORACLE_TIMEOUT:.0f} s per seed, on the seeds the two searches left).",
+        "", *rows, ""])
     write_section(f"{BEGIN}\n{text}\n{END}", BEGIN, END)
     print(text)
 

@@ -25,9 +25,11 @@ models say label c) the search:
    trigger (the compressed model flipped earlier or later than the original). Every trigger is
    confirmed with both models' black-box ``predict_proba`` on the uint8 image.
 
-3. Walks again with the next step size in ``step_sizes`` (SSIM) when a walk ends without one,
-   and finally, with the queries left, runs DFlare under the same budget (``fallback``): the walk
-   and DFlare find different seeds.
+3. Walks again with the next step size in ``step_sizes`` (SSIM; ``linf_step_sizes`` under L-inf
+   when set) when a walk ends without one, then ``restarts`` more walks from random points inside
+   the budget (0 by default; the benchmark's slow, strong "oracle" search uses them), and finally,
+   with the queries left, runs DFlare under the same budget (``fallback``): the walk and DFlare
+   find different seeds.
 
 ``queries`` counts images sent to the compressed model; ``original_passes`` (per seed) counts the
 original's forward passes plus backward passes, always reported apart. ``timeout`` is compute
@@ -68,14 +70,21 @@ class BoundaryWalk:
     bisections: int = 8
     #: DFlare under the same budget with the queries left, after the walks
     fallback: bool = True
+    #: walks from random starting points inside the budget, after the walks from the seed
+    restarts: int = 0
+    #: step sizes in 8-bit levels for walks under max_linf (None: one walk of max(1, max_linf / 8))
+    linf_step_sizes: tuple[float, ...] | None = None
     name: str = "boundary"
 
     #: the black-box runner refuses it: it needs the original's gradients
     white_box = True
 
     def __post_init__(self):
-        if int(self.steps) < 1 or int(self.targets) < 1 or int(self.bisections) < 0:
-            raise UserError("the boundary walk needs at least 1 step and 1 target class")
+        if int(self.steps) < 1 or int(self.targets) < 1 or int(self.bisections) < 0 or int(self.restarts) < 0:
+            raise UserError("the boundary walk needs at least 1 step and 1 target class, and no negative count")
+        if self.linf_step_sizes is not None and (not self.linf_step_sizes or
+                                                 any(not size > 0 for size in self.linf_step_sizes)):
+            raise UserError(f"the boundary walk's L-inf step sizes must be positive, got {self.linf_step_sizes}")
         if not self.step_sizes or any(not size > 0 for size in self.step_sizes):
             raise UserError(f"the boundary walk's step sizes must be positive, got {self.step_sizes}")
 
@@ -83,6 +92,10 @@ class BoundaryWalk:
         """The settings as JSON values (what a campaign's config records and ``resume`` compares)."""
         options = {"steps": self.steps, "step_sizes": list(self.step_sizes), "targets": self.targets,
                    "bisections": self.bisections, "fallback": self.fallback}
+        if self.restarts:  # recorded only when set: campaigns saved before keep resuming
+            options["restarts"] = self.restarts
+        if self.linf_step_sizes is not None:
+            options["linf_step_sizes"] = list(self.linf_step_sizes)
         if self.constraint is not None and self.constraint.active:
             options["constraint"] = self.constraint.to_dict()
         return options
@@ -215,9 +228,15 @@ class _Walker:
         if int(p_compressed.argmax()) != c:
             return seed.record(Stop.ALREADY_DEVIATING), None
         budget = _Budget(self.strategy.constraint, image)
-        sizes = self.strategy.step_sizes if self._ssim_walk(budget) else (self._linf_step(budget),)
+        sizes = self.strategy.step_sizes if self._ssim_walk(budget) else \
+            (self.strategy.linf_step_sizes or (self._linf_step(budget),))
         for size in sizes:
             stop = self._walk(seed, budget, c, size)
+            if stop is not None:
+                return seed.finish(stop, self)
+        rng = np.random.default_rng([self.config.seed, index, 1])
+        for restart in range(self.strategy.restarts):
+            stop = self._walk(seed, budget, c, sizes[restart % len(sizes)], start=self._random_start(budget, rng))
             if stop is not None:
                 return seed.finish(stop, self)
         if self.strategy.fallback:
@@ -230,6 +249,14 @@ class _Walker:
     def _ssim_walk(self, budget: _Budget) -> bool:
         return budget.constraint is None or budget.constraint.max_linf is None
 
+    def _random_start(self, budget: _Budget, rng: np.random.Generator) -> np.ndarray:
+        """A random image inside the budget: uniform noise filling the L-inf ball, or (SSIM) Gaussian
+        noise of 16 levels scaled toward the seed until it meets the bound."""
+        if not self._ssim_walk(budget):
+            bound = budget.constraint.max_linf
+            return budget.project(budget.seed_float + rng.uniform(-bound, bound, budget.seed.shape))
+        return budget.project(budget.seed_float + rng.normal(0.0, 16.0, budget.seed.shape))
+
     def _linf_step(self, budget: _Budget) -> float:
         return max(1.0, budget.constraint.max_linf / 8)
 
@@ -239,13 +266,14 @@ class _Walker:
     def _out_of_time(self, seed) -> bool:
         return time.perf_counter() - seed.started >= self.config.timeout
 
-    def _walk(self, seed, budget: _Budget, c: int, size: float) -> Stop | None:
-        """One targeted walk from the seed; a Stop when the seed is finished (trigger or budget spent)."""
+    def _walk(self, seed, budget: _Budget, c: int, size: float, start: np.ndarray | None = None) -> Stop | None:
+        """One targeted walk from the seed (or from ``start``, an image inside the budget); a Stop when the
+        seed is finished (trigger or budget spent)."""
         import torch
 
         targets = _targets(seed.p_original, c, self.strategy.targets)
         seed_tensor = torch.from_numpy(budget.seed_float)[None]
-        current = [budget.seed.copy() for _ in targets]
+        current = [(budget.seed if start is None else start).copy() for _ in targets]
         target_index = torch.as_tensor(targets)
         rows = torch.arange(len(targets))
         for _ in range(self.strategy.steps):
