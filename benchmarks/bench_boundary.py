@@ -14,8 +14,12 @@ most ``ORACLE_QUERIES`` queries and ``ORACLE_TIMEOUT`` s per seed). "Exists" is 
 seeds any of the three solved: a lower bound on what exists, so "of what exists" is an upper bound
 on each search's share.
 
+A pair ``lenetN:METHOD`` fuzzes the same original against an export that ``compress`` makes here
+(``int8-static`` calibrated on MNIST train [0:500], ``prune-l1`` at its default 30%) instead of the
+paper's TFLite file.
+
     .venv/bin/python -m benchmarks.bench_boundary [--shared ../shared] [--pairs lenet5,lenet1] [--seeds 9000:9100]
-        [--no-oracle]
+        [--no-oracle] [--no-write] [--section exports]
 """
 from __future__ import annotations
 
@@ -65,6 +69,24 @@ def row(pair: str, budget: str, search: str, result, seconds: float, exists: int
             f"{f'{np.mean(passes):.0f}' if passes else '-'} | {seconds:.0f} | {'yes' if inside else 'NO'} |")
 
 
+def load_pair(shared: pathlib.Path, pair: str):
+    """(original TorchModel, compressed classifier) of ``lenetN`` (the paper's TFLite file) or
+    ``lenetN:METHOD`` (an export compress makes here, in a folder that lives as long as the process)."""
+    import tempfile
+
+    name, _, method = pair.partition(":")
+    original = mlflow_di.load_torch_model(f"keras:{name}-same:{shared / 'models' / 'dflare' / f'{name}.h5'}")
+    if not method:
+        return original, mlflow_di.load_classifier(str(shared / "models" / "dflare" / f"{name}-quan.lite"))
+    from mlflow_di.compression import compress
+    from mlflow_di.models.classifier import OnnxClassifier
+
+    calib = mlflow_di.load_images(f"mnist-train:{shared / 'data' / 'mnist'}[0:500]")
+    result = compress(original.module, original.preprocessing, method, tempfile.mkdtemp(prefix="bench-boundary-"),
+                      calib_inputs=calib.images)
+    return original, OnnxClassifier(result.path, name=f"{name} {method}")
+
+
 def run_oracle(original, compressed, seeds, unsolved: list[int], constraint: Constraint):
     """The oracle's result on the ``unsolved`` seeds (indices into ``seeds``) and its wall seconds."""
     from mlflow_di.data import ImageSet
@@ -83,6 +105,8 @@ def main() -> None:
     parser.add_argument("--pairs", default="lenet5,lenet1")
     parser.add_argument("--seeds", default="9000:9100")
     parser.add_argument("--no-oracle", action="store_true", help="skip the slow oracle search")
+    parser.add_argument("--no-write", action="store_true", help="print the section, do not touch RESULTS.md")
+    parser.add_argument("--section", default="", help="write a section of this name (e.g. exports) instead of the main one")
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DI_THREADS", "1")
     import torch
@@ -93,8 +117,7 @@ def main() -> None:
     rows = ["| pair | budget | search | triggers / fuzzed | of what exists | queries per trigger | "
             "original passes per seed | s | every trigger inside |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for pair in args.pairs.split(","):
-        original = mlflow_di.load_torch_model(f"keras:{pair}-same:{shared / 'models' / 'dflare' / f'{pair}.h5'}")
-        compressed = mlflow_di.load_classifier(str(shared / "models" / "dflare" / f"{pair}-quan.lite"))
+        original, compressed = load_pair(shared, pair)
         for budget, constraint in BUDGETS.items():
             results = {}
             for search in ("boundary", "dflare"):
@@ -125,17 +148,22 @@ def main() -> None:
                 rows.append(oracle_row)
                 print(oracle_row, flush=True)
     text = "\n".join([
-        "## Realistic deviations: boundary vs DFlare in one budget (bench_boundary)", "",
+        "## Realistic deviations: boundary vs DFlare in one budget (bench_boundary"
+        + (f", {args.section})" if args.section else ")"), "",
         f"`.venv/bin/python -m benchmarks.bench_boundary --pairs {args.pairs} --seeds {args.seeds}` (2 CPU cores, "
-        f"no GPU, one thread): the DFlare reference pairs, MNIST test seeds [{args.seeds}], one run each, at most "
+        f"no GPU, one thread): the pairs named (`lenetN`: the DFlare reference pair; `lenetN:METHOD`: the same original "
+        f"against an export `compress` made here), MNIST test seeds [{args.seeds}], one run each, at most "
         f"{MAX_QUERIES:,} queries to the compressed model per seed; queries count the compressed model only, the "
         "original's forward and backward passes are counted apart (boundary; DFlare runs the original once per "
         f"query). *of what exists*: triggers over the seeds on which any search found one, the oracle included "
         f"(boundary walk with 150 steps, 7 step sizes and {ORACLE_RESTARTS} random restarts, then DFlare; at most "
         f"{ORACLE_QUERIES:,} queries and {ORACLE_TIMEOUT:.0f} s per seed, on the seeds the two searches left).",
         "", *rows, ""])
-    write_section(f"{BEGIN}\n{text}\n{END}", BEGIN, END)
     print(text)
+    if not args.no_write:
+        begin, end = (BEGIN, END) if not args.section else (f"<!-- bench_boundary {args.section} -->",
+                                                             f"<!-- /bench_boundary {args.section} -->")
+        write_section(f"{begin}\n{text}\n{end}", begin, end)
 
 
 if __name__ == "__main__":
