@@ -35,11 +35,16 @@ import numpy as np
 import torch
 
 from mlflow_di.compression import compress, diagnose
-from mlflow_di.compression.bounded import Bounds, LabelledSplit, UnreachableBounds, bounded_int8_static, scores
+from mlflow_di.compression.bounded import (
+    Bounds,
+    LabelledSplit,
+    UnreachableBounds,
+    bounded_int8_static,
+    rank_layers,
+)
 from mlflow_di.compression.methods import calibration_inputs
 from mlflow_di.compression.prune import prunable_layers
 from mlflow_di.data import load_images
-from mlflow_di.models.classifier import OnnxClassifier
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench_bounded -->", "<!-- /bench_bounded -->"
@@ -136,12 +141,12 @@ def one_model(args, name, bounds_list, work):
     compress(source.module, source.preprocessing, "int8-static", work / name / "warm-up", calib_inputs=calib)
     start = time.perf_counter()
     plain = compress(source.module, source.preprocessing, "int8-static", work / name / "plain", calib_inputs=calib)
-    plain_scores = scores(search.original, OnnxClassifier(plain.path).predict(search.images), search.labels)
+    plain_scores = search.score(plain.path)
     plain_seconds = time.perf_counter() - start
-    held_plain = scores(held_out.original, OnnxClassifier(plain.path).predict(held_out.images), held_out.labels)
+    held_plain = held_out.score(plain.path)
     start = time.perf_counter()
     diagnosis = diagnose(plain.float_path, plain.path, calibration_inputs(search.images, source.preprocessing))
-    ranking = list(diagnosis.layer_scores()) + [layer for layer in layers if layer not in diagnosis.layer_scores()]
+    ranking = rank_layers(diagnosis, layers)
     diagnosis_seconds = time.perf_counter() - start
     rows = []
     for value in bounds_list:

@@ -360,11 +360,10 @@ def _export(source, method, calib, evaluation, amount, scratch, selection: Selec
 def _bounded(source, calib_images, scratch, selection: Selection, outcome: Outcome) -> Outcome:
     """The bounded search, ranked by the evaluation data's diagnosis (worst layer first, then layers it
     never reached): the chosen export becomes the result, the fully quantized one ``before``."""
-    from mlflow_di.compression.bounded import RealisticProbe, bounded_int8_static
+    from mlflow_di.compression.bounded import RealisticProbe, bounded_int8_static, rank_layers
     from mlflow_di.compression.prune import prunable_layers
 
-    ranking = list(outcome.diagnoses[0].layer_scores())
-    ranking += [name for name, _ in prunable_layers(source.module) if name not in ranking]
+    ranking = rank_layers(outcome.diagnoses[0], [name for name, _ in prunable_layers(source.module)])
     search, held_out = selection.splits
     fully_quantized = outcome.result
     realistic = RealisticProbe(source, seeds=selection.fuzz_seeds) \

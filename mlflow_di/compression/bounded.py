@@ -244,6 +244,13 @@ def search_float_layers(ranking: list[str], measure: Callable[[tuple], Scores], 
     return record(kept)
 
 
+def rank_layers(diagnosis, layers: list[str]) -> list[str]:
+    """The search's ranking: the layers by the diagnosis's score (a
+    :class:`~mlflow_di.compression.quant_debug.LayerDiagnosis`, worst first), then ``layers`` it never reached."""
+    scored = list(diagnosis.layer_scores())
+    return scored + [name for name in layers if name not in scored]
+
+
 def verify(search: BoundedSearch, measure_held_out: Callable[[tuple], Scores]) -> BoundedSearch:
     """Measure the chosen export on the held-out split; the figures land in ``search.held_out``."""
     search.held_out = measure_held_out(tuple(search.kept_float))
@@ -259,6 +266,13 @@ class LabelledSplit:
     images: object
     labels: np.ndarray
     original: np.ndarray
+
+    def score(self, export_path, preprocessing=None, device=None) -> Scores:
+        """The :class:`Scores` of the ONNX model at ``export_path`` (run by ONNX Runtime) on this split."""
+        from mlflow_di.models.classifier import OnnxClassifier
+
+        predicted = OnnxClassifier(export_path, preprocessing=preprocessing, device=device).predict(self.images)
+        return scores(self.original, predicted, self.labels)
 
 
 @dataclasses.dataclass
@@ -306,7 +320,6 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
     import pathlib
 
     from mlflow_di.compression.methods import compress, float_export
-    from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.progress import progress_bar
 
     if bounds.max_realistic_success_rate is not None and realistic is None:
@@ -328,8 +341,7 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
     def measure_on(split: LabelledSplit):
         def measure(kept: tuple) -> Scores:
             path = export(kept).path
-            predicted = OnnxClassifier(path, preprocessing=preprocessing, device=device).predict(split.images)
-            measured = scores(split.original, predicted, split.labels)
+            measured = split.score(path, preprocessing, device)
             if bounds.max_realistic_success_rate is not None:
                 measured.fuzzed, measured.realistic = realistic.count(path, split, preprocessing, device)
             return measured

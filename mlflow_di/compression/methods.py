@@ -172,17 +172,14 @@ def float_export(module, preprocessing: Preprocessing, out, opset=None, graph=No
 def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_float, graph=None,
                 exported=None) -> dict:
     """Do the work of one method; returns the CompressionResult fields it determines."""
-    def float_graph(module, preprocessing, out, opset):
-        return float_export(module, preprocessing, out, opset, graph, exported)
-
     if method == "fp32":
-        export = float_graph(module, preprocessing, path, opset)
+        export = float_export(module, preprocessing, path, opset, graph, exported)
         return {"params": _export_params(export), "exporter": export.exporter}
     if method in ("prune-l1", "prune-structured"):
         return _pruned_export(module, preprocessing, method, path, amount, opset)
     with tempfile.TemporaryDirectory(prefix="mlflow-di-fp32-") as work:
         fp32_path = pathlib.Path(work) / "fp32.onnx"
-        export = float_graph(module, preprocessing, fp32_path, opset)
+        export = float_export(module, preprocessing, fp32_path, opset, graph, exported)
         extra = {}
         if method == "int8-static":
             float_path = path.with_name(f"{method}.float.onnx")

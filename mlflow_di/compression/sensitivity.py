@@ -20,6 +20,7 @@ Costs two exports per layer (the float model is exported once) and two PyTorch p
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import pathlib
 
 import numpy as np
@@ -102,21 +103,18 @@ def sensitivity(module, preprocessing, calib_inputs, split, layers: list[str], o
     takes them); ``split``: a :class:`~mlflow_di.compression.bounded.LabelledSplit` of evaluation
     images; ``all_int8``: the fully quantized export when made already.
     """
-    from mlflow_di.compression.bounded import scores
     from mlflow_di.compression.methods import calibration_inputs, compress, float_export
-    from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.progress import progress_bar
 
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fp32 = float_export(module, preprocessing, out_dir / "fp32.onnx", graph=graph)
+    numbers = itertools.count()
 
     def disagreements(keep_float) -> int:
-        folder = out_dir / f"export-{len(list(out_dir.iterdir()))}"
-        result = compress(module, preprocessing, "int8-static", folder, calib_inputs=calib_inputs,
-                          keep_float=list(keep_float), exported=fp32)
-        predicted = OnnxClassifier(result.path, preprocessing=preprocessing, device=device).predict(split.images)
-        return scores(split.original, predicted, split.labels).disagreements
+        result = compress(module, preprocessing, "int8-static", out_dir / f"export-{next(numbers)}",
+                          calib_inputs=calib_inputs, keep_float=list(keep_float), exported=fp32)
+        return split.score(result.path, preprocessing, device).disagreements
 
     count = min(len(split.images), SIMULATION_IMAGES)
     inputs = np.asarray(calibration_inputs(split.images, preprocessing)[0:count], dtype=np.float32)
@@ -129,9 +127,5 @@ def sensitivity(module, preprocessing, calib_inputs, split, layers: list[str], o
             alone = disagreements(others) if others else None
             rows.append(LayerSensitivity(layer, *simulated[layer], alone_disagreements=alone,
                                          all_but_disagreements=disagreements([layer]) if others else None))
-    if all_int8 is None:
-        full = disagreements([])
-    else:
-        predicted = OnnxClassifier(all_int8.path, preprocessing=preprocessing, device=device).predict(split.images)
-        full = scores(split.original, predicted, split.labels).disagreements
+    full = disagreements([]) if all_int8 is None else split.score(all_int8.path, preprocessing, device).disagreements
     return Sensitivity(len(split.images), count, full, rows)
