@@ -38,6 +38,8 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
         ("robustness", dict(model_uri="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
                             data="digits[1300:1400]", corruptions="jpeg,occlusion", severities="1,5")),
         ("gate", dict(model_uri="models:/digits-cnn/1", min_idc=0, max_accuracy_drop=1, min_mean_queries=0)),
+        # last: it registers another int8-static version, which the gate above would want fuzzed
+        ("compress_bounded", dict(model_uri="models:/digits-cnn/1", max_disagreement_rate=0.02)),
     ]
     for entry, params in steps:
         result = mlflow_run(entry, tmp_path, **params)
@@ -50,6 +52,12 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
     assert finished_commands(tmp_path).count("inspect") == 1
     assert finished_commands(tmp_path).count("robustness") == 1
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    bounded = [run for run in client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                                 "params.max_disagreement_rate = '0.02' and "
+                                                 "tags.`mlflow_di.command` = 'compress'")
+               if run.info.status == "FINISHED"]
+    assert len(bounded) == 1 and bounded[0].data.metrics["bounded.exports"] >= 1
+    assert bounded[0].data.metrics["bounded.held_out_images"] == 247  # digits[1550:]
     assert client.get_model_version_by_alias("digits-cnn", "champion").version == 1
 
 
