@@ -27,7 +27,7 @@ from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.seeds import top1
 from mlflow_di.fuzz.store import CampaignStore
 from mlflow_di.models.device import use_own_cuda_streams
-from mlflow_di.progress import progress_bar as tqdm
+from mlflow_di.progress import BudgetProgress, budget_share
 
 
 @dataclasses.dataclass
@@ -114,6 +114,7 @@ class Lockstep:
         self.seeds, self.strategy, self.batch = seeds, strategy, batch
         self.overlap = overlap
         self._progress = None
+        self._shifts: list[_Shift] = []  # in this process (none with an executor elsewhere)
         self._clock_start = time.perf_counter()
         self._last_postfix = 0.0
         self._inputs = 0
@@ -123,10 +124,10 @@ class Lockstep:
     def run(self, progress: bool, executor=None) -> None:
         """Search every lane's seeds, here (``executor`` None) or as ``executor.execute(self)`` decides
         (e.g. :class:`~mlflow_di.fuzz.distributed.RayExecutor`), which hands each finished seed to :meth:`save`."""
-        self._triggers = sum(r.success for lane in self.lanes for r in lane.done.values())
         finished = sum(len(lane.done) for lane in self.lanes)
-        self._progress = tqdm(total=len(self.seeds) * len(self.lanes), initial=finished, disable=not progress,
-                              desc=f"fuzz {self.strategy.name}", unit="seed", dynamic_ncols=True)
+        self._progress = BudgetProgress(len(self.seeds) * len(self.lanes), finished, f"fuzz {self.strategy.name}",
+                                        disable=not progress)
+        self._progress.triggers = sum(r.success for lane in self.lanes for r in lane.done.values())
         try:
             if executor is None:
                 self.search_all()
@@ -151,7 +152,7 @@ class Lockstep:
                     self._finish_deviating(lane, int(index), lane.p_original[row], lane.p_compressed[row])
                 else:
                     lane.pending.append((int(index), lane.p_original[row], lane.p_compressed[row]))
-        shifts = [_Shift(len(self.lanes)) for _ in range(shift_count(self.overlap))]
+        shifts = self._shifts = [_Shift(len(self.lanes)) for _ in range(shift_count(self.overlap))]
         pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-di-models") if self.overlap else None
         try:
             if pool is not None:
@@ -341,19 +342,22 @@ class Lockstep:
         lane.records[record.index] = record
         if trigger is not None:
             lane.images[record.index] = (trigger, seed_image)
-            self._triggers += 1
         if lane.store is not None:
             lane.store.append(record, trigger, seed_image)
-        self._progress.update(1)
+        self._progress.finish(budget_share(record.queries, record.seconds, lane.config.max_queries,
+                                           lane.config.timeout), trigger is not None)
         self._refresh_progress()
 
     def _refresh_progress(self) -> None:
-        """Triggers found and queries per second on the bar, at most twice a second."""
+        """The bar, at most twice a second: budget spent (see :class:`~mlflow_di.progress.BudgetProgress`),
+        triggers found, queries per second."""
         now = time.perf_counter()
         if now - self._last_postfix > 0.5:
             self._last_postfix = now
-            rate = self._inputs / max(now - self._clock_start, 1e-9)
-            self._progress.set_postfix(triggers=self._triggers, queries_per_s=f"{rate:.0f}")
+            running = sum(budget_share(a.search.queries, a.seconds, lane.config.max_queries, lane.config.timeout)
+                          for shift in self._shifts for lane, active in zip(self.lanes, shift.active) for a in active
+                          if a.index not in lane.records)  # one finishing now is counted as finished
+            self._progress.show(running, self._inputs / max(now - self._clock_start, 1e-9))
 
 
 #: Most inputs one search may propose per call when few seeds are left. On the LeNet-5 pair,
