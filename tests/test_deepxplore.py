@@ -118,6 +118,39 @@ def test_blackout_only_darkens_small_rectangles(trained, seeds, generated):
             assert all(op.startswith("blackout") for op in record.operators)
 
 
+def test_a_fruitless_climb_starts_again_from_the_seed_toward_each_target_then_with_each_finer_step(
+        trained, seeds, monkeypatch):
+    strategy = DeepXplore(step=1e-3, iterations=3, finer_steps=(2e-3,))  # steps too small to change a pixel
+    assert strategy.climbs(1, 3) == [(1e-3, 1), (1e-3, 0), (1e-3, 2), (2e-3, 1), (2e-3, 0), (2e-3, 2)]
+    moves = []
+    move = dx._Runner._move
+
+    def spy(self, s, gradient):
+        moves.append((s.index, s.climbs[s.climb], s.climb_steps, s.current.copy(), s.image))
+        move(self, s, gradient)
+
+    monkeypatch.setattr(dx._Runner, "_move", spy)
+    result = run_deepxplore(list(trained), seeds, strategy, max_queries=10_000, progress=False)
+    fuzzed = [r for r in result.records if not r.already_deviating]
+    assert fuzzed and all(r.queries == 3 * 6 and r.stop.value == "max_queries" for r in fuzzed)
+    for record in fuzzed:
+        mine = [(climb, steps) for index, climb, steps, _, _ in moves if index == record.index]
+        expected = [(climb, step) for climb in strategy.climbs(mine[0][0][1], 3) for step in range(3)]
+        assert mine == expected  # the last evaluation of each climb takes no step
+        assert all(np.array_equal(current, image) for index, _, steps, current, image in moves
+                   if index == record.index and steps == 0)  # every climb starts at the seed
+
+
+def test_one_climb_is_the_references_and_caps_the_queries(trained, seeds):
+    one = DeepXplore(step=1e-3, iterations=4, retarget=False, finer_steps=())
+    assert one.climbs(0, 2) == [(1e-3, 0)]
+    result = run_deepxplore(list(trained[:2]), seeds, one, progress=False)
+    assert all(r.queries == 4 for r in result.records if not r.already_deviating)
+    capped = run_deepxplore(list(trained[:2]), seeds, DeepXplore(step=1e-3, iterations=4), max_queries=6,
+                            progress=False)
+    assert all(r.queries == 6 for r in capped.records if not r.already_deviating)
+
+
 def test_records_do_not_depend_on_the_batch(trained, seeds):
     models = list(trained[:2])
     strategy = DeepXplore(constraint="occlusion", occlusion_size=(5, 5))
@@ -185,6 +218,9 @@ def test_the_black_box_runner_and_bad_settings_are_refused(trained, seeds):
                        progress=False)
     with pytest.raises(UserError, match="constraint"):
         DeepXplore(constraint="fog")
+    for steps in ((-1.0,), (float("nan"),), (0.0,)):
+        with pytest.raises(UserError, match="positive number of 8-bit levels"):
+            DeepXplore(finer_steps=steps)
 
 
 def test_cli_runs_one_campaign_over_three_models_and_logs_the_coverage_reached(registered_cnn, tmp_path, capsys):
@@ -213,7 +249,8 @@ def test_cli_runs_one_campaign_over_three_models_and_logs_the_coverage_reached(r
     result = load_campaign(folder)
     assert result.neuron_coverage == summary["neuron_coverage"]
     assert result.config.strategy_options["constraint"] == "occlusion"
-    assert all(len(r.model_labels) == 3 and r.queries <= 10 for r in result.records)
+    climbs = len(DeepXplore().climbs(0, 3))  # each of 3 targets, at each of 2 steps: 10 steps each
+    assert all(len(r.model_labels) == 3 and r.queries <= 10 * climbs for r in result.records)
     run = mlflow.search_runs(search_all_experiments=True, output_format="list",
                              filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
     assert 0 < run.data.metrics["neuron_coverage.original"] <= 1

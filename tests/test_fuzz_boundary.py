@@ -161,12 +161,34 @@ def test_cli_boundary_logs_queries_passes_and_realism_and_refuses_what_it_cannot
     code = main([*black_box, "--out-dir", str(tmp_path / "refused")])
     err = capsys.readouterr().err
     assert code == 2 and "needs the gradients of PyTorch models" in err and "as --original" in err
-    for extra, expected in ((["--compressed", str(pruned) + "x"], "one compressed model at a time"),
-                            (["--workers", "2"], "boundary runs in this process"),
+    for extra, expected in ((["--workers", "2"], "boundary runs in this process"),
                             (["--overlap"], "boundary runs its models in its own loop")):
         code = main([*args, *extra, "--out-dir", str(tmp_path / "refused")])
         err = capsys.readouterr().err
         assert code == 2 and expected in err and "Traceback" not in err
+
+
+def test_cli_boundary_walks_toward_each_of_several_exports_in_its_own_campaign(registered_cnn, tmp_path, capsys):
+    from mlflow_di.compression.prune import prune_l1
+    from mlflow_di.models.loading import load_torch_model
+
+    source = load_torch_model(registered_cnn)
+    exports = []
+    for amount in (0.5, 0.3):
+        path = tmp_path / f"pruned-{amount}.pt"
+        torch.save({"module": prune_l1(source.module, amount).module,
+                    "mlflow_di": {"preprocessing": source.preprocessing.to_dict()}}, path)
+        exports += ["--compressed", str(path)]
+    folder = tmp_path / "both"
+    code = main(["fuzz", "--original", registered_cnn, *exports, "--seed-data", "digits[1300:1310]",
+                 "--strategy", "boundary", "--max-linf", "48", "--max-queries", "100", "--out-dir", str(folder)])
+    assert code == 0, capsys.readouterr().err
+    campaigns = sorted(path.parent for path in folder.rglob("campaign.json"))
+    assert len(campaigns) == 2
+    for campaign in campaigns:
+        result = load_campaign(campaign)
+        assert result.config.strategy == "boundary" and len(result.records) == 10
+        assert all(Constraint(max_linf=48).allows(t, s) for t, s in zip(result.triggers, result.trigger_seeds))
 
 
 def shared_tflite(tmp_path):

@@ -19,8 +19,8 @@ import time
 
 import click
 
-from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, IntPair, LazyChoice, SectionedCommand, WritablePath,
-                                        device_option, json_out_option, ray_options, seed_option, write_json_out)
+from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, IntPair, LazyChoice, SectionedCommand, StepList,
+                                        WritablePath, device_option, json_out_option, ray_options, seed_option, write_json_out)
 
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
                    "already_deviating", "fuzzed")
@@ -89,7 +89,14 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--dx-threshold", type=FiniteFloat(0, 1, max_open=True), default=None,
               help="Neuron coverage threshold on the layer-scaled activation (default 0, the paper's).")
 @click.option("--dx-iterations", type=click.IntRange(1), default=None,
-              help="Gradient steps per seed (default 20, the reference's; --max-queries caps it too).")
+              help="Gradient steps per climb from the seed (default 20, the reference's; --max-queries caps a "
+                   "seed's steps in all).")
+@click.option("--dx-retarget/--dx-no-retarget", default=None,
+              help="When a climb finds nothing, climb again from the seed with each other model as the target "
+                   "(default on; off: the reference's one climb per seed).")
+@click.option("--dx-finer-steps", type=StepList("step", "255"), default=None,
+              help="Then climb again (each target in turn) with each of these steps (default 255; none: no more "
+                   "climbs).")
 @click.option("--dx-occlusion-at", type=IntPair("occlusion position", "0,0", 0, "ROW,COL"), default=None,
               help="Occlusion: the rectangle's top-left corner (default 0,0).")
 @click.option("--dx-occlusion-size", type=IntPair("occlusion size", "10,10", 1), default=None,
@@ -143,8 +150,6 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     if (white_box or walk) and overlap:
         raise UserError(f"--overlap applies to the black-box strategies; {strategy} runs its models in its own loop "
                         "(drop --overlap)")
-    if walk and len(compressed) > 1:
-        raise UserError("--strategy boundary fuzzes one compressed model at a time; give one --compressed per call")
     executor = _executor(workers, ray_address, cpus_per_worker, gpus_per_worker, white_box or walk, strategy)
     original_ref = ModelRef.parse(original)
     compressed_refs = [ModelRef.parse(uri) for uri in compressed]
@@ -237,8 +242,9 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             elif walk:
                 from mlflow_di.fuzz.boundary import run_boundary
 
-                results = [run_boundary(torch_original, compressed_models[0], seeds, search, timeout=timeout,
-                                        max_queries=max_queries, seed=seed, out_dir=folders[0], resume=resume)]
+                results = [run_boundary(torch_original, model, seeds, search, timeout=timeout, max_queries=max_queries,
+                                        seed=seed, out_dir=sub, resume=resume)  # one campaign per export
+                           for model, sub in zip(compressed_models, folders)]
             else:
                 results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
                                         max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders,

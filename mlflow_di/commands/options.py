@@ -115,6 +115,29 @@ class IntegerList(click.ParamType):
         return tuple(sorted(set(numbers)))
 
 
+class StepList(click.ParamType):
+    """Comma-separated positive finite numbers in the order given (``none``: an empty tuple)."""
+
+    name = "STEP[,STEP...]|none"
+
+    def __init__(self, what: str, example: str):
+        self.what, self.example = what, example
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        if str(value).strip().lower() == "none":
+            return ()
+        try:
+            numbers = tuple(float(item) for item in str(value).split(",") if item.strip())
+        except ValueError:
+            numbers = ()
+        if not numbers or not all(math.isfinite(n) and n > 0 for n in numbers):
+            self.fail(f"each {self.what} must be a positive number, separated by commas, e.g. {self.example}, "
+                      f"or none (got '{value}')", param, ctx)
+        return numbers
+
+
 class ClusterCounts(IntegerList):
     """Candidate cluster counts per neuron, e.g. ``2,3,4``: integers >= 2 (one cluster has no silhouette)."""
 

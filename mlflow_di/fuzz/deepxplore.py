@@ -23,11 +23,18 @@ Units (mlflow-di works on raw uint8 pixels, so do these settings): the step is i
 per unit of the normalised gradient. The paper's step s = 10 is that in the reference's ImageNet
 and driving code, whose pixels are 0..255; its MNIST script scales pixels to [0, 1], so its 10 is
 2550 levels here (every blackout rectangle turns black at once). The default is that effective
-step, 2550: with 10 levels, lighting found a deviation on 1% of the seeds of two independently
-trained digits CNNs, with 2550 on 48% (benchmarks/RESULTS.md, bench_deepxplore_defaults; pixels
-are clipped to 0..255, so a lit image saturates where the reference's unclipped floats go on).
-The other defaults are the paper's: lambda1 = 1, lambda2 = 0.1, t = 0, 20 gradient steps per seed
-(``iterations``), the MNIST script's 10x10 occlusion at (0, 0) and 6x6 blackout rectangles.
+step, 2550. The other defaults are the paper's: lambda1 = 1, lambda2 = 0.1, t = 0, 20 gradient
+steps per climb (``iterations``), the MNIST script's 10x10 occlusion at (0, 0) and 6x6 blackout
+rectangles.
+
+Climbs: the reference climbs once per seed toward one target model. Here pixels are clipped to
+0..255 (a lit image saturates, where the reference's unclipped floats go on), and one climb
+stalls in a local optimum on about half the seeds of two independently trained digits CNNs
+(48%), although a brightness offset that makes them disagree exists on every one of them. So a
+seed whose climb ends without a deviation climbs again from the seed with each other model as
+the target (``retarget``), then the whole round again with each of ``finer_steps`` (255): 95%
+of those seeds (benchmarks/RESULTS.md, bench_deepxplore_defaults). ``retarget=False,
+finer_steps=()`` is the reference's one climb.
 
 Where this departs from the reference, on purpose:
 
@@ -49,8 +56,9 @@ Where this departs from the reference, on purpose:
 
 Queries: one query is one generated input evaluated by every model (one forward and backward
 pass of each, batched with the other seeds' inputs). The seed's own evaluation is not counted, so
-``queries`` is the number of gradient steps whose result was looked at; ``iterations`` and
-``max_queries`` (the smaller wins) cap it, and the stop is then ``max_queries``.
+``queries`` is the number of gradient steps whose result was looked at (the seed, where each climb
+starts, is not counted); ``iterations`` times the climbs and ``max_queries`` (the smaller wins) cap
+it, and the stop is then ``max_queries``.
 
 The search runs seeds in lockstep (``batch`` at a time, one batched forward/backward per model
 and iteration), writes each finished seed to a :class:`~mlflow_di.fuzz.store.CampaignStore`
@@ -74,7 +82,7 @@ from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, p
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
-from mlflow_di.progress import progress_bar as tqdm
+from mlflow_di.progress import BudgetProgress, budget_share, progress_bar as tqdm
 
 CONSTRAINTS = ("lighting", "occlusion", "blackout")
 #: the reference's ``normalize``: gradient / (root mean square + this)
@@ -90,6 +98,10 @@ class DeepXplore:
     lambda2: float = 0.1
     threshold: float = 0.0
     iterations: int = 20
+    #: climb again from the seed with each other model as the target when a climb finds nothing
+    retarget: bool = True
+    #: then climb again (each target in turn) with each of these steps
+    finer_steps: tuple[float, ...] = (255.0,)
     constraint: str = "lighting"
     occlusion_at: tuple[int, int] = (0, 0)
     occlusion_size: tuple[int, int] = (10, 10)
@@ -106,14 +118,23 @@ class DeepXplore:
         object.__setattr__(self, "blackout_size", _pair("blackout size", self.blackout_size, 1))
         if self.constraint not in CONSTRAINTS:
             raise UserError(f"unknown DeepXplore constraint '{self.constraint}'; choose one of: {', '.join(CONSTRAINTS)}")
-        if not self.step > 0:
-            raise UserError(f"the DeepXplore step must be a positive number of 8-bit levels, got {self.step}")
+        object.__setattr__(self, "finer_steps", tuple(float(step) for step in np.atleast_1d(self.finer_steps)))
+        if not all(step > 0 and np.isfinite(step) for step in (self.step, *self.finer_steps)):
+            raise UserError("every DeepXplore step must be a positive number of 8-bit levels, got "
+                            f"{', '.join(f'{step:g}' for step in (self.step, *self.finer_steps))}")
         if self.lambda1 < 0 or self.lambda2 < 0:
             raise UserError(f"DeepXplore's lambda1 and lambda2 must be at least 0, got {self.lambda1} and {self.lambda2}")
         if not 0 <= self.threshold < 1:
             raise UserError(f"the neuron coverage threshold is a scaled activation in [0, 1), got {self.threshold}")
         if int(self.iterations) < 1 or int(self.blackout_count) < 1:
             raise UserError("DeepXplore needs at least 1 gradient iteration and 1 blackout rectangle per step")
+
+    def climbs(self, first_target: int, models: int) -> list[tuple[float, int]]:
+        """(step, target model) of each climb from the seed, in order: ``first_target`` (drawn per seed),
+        then (``retarget``) every other model in index order; the whole round again with each of
+        ``finer_steps``."""
+        targets = [first_target] + ([k for k in range(models) if k != first_target] if self.retarget else [])
+        return [(step, target) for step in (self.step, *self.finer_steps) for target in targets]
 
     def options(self) -> dict:
         """The settings as JSON values (what a campaign's config records and ``resume`` compares)."""
@@ -271,6 +292,10 @@ class _Seed:
     current: np.ndarray
     neurons: list[tuple[int, int]] | None = None
     steps: int = 0
+    #: (step, target) of each climb (:meth:`DeepXplore.climbs`); ``climb`` the current one's position
+    climbs: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    climb: int = 0
+    climb_steps: int = 0
     queries: int = 0
     seconds: float = 0.0
     operators: list[str] = dataclasses.field(default_factory=list)
@@ -352,8 +377,9 @@ class _Runner:
         self.classifiers = [model.classifier() for model in models]
         self.gradient_models = [float64_copy(model) for model in models]
         self.layers = [neuron_layers(model) for model in models]
-        self.budget = int(strategy.iterations) if config.max_queries is None \
-            else min(int(strategy.iterations), config.max_queries)
+        climbs = len(strategy.climbs(0, len(models)))
+        self.budget = int(strategy.iterations) * climbs if config.max_queries is None \
+            else min(int(strategy.iterations) * climbs, config.max_queries)
         self.records: dict[int, SeedRecord] = {}
         self.images: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.stats = RunStats()
@@ -387,8 +413,8 @@ class _Runner:
                             "check that they are versions of one model and use the right preprocessing")
 
     def run(self, progress: bool) -> None:
-        self._bar = tqdm(total=len(self.seeds), initial=len(self.done), disable=not progress,
-                         desc=f"fuzz {self.strategy.name}", unit="seed", dynamic_ncols=True)
+        self._bar = BudgetProgress(len(self.seeds), len(self.done), f"fuzz {self.strategy.name}", disable=not progress)
+        self._bar.triggers = sum(r.success for r in self.done.values())
         for index, probabilities in self.todo:
             labels = [int(p.argmax()) for p in probabilities]
             if len(set(labels)) > 1:
@@ -402,6 +428,7 @@ class _Runner:
                 while self.pending and len(active) < self.batch:
                     active.append(self._start(*self.pending.pop()))
                 active = self._step(active)
+                self._bar.show(sum(budget_share(s.queries, s.seconds, self.budget, self.config.timeout) for s in active))
         except KeyboardInterrupt:
             self._bar.write(f"interrupted: {len(self.records)} seeds finished in this run are saved; "
                             f"{len(active) + len(self.pending)} not finished")
@@ -411,9 +438,11 @@ class _Runner:
     def _start(self, index: int, probabilities: list[np.ndarray]) -> _Seed:
         rng = np.random.default_rng([self.config.seed, index])
         image = np.asarray(self.seeds.images[index])
+        target = draw_index(rng, len(self.models))
         return _Seed(index=index, image=image, rng=rng, label=int(probabilities[0].argmax()),
-                     target=draw_index(rng, len(self.models)), seed_probabilities=probabilities,
-                     offset=np.zeros(image.shape, np.float64), current=image.copy())
+                     target=target, seed_probabilities=probabilities,
+                     offset=np.zeros(image.shape, np.float64), current=image.copy(),
+                     climbs=self.strategy.climbs(target, len(self.models)))
 
     def _step(self, active: list[_Seed]) -> list[_Seed]:
         """One iteration: evaluate every active seed's current image (and its gradient), record the
@@ -426,9 +455,9 @@ class _Runner:
         labels = np.stack([output.detach().argmax(dim=1).numpy() for output, _ in passes], axis=1)  # (B, models)
         finished: dict[int, tuple[Stop, list[np.ndarray] | None]] = {}
         for b, s in enumerate(active):
-            if s.steps:
+            if s.climb_steps:  # the seed itself (at the start of each climb) is not a query
                 s.queries += 1
-        candidates = [b for b, s in enumerate(active) if s.steps and len(set(labels[b].tolist())) > 1]
+        candidates = [b for b, s in enumerate(active) if s.climb_steps and len(set(labels[b].tolist())) > 1]
         for b in candidates:  # confirmed by the black boxes on the uint8 image: every recorded trigger is real
             # (one image per call: the recorded probabilities are then the same whatever the batch)
             mine = [p[0] for p in self._predict(active[b].current[None])]
@@ -437,7 +466,14 @@ class _Runner:
         for b, s in enumerate(active):
             if b not in finished and s.queries >= self.budget:
                 finished[b] = (Stop.MAX_QUERIES, None)
-        going = [b for b in range(len(active)) if b not in finished]
+        restarted = set()
+        for b, s in enumerate(active):
+            if b not in finished and s.climb_steps >= self.strategy.iterations:
+                # budget left (checked above): back to the seed for the next (step, target), whose
+                # gradient the next iteration takes
+                self._next_climb(s)
+                restarted.add(b)
+        going = [b for b in range(len(active)) if b not in finished and b not in restarted]
         for b in going:
             s = active[b]
             if s.neurons is None:  # the seed's first pass: pick a neuron the seed does not cover, per model
@@ -477,11 +513,21 @@ class _Runner:
         layer = int(np.searchsorted(np.cumsum(sizes), flat, side="right"))
         return layer, flat - int(sum(sizes[:layer]))
 
+    @staticmethod
+    def _next_climb(s: _Seed) -> None:
+        """Start the seed's next climb from the seed itself (its neurons stay those picked at the start)."""
+        s.climb += 1
+        s.target = s.climbs[s.climb][1]
+        s.offset = np.zeros(s.image.shape, np.float64)
+        s.current = s.image.copy()
+        s.climb_steps = 0
+        s.operators = []  # a trigger's operators are those of the climb that found it
+
     def _move(self, s: _Seed, gradient: np.ndarray) -> None:
-        """One constrained gradient step of the seed's image."""
+        """One constrained gradient step of the seed's image, with the current climb's step size."""
         gradient = gradient / (np.sqrt(np.mean(np.square(gradient))) + NORMALIZE_EPSILON)
         direction, names = self.strategy.constrain(gradient, s.rng)
-        s.offset = s.offset + float(self.strategy.step) * direction
+        s.offset = s.offset + float(s.climbs[s.climb][0]) * direction
         seed = s.image.astype(np.float64)
         if self.strategy.constraint != "lighting":  # lighting keeps one uniform offset (see the module docstring)
             s.offset = np.clip(seed + s.offset, 0, 255) - seed
@@ -490,6 +536,7 @@ class _Runner:
         s.current = image
         s.operators.extend(names)
         s.steps += 1
+        s.climb_steps += 1
 
     def _record(self, s: _Seed, stop: Stop, probabilities: list[np.ndarray] | None) -> SeedRecord:
         seed_labels = [int(p.argmax()) for p in s.seed_probabilities]
@@ -525,7 +572,8 @@ class _Runner:
             self.images[record.index] = (trigger, seed_image)
         if self.store is not None:
             self.store.append(record, trigger, seed_image)
-        self._bar.update(1)
+        self._bar.finish(budget_share(record.queries, record.seconds, self.budget, self.config.timeout),
+                         trigger is not None)
 
 
 def _first_deviating(labels: list[int]) -> int:
