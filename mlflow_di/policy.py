@@ -73,6 +73,9 @@ class FuzzPolicy:
     timeout: float = _kind("positive number", 180.0)
     max_queries: int | None = _kind("positive integer", None)
     strategy: str = _kind("text", "dflare")
+    #: the realism budget the search keeps to (fuzz --max-linf / --min-ssim; dflare strategies and boundary)
+    max_linf: int | None = _kind("positive integer", None)
+    min_ssim: float | None = _kind("fraction", None)
     batch: int = _kind("positive integer", 64)
     seed: int = _kind("integer", 0)
 

@@ -1,5 +1,6 @@
 """Every MLproject entry point runs through `mlflow run . -e NAME --env-manager local`, as the
 README shows, and records its results in the run that `mlflow run` created."""
+import json
 import os
 import pathlib
 import subprocess
@@ -35,9 +36,13 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
         ("compress", dict(model_uri="models:/digits-cnn/1", method="int8-dynamic")),
         ("fuzz", dict(original="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
                       num_seeds=10, timeout=5, out_dir=tmp_path / "campaign")),
+        ("fuzz_realistic", dict(original="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
+                                num_seeds=5, max_queries=100, out_dir=tmp_path / "walk")),
         ("robustness", dict(model_uri="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
                             data="digits[1300:1400]", corruptions="jpeg,occlusion", severities="1,5")),
-        ("gate", dict(model_uri="models:/digits-cnn/1", min_idc=0, max_accuracy_drop=1, min_mean_queries=0)),
+        # the boundary walk above finds realistic deviations on most seeds, and the gate reads the newest
+        ("gate", dict(model_uri="models:/digits-cnn/1", min_idc=0, max_accuracy_drop=1, min_mean_queries=0,
+                      max_realistic_success_rate=1)),
         # last: it registers another int8-static version, which the gate above would want fuzzed
         ("compress_bounded", dict(model_uri="models:/digits-cnn/1", max_disagreement_rate=0.02)),
     ]
@@ -51,6 +56,8 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
     assert finished_commands(tmp_path).count("gate") == 2
     assert finished_commands(tmp_path).count("inspect") == 1
     assert finished_commands(tmp_path).count("robustness") == 1
+    walk = json.loads((tmp_path / "walk" / "campaign.json").read_text())
+    assert walk["strategy"] == "boundary" and walk["strategy_options"]["constraint"]["max_linf"] == 32
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     bounded = [run for run in client.search_runs([e.experiment_id for e in client.search_experiments()],
                                                  "params.max_disagreement_rate = '0.02' and "

@@ -39,6 +39,9 @@ GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
      "compress.holdout_data is required with a bound"),
     (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: .nan, holdout_data: d}\n",
      "compress.max_accuracy_drop must be a number from 0 to below 1"),
+    (GATE + "compress: {methods: [fp32]}\nfuzz: {seed_data: digits, min_ssim: 1.5}\n",
+     "fuzz.min_ssim must be a number from 0 to below 1"),
+    (GATE + "compress: {methods: [fp32]}\nfuzz: {seed_data: digits, max_linf: -3}\n", "fuzz.max_linf must be a positive"),
     ("- gate\n", "a policy is a mapping of sections"),
     (GATE + "preprocessing: {cnn: {colour: red}}\n", "unknown key preprocessing.cnn.colour"),
     (GATE + "preprocessing: {cnn: {std: [0]}}\n", "preprocessing.cnn: preprocessing std must not contain 0"),
@@ -75,6 +78,21 @@ def test_the_shipped_policies_validate(name):
     if policy.compress.bounded:  # the bounded export's keys are compress's own options
         assert arguments["compress"]["max_disagreement_rate"] == policy.compress.max_disagreement_rate
         assert arguments["compress"]["holdout_data"] == policy.compress.holdout_data
+
+
+def test_a_policy_fuzzes_inside_a_realism_budget_with_the_fuzz_commands_own_options():
+    import click
+
+    from mlflow_di.commands.pipeline import _step_arguments, command
+
+    policy = parse_policy(GATE + "compress: {methods: [int8-dynamic]}\n"
+                          "fuzz: {seed_data: digits, strategy: boundary, max_linf: 32, min_ssim: 0.9}\n")
+    with click.Context(command) as ctx:
+        fuzz = _step_arguments(ctx, policy, "models:/m/1")["fuzz"]
+    assert (fuzz["strategy"], fuzz["max_linf"], fuzz["min_ssim"]) == ("boundary", 32, 0.9)
+    with click.Context(command) as ctx, pytest.raises(UserError, match="fuzz.max_linf: 300 is not in the range"):
+        _step_arguments(ctx, parse_policy(GATE + "compress: {methods: [int8-dynamic]}\n"
+                                          "fuzz: {seed_data: digits, max_linf: 300}\n"), "models:/m/1")
 
 
 def test_the_demo_policy_is_what_the_demo_runs():
