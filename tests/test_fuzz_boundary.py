@@ -85,11 +85,11 @@ def test_a_seed_too_small_for_ssim_and_a_bad_step_are_one_line(pair):
 def test_restarts_and_linf_step_sizes_walk_more_and_stay_inside_the_budget(pair):
     """The oracle's settings (benchmarks/bench_boundary.py): walks with several L-inf step sizes, then
     from random points inside the budget; on seeds the plain walk leaves, they can only add triggers,
-    every one inside the budget. A default walk records neither setting (saved campaigns resume)."""
+    every one inside the budget. A walk without them records neither (saved campaigns resume)."""
     original, compressed = pair
     seeds = load_images("digits[1300:1340]")
     tight = Constraint(max_linf=12)
-    plain = run_boundary(original, compressed, seeds, BoundaryWalk(constraint=tight, fallback=False),
+    plain = run_boundary(original, compressed, seeds, BoundaryWalk(constraint=tight, fallback=False, restarts=0),
                          max_queries=200, progress=False)
     # its first walk is the plain one (1.5 = max(1, 12 / 8) levels), so it can only add triggers
     strong = BoundaryWalk(constraint=tight, fallback=False, restarts=3, linf_step_sizes=(1.5, 3.0))
@@ -97,7 +97,9 @@ def test_restarts_and_linf_step_sizes_walk_more_and_stay_inside_the_budget(pair)
     assert {r.index for r in more.records if r.success} >= {r.index for r in plain.records if r.success}
     assert all(tight.allows(t, s) for t, s in zip(more.triggers, more.trigger_seeds))
     assert sum(r.original_passes for r in more.records) > sum(r.original_passes for r in plain.records)
-    assert "restarts" not in BoundaryWalk().options() and "linf_step_sizes" not in BoundaryWalk().options()
+    before = BoundaryWalk(restarts=0).options()  # what campaigns saved before restarts existed recorded
+    assert "restarts" not in before and "linf_step_sizes" not in BoundaryWalk().options()
+    assert BoundaryWalk().options()["restarts"] == 1
     assert strong.options()["restarts"] == 3 and strong.options()["linf_step_sizes"] == [1.5, 3.0]
 
 

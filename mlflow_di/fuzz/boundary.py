@@ -27,7 +27,8 @@ models say label c) the search:
 
 3. Walks again with the next step size in ``step_sizes`` (SSIM; ``linf_step_sizes`` under L-inf
    when set) when a walk ends without one, then ``restarts`` more walks from random points inside
-   the budget (0 by default; the benchmark's slow, strong "oracle" search uses them), and finally,
+   the budget (1 by default: on the LeNet-5 pair under SSIM >= 0.9 it found one more seed than
+   none, at fewer queries per trigger; the benchmark's slow, strong "oracle" uses 8), and finally,
    with the queries left, runs DFlare under the same budget (``fallback``): the walk and DFlare
    find different seeds.
 
@@ -71,7 +72,7 @@ class BoundaryWalk:
     #: DFlare under the same budget with the queries left, after the walks
     fallback: bool = True
     #: walks from random starting points inside the budget, after the walks from the seed
-    restarts: int = 0
+    restarts: int = 1
     #: step sizes in 8-bit levels for walks under max_linf (None: one walk of max(1, max_linf / 8))
     linf_step_sizes: tuple[float, ...] | None = None
     name: str = "boundary"
@@ -92,7 +93,7 @@ class BoundaryWalk:
         """The settings as JSON values (what a campaign's config records and ``resume`` compares)."""
         options = {"steps": self.steps, "step_sizes": list(self.step_sizes), "targets": self.targets,
                    "bisections": self.bisections, "fallback": self.fallback}
-        if self.restarts:  # recorded only when set: campaigns saved before keep resuming
+        if self.restarts:  # recorded unless 0: campaigns saved before restarts existed (0) keep resuming
             options["restarts"] = self.restarts
         if self.linf_step_sizes is not None:
             options["linf_step_sizes"] = list(self.linf_step_sizes)
