@@ -186,7 +186,7 @@ def test_fuzz_help_keeps_each_strategys_and_rays_options_apart(capsys):
     general, rest = text.split("DeepXplore options (only with --strategy deepxplore):")
     deepxplore, ray = rest.split("Ray options (--workers N):")
     assert "--dx-" not in general and "--workers" not in general and "--dx-" not in ray
-    assert deepxplore.count("  --dx-") == 10 and "--ray-address" in ray
+    assert deepxplore.count("  --dx-") == 12 and "--ray-address" in ray
     assert len(text.splitlines()) <= 110  # two screens
 
 

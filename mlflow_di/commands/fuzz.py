@@ -77,34 +77,31 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
               help="Keep every queried input at least this similar (SSIM, images >= 11x11) to its seed. dflare "
                    "strategies and boundary.")
 @click.option("--dx-constraint", type=click.Choice(["lighting", "occlusion", "blackout"]), default=None,
-              help="Each gradient step's domain constraint: lighting (default: every pixel alike), occlusion (one "
-                   "rectangle), blackout (small rectangles, only darker).")
+              help="lighting (default: every pixel alike), occlusion (one rectangle) or blackout (small "
+                   "rectangles, only darker).")
 @click.option("--dx-step", type=FiniteFloat(0, min_open=True), default=None,
-              help="Step in 8-bit levels per unit of the RMS-normalised gradient (default 2550: the reference MNIST "
-                   "script's s = 10 on 0..1 pixels; 10 is the paper's s in 0..255 units).")
+              help="8-bit levels per unit of normalised gradient (default 2550: the reference MNIST script's "
+                   "s = 10 on 0..1 pixels).")
 @click.option("--dx-lambda1", type=FiniteFloat(0), default=None,
-              help="Weight of lowering the target model's confidence in the seed's label (default 1).")
+              help="Weight of the target model's confidence (default 1).")
 @click.option("--dx-lambda2", type=FiniteFloat(0), default=None,
               help="Weight of the not-yet-covered neuron's activation (default 0.1).")
 @click.option("--dx-threshold", type=FiniteFloat(0, 1, max_open=True), default=None,
-              help="Neuron coverage threshold on the layer-scaled activation (default 0, the paper's).")
+              help="NC threshold on the layer-scaled activation (default 0).")
 @click.option("--dx-iterations", type=click.IntRange(1), default=None,
-              help="Gradient steps per climb from the seed (default 20, the reference's; --max-queries caps a "
-                   "seed's steps in all).")
+              help="Gradient steps per climb (default 20, the reference's).")
 @click.option("--dx-retarget/--dx-no-retarget", default=None,
-              help="When a climb finds nothing, climb again from the seed with each other model as the target "
-                   "(default on; off: the reference's one climb per seed).")
+              help="Climb again toward each other model when a climb fails (default on).")
 @click.option("--dx-finer-steps", type=StepList("step", "255"), default=None,
-              help="Then climb again (each target in turn) with each of these steps (default 255; none: no more "
-                   "climbs).")
+              help="Then climb again with each of these steps (default 255).")
 @click.option("--dx-occlusion-at", type=IntPair("occlusion position", "0,0", 0, "ROW,COL"), default=None,
-              help="Occlusion: the rectangle's top-left corner (default 0,0).")
+              help="Occlusion: top-left corner (default 0,0).")
 @click.option("--dx-occlusion-size", type=IntPair("occlusion size", "10,10", 1), default=None,
               help="Occlusion: the rectangle's size (default 10,10, the reference's).")
 @click.option("--dx-blackout-size", type=IntPair("blackout size", "6,6", 1), default=None,
               help="Blackout: each rectangle's size (default 6,6, the reference's).")
-@click.option("--dx-blackout-count", type=click.IntRange(1), default=None,
-              help="Blackout: rectangles tried per step (default 1, the reference's).")
+@click.option("--dx-blackout-count", type=click.IntRange(1), default=None, metavar="N",
+              help="Blackout: rectangles a step (default 1).")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it, but for int8-dynamic exports).")
 @click.option("--overlap/--no-overlap", default=None,
