@@ -82,7 +82,8 @@ class BudgetProgress:
         self.sequential = sequential
         self.triggers = 0
         self._spent_finished = 0.0  # budget shares spent by the seeds finished in this run
-        self._seconds: list[float] = []  # charged seconds of the seeds finished in this run
+        # count, sum and sum of squares of the charged seconds of the seeds finished in this run
+        self._seconds = [0, 0.0, 0.0]
         self._estimating = False
         # smoothing=0: tqdm's estimate is then (total - n) * elapsed / (n - initial), which show() sets
         self.bar = progress_bar(total=seeds, initial=finished, desc=desc, disable=disable, dynamic_ncols=True,
@@ -94,17 +95,17 @@ class BudgetProgress:
         self.finished += 1
         self.triggers += bool(trigger)
         self._spent_finished += share
-        self._seconds.append(seconds)
+        self._seconds = [self._seconds[0] + 1, self._seconds[1] + seconds, self._seconds[2] + seconds * seconds]
 
     def _settled(self) -> bool:
         """Whether the mean seconds per seed is known well enough to extrapolate from (sequential)."""
         if self._estimating:
             return True  # once shown, the estimate stays
-        n = len(self._seconds)
+        n, total, squares = self._seconds
         if n < 5:
             return False
-        mean = sum(self._seconds) / n
-        variance = sum((x - mean) ** 2 for x in self._seconds) / (n - 1)
+        mean = total / n
+        variance = max(0.0, squares - n * mean * mean) / (n - 1)  # from running sums: no pass per redraw
         self._estimating = mean > 0 and (variance / n) ** 0.5 <= SEQUENTIAL_RELATIVE_ERROR * mean
         return self._estimating
 
