@@ -286,20 +286,29 @@ class _Seed:
     image: np.ndarray
     rng: np.random.Generator
     label: int
-    target: int
     seed_probabilities: list[np.ndarray]
     offset: np.ndarray
     current: np.ndarray
+    #: (step, target model) of each climb (:meth:`DeepXplore.climbs`); ``climb`` the current one's position
+    climbs: list[tuple[float, int]]
     neurons: list[tuple[int, int]] | None = None
     steps: int = 0
-    #: (step, target) of each climb (:meth:`DeepXplore.climbs`); ``climb`` the current one's position
-    climbs: list[tuple[float, int]] = dataclasses.field(default_factory=list)
     climb: int = 0
     climb_steps: int = 0
     queries: int = 0
     seconds: float = 0.0
     operators: list[str] = dataclasses.field(default_factory=list)
     changed_steps: int = 0
+
+    @property
+    def step(self) -> float:
+        """The current climb's step size."""
+        return self.climbs[self.climb][0]
+
+    @property
+    def target(self) -> int:
+        """The current climb's target model."""
+        return self.climbs[self.climb][1]
 
 
 def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = None, timeout: float = 180.0,
@@ -438,11 +447,9 @@ class _Runner:
     def _start(self, index: int, probabilities: list[np.ndarray]) -> _Seed:
         rng = np.random.default_rng([self.config.seed, index])
         image = np.asarray(self.seeds.images[index])
-        target = draw_index(rng, len(self.models))
         return _Seed(index=index, image=image, rng=rng, label=int(probabilities[0].argmax()),
-                     target=target, seed_probabilities=probabilities,
-                     offset=np.zeros(image.shape, np.float64), current=image.copy(),
-                     climbs=self.strategy.climbs(target, len(self.models)))
+                     seed_probabilities=probabilities, offset=np.zeros(image.shape, np.float64), current=image.copy(),
+                     climbs=self.strategy.climbs(draw_index(rng, len(self.models)), len(self.models)))
 
     def _step(self, active: list[_Seed]) -> list[_Seed]:
         """One iteration: evaluate every active seed's current image (and its gradient), record the
@@ -517,7 +524,6 @@ class _Runner:
     def _next_climb(s: _Seed) -> None:
         """Start the seed's next climb from the seed itself (its neurons stay those picked at the start)."""
         s.climb += 1
-        s.target = s.climbs[s.climb][1]
         s.offset = np.zeros(s.image.shape, np.float64)
         s.current = s.image.copy()
         s.climb_steps = 0
@@ -527,7 +533,7 @@ class _Runner:
         """One constrained gradient step of the seed's image, with the current climb's step size."""
         gradient = gradient / (np.sqrt(np.mean(np.square(gradient))) + NORMALIZE_EPSILON)
         direction, names = self.strategy.constrain(gradient, s.rng)
-        s.offset = s.offset + float(s.climbs[s.climb][0]) * direction
+        s.offset = s.offset + float(s.step) * direction
         seed = s.image.astype(np.float64)
         if self.strategy.constraint != "lighting":  # lighting keeps one uniform offset (see the module docstring)
             s.offset = np.clip(seed + s.offset, 0, 255) - seed
