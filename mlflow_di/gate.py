@@ -3,7 +3,7 @@
 Pure logic, no MLflow: :mod:`mlflow_di.registry` finds the measurements in the tracking store
 and :mod:`mlflow_di.commands.gate` prints, tags and promotes.
 
-Six criteria, each read from the newest recorded run of one ``mlflow-di`` command:
+Nine criteria, each read from the newest recorded run of one ``mlflow-di`` command:
 
 =============================  ==========  ===============  ==========================================
 criterion                      command     threshold        per compressed model?
@@ -15,7 +15,15 @@ criterion                      command     threshold        per compressed model
 ``max_class_accuracy_drop``    compress    <= max_...       yes (what it cost the class hit hardest)
 ``robustness_agreement_min``   robustness  >= min_...       yes (top-1 agreement with the original in
                                                             the worst corruption/severity cell)
+``disagreement_rate``          compress    <= max_...       yes (how often the export's top-1 differs)
+``realistic_success_rate``     fuzz        <= max_...       yes (triggers within the realism budget)
+``speedup``                    compress    >= min_speedup   yes (source latency / export latency at
+                                                            batch 64 on the compress run's host)
 =============================  ==========  ===============  ==========================================
+
+The compress criteria (accuracy drops, disagreement rate) are read under the semantics the gate
+is asked for (``--semantics``): ``host`` (ONNX Runtime's kernels on the CPU compress ran on),
+``reference`` (the QDQ graph as written, the same on every CPU) or ``both`` (each judged).
 
 Relative checks compare the candidate with a baseline version (``gate --baseline
 models:/NAME@champion``) whose measurements are read the same way, in the spirit of
@@ -83,6 +91,8 @@ CRITERIA = (
     #: the share of fuzzed seeds that gave a trigger within the realism budget (fuzz's realism_* bounds)
     Criterion("realistic_success_rate", "fuzz", "max_realistic_success_rate", greater_is_better=False,
               per_compressed=True),
+    #: the export's latency against its fp32 source's on the compress run's host (above 1: faster)
+    Criterion("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True),
 )
 CRITERION = {c.metric: c for c in CRITERIA}
 
@@ -140,11 +150,12 @@ class Thresholds(JsonRoundTrip):
     min_mean_queries_ratio: float | None = None
     max_disagreement_rate: float | None = None
     max_realistic_success_rate: float | None = None
+    min_speedup: float | None = None
 
     #: thresholds added after verdicts were written: written only when set (older verdicts keep their bytes)
     JSON_OPTIONAL = {"max_class_accuracy_drop": None, "min_robustness_agreement": None, "max_idc_drop": None,
                      "max_success_rate_rise": None, "min_mean_queries_ratio": None, "max_disagreement_rate": None,
-                     "max_realistic_success_rate": None}
+                     "max_realistic_success_rate": None, "min_speedup": None}
 
     def __post_init__(self):
         for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
@@ -155,6 +166,8 @@ class Thresholds(JsonRoundTrip):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise UserError(f"--{name.replace('_', '-')} is a fraction between 0 and 1, got {value}")
+        if self.min_speedup is not None and self.min_speedup <= 0:
+            raise UserError(f"--min-speedup must be above 0 (e.g. 1: no slower than the source), got {self.min_speedup}")
         if self.min_mean_queries_ratio is not None and self.min_mean_queries_ratio <= 0:
             raise UserError(f"--min-mean-queries-ratio must be above 0 (e.g. 0.8), got {self.min_mean_queries_ratio}")
 
@@ -163,7 +176,8 @@ class Thresholds(JsonRoundTrip):
         if not self.given() and not self.relative():
             raise UserError("no threshold given; pass at least one of --min-idc, --max-success-rate, "
                             "--min-mean-queries, --max-accuracy-drop, --max-class-accuracy-drop, "
-                            "--min-robustness-agreement, --max-disagreement-rate, --max-realistic-success-rate (or, "
+                            "--min-robustness-agreement, --max-disagreement-rate, --max-realistic-success-rate, "
+                            "--min-speedup (or, "
                             "with --baseline, --max-idc-drop, "
                             "--max-success-rate-rise, --min-mean-queries-ratio)")
         return self

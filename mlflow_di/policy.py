@@ -46,6 +46,14 @@ class CompressPolicy:
     max_realistic_success_rate: float | None = _kind("fraction", None)
     holdout_data: str | None = _kind("text", None)
     fuzz_seeds: int = _kind("positive integer", 50)
+    #: int8-static's recipe and calibration (compress --recipe, --calibration, --per-tensor)
+    recipe: str | None = _kind("text", None)
+    calibration: str | None = _kind("text", None)
+    per_tensor: bool = _kind("boolean", False)
+    #: which answers a bound judges (compress --semantics: host, reference or both)
+    semantics: str | None = _kind("text", None)
+    #: measure each export's latency, size and memory beside its source's (compress --benefit)
+    benefit: bool = _kind("boolean", True)
 
     @property
     def bounded(self) -> bool:
@@ -95,6 +103,8 @@ class GatePolicy:
     baseline: str | None = _kind("text", None)
     baseline_optional: bool = _kind("boolean", False)
     promote_alias: str | None = _kind("text", None)
+    #: which answers of an int8 export the compress checks judge (gate --semantics: host, reference or both)
+    semantics: str | None = _kind("text", None)
 
 
 @dataclasses.dataclass(frozen=True)

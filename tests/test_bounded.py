@@ -20,31 +20,58 @@ from mlflow_di.errors import UserError
 IMAGES = 1000
 
 
-def additive(costs: dict, interactions: dict | None = None):
-    """A measure: each quantized layer adds its cost in disagreements (and a pair its interaction), and
-    records which sets were asked for."""
+def additive(costs: dict, interactions: dict | None = None, recipe_costs: dict | None = None):
+    """A measure: each quantized layer adds its cost in disagreements (and a pair its interaction, and a
+    recipe its own cost when any layer is quantized), and records which sets were asked for."""
     asked = []
 
-    def measure(kept):
-        asked.append(frozenset(kept))
+    def measure(kept, recipe=None):
+        asked.append(frozenset(kept) if recipe is None else (recipe, frozenset(kept)))
         quantized = [name for name in costs if name not in kept]
-        total = sum(costs[name] for name in quantized)
+        total = sum(costs[name] for name in quantized) + (recipe_costs or {}).get(recipe, 0)
         total += sum(extra for pair, extra in (interactions or {}).items() if set(pair) <= set(quantized))
         return Scores(IMAGES, total, 900, 900)
 
     return measure, asked
 
 
-def test_a_hand_computed_search_walks_all_int8_all_but_one_bisection_then_elimination():
-    # ranked worst first; c is needed, a is not (the ranking is misleading on purpose), b and d are free
+def test_a_layer_alone_in_float_that_meets_the_bound_is_found_whatever_the_hint_order():
+    # the hint puts c, the layer that matters, second to last: the measured ranking finds it anyway
     measure, asked = additive({"a": 1, "b": 0, "c": 5, "d": 0})
-    search = search_float_layers(["a", "c", "b", "d"], measure, Bounds(max_disagreement_rate=0.002))
-    assert [t.step for t in search.trials] == ["all int8", "all but one", "bisection", "bisection", "elimination"]
-    # bisection: 1 layer (a: misses, c costs 5), 2 layers (a, c: meets); elimination: c back is [a] (known
-    # to miss, not measured again), a back is [c] (meets)
-    assert [sorted(t.kept_float) for t in search.trials] == [[], ["a", "b", "c"], ["a"], ["a", "c"], ["c"]]
+    search = search_float_layers(["a", "b", "c", "d"], measure, Bounds(max_disagreement_rate=0.002))
+    assert [t.step for t in search.trials] == ["all int8"] + ["one in float"] * 4
     assert search.kept_float == ["c"] and search.chosen.search.disagreements == 1
     assert len(asked) == len(set(asked)) == search.exports == 5
+
+
+def test_a_hand_computed_search_walks_all_int8_singles_all_but_one_bisection_then_elimination():
+    # a, b, c cost 3 each, d nothing; at most 3 disagreements: no single layer in float is enough
+    measure, asked = additive({"a": 3, "b": 3, "c": 3, "d": 0})
+    search = search_float_layers(["a", "b", "c", "d"], measure, Bounds(max_disagreement_rate=0.003))
+    steps = [t.step for t in search.trials]
+    assert steps == ["all int8"] + ["one in float"] * 4 + ["all but one", "bisection"]
+    # ranking: a, b, c (6 each, hint order), d (9); all but d meets (0); bisection at 2 layers: a, b (3)
+    # meets; elimination asks for [a] and [b], both measured already as singles
+    assert search.ranking == ["a", "b", "c", "d"]
+    assert [sorted(t.kept_float) for t in search.trials[-2:]] == [["a", "b", "c"], ["a", "b"]]
+    assert search.kept_float == ["a", "b"] and search.chosen.search.disagreements == 3
+    assert len(asked) == len(set(asked)) == search.exports == 7
+
+
+def test_recipes_are_tried_before_any_layer_stays_in_float():
+    measure, asked = additive({"a": 1, "b": 1}, recipe_costs={"s8s8": 20})
+    search = search_float_layers(["a", "b"], measure, Bounds(max_disagreement_rate=0.002), ["s8s8", "u8u8"])
+    assert [(t.recipe, t.step, t.kept_float) for t in search.trials] == [("s8s8", "all int8", []),
+                                                                        ("u8u8", "all int8", [])]
+    assert search.kept_float == [] and search.recipe == "u8u8" and search.recipes_tried == ["s8s8", "u8u8"]
+    assert [row["chosen"] for row in search.rows()] == ["", "<-"]
+
+
+def test_when_no_recipe_meets_the_closest_one_is_searched():
+    measure, _ = additive({"a": 2, "b": 2, "c": 0}, recipe_costs={"s8s8": 20, "u8u8": 1})
+    search = search_float_layers(["a", "b", "c"], measure, Bounds(max_disagreement_rate=0.001), ["s8s8", "u8u8"])
+    assert search.recipe == "u8u8" and all(t.recipe == "u8u8" for t in search.trials[2:])
+    assert sorted(search.kept_float) == ["a", "b"]
 
 
 def test_a_fully_quantized_export_that_meets_the_bounds_keeps_nothing_in_float():
@@ -53,12 +80,14 @@ def test_a_fully_quantized_export_that_meets_the_bounds_keeps_nothing_in_float()
     assert search.kept_float == [] and search.exports == 1 and asked == [frozenset()]
 
 
-def test_an_unreachable_bound_names_it_and_keeps_what_was_measured():
+def test_an_unreachable_bound_is_declared_only_after_every_layer_alone_quantized_was_measured():
     measure, _ = additive({"a": 3, "b": 4, "c": 2})
-    with pytest.raises(UnreachableBounds, match=r"even with 2 of 3 layers in float \(only c quantized\) disagreement "
-                                                r"rate 0.20% \(2 of 1000\) > --max-disagreement-rate 0.001") as caught:
+    with pytest.raises(UnreachableBounds, match=r"each layer alone in float and each layer alone quantized; the "
+                                                r"closest \(only c quantized\) has disagreement rate 0.20% \(2 of "
+                                                r"1000\) > --max-disagreement-rate 0.001") as caught:
         search_float_layers(["a", "b", "c"], measure, Bounds(max_disagreement_rate=0.001))
-    assert [t.step for t in caught.value.search.trials] == ["all int8", "all but one"]
+    trials = caught.value.search.trials
+    assert [t.step for t in trials] == ["all int8"] + ["one in float"] * 3 + ["all but one"] * 3
     assert isinstance(caught.value, UserError)
 
 
@@ -92,10 +121,9 @@ def test_the_choice_meets_the_bound_is_one_minimal_and_every_set_is_measured_onc
     bounds = Bounds(max_disagreement_rate=allowed / IMAGES)
     try:
         search = search_float_layers(ranking, measure, bounds)
-    except UnreachableBounds as unreachable:
-        # then keeping all but the last-ranked layer in float misses, as the message says
-        assert not bounds.met_by(measure(tuple(ranking[:-1])))
-        assert unreachable.search.trials[-1].step in ("all int8", "all but one")
+    except UnreachableBounds:
+        # then no export with exactly one layer quantized meets it (each was measured)
+        assert not any(bounds.met_by(measure(tuple(n for n in names if n != layer))) for layer in names)
         return
     assert len(asked) == len(set(asked)) == search.exports
     assert bounds.met_by(measure(tuple(search.kept_float)))

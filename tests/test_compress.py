@@ -154,7 +154,7 @@ def test_int8_logits_stay_close_to_fp32(compressed, trained_cnn, digits, method)
     assert (actual.argmax(1) == expected.argmax(1)).mean() >= 0.97
 
 
-@pytest.mark.parametrize("method, how", [("int8-static", "via QDQ (int8 per-channel"), ("int8-dynamic", "Integer (int8")])
+@pytest.mark.parametrize("method, how", [("int8-static", "via QDQ (uint8 per-channel"), ("int8-dynamic", "Integer (int8")])
 def test_int8_methods_quantize_every_conv_and_dense_layer(compressed, method, how):
     report = compressed(method).quantized_ops
     assert sorted(report["quantized_layers"]) == sorted(DIGITS_LAYERS)

@@ -155,8 +155,8 @@ def test_an_unreachable_bound_fails_in_one_line_and_keeps_what_the_search_measur
                                                                                   monkeypatch):
     from mlflow_di.compression import bounded
 
-    def unreachable(ranking, measure, bounds, on_trial=None):  # the search as if even one int8 layer were too many
-        trial = bounded.Trial([], "all int8", measure(()), False)
+    def unreachable(ranking, measure, bounds, recipes, on_trial=None):  # as if even one int8 layer were too many
+        trial = bounded.Trial([], "all int8", measure((), recipes[0]), False, recipes[0])
         raise bounded.UnreachableBounds("no int8 export meets disagreement rate <= 0: ...",
                                         bounded.BoundedSearch(bounds, ranking, [trial], []))
 

@@ -81,6 +81,8 @@ def test_checks_agree_with_mlflow_metric_threshold():
 
     values = [0.0, 0.25, 0.5, 0.5000001, 0.75, 1.0]
     for (metric, criterion), threshold, value in itertools.product(CRITERION.items(), values, values):
+        if criterion.threshold_name == "min_speedup" and threshold == 0:
+            continue  # a speedup threshold must be above 0
         check = decide(URI, Thresholds(**{criterion.threshold_name: threshold}),
                        [Measurement(metric, value, None if metric == "idc" else "c")]).checks[0]
         try:
@@ -118,6 +120,7 @@ def test_measurements_are_the_newest_finished_runs_of_that_version(client, histo
         ("success_rate", "models:/lenet-prune/1"): 0.8, ("mean_queries", "models:/lenet-prune/1"): 40.0,
         ("accuracy_drop", "models:/lenet-prune/1"): 0.05, ("max_class_accuracy_drop", "models:/lenet-prune/1"): 0.2,
         ("disagreement_rate", "models:/lenet-int8/1"): 0.008, ("disagreement_rate", "models:/lenet-prune/1"): 0.1,
+        ("speedup", "models:/lenet-int8/1"): None, ("speedup", "models:/lenet-prune/1"): None,  # --no-benefit runs
         # the newest robustness run that measured each export: int8 alone later, prune only in the first
         ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95,
         ("robustness_agreement_min", "models:/lenet-prune/1"): 0.60}
@@ -138,9 +141,9 @@ def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client,
         ("idc", None): 0.62,  # the source's coverage, not a 'run coverage on the export' message
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
         ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02,
-        ("disagreement_rate", "models:/lenet-int8/1"): 0.008,
+        ("disagreement_rate", "models:/lenet-int8/1"): 0.008, ("speedup", "models:/lenet-int8/1"): None,
         ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95}
-    assert not any(m.missing for m in found)
+    assert [m.metric for m in found if m.missing] == ["speedup"]  # recorded without a benefit measurement
 
 
 def test_measurements_only_for_the_compressed_models_asked_for(client, history):

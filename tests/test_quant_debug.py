@@ -46,7 +46,10 @@ def images():
 
 @pytest.fixture(scope="module")
 def exported(images, tmp_path_factory):
-    """outlier -> int8-static CompressionResult of SmallNet(outlier)."""
+    """outlier -> int8-static CompressionResult of SmallNet(outlier), made with the symmetric int8 recipe
+    (``s8s8``: the per-channel scale is max |w| / 127, which the outlier makes coarse)."""
+    from mlflow_di.compression.recipes import RECIPES
+
     made = {}
 
     def get(outlier: float = 0.0, keep_float=(), coarse: str = "fc1"):
@@ -54,7 +57,7 @@ def exported(images, tmp_path_factory):
         if key not in made:
             made[key] = compress(SmallNet(outlier, coarse).eval(), PREPROCESSING, "int8-static",
                                  tmp_path_factory.mktemp("q"),
-                                 calib_inputs=images[:64], keep_float=keep_float)
+                                 calib_inputs=images[:64], keep_float=keep_float, recipe=RECIPES["s8s8"])
         return made[key]
 
     return get
@@ -164,7 +167,7 @@ def test_keep_float_leaves_the_named_layer_without_qdq_around_its_weight(exporte
 def test_the_logged_nodes_to_exclude_reproduce_the_export_with_onnx_runtimes_own_quantizer(exported, images,
                                                                                             tmp_path):
     """What the compress report tells a user to run: quantize_static on the float graph, excluding the
-    logged nodes, with the same settings, gives the export's outputs."""
+    logged nodes, with the logged recipe's settings, gives the export's outputs."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     from mlflow_di.compression.quantize import ArrayCalibrationReader
@@ -174,7 +177,7 @@ def test_the_logged_nodes_to_exclude_reproduce_the_export_with_onnx_runtimes_own
     quantize_static(result.float_path, str(again), ArrayCalibrationReader("input", PREPROCESSING.apply(images[:64]),
                                                                           progress=False),
                     quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax, reduce_range=False,
                     nodes_to_exclude=result.params["nodes_to_exclude"])
     inputs = PREPROCESSING.apply(images)
     np.testing.assert_array_equal(run_onnx(again, inputs), run_onnx(result.path, inputs))

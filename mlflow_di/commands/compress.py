@@ -64,6 +64,21 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 @click.option("--holdout-data", default=None, metavar="SPEC",
               help="Data spec the bounded export is verified on: images the search did not see "
                    "(e.g. mnist-test:DIR[5000:10000] with --eval-data mnist-test:DIR[0:5000]).")
+@click.option("--recipe", type=click.Choice(["u8u8", "s8s8", "s8s8-reduced", "u8s8-reduced"]), default="u8u8",
+              show_default=True,
+              help="int8-static: element types and weight range. u8u8 (uint8 weights and activations) and the "
+                   "-reduced recipes (7-bit weights) give the same answers on every CPU; s8s8 (ONNX Runtime's x86 "
+                   "default) saturates on x86 CPUs without VNNI. A bounded search tries the others too.")
+@click.option("--calibration", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax",
+              show_default=True, help="int8-static: how activation ranges are calibrated.")
+@click.option("--per-tensor", is_flag=True, default=False,
+              help="int8-static: one weight scale per tensor instead of per output channel.")
+@click.option("--semantics", type=click.Choice(["host", "reference", "both"]), default="host", show_default=True,
+              help="Which answers a bound judges: host (ONNX Runtime's kernels on this CPU), reference (the QDQ "
+                   "graph as written, the same on every CPU) or both. Both are always measured and logged.")
+@click.option("--benefit/--no-benefit", default=True, show_default=True,
+              help="Measure latency (batch 1 and 64, median of 20 runs, 1 thread), throughput, size and peak "
+                   "memory of each export and of its fp32 source on this host.")
 @click.option("--sensitivity", is_flag=True, default=False,
               help="int8-static: per layer, the error of quantizing only its weights vs only its input (simulated) "
                    "and the disagreements of an export quantizing it alone / all layers but it (two exports a layer).")
@@ -71,7 +86,8 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 @device_option
 def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep_float, auto_keep_float, triggers,
             diagnosis_images, preprocessing, max_accuracy_drop=None, max_disagreement_rate=None, holdout_data=None,
-            sensitivity=False, max_realistic_success_rate=None, fuzz_seeds=50, device="cpu") -> list[str]:
+            sensitivity=False, max_realistic_success_rate=None, fuzz_seeds=50, device="cpu", recipe="u8u8",
+            calibration="minmax", per_tensor=False, semantics="host", benefit=True) -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
@@ -104,8 +120,12 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
 
         keep_float = [name for name, _ in prunable_layers(source.module)]
     check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
+    from mlflow_di.compression.recipes import recipe as int8_recipe
+
     selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds,
-                          sensitivity, fuzz_seeds)
+                          sensitivity, fuzz_seeds, recipe=int8_recipe(recipe, calibration=calibration,
+                                                                      per_channel=False if per_tensor else None),
+                          semantics=semantics, benefit=benefit)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
     raw_eval = load_images(eval_data) if eval_data else raw_calib
@@ -148,6 +168,10 @@ class Selection:
     sensitivity: bool = False  # the per-layer sensitivity split (compression.sensitivity)
     fuzz_seeds: int = 50  # seeds per split fuzzed against each candidate for a realistic-success bound
     splits: tuple = ()  # (evaluation, held-out) LabelledSplits: the bounded search's, the sensitivity's
+    recipe: object = None  # compression.recipes.Recipe of int8-static (None: the default)
+    semantics: str = "host"  # which answers a bound judges: host, reference or both
+    benefit: bool = True  # measure latency, size and memory of each export and its source
+    source_benefit: object = None  # the source's models.benefit.Benefit, measured once for every method
 
     @property
     def selective(self) -> bool:
@@ -168,6 +192,9 @@ class Outcome:
     search: object = None  # compression.bounded.BoundedSearch of a bounded export
     sensitivity: object = None  # compression.sensitivity.Sensitivity
     blame: object = None  # compression.blame.Blame of the --triggers campaign
+    context: object = None  # models.execution.ExecutionContext the export's figures were measured with
+    semantics_line: str = ""  # host vs reference semantics on the evaluation data, when they differ beyond noise
+    benefit: object = None  # models.benefit.Comparison: the export's latency, size and memory next to its source's
 
 
 def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate, holdout_data, keep_float,
@@ -248,12 +275,21 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                                   holdout_data=selection.splits[1].name)
                     if selection.bounds.max_realistic_success_rate is not None:
                         params["fuzz_seeds"] = selection.fuzz_seeds
+            if method == "int8-static":
+                params["semantics"] = selection.semantics
             log.params({"model_uri": ref.uri, "method": method, **params,
                         "eval_data": evaluation.name if evaluation is not None else "none"})
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
+            outcome.context = compressed.execution_context
+            log.tags(outcome.context.tags())
             metrics, deviation = _compare(original, compressed, evaluation)
+            if method.startswith("int8") and deviation is not None:
+                metrics.update(_reference_metrics(original, result.path, evaluation, deviation, device, outcome))
             metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
                            compressed_gzip_bytes=gzip_size(result.path))
+            if selection.benefit:
+                outcome.benefit = _benefit(source, result, selection, pathlib.Path(scratch))
+                metrics.update(outcome.benefit.metrics())
             if result.sparsity is not None:
                 metrics["sparsity"] = result.sparsity
             if outcome.before is not None:
@@ -271,7 +307,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             log.text(_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
             lineage = {**lineage_base, "mlflow_di.method": method,
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
-                       "mlflow_di.version": mlflow_di.__version__}
+                       "mlflow_di.version": mlflow_di.__version__, **outcome.context.tags(),
+                       **_benefit_tags(outcome.benefit)}
             info = models.log_onnx_model(result.path, compressed.preprocessing, name, lineage)
             # logged once the export is a LoggedModel, so they are its own metrics too (its page in the UI)
             log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=(inputs or {}).get("evaluation"))
@@ -318,7 +355,7 @@ def _export(source, method, calib, evaluation, amount, scratch, selection: Selec
 
     calib_images = calib.images if calib is not None else None
     result = compress(source.module, source.preprocessing, method, scratch / "all", calib_inputs=calib_images,
-                      amount=amount, graph=selection.graph)
+                      amount=amount, graph=selection.graph, recipe=selection.recipe)
     outcome = Outcome(result)
     if method != "int8-static" or not selection.diagnosis_images:
         return outcome
@@ -353,13 +390,14 @@ def _export(source, method, calib, evaluation, amount, scratch, selection: Selec
         kept = list(selection.keep_float) or outcome.diagnoses[0].worst_layers(selection.auto_keep_float)
         outcome.before, outcome.kept_float, outcome.auto = result, kept, not selection.keep_float
         outcome.result = compress(source.module, preprocessing, method, scratch / "kept-float",
-                                  calib_inputs=calib_images, keep_float=kept, graph=selection.graph)
+                                  calib_inputs=calib_images, keep_float=kept, graph=selection.graph,
+                                  recipe=selection.recipe)
     return outcome
 
 
 def _bounded(source, calib_images, scratch, selection: Selection, outcome: Outcome) -> Outcome:
-    """The bounded search, ranked by the evaluation data's diagnosis (worst layer first, then layers it
-    never reached): the chosen export becomes the result, the fully quantized one ``before``."""
+    """The bounded search (ties in its measured ranking broken by the evaluation data's diagnosis, worst
+    layer first): the chosen export becomes the result, the fully quantized one ``before``."""
     from mlflow_di.compression.bounded import RealisticProbe, bounded_int8_static, rank_layers
     from mlflow_di.compression.prune import prunable_layers
 
@@ -370,10 +408,68 @@ def _bounded(source, calib_images, scratch, selection: Selection, outcome: Outco
         if selection.bounds.max_realistic_success_rate is not None else None
     outcome.result, outcome.search = bounded_int8_static(
         source.module, source.preprocessing, calib_images, search, held_out, selection.bounds, ranking,
-        scratch / "bounded", graph=selection.graph, first=fully_quantized, realistic=realistic)
-    if outcome.search.kept_float:
+        scratch / "bounded", graph=selection.graph, first=fully_quantized, realistic=realistic,
+        recipe=selection.recipe, semantics=selection.semantics)
+    if outcome.search.kept_float or outcome.search.recipe != selection.recipe.name:
         outcome.before, outcome.kept_float = fully_quantized, list(outcome.search.kept_float)
     return outcome
+
+
+def _reference_metrics(original, path, evaluation, deviation, device, outcome: "Outcome") -> dict:
+    """The export's figures under reference semantics (the QDQ graph as written) next to the host's, and the
+    images on which only one of them disagrees with the source; sets ``outcome.semantics_line`` when the
+    two differ beyond noise (an exact two-sided binomial test on those images, p < 0.05)."""
+    import numpy as np
+    from scipy.stats import binomtest
+
+    from mlflow_di.models.classifier import OnnxClassifier
+
+    reference = OnnxClassifier(path, name="reference semantics", device=device, semantics="reference")
+    figures, reference_deviation = _compare(original, reference, evaluation)
+    labels = original.argmax(axis=1)
+    host_wrong, reference_wrong = deviation["labels"] != labels, reference_deviation["labels"] != labels
+    host_only, reference_only = int(np.sum(host_wrong & ~reference_wrong)), int(np.sum(reference_wrong & ~host_wrong))
+    metrics = {f"reference.{key}": figures[key] for key in ("compressed_accuracy", "accuracy_drop", "disagreements",
+                                                            "disagreement_rate", "max_class_accuracy_drop")
+               if key in figures}
+    metrics.update(host_only_disagreements=host_only, reference_only_disagreements=reference_only)
+    differing = host_only + reference_only
+    p_value = binomtest(host_only, differing, 0.5).pvalue if differing else 1.0
+    metrics["semantics_p_value"] = float(p_value)
+    if p_value < 0.05:
+        context = outcome.context
+        cpu = "no VNNI" if context is not None and context.u8s8_saturates else "its int8 kernels"
+        why = ("ONNX Runtime's u8s8 kernels saturate" if context is not None and context.u8s8_saturates else
+               "ONNX Runtime's fused kernels differ from the QDQ graph")
+        outcome.semantics_line = (
+            f"on this CPU ({cpu}) {why}: {int(np.sum(host_wrong))} vs {figures['disagreements']} disagreements "
+            f"(host vs reference semantics; {host_only} images differ only on this host, p={p_value:.2g}); a CPU "
+            f"whose int8 kernels do not saturate would give ~{figures['disagreements']}")
+    return metrics
+
+
+def _benefit(source, result, selection: "Selection", scratch: pathlib.Path):
+    """The export's :class:`~mlflow_di.models.benefit.Comparison` with its fp32 source (exported and measured
+    once for every method of the command)."""
+    from mlflow_di.compression.methods import float_export
+    from mlflow_di.models import benefit
+
+    if selection.source_benefit is None:
+        fp32 = float_export(source.module, source.preprocessing, scratch / "source-fp32.onnx", graph=selection.graph)
+        selection.source_benefit = benefit.measure(fp32.path)
+    return benefit.Comparison(selection.source_benefit, benefit.measure(result.path))
+
+
+def _benefit_tags(comparison) -> dict:
+    """The benefit figures a registry version carries (none when it was not measured)."""
+    if comparison is None:
+        return {}
+    export = comparison.export
+    return {"mlflow_di.benefit.speedup": f"{comparison.speedup:.3f}",
+            "mlflow_di.benefit.latency_b1_ms": f"{export.latency_b1_ms:.4f}",
+            f"mlflow_di.benefit.latency_b{export.batch}_ms": f"{export.latency_batch_ms:.4f}",
+            "mlflow_di.benefit.size_bytes": str(export.size_bytes),
+            "mlflow_di.benefit.peak_memory_mib": f"{export.peak_memory_mib:.1f}"}
 
 
 def gzip_size(path) -> int:
@@ -417,7 +513,8 @@ def _compare(source_probabilities, compressed, evaluation) -> tuple[dict, dict |
     if worst is not None:
         metrics["max_class_accuracy_drop"] = worst.accuracy_drop
         metrics.update({f"class_accuracy_drop.{c.label}": c.accuracy_drop for c in classes if c.images})
-    return metrics, {"matrix": deviation_matrix(original, exported, num_classes), "classes": classes, "worst": worst}
+    return metrics, {"matrix": deviation_matrix(original, exported, num_classes), "classes": classes, "worst": worst,
+                     "labels": exported}
 
 
 def _log_tables(log, deviation, outcome: Outcome) -> None:
@@ -452,6 +549,7 @@ def _report(model_uri: str, name: str, result, metrics: dict, deviation=None, ou
                "before_keep_float.max_class_accuracy_drop")
     html.section("Metrics").metrics({k: v for k, v in metrics.items() if not k.startswith("class_accuracy_drop.")},
                                     percent_keys=[k for k in percent if k in metrics])
+    _runtime_section(html, metrics, outcome)
     if outcome.search is not None:
         _search_section(html, outcome.search, result.params)
     if outcome.before is not None:
@@ -473,11 +571,38 @@ def _report(model_uri: str, name: str, result, metrics: dict, deviation=None, ou
     return html.render()
 
 
+def _runtime_section(html, metrics: dict, outcome: Outcome) -> None:
+    """Where the figures were measured, host vs reference semantics, and what the export buys on this host."""
+    if outcome.context is None:
+        return
+    html.section("Execution context and benefit on this host")
+    html.paragraph(f"Measured with {outcome.context.describe()}.")
+    if "reference.disagreements" in metrics:
+        html.paragraph(
+            "Host semantics: ONNX Runtime's default session, whose fused int8 kernels depend on the CPU. Reference "
+            "semantics: the same file with graph optimizations off, the QDQ graph computed as written (the same on "
+            f"every CPU). Disagreements with the source: {metrics['disagreements']} (host) vs "
+            f"{metrics['reference.disagreements']} (reference); {metrics['host_only_disagreements']} images differ "
+            f"only on this host, {metrics['reference_only_disagreements']} only under reference semantics.")
+        if outcome.semantics_line:
+            html.paragraph(f"WARNING: {outcome.semantics_line}.")
+    if outcome.benefit is not None:
+        benefit = outcome.benefit
+        html.paragraph(f"Latency: ONNX Runtime CPU session, {benefit.export.threads} thread, median of "
+                       f"{benefit.export.runs} runs after warm-up, random inputs; peak memory: the peak resident "
+                       f"memory of a process that loads only this model and runs it (ONNX Runtime included). Speedup "
+                       f"(batch {benefit.export.batch}): {benefit.speedup:.2f}x.")
+        html.table(benefit.rows())
+        if benefit.warning():
+            html.paragraph(benefit.warning())
+
+
 def _before_after_section(html, metrics: dict, outcome: Outcome) -> None:
     how = ("chosen by the bounded search" if outcome.search is not None else
            f"--auto-keep-float {len(outcome.kept_float)}: the layers with the lowest scores on the evaluation data"
            if outcome.auto else "named with --keep-float")
-    html.section("Layers kept in float").paragraph(f"Kept in float: {', '.join(outcome.kept_float)} ({how}). "
+    kept = ", ".join(outcome.kept_float) or "none (the search changed the recipe instead)"
+    html.section("Layers kept in float").paragraph(f"Kept in float: {kept} ({how}). "
                                                    "The fully quantized export was measured on the same data:")
     rows = []
     for label, prefix, size in (("all layers int8", "before_keep_float.", outcome.before.size_bytes),
@@ -495,9 +620,11 @@ def _search_section(html, search, params: dict) -> None:
     held_out = search.held_out
     html.section("Bounded export")
     kept = ", ".join(search.kept_float) or "none (every layer quantized)"
-    html.paragraph(f"Bounds: {search.bounds.describe()}. Kept in float: {kept}. The search measured "
-                   f"{search.exports} exports on the evaluation data, ranking layers by the diagnosis below "
-                   f"({', '.join(search.ranking)}), and verified its choice on held-out images:")
+    html.paragraph(f"Bounds: {search.bounds.describe()}, judged with {params.get('semantics', 'host')} semantics. "
+                   f"Recipe: {search.recipe} (tried: {', '.join(search.recipes_tried)}). Kept in float: {kept}. The "
+                   f"search measured {search.exports} exports on the evaluation data (recipes first, then each layer "
+                   f"alone in float, which ranks them: {', '.join(search.ranking)}), and verified its choice on "
+                   "held-out images:")
     missed = search.held_out_failures
     verdict = "meets the bounds" if not missed else "MISSES " + "; ".join(missed)
     html.paragraph(f"Held out: {held_out.describe(upper_bound=True)} (the upper bound: of the disagreement rate, "
@@ -508,7 +635,9 @@ def _search_section(html, search, params: dict) -> None:
                        "(PyTorch module -> ONNX node):")
         html.table([{"module": module, "ONNX node": node}
                     for module, node in zip(params["kept_float"], params["nodes_to_exclude"])])
-        html.code(f"quantize_static(..., nodes_to_exclude={params['nodes_to_exclude']!r})")
+        settings = {key: params[key] for key in ("activations", "weights", "reduce_range", "per_channel",
+                                                 "calibration") if key in params}
+        html.code(f"quantize_static(..., nodes_to_exclude={params['nodes_to_exclude']!r})  # recipe: {settings}")
 
 
 def _blame_section(html, found) -> None:
@@ -617,6 +746,7 @@ def _print_summary(method: str, name: str, version, metrics: dict, result, devia
         worst = deviation["worst"]
         click.echo(f"  largest class accuracy drop: class {worst.label} {worst.original_accuracy:.2%} -> "
                    f"{worst.compressed_accuracy:.2%} ({worst.images} images)")
+    _print_runtime(metrics, outcome or Outcome(result))
     _print_diagnosis(metrics, outcome or Outcome(result))
     if outcome is not None and outcome.search is not None:
         _print_search(outcome.search, result.params)
@@ -626,11 +756,32 @@ def _print_summary(method: str, name: str, version, metrics: dict, result, devia
         _print_blame(outcome.blame)
 
 
+def _print_runtime(metrics: dict, outcome: Outcome) -> None:
+    if outcome.context is None:
+        return
+    click.echo(f"  runtime: {outcome.context.describe()}")
+    if "reference.disagreements" in metrics:
+        click.echo(f"  host vs reference semantics: top-1 differs on {metrics['disagreements']} vs "
+                   f"{metrics['reference.disagreements']} images ({metrics['host_only_disagreements']} only on this host)")
+    if outcome.semantics_line:
+        click.echo(f"  WARNING: {outcome.semantics_line}")
+    if outcome.benefit is not None:
+        benefit = outcome.benefit
+        click.echo(f"  latency {benefit.source.latency_b1_ms:.3f} -> {benefit.export.latency_b1_ms:.3f} ms (batch 1), "
+                   f"{benefit.source.latency_batch_ms:.2f} -> {benefit.export.latency_batch_ms:.2f} ms (batch "
+                   f"{benefit.export.batch}): speedup {benefit.speedup:.2f}x; peak memory "
+                   f"{benefit.source.peak_memory_mib:.1f} -> {benefit.export.peak_memory_mib:.1f} MiB")
+        if benefit.warning():
+            click.echo(f"  {benefit.warning()}")
+
+
 def _print_search(search, params: dict) -> None:
     held_out = search.held_out
     kept = ", ".join(f"{module} (ONNX node {node})" for module, node in
                      zip(params.get("kept_float", []), params.get("nodes_to_exclude", []))) or "none"
-    click.echo(f"  bounded search ({search.bounds.describe()}): {search.exports} exports measured; kept in float: {kept}")
+    click.echo(f"  bounded search ({search.bounds.describe()}, {params.get('semantics', 'host')} semantics): "
+               f"{search.exports} exports measured; recipe {search.recipe} (tried {', '.join(search.recipes_tried)}); "
+               f"kept in float: {kept}")
     click.echo(f"  search data: {search.chosen.search.describe()}")
     click.echo(f"  held out: {held_out.describe(upper_bound=True)}")
     for missed in search.held_out_failures:
@@ -662,7 +813,7 @@ def _print_diagnosis(metrics: dict, outcome: Outcome) -> None:
     for note in outcome.notes:
         click.echo(f"  {note}")
     if outcome.before is not None:
-        click.echo(f"  kept in float: {', '.join(outcome.kept_float)}")
+        click.echo(f"  kept in float: {', '.join(outcome.kept_float) or 'none (the search changed the recipe)'}")
         if "before_keep_float.compressed_accuracy" in metrics:
             click.echo(f"  all layers int8: accuracy {metrics['before_keep_float.compressed_accuracy']:.2%}, top-1 "
                        f"differs on {metrics['before_keep_float.disagreements']} images, "

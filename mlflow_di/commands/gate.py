@@ -45,6 +45,12 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
 @click.option("--min-robustness-agreement", type=Fraction(), default=None,
               help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
                    "in the worst corruption and severity of the newest robustness run.")
+@click.option("--min-speedup", type=FiniteFloat(0, min_open=True), default=None,
+              help="Fail if an export runs slower than this multiple of its fp32 source's speed (source latency / "
+                   "export latency at batch 64, as its compress run measured on its host); 1: never slower.")
+@click.option("--semantics", type=click.Choice(["host", "reference", "both"]), default="host", show_default=True,
+              help="Which answers of an int8 export the compress checks judge: host (ONNX Runtime's kernels on the "
+                   "CPU compress ran on), reference (the QDQ graph as written, the same on every CPU) or both.")
 @click.option("--baseline", default=None, metavar="models:/NAME@ALIAS",
               help="Compare with this registered version too (e.g. models:/NAME@champion), read the same way; "
                    "'previous': the candidate's predecessor (the highest version number of the same registered "
@@ -75,7 +81,7 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
             min_robustness_agreement, baseline: str | None,
             baseline_optional: bool, max_idc_drop, max_success_rate_rise, min_mean_queries_ratio,
             pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
-            summary_md: str | None) -> None:
+            summary_md: str | None, min_speedup=None, semantics: str = "host") -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
@@ -90,7 +96,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
                             min_robustness_agreement=min_robustness_agreement, max_idc_drop=max_idc_drop,
                             max_success_rate_rise=max_success_rate_rise, min_mean_queries_ratio=min_mean_queries_ratio,
                             max_disagreement_rate=max_disagreement_rate,
-                            max_realistic_success_rate=max_realistic_success_rate).require_any()
+                            max_realistic_success_rate=max_realistic_success_rate,
+                            min_speedup=min_speedup).require_any()
     baseline = baseline or None  # MLproject passes "" for unset
     thresholds.require_baseline(baseline is not None)
     if baseline and baseline.strip() == model_uri.strip():
@@ -99,7 +106,7 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
                         if baseline else None)  # its errors first
     version, source = recorded.gate_subject(model_uri)
     with recorded.only_runs(pinned_runs):
-        found = recorded.measurements(model_uri, list(compressed), resolved=(version, source))
+        found = recorded.measurements(model_uri, list(compressed), resolved=(version, source), semantics=semantics)
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared)
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

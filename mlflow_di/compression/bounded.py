@@ -1,26 +1,31 @@
 """A bounded int8 export: the fewest layers left in float for which an int8-static export meets its bounds.
 
-OpenVINO NNCF's ``quantize_with_accuracy_control(max_drop=...)`` reverts the worst layers to
-float until an accuracy drop is met. Accuracy can stay flat while answers flip, so here a bound
-can also be on the top-1 *disagreement* with the original (:class:`Bounds`). The search, measured
-on a search split of labelled images (:func:`search_float_layers`):
+OpenVINO NNCF's ``quantize_with_accuracy_control(max_drop=...)`` ranks layers by their measured
+effect and reverts the worst to float until an accuracy drop is met. Accuracy can stay flat while
+answers flip, so here a bound can also be on the top-1 *disagreement* with the original
+(:class:`Bounds`). The search (:func:`search_float_layers`) measures every candidate export on a
+search split of labelled images and never declares a bound unreachable without having measured it:
 
-1. every layer quantized: if that meets every bound, nothing stays in float;
-2. the layers are ranked (the caller passes the layer-wise diagnosis's order, worst first); keeping
-   all but the last-ranked layer in float must meet the bounds, else no export can and
-   :class:`UnreachableBounds` says which bound fails and by how much;
-3. bisection on how many of the ranked layers stay in float finds the shortest meeting prefix.
-   It assumes that keeping more layers in float does not hurt; every candidate is measured, so
-   where that is false the result is larger than needed, never wrong;
-4. backward elimination: each kept layer, least suspicious first, goes back to int8 if the
-   export still meets every bound without it.
+1. every layer quantized, with each recipe in turn (the caller's first, then the recipes that
+   cannot saturate, :func:`~mlflow_di.compression.recipes.alternatives`): the first that meets every
+   bound is the answer, with nothing in float. Otherwise the recipe that came closest is kept;
+2. the layers are ranked by their measured effect: one export per layer with that layer alone in
+   float. If one of them meets the bounds, the best such export is the answer;
+3. the upper end: every layer but the least helpful in float; if that misses, every other
+   "only this layer quantized" export is measured before :class:`UnreachableBounds` names what
+   was tried;
+4. bisection on how many of the ranked layers stay in float finds the shortest meeting prefix
+   (assuming more layers in float do not hurt: where that is false the result is larger than
+   needed, never wrong, since every candidate is measured);
+5. backward elimination: each kept layer, least helpful first, goes back to int8 if the export
+   still meets every bound without it.
 
 The chosen export is then measured once on a held-out split it was not chosen on
 (:func:`verify`), because a rate near its bound on a few thousand images is mostly noise: the
 held-out figure comes with its one-sided 95% Clopper-Pearson upper bound.
 
-Pure search over a ``measure(kept_float) -> Scores`` function; :func:`bounded_int8_static` wires
-it to :func:`~mlflow_di.compression.methods.compress` and ONNX Runtime.
+Pure search over a ``measure(kept_float, recipe) -> Scores`` function; :func:`bounded_int8_static`
+wires it to :func:`~mlflow_di.compression.methods.compress` and ONNX Runtime.
 """
 from __future__ import annotations
 
@@ -138,12 +143,16 @@ class Bounds(JsonRoundTrip):
 
 @dataclasses.dataclass
 class Trial(JsonRoundTrip):
-    """One candidate export measured on the search split: which layers stayed in float, and why it was tried."""
+    """One candidate export measured on the search split: which layers stayed in float, the recipe, and
+    why it was tried ("all int8", "one in float", "all but one", "bisection" or "elimination")."""
 
     kept_float: list[str]
-    step: str  # "all int8", "all but one", "bisection" or "elimination"
+    step: str
     search: Scores
     meets: bool
+    recipe: str | None = None
+
+    JSON_OPTIONAL = {"recipe": None}
 
 
 @dataclasses.dataclass
@@ -155,8 +164,10 @@ class BoundedSearch(JsonRoundTrip):
     trials: list[Trial]
     kept_float: list[str]
     held_out: Scores | None = None
+    recipe: str | None = None  # the chosen export's recipe
 
     JSON_DUMPS = {"indent": 2}
+    JSON_OPTIONAL = {"recipe": None}
 
     @property
     def exports(self) -> int:
@@ -165,20 +176,28 @@ class BoundedSearch(JsonRoundTrip):
 
     @property
     def chosen(self) -> Trial:
-        return next(t for t in self.trials if sorted(t.kept_float) == sorted(self.kept_float))
+        return next(t for t in self.trials if self._is_chosen(t))
+
+    def _is_chosen(self, trial: Trial) -> bool:
+        return sorted(trial.kept_float) == sorted(self.kept_float) and trial.recipe == self.recipe
 
     @property
     def held_out_failures(self) -> list[str]:
         return self.bounds.failures(self.held_out) if self.held_out is not None else []
 
+    @property
+    def recipes_tried(self) -> list[str]:
+        return list(dict.fromkeys(t.recipe for t in self.trials if t.recipe is not None))
+
     def rows(self) -> list[dict]:
         """One table row per measured export, in the order they were made."""
         return [{"kept in float": ", ".join(t.kept_float) or "(none)", "step": t.step,
+                 **({"recipe": t.recipe} if t.recipe is not None else {}),
                  "disagreements": t.search.disagreements, "disagreement rate": f"{t.search.disagreement_rate:.3%}",
                  "accuracy drop": f"{t.search.accuracy_drop * 100:+.2f} pts",
                  **({"realistic triggers": f"{t.search.realistic}/{t.search.fuzzed}"} if t.search.fuzzed else {}),
                  "meets": "yes" if t.meets else "no",
-                 "chosen": "<-" if sorted(t.kept_float) == sorted(self.kept_float) else ""} for t in self.trials]
+                 "chosen": "<-" if self._is_chosen(t) else ""} for t in self.trials]
 
 
 class UnreachableBounds(UserError):
@@ -189,71 +208,111 @@ class UnreachableBounds(UserError):
         self.search = search
 
 
-def search_float_layers(ranking: list[str], measure: Callable[[tuple], Scores], bounds: Bounds,
-                        on_trial: Callable[[Trial], None] | None = None) -> BoundedSearch:
-    """The fewest of ``ranking``'s layers (worst first) to keep in float so that ``measure`` meets ``bounds``.
+def _shortfall(bounds: Bounds, measured: Scores) -> tuple:
+    """How far ``measured`` is from meeting ``bounds`` (smaller is closer): the summed relative excess over
+    each missed bound, then the disagreements and accuracy drop as tie-breaks."""
+    excess = 0.0
+    for limit, value in ((bounds.max_accuracy_drop, measured.accuracy_drop),
+                         (bounds.max_disagreement_rate, measured.disagreement_rate),
+                         (bounds.max_realistic_success_rate, measured.realistic_success_rate)):
+        if limit is not None and value > limit:
+            excess += (value - limit) / max(limit, 1 / max(measured.images, 1))
+    return excess, measured.disagreements, measured.accuracy_drop
 
-    ``measure(kept_float)`` exports with those layers in float and scores the export on the search
-    split; each set is measured once. ``on_trial`` is told of every measurement (progress).
-    Raises :class:`UnreachableBounds` when even all layers but one in float miss a bound.
+
+def search_float_layers(layers: list[str], measure: Callable, bounds: Bounds, recipes=(None,),
+                        on_trial: Callable[[Trial], None] | None = None) -> BoundedSearch:
+    """The fewest of ``layers`` to keep in float (and the recipe) so that ``measure`` meets ``bounds``.
+
+    ``measure(kept_float, recipe)`` exports with those layers in float using ``recipe`` (one of
+    ``recipes``, tried in order; None: the caller's only recipe) and scores the export on the search
+    split; each (recipe, set) is measured once. ``layers``' order breaks ties in the measured
+    ranking. ``on_trial`` is told of every measurement (progress). Raises :class:`UnreachableBounds`
+    when no export with at least one layer quantized was found to meet them, naming what was measured.
     """
     if not bounds.active:
         raise UserError("a bounded export needs a bound: pass --max-accuracy-drop, --max-disagreement-rate or "
                         "--max-realistic-success-rate")
-    ranking = list(dict.fromkeys(ranking))
+    layers = list(dict.fromkeys(layers))
+    recipes = list(dict.fromkeys(recipes)) or [None]
     trials: list[Trial] = []
-    measured: dict[frozenset, Trial] = {}
+    measured: dict[tuple, Trial] = {}
 
-    def meets(kept, step: str) -> bool:
-        key = frozenset(kept)
+    def trial(kept, recipe, step: str) -> Trial:
+        key = (recipe, frozenset(kept))
         if key not in measured:
-            result = measure(tuple(kept))
-            measured[key] = Trial(list(kept), step, result, bounds.met_by(result))
+            result = measure(tuple(kept), recipe)
+            measured[key] = Trial(list(kept), step, result, bounds.met_by(result), recipe)
             trials.append(measured[key])
             if on_trial is not None:
                 on_trial(measured[key])
-        return measured[key].meets
+        return measured[key]
 
-    def record(kept) -> BoundedSearch:
-        return BoundedSearch(bounds, ranking, trials, list(kept))
+    def record(kept, recipe, ranking=layers) -> BoundedSearch:
+        return BoundedSearch(bounds, list(ranking), trials, list(kept), recipe=recipe)
 
-    if meets((), "all int8"):
-        return record(())
-    if len(ranking) < 2:
-        raise UnreachableBounds(f"the fully quantized export misses {bounds.describe()} "
-                                f"({'; '.join(bounds.failures(trials[0].search))}) and the model has "
-                                f"{len(ranking)} quantizable layer, so none can stay in float", record(()))
-    if not meets(ranking[:-1], "all but one"):
-        last = trials[-1]
+    def closest(candidates: list[Trial]) -> Trial:
+        return min(candidates, key=lambda t: _shortfall(bounds, t.search))
+
+    def recipe_text() -> str:
+        named = [r for r in recipes if r is not None]
+        return f" with recipe {', '.join(named)}" if len(named) == 1 else \
+            f" with each recipe ({', '.join(named)})" if named else ""
+
+    for recipe in recipes:
+        if trial((), recipe, "all int8").meets:
+            return record((), recipe)
+    recipe = closest(trials).recipe
+    if len(layers) < 2:
+        raise UnreachableBounds(f"the fully quantized export{recipe_text()} misses {bounds.describe()} "
+                                f"({'; '.join(bounds.failures(closest(trials).search))}) and the model has "
+                                f"{len(layers)} quantizable layer, so none can stay in float", record((), recipe))
+    singles = {layer: trial((layer,), recipe, "one in float") for layer in layers}
+    meeting = [t for t in singles.values() if t.meets]
+    ranking = sorted(layers, key=lambda layer: _shortfall(bounds, singles[layer].search))  # most helpful first
+    if meeting:
+        return record(closest(meeting).kept_float, recipe, ranking)
+    upper = None
+    for last in reversed(ranking):  # the least helpful layer first: the one most likely to be harmless in int8
+        if trial([name for name in ranking if name != last], recipe, "all but one").meets:
+            upper = last
+            break
+    if upper is None:
+        best = closest([t for t in trials if len(t.kept_float) == len(layers) - 1])
+        quantized = next(name for name in layers if name not in best.kept_float)
         raise UnreachableBounds(
-            f"no int8 export meets {bounds.describe()}: even with {len(ranking) - 1} of {len(ranking)} layers in "
-            f"float (only {ranking[-1]} quantized) {'; '.join(bounds.failures(last.search))} on the search data; "
-            "loosen the bound or use another method", record(ranking[:-1]))
-    low, high = 0, len(ranking) - 1  # prefix lengths: low misses, high meets
+            f"no int8 export meets {bounds.describe()}: measured{recipe_text()} every layer quantized, each layer alone "
+            f"in float and each layer alone quantized; the closest (only {quantized} quantized"
+            f"{f', recipe {best.recipe}' if best.recipe else ''}) has {'; '.join(bounds.failures(best.search))} on "
+            "the search data; loosen the bound "
+            "or use another method", record(best.kept_float, recipe, ranking))
+    ranking = [name for name in ranking if name != upper] + [upper]
+    low, high = 1, len(ranking) - 1  # prefix lengths: low misses (one layer in float is not enough), high meets
     while high - low > 1:
         middle = (low + high) // 2
-        if meets(ranking[:middle], "bisection"):
+        if trial(ranking[:middle], recipe, "bisection").meets:
             high = middle
         else:
             low = middle
     kept = list(ranking[:high])
-    for layer in reversed(kept[:]):  # least suspicious first
+    for layer in reversed(kept[:]):  # least helpful first
         candidate = [name for name in kept if name != layer]
-        if meets(candidate, "elimination"):
+        if trial(candidate, recipe, "elimination").meets:
             kept = candidate
-    return record(kept)
+    return record(kept, recipe, ranking)
 
 
 def rank_layers(diagnosis, layers: list[str]) -> list[str]:
-    """The search's ranking: the layers by the diagnosis's score (a
-    :class:`~mlflow_di.compression.quant_debug.LayerDiagnosis`, worst first), then ``layers`` it never reached."""
+    """The layers in the diagnosis's order (a :class:`~mlflow_di.compression.quant_debug.LayerDiagnosis`,
+    worst score first), then ``layers`` it never reached: how the search breaks ties in its measured ranking."""
     scored = list(diagnosis.layer_scores())
     return scored + [name for name in layers if name not in scored]
 
 
-def verify(search: BoundedSearch, measure_held_out: Callable[[tuple], Scores]) -> BoundedSearch:
-    """Measure the chosen export on the held-out split; the figures land in ``search.held_out``."""
-    search.held_out = measure_held_out(tuple(search.kept_float))
+def verify(search: BoundedSearch, measure_held_out: Callable) -> BoundedSearch:
+    """Measure the chosen export (``measure_held_out(kept_float, recipe)``) on the held-out split; the
+    figures land in ``search.held_out``."""
+    search.held_out = measure_held_out(tuple(search.kept_float), search.recipe)
     return search
 
 
@@ -267,11 +326,23 @@ class LabelledSplit:
     labels: np.ndarray
     original: np.ndarray
 
-    def score(self, export_path, preprocessing=None, device=None) -> Scores:
-        """The :class:`Scores` of the ONNX model at ``export_path`` (run by ONNX Runtime) on this split."""
+    def score(self, export_path, preprocessing=None, device=None, semantics: str = "host") -> Scores:
+        """The :class:`Scores` of the ONNX model at ``export_path`` (run by ONNX Runtime) on this split.
+
+        ``semantics``: ``host`` (this CPU's kernels), ``reference`` (the QDQ graph as written) or
+        ``both``: the worse of the two, image by image (an image counts as a disagreement, or as
+        wrong, when it is one under either)."""
         from mlflow_di.models.classifier import OnnxClassifier
 
-        predicted = OnnxClassifier(export_path, preprocessing=preprocessing, device=device).predict(self.images)
+        if semantics == "both":
+            host, reference = (OnnxClassifier(export_path, preprocessing=preprocessing, device=device,
+                                              semantics=which).predict(self.images) for which in ("host", "reference"))
+            original, labels = np.asarray(self.original), np.asarray(self.labels)
+            differs = (host != original) | (reference != original)
+            right = (host == labels) & (reference == labels)
+            return Scores(len(labels), int(differs.sum()), int(np.sum(original == labels)), int(right.sum()))
+        predicted = OnnxClassifier(export_path, preprocessing=preprocessing, device=device,
+                                   semantics=semantics).predict(self.images)
         return scores(self.original, predicted, self.labels)
 
 
@@ -308,40 +379,49 @@ class RealisticProbe:
 
 def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSplit, held_out: LabelledSplit,
                         bounds: Bounds, ranking: list[str], out_dir, graph=None, device=None, first=None,
-                        progress: bool = True, realistic: RealisticProbe | None = None):
+                        progress: bool = True, realistic: RealisticProbe | None = None, recipe=None,
+                        semantics: str = "host"):
     """Search (on ``search``) and verify (on ``held_out``) the int8-static export with the fewest of
     ``ranking``'s layers in float that meets ``bounds``; returns ``(CompressionResult, BoundedSearch)``.
 
     Every candidate is a real ONNX Runtime export (:func:`~mlflow_di.compression.methods.compress`
-    with ``keep_float``) run on the split; ``first``: the fully quantized export when the caller
-    has made it already. With ``bounds.max_realistic_success_rate``, ``realistic`` says how each
-    candidate is fuzzed. Raises :class:`UnreachableBounds` as :func:`search_float_layers` does.
+    with ``keep_float``) run on the split with ``semantics`` (``host``, ``reference`` or ``both``,
+    see :meth:`LabelledSplit.score`). ``recipe``: the :class:`~mlflow_di.compression.recipes.Recipe`
+    tried first (None: the default); the recipes that cannot saturate come next. ``first``: the
+    fully quantized export with ``recipe`` when the caller has made it already. ``ranking``: the
+    layers, in the order that breaks ties between equally helpful ones. With
+    ``bounds.max_realistic_success_rate``, ``realistic`` says how each candidate is fuzzed. Raises
+    :class:`UnreachableBounds` as :func:`search_float_layers` does.
     """
     import pathlib
 
     from mlflow_di.compression.methods import compress, float_export
+    from mlflow_di.compression.recipes import alternatives, recipe as named_recipe
     from mlflow_di.progress import progress_bar
 
     if bounds.max_realistic_success_rate is not None and realistic is None:
         raise UserError("--max-realistic-success-rate needs the original model to fuzz each candidate with")
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    exports = {frozenset(): first} if first is not None else {}
+    first_recipe = recipe or named_recipe()
+    recipes = {candidate.name: candidate for candidate in [first_recipe, *alternatives(first_recipe)]}
+    exports = {(first_recipe.name, frozenset()): first} if first is not None else {}
     fp32 = []  # the float model, exported once for every candidate
 
-    def export(kept: tuple):
-        key = frozenset(kept)
+    def export(kept: tuple, recipe_name: str):
+        key = (recipe_name, frozenset(kept))
         if key not in exports:
             if not fp32:
                 fp32.append(float_export(module, preprocessing, out_dir / "fp32.onnx", graph=graph))
             exports[key] = compress(module, preprocessing, "int8-static", out_dir / f"candidate-{len(exports)}",
-                                    calib_inputs=calib_inputs, keep_float=list(kept), exported=fp32[0])
+                                    calib_inputs=calib_inputs, keep_float=list(kept), exported=fp32[0],
+                                    recipe=recipes[recipe_name])
         return exports[key]
 
     def measure_on(split: LabelledSplit):
-        def measure(kept: tuple) -> Scores:
-            path = export(kept).path
-            measured = split.score(path, preprocessing, device)
+        def measure(kept: tuple, recipe_name: str) -> Scores:
+            path = export(kept, recipe_name).path
+            measured = split.score(path, preprocessing, device, semantics)
             if bounds.max_realistic_success_rate is not None:
                 measured.fuzzed, measured.realistic = realistic.count(path, split, preprocessing, device)
             return measured
@@ -352,6 +432,6 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
             bar.update(1)
             bar.set_postfix(kept=len(trial.kept_float), disagreements=trial.search.disagreements)
 
-        record = search_float_layers(ranking, measure_on(search), bounds, on_trial)
+        record = search_float_layers(ranking, measure_on(search), bounds, list(recipes), on_trial)
     verify(record, measure_on(held_out))
-    return export(tuple(record.kept_float)), record
+    return export(tuple(record.kept_float), record.recipe), record

@@ -2,7 +2,7 @@
 
 =====================  ==================================================================
 ``fp32``               plain ONNX export (the reference the others are compared with)
-``int8-static``        ONNX Runtime static QDQ int8, per-channel weights, calibrated activations
+``int8-static``        ONNX Runtime static QDQ 8-bit, per-channel weights, calibrated activations (a recipe)
 ``int8-dynamic``       ONNX Runtime dynamic int8 (int8 weights, run-time activation ranges)
 ``prune-l1``           global unstructured L1 magnitude pruning of Conv/Linear weights, then export
 ``prune-structured``   L1 output-channel pruning (all but the logit layer), then export
@@ -24,6 +24,7 @@ from torch import nn
 from mlflow_di.compression.export import OnnxExport, compression_metadata, export_onnx, onnx_opset, set_metadata
 from mlflow_di.compression.onnx_ops import assert_linear_layers_quantized
 from mlflow_di.compression.prune import prunable_layers, prune_l1, prune_structured
+from mlflow_di.compression.recipes import recipe as default_recipe
 from mlflow_di.compression.quantize import (
     excluded_nodes,
     quantize_int8_dynamic,
@@ -121,6 +122,7 @@ def compress(
     keep_float=(),
     graph=None,
     exported: OnnxExport | None = None,
+    recipe=None,
 ) -> CompressionResult:
     """Compress ``module`` with ``method`` into ``out_dir/<method>.onnx``.
 
@@ -135,7 +137,8 @@ def compress(
     int8 methods then start from that graph itself instead of an export of the view; pruning
     prunes the view's weights and exports it. ``exported``: an fp32 export of ``module`` made
     earlier (:func:`float_export`) that fp32 and the int8 methods copy instead of exporting again
-    (a search that quantizes one model many times exports it once).
+    (a search that quantizes one model many times exports it once). ``recipe`` (int8-static): a
+    :class:`~mlflow_di.compression.recipes.Recipe` (None: the default, which does not saturate on any CPU).
     """
     check_method(method)
     if keep_float and method != "int8-static":
@@ -149,7 +152,8 @@ def compress(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{method}.onnx"
     start = time.perf_counter()
-    fields = _run_method(module, preprocessing, method, path, calib, amount, opset, list(keep_float), graph, exported)
+    fields = _run_method(module, preprocessing, method, path, calib, amount, opset, list(keep_float), graph, exported,
+                         recipe)
     seconds = time.perf_counter() - start
     set_metadata(path, compression_metadata(method, fields["params"]))
     return CompressionResult(
@@ -170,7 +174,7 @@ def float_export(module, preprocessing: Preprocessing, out, opset=None, graph=No
 
 
 def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_float, graph=None,
-                exported=None) -> dict:
+                exported=None, recipe=None) -> dict:
     """Do the work of one method; returns the CompressionResult fields it determines."""
     if method == "fp32":
         export = float_export(module, preprocessing, path, opset, graph, exported)
@@ -183,9 +187,9 @@ def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_
         extra = {}
         if method == "int8-static":
             float_path = path.with_name(f"{method}.float.onnx")
-            quantize_int8_static(fp32_path, path, calib, per_channel=True, float_out=float_path, keep_float=keep_float)
-            params = {"format": "QDQ", "per_channel": True, "weights": "int8", "activations": "int8",
-                      "calibration": "minmax", "calibration_samples": int(len(calib))}
+            recipe = recipe or default_recipe()
+            quantize_int8_static(fp32_path, path, calib, recipe=recipe, float_out=float_path, keep_float=keep_float)
+            params = {"format": "QDQ", **recipe.params(), "calibration_samples": int(len(calib))}
             if keep_float:  # both names: PyTorch modules, and the ONNX nodes ORT's nodes_to_exclude takes
                 params["kept_float"] = keep_float
                 params["nodes_to_exclude"] = excluded_nodes(float_path, keep_float)

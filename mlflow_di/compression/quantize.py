@@ -4,8 +4,9 @@ Both methods first run ONNX Runtime's quantization pre-processing (symbolic shap
 and graph optimisation, ``quant_pre_process``), which the ORT docs recommend so that the
 quantizer sees fused ops and known shapes.
 
-- static: QDQ format, int8 weights (per channel by default) and int8 activations whose ranges
-  are calibrated (MinMax) on preprocessed inputs the caller supplies. The calibration reader
+- static: QDQ format, 8-bit weights and activations as a :class:`~mlflow_di.compression.recipes.Recipe`
+  says (default ``u8u8``: uint8 both, per-channel weights, MinMax ranges: the same answers on every
+  CPU), activation ranges calibrated on preprocessed inputs the caller supplies. The calibration reader
   hands ONNX Runtime one batch at a time, taken from an array or from a
   :class:`~mlflow_di.models.preprocessing.ModelInputs` that preprocesses (and, for lazy data,
   reads) each batch only then; ORT's MinMax calibrator keeps just each tensor's min and max
@@ -21,18 +22,12 @@ import tempfile
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import (
-    CalibrationDataReader,
-    CalibrationMethod,
-    QuantFormat,
-    QuantType,
-    quantize_dynamic,
-    quantize_static,
-)
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from mlflow_di.compression.export import copy_mlflow_di_metadata
 from mlflow_di.compression.onnx_ops import weighted_layer_nodes
+from mlflow_di.compression.recipes import Recipe, recipe as named_recipe
 from mlflow_di.errors import UserError
 from mlflow_di.models.preprocessing import ModelInputs
 from mlflow_di.progress import progress_bar as tqdm
@@ -135,10 +130,11 @@ def excluded_nodes(prepared_path, keep_float) -> list[str]:
     return [nodes[name] for name in keep_float]
 
 
-def quantize_int8_static(fp32_path, out_path, calibration_inputs_float, per_channel: bool = True,
+def quantize_int8_static(fp32_path, out_path, calibration_inputs_float, recipe: Recipe | None = None,
                          float_out=None, keep_float=()) -> pathlib.Path:
     """Static int8 QDQ quantization of ``fp32_path`` calibrated on preprocessed inputs; returns ``out_path``.
 
+    ``recipe``: types, ranges and calibration (:mod:`~mlflow_di.compression.recipes`; None: the default).
     ``float_out``: where to keep the pre-processed fp32 graph that quantization starts from (the
     float side of :func:`~mlflow_di.compression.quant_debug.diagnose`); ``keep_float``: layers
     (PyTorch module names) left in float (ONNX Runtime's ``nodes_to_exclude``).
@@ -152,9 +148,8 @@ def quantize_int8_static(fp32_path, out_path, calibration_inputs_float, per_chan
         pre_process(fp32_path, prepared)
         quantize_static(
             str(prepared), str(out_path), ArrayCalibrationReader(input_name, inputs),
-            quant_format=QuantFormat.QDQ, per_channel=per_channel,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=excluded_nodes(prepared, keep_float),
+            quant_format=QuantFormat.QDQ, nodes_to_exclude=excluded_nodes(prepared, keep_float),
+            **(recipe or named_recipe()).quantize_static_kwargs(),
         )
     copy_mlflow_di_metadata(fp32_path, out_path)
     return out_path

@@ -143,7 +143,7 @@ def gate_subject(uri: str, client=None) -> tuple:
 
 
 def measurements(subject_uri: str, compressed: list[str] | None = None, client=None,
-                 resolved: tuple | None = None) -> list[Measurement]:
+                 resolved: tuple | None = None, semantics: str = "host") -> list[Measurement]:
     """Every gated value recorded for the version ``subject_uri`` names (see :mod:`mlflow_di.gate`).
 
     ``compressed``: the compressed models to read fuzz/compress results for (URIs as given to
@@ -151,6 +151,7 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     When ``subject_uri`` is an export, its source's coverage counts and the only compressed model
     is the export itself. Missing values come back as measurements with ``value=None`` and a
     message saying what to run. ``resolved``: :func:`gate_subject`'s answer, when the caller has it.
+    ``semantics``: which answers of an int8 export the compress criteria read (host, reference or both).
     """
     client = client or _client()
     subject, source = resolved or gate_subject(subject_uri, client)
@@ -163,7 +164,8 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     targets = [_CompressedTarget.of(uri, client) for uri in compressed] if compressed else \
         _recorded_targets(subject_tags, client, robustness_runs)
     for target in targets:
-        of_target = [*_fuzz(subject_uri, subject_tags, target, client), *_compress(subject_uri, subject, target, client),
+        of_target = [*_fuzz(subject_uri, subject_tags, target, client),
+                     *_compress(subject_uri, subject, target, client, semantics),
                      _robustness(subject_uri, target, robustness_runs)]
         method = _method(target, client)
         for measurement in of_target:
@@ -348,12 +350,16 @@ def _producing_run(target: _CompressedTarget, client):
         return None
 
 
-COMPRESS_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_rate")
+COMPRESS_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_rate", "speedup")
+#: the compress metrics that depend on which answers are judged (compress logs ``reference.NAME`` beside them)
+SEMANTIC_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_rate")
+REFERENCE_SUFFIX = " (reference semantics)"
 
 
-def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> list[Measurement]:
-    """accuracy_drop, max_class_accuracy_drop and disagreement_rate from the compress (or repair) run
-    that produced the compressed version."""
+def _compress(subject_uri: str, subject, target: _CompressedTarget, client, semantics: str = "host") -> list[Measurement]:
+    """accuracy_drop, max_class_accuracy_drop, disagreement_rate and speedup from the compress (or repair)
+    run that produced the compressed version; ``semantics`` (host, reference or both) picks which answers
+    the first three are read for (reference ones name the export with :data:`REFERENCE_SUFFIX`)."""
     missing = missing_message(CRITERION["accuracy_drop"], subject_uri, target.key)
     run = _producing_run(target, client)
     if run is None:
@@ -367,13 +373,40 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client) -> l
         origin = f"models:/{source[0]}/{source[1]}" if all(source) else "another model"
         return [Measurement(metric, None, target.key, missing=(
             f"{target.key} was compressed from {origin}, not from {version_uri(subject)}")) for metric in COMPRESS_METRICS]
-    run_id = run.info.run_id
-    return [Measurement(metric, run.data.metrics[metric], target.key, run_id) if metric in run.data.metrics else
-            Measurement(metric, None, target.key, run_id, f"{tags.get(f'{TAG_PREFIX}command')} run {run_id} recorded no "
-                        f"{metric} (recorded by an older mlflow-di, or without --eval-data); run "
-                        f"`mlflow-di compress` again") for metric in COMPRESS_METRICS]
+    run_id, metrics = run.info.run_id, run.data.metrics
+    command = tags.get(f"{TAG_PREFIX}command")
+    note = _semantics_note(metrics, tags)
+
+    def read(metric: str, recorded: str, key: str) -> Measurement:
+        if recorded in metrics:
+            return Measurement(metric, metrics[recorded], key, run_id,
+                               note=note if metric == "disagreement_rate" else "")
+        why = {"speedup": "or with --no-benefit", **{name: "or without --eval-data" for name in SEMANTIC_METRICS}}[metric]
+        if recorded.startswith("reference."):
+            why = "or for a method that is not int8: reference semantics apply to int8 exports"
+        return Measurement(metric, None, key, run_id, f"{command} run {run_id} recorded no {recorded} (recorded by an "
+                           f"older mlflow-di, {why}); run `mlflow-di compress` again")
+
+    found = []
+    for metric in COMPRESS_METRICS:
+        if metric not in SEMANTIC_METRICS or semantics in ("host", "both"):
+            found.append(read(metric, metric, target.key))
+        if metric in SEMANTIC_METRICS and semantics in ("reference", "both"):
+            int8 = tags.get(f"{TAG_PREFIX}method", "").startswith("int8")
+            recorded = f"reference.{metric}" if int8 else metric  # without int8 kernels both semantics are one
+            found.append(read(metric, recorded, target.key + REFERENCE_SUFFIX))
+    return found
 
 
+def _semantics_note(metrics: dict, tags: dict) -> str:
+    """What the gate says beside a disagreement rate whose host and reference answers differ beyond noise."""
+    if metrics.get("semantics_p_value", 1.0) >= 0.05 or "reference.disagreements" not in metrics:
+        return ""
+    cpu = tags.get(f"{TAG_PREFIX}runtime.cpu", "the compress run's CPU")
+    vnni = "no VNNI" if tags.get(f"{TAG_PREFIX}runtime.u8s8_saturates") == "true" else "its int8 kernels"
+    return (f"host kernels vs reference semantics differ on {cpu} ({vnni}): {int(metrics.get('disagreements', 0))} vs "
+            f"{int(metrics['reference.disagreements'])} disagreements; a CPU whose int8 kernels do not saturate "
+            f"would give ~{int(metrics['reference.disagreements'])} (gate --semantics both judges both)")
 
 
 #: The run metric the gate's robustness criterion reads (``.SLUG`` per compressed model).

@@ -148,19 +148,22 @@ class OnnxClassifier(Classifier):
 
     ``device`` (``auto``, ``cpu``, ``cuda[:N]``) picks the execution provider: CUDA when asked
     for (or ``auto`` on a machine with a GPU) and the installed onnxruntime build has it, else the
-    CPU; :attr:`provider` says which one the session really uses.
+    CPU; :attr:`provider` says which one the session really uses. ``semantics``: ``host`` (this
+    CPU's fused int8 kernels, ONNX Runtime's default) or ``reference`` (the QDQ graph as written:
+    graph optimizations off; see :mod:`mlflow_di.models.execution`).
     """
 
     backend = "onnxruntime"
 
-    def __init__(self, path, preprocessing: Preprocessing | None = None, name: str | None = None, device=None):
+    def __init__(self, path, preprocessing: Preprocessing | None = None, name: str | None = None, device=None,
+                 semantics: str = "host"):
         import onnxruntime as ort
 
         from mlflow_di.models.device import onnx_providers
+        from mlflow_di.models.execution import session_options
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = _threads()
-        options.log_severity_level = 3
+        options = session_options(semantics, _threads())
+        self.semantics = semantics
         try:
             self.session = ort.InferenceSession(str(path), options, providers=onnx_providers(device))
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -171,6 +174,13 @@ class OnnxClassifier(Classifier):
         if preprocessing is None:
             preprocessing = self._stored_preprocessing()
         super().__init__(preprocessing, name or pathlib.Path(path).name)
+
+    @property
+    def execution_context(self):
+        """The :class:`~mlflow_di.models.execution.ExecutionContext` this session's answers come from."""
+        from mlflow_di.models.execution import execution_context
+
+        return execution_context(self.session, self.semantics, _threads())
 
     def _stored_preprocessing(self) -> Preprocessing:
         from mlflow_di.models.metadata import ModelMetadata

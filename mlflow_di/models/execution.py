@@ -1,0 +1,150 @@
+"""Where a compressed model's figures were measured: ONNX Runtime, its session settings and the CPU.
+
+An int8 export's answers depend on the CPU's int8 instructions (see
+:mod:`mlflow_di.compression.recipes`), so every figure on a compressed model carries an
+:class:`ExecutionContext`. Two semantics run the same ONNX file:
+
+- ``host``: ONNX Runtime's default session, every graph optimization on: QDQ pairs fused into
+  int8 kernels chosen for this CPU. What a service running the file here would answer.
+- ``reference``: graph optimizations off: each DequantizeLinear / QuantizeLinear runs as written
+  and the operators between them in float. The export's own arithmetic, the same on every CPU
+  (up to float rounding), and what a CPU whose int8 kernels do not saturate answers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+
+from mlflow_di.errors import UserError
+from mlflow_di.results_json import JsonRoundTrip
+
+SEMANTICS = ("host", "reference")
+#: /proc/cpuinfo flags that change int8 arithmetic or its speed (x86 names; ARM's dot product is asimddp)
+INT8_FEATURES = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+
+
+def check_semantics(semantics: str) -> str:
+    if semantics not in SEMANTICS:
+        raise UserError(f"unknown semantics '{semantics}'; known: {', '.join(SEMANTICS)} (host: this CPU's ONNX "
+                        "Runtime kernels; reference: the QDQ graph as written, the same on every CPU)")
+    return semantics
+
+
+def session_options(semantics: str = "host", threads: int | None = None):
+    """``onnxruntime.SessionOptions`` for ``semantics`` with ``threads`` intra-op threads (None: ORT's default)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = int(threads)
+    if check_semantics(semantics) == "reference":
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as ``/proc/cpuinfo`` names them (empty where that cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+#: NumPy's CPUID names for the /proc/cpuinfo flags both know
+_NUMPY_NAMES = {"avx2": "AVX2", "avx512f": "AVX512F", "avx512bw": "AVX512BW", "avx512_vnni": "AVX512VNNI",
+                "asimddp": "ASIMDDP", "i8mm": "I8MM"}
+
+
+def int8_features() -> tuple[str, ...]:
+    """The :data:`INT8_FEATURES` this process's CPU offers, as ONNX Runtime sees them.
+
+    NumPy asks the CPU itself (CPUID), as ONNX Runtime does; ``/proc/cpuinfo`` describes the machine,
+    which is not always the CPU a process runs on (an emulator, a masked container). Its flags are
+    used only for what NumPy does not report (AVX-VNNI, AMX), and only when both agree on what both report.
+    """
+    flags = cpu_flags()
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as seen
+    except ImportError:  # pragma: no cover - an older NumPy layout
+        seen = None
+    if not seen:
+        return tuple(name for name in INT8_FEATURES if name in flags)
+    known = {flag: bool(seen.get(name)) for flag, name in _NUMPY_NAMES.items() if name in seen}
+    trusted = all((flag in flags) == present for flag, present in known.items())
+    return tuple(name for name in INT8_FEATURES if known.get(name, trusted and name in flags))
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "CPU part") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionContext(JsonRoundTrip):
+    """The runtime and CPU a figure was measured with."""
+
+    onnxruntime: str
+    provider: str
+    graph_optimization: str  # "all" (host semantics) or "disabled" (reference semantics)
+    threads: int
+    machine: str  # x86_64, aarch64, ...
+    cpu: str
+    int8_features: tuple[str, ...]
+
+    @property
+    def x86(self) -> bool:
+        return self.machine.lower() in ("x86_64", "amd64", "i686", "x86")
+
+    @property
+    def int8_dot_product(self) -> bool:
+        """Whether the CPU accumulates 8-bit products in int32 directly (VNNI, AMX, ARM dot product)."""
+        return bool({"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"} & set(self.int8_features))
+
+    @property
+    def u8s8_saturates(self) -> bool:
+        """ONNX Runtime's u8s8 kernels saturate here: an x86 CPU with AVX2 but no VNNI or AMX."""
+        return self.x86 and "avx2" in self.int8_features and not self.int8_dot_product
+
+    def describe(self) -> str:
+        """One line, e.g. ``onnxruntime 1.32.0 CPUExecutionProvider (all optimizations, 2 threads) on AMD EPYC, x86_64
+        with avx2, avx512_vnni (int8 dot product: yes)``."""
+        features = ", ".join(self.int8_features) or "no int8 extensions"
+        return (f"onnxruntime {self.onnxruntime} {self.provider} ({self.graph_optimization} optimizations, "
+                f"{self.threads} thread{'s' if self.threads != 1 else ''}) on {self.cpu}, {self.machine} with "
+                f"{features} (int8 dot product: {'yes' if self.int8_dot_product else 'no'}"
+                + ("; u8s8 kernels saturate" if self.u8s8_saturates else "") + ")")
+
+    def tags(self, prefix: str = "mlflow_di.runtime.") -> dict[str, str]:
+        """The context as run or version tags."""
+        return {f"{prefix}onnxruntime": self.onnxruntime, f"{prefix}provider": self.provider,
+                f"{prefix}graph_optimization": self.graph_optimization, f"{prefix}threads": str(self.threads),
+                f"{prefix}cpu": self.cpu, f"{prefix}machine": self.machine,
+                f"{prefix}int8_features": ",".join(self.int8_features) or "none",
+                f"{prefix}int8_dot_product": str(self.int8_dot_product).lower(),
+                f"{prefix}u8s8_saturates": str(self.u8s8_saturates).lower()}
+
+
+def execution_context(session=None, semantics: str = "host", threads: int | None = None) -> ExecutionContext:
+    """The context of ``session`` (an ``onnxruntime.InferenceSession``; None: a CPU session) run with ``semantics``."""
+    import onnxruntime as ort
+
+    provider = session.get_providers()[0] if session is not None else "CPUExecutionProvider"
+    if threads is None:
+        threads = int(os.environ.get("MLFLOW_DI_THREADS", os.cpu_count() or 1))
+    return ExecutionContext(ort.__version__, provider, "disabled" if semantics == "reference" else "all", int(threads),
+                            platform.machine() or "unknown", cpu_model(), int8_features())
