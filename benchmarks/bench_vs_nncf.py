@@ -232,6 +232,13 @@ def float_layers(quantized_path, weighted: dict[str, str]) -> list[str]:
     return kept
 
 
+def activation_quantizers(quantized_path) -> int:
+    """QuantizeLinear nodes on computed tensors (not on initializers): how many activations are int8."""
+    model = onnx.load(str(quantized_path))
+    initializers = {init.name for init in model.graph.initializer}
+    return sum(node.op_type == "QuantizeLinear" and node.input[0] not in initializers for node in model.graph.node)
+
+
 # --- the two tools -----------------------------------------------------------------------------
 
 def run_mlflow_di(source, calib, search, held_out, bounds: Bounds, ranking, out_dir) -> dict:
@@ -308,6 +315,7 @@ def one_model(args, name: str, work: pathlib.Path, notes: list[str]) -> tuple[li
             if "error" in outcome:
                 continue
             outcome["kept"] = float_layers(outcome["path"], weighted)
+            outcome["activation_quantizers"] = activation_quantizers(outcome["path"])
             outcome["search"] = splits_x["search"].figures(outcome["path"])
             outcome["held_out"] = splits_x["held_out"].figures(outcome["path"])
             outcome["latency"] = latencies(outcome["path"], splits_x["held_out"].inputs, args.latency_runs)
@@ -337,11 +345,13 @@ def tool_cells(row: dict, tool: str) -> list[str]:
     outcome = row[tool]
     if "error" in outcome:
         seconds = f"{outcome['seconds']:.1f}" if "seconds" in outcome else ""
-        return [tool, f"error: {outcome['error']}", "", "", "", "", seconds, "", ""]
+        return [tool, f"error: {outcome['error']}", "", "", "", "", "", seconds, "", ""]
     kept = f"{len(outcome['kept'])}: {', '.join(outcome['kept'])}" if outcome["kept"] else "0"
     all_int8 = "{}/{}".format(*outcome["all_int8"]) if outcome.get("all_int8") else "?"
-    label = f"{tool} ({outcome['exports']} exports, recipe {outcome['recipe']})" if tool == "mlflow-di" else tool
-    return [label, kept, all_int8, figures_text(outcome["search"]), figures_text(outcome["held_out"]),
+    label = (f"{tool} (exports: {outcome['exports']}, recipe {outcome['recipe']})" if tool == "mlflow-di"
+             else tool)
+    return [label, kept, str(outcome["activation_quantizers"]), all_int8, figures_text(outcome["search"]),
+            figures_text(outcome["held_out"]),
             "yes" if meets(row["kind"], row["bound"], outcome["held_out"]) else "**no**", f"{outcome['seconds']:.1f}",
             f"{outcome['latency'][0]:.3f}", f"{outcome['latency'][1]:.3f}"]
 
@@ -365,18 +375,20 @@ def section(args, machine: dict, nncf_versions: dict, rows: list[dict], float_ro
         "in module order as the tie-break ranking. Every export is evaluated here the same way (ONNX Runtime's "
         "default CPU session): *disagreements* with the float ONNX model's top-1 and the *accuracy drop* against "
         "MNIST's labels, in points. *in float*: Conv/Gemm/MatMul nodes whose weight is not fed by a "
-        "DequantizeLinear. *all int8*: the tool's fully quantized model before any layer is reverted, "
+        "DequantizeLinear. *act. Q*: QuantizeLinear nodes on activations (how many tensors are still quantized; a "
+        "layer in float can still read a quantized input). *all int8*: the tool's fully quantized model before any "
+        "layer is reverted, "
         "disagreements on the search split. *search s*: wall time of the tool's call (mlflow-di's includes its "
         "float export and held-out check; NNCF's excludes interpreter start and `import nncf`). *latency*: ONNX "
         f"Runtime CPU, intra_op_num_threads=1, median of {args.latency_runs} runs after {WARMUP_RUNS} warm-up runs, "
         "ms per call.", "",
-        "| model | bound | tool | in float | all int8 | search split | held out | meets bound (held out) | search s "
+        "| model | bound | tool | in float | act. Q | all int8 | search split | held out | meets bound (held out) | search s "
         "| latency b1 ms | latency b64 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for float_row in float_rows:
         accuracy = float_row["accuracy"]
-        lines.append(f"| {float_row['model']} | | float (fp32) | {float_row['layers']} of {float_row['layers']} | | "
+        lines.append(f"| {float_row['model']} | | float (fp32) | {float_row['layers']} of {float_row['layers']} | 0 | | "
                      f"accuracy {accuracy['search']:.2%} | accuracy {accuracy['held_out']:.2%} | | | "
                      f"{float_row['latency'][0]:.3f} | {float_row['latency'][1]:.3f} |")
         for row in (row for row in rows if row["model"] == float_row["model"]):

@@ -31,6 +31,13 @@ def test_every_method_registers_an_export_with_lineage_that_fuzz_accepts(registe
         assert metrics["flips_right_to_wrong"] - metrics["flips_wrong_to_right"] == pytest.approx(metrics["accuracy_drop"])
         assert metrics["kl_divergence"] >= 0 and 0 <= metrics["margin_compressed"] <= 1
         assert metrics["compressed_size_bytes"] > 0
+        # what the export buys on this host, beside the context it was measured in
+        assert metrics["speedup"] == pytest.approx(metrics["source_latency_b64_ms"] / metrics["latency_b64_ms"])
+        assert metrics["latency_b1_ms"] > 0 and metrics["throughput"] > 0 and metrics["peak_memory_mib"] > 0
+        assert float(version.tags["mlflow_di.benefit.speedup"]) == pytest.approx(metrics["speedup"], abs=1e-3)
+        assert version.tags["mlflow_di.runtime.provider"] == run.data.tags["mlflow_di.runtime.provider"]
+        assert run.data.tags["mlflow_di.runtime.onnxruntime"] == __import__("onnxruntime").__version__
+        assert ("reference.disagreements" in metrics) is method.startswith("int8")
         out = tmp_path / f"fuzz-{method}.json"
         assert main(["fuzz", "--original", registered_cnn, "--compressed", f"models:/cnn-{method}/1",
                      "--seed-data", "digits[1300:1305]", "--max-queries", "30", "--out-dir", str(tmp_path / method),
@@ -39,6 +46,10 @@ def test_every_method_registers_an_export_with_lineage_that_fuzz_accepts(registe
     sparsity = client.get_run(client.get_model_version("cnn-prune-l1", "1").run_id).data.metrics["sparsity"]
     assert sparsity == pytest.approx(0.1, abs=0.01)
     assert "quantized layers: conv1.0" in capsys.readouterr().out
+    # the gate keeps an export slower than asked for from passing (the figure is the host's; the thresholds are not)
+    assert main(["gate", "--model-uri", "models:/cnn-int8-static/1", "--min-speedup", "1000"]) == 1
+    assert "speedup" in capsys.readouterr().out
+    assert main(["gate", "--model-uri", "models:/cnn-int8-static/1", "--min-speedup", "0.0001"]) == 0
 
 
 @pytest.mark.parametrize("args, fragment", [
