@@ -4,7 +4,7 @@ A smaller file is not a faster model: on a CPU whose int8 kernels are slow (or f
 that the added Quantize/DequantizeLinear nodes dominate) an int8 export can run several times slower
 than its float source. Each model is measured in a fresh subprocess (``python -m
 mlflow_di.models.benefit``) so that its peak memory is its own (the peak resident memory,
-``ru_maxrss``, of a process that imports ONNX Runtime and NumPy, loads this one model and runs it:
+``VmHWM``, of a process that imports ONNX Runtime and NumPy, loads this one model and runs it:
 the same baseline for every model, so differences are the models') and the parent's state does not
 disturb its timings:
 ONNX Runtime's default (host) session with a fixed number of intra-op threads, ``warmup`` runs,
@@ -137,9 +137,22 @@ def _child(path: str, runs: int, batch: int, threads: int, warmup: int) -> dict:
             session.run(None, inputs)
             timed.append(time.perf_counter() - start)
         latencies[size] = float(np.median(timed)) * 1000
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    peak = _peak_resident_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return dataclasses.asdict(Benefit(latencies[1], latencies[batch], batch, batch / latencies[batch] * 1000,
                                       pathlib.Path(path).stat().st_size, peak / 1024, runs, threads))
+
+
+def _peak_resident_kib() -> int:
+    """This process's peak resident memory (``VmHWM``, KiB; 0 where /proc cannot tell). Not ``ru_maxrss``:
+    Linux carries that over ``exec`` from the parent, so a child of a large process would report the parent's."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 if __name__ == "__main__":
