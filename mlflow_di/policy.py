@@ -86,6 +86,8 @@ class FuzzPolicy:
     min_ssim: float | None = _kind("fraction", None)
     batch: int = _kind("positive integer", 64)
     seed: int = _kind("integer", 0)
+    #: how ONNX exports answer (fuzz --semantics: host or reference)
+    semantics: str | None = _kind("text", None)
 
 
 @dataclasses.dataclass(frozen=True)

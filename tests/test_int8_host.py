@@ -109,8 +109,8 @@ def saturating_host(monkeypatch):
     monkeypatch.setattr(execution, "int8_features", lambda: ("avx2",))
 
 
-def test_host_kernels_that_differ_from_reference_semantics_are_named_in_the_report_metrics_and_gate(
-        registered_cnn, saturating_host, capsys):
+def test_host_kernels_that_differ_from_reference_semantics_are_named_in_the_report_metrics_gate_and_fuzz(
+        registered_cnn, saturating_host, capsys, tmp_path):
     code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:200]",
                  "--eval-data", "digits[1300:1600]", "--diagnosis-images", "0", "--no-benefit"])
     out, err = capsys.readouterr()
@@ -139,6 +139,26 @@ def test_host_kernels_that_differ_from_reference_semantics_are_named_in_the_repo
     gate_out = capsys.readouterr().out
     assert "host kernels vs reference semantics differ" in gate_out and "no VNNI" in gate_out
     assert main(["gate", *threshold]) == 1
+    description = client.get_model_version("cnn-int8-static", "1").description
+    assert "computed with onnxruntime" in description and "its u8s8 kernels saturate" in description
+
+    # fuzzing the export: triggers that only this host's kernels make are counted as such
+    export = "models:/cnn-int8-static/1"
+    fuzz = ["fuzz", "--original", registered_cnn, "--compressed", export, "--seed-data", "digits[1300:1312]",
+            "--max-queries", "20"]
+    assert main([*fuzz, "--out-dir", str(tmp_path / "host")]) == 0
+    out = capsys.readouterr().out
+    host_run = mlflow.search_runs(output_format="list", search_all_experiments=True,
+                                  filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
+    assert host_run.data.metrics["host_only_triggers"] >= 1 and "flip only under this host's" in out
+    assert host_run.data.tags["mlflow_di.runtime.u8s8_saturates"] == "true"
+    assert host_run.data.params["semantics"] == "host"
+    assert main([*fuzz, "--semantics", "reference", "--out-dir", str(tmp_path / "reference")]) == 0
+    capsys.readouterr()
+    runs = mlflow.search_runs(output_format="list", search_all_experiments=True,
+                              filter_string="tags.`mlflow_di.command` = 'fuzz' and params.semantics = 'reference'")
+    assert len(runs) == 1 and "host_only_triggers" not in runs[0].data.metrics
+    assert runs[0].data.tags["mlflow_di.runtime.graph_optimization"] == "disabled"
 
 
 EMULATED_CPU = "Haswell"  # AVX2, no AVX-512, no VNNI

@@ -114,6 +114,8 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @click.option("--preprocessing-original", default=None, metavar="KEY=VALUE,...", help="Override the original's preprocessing.")
 @click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...",
               help="Override the compressed models' preprocessing.")
+@click.option("--semantics", type=click.Choice(["host", "reference"]), default="host", show_default=True,
+              help="ONNX exports: this CPU's kernels, or the QDQ graph as written.")
 @ray_options("the campaign: each loads the models once and searches chunks of --batch seeds (twice that "
              "with --overlap)")
 @seed_option
@@ -121,7 +123,7 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
 @device_option
 def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, max_linf, min_ssim, batch,
             overlap, out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address,
-            cpus_per_worker, gpus_per_worker, seed, json_out, device, **deepxplore) -> None:
+            cpus_per_worker, gpus_per_worker, seed, json_out, device, semantics="host", **deepxplore) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     seed_data = seed_data or click.get_current_context().meta.get("--seed-data")
     if not seed_data:
@@ -134,6 +136,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     from mlflow_di.fuzz.device_mutations import mutation_device, with_operators_on
     from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error
+    from mlflow_di.models.execution import context_tags
     from mlflow_di.models.loading import load_classifier
     from mlflow_di.models.reference import ModelRef
 
@@ -161,6 +164,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
         else:
             original_model = load_classifier(original_ref, preprocessing_original, device)
         compressed_models = [load_classifier(ref, preprocessing_compressed, device) for ref in compressed_refs]
+        if semantics == "reference":
+            compressed_models = [_reference_twin(model, executor) for model in compressed_models]
     mutations_on = None if white_box or walk else mutation_device(original_model, executor)  # a CUDA original's GPU
     overlapping = not (white_box or walk) and (overlap if overlap is not None
                                      else overlaps_by_default(original_model, compressed_models, executor))
@@ -211,7 +216,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
               "max_queries": max_queries, "strategy": strategy, "max_linf": max_linf, "min_ssim": min_ssim,
               "batch": batch, "seed": seed, "resume": resume, "original_runs_on": original_model.provider,
               "workers": workers, **({"ray_address": ray_address} if workers else {}),
-              "mutations_on": str(mutations_on or "cpu"), "overlap": overlapping,
+              "mutations_on": str(mutations_on or "cpu"), "overlap": overlapping, "semantics": semantics,
               **({f"dx_{key}": value for key, value in search.options().items()} if white_box else {})}
     with runs.tracked_run(run_name, tags=tags) as log:
         log.params({**params, "compressed": ",".join(compressed), "out_dir": str(folder),
@@ -246,7 +251,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                 results = run_campaigns(original_model, compressed_models, seeds, strategy=search, timeout=timeout,
                                         max_queries=max_queries, batch=batch, seed=seed, out_dirs=folders,
                                         resume=resume, executor=executor, overlap=overlapping)
-        summaries = [_summary(result) for result in results]
+        summaries = [{**_summary(result), **_host_only(original_model, model, result)}
+                     for model, result in zip(compressed_models, results)]
         # the seeds as the spec loads them; the campaign's fingerprint is theirs unless the original resized them
         known = None if original_model.preprocessing.has_raw_step else results[0].config.seeds_sha256
         lineage = datasets.spec_dataset(raw_seeds, seed_data, first=num_seeds, sha256=known)
@@ -258,6 +264,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                 with runs.tracked_run(f"fuzz {original_ref.short} vs {ref.short}", tags={**tags, **own_tags},
                                       status="FINISHED" if result.complete else "KILLED") as child:  # nested
                     child.params({**params, "compressed": uri, "out_dir": str(sub), "compressed_runs_on": model.provider})
+                    child.tags(context_tags([model]))
                     child.input(lineage, "seeds")
                     _log_campaign(child, result, sub, original, uri, summary, model_id, lineage)
                 click.echo(f"{uri}:")
@@ -267,6 +274,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             _log_comparison(log, original, compressed, results, summaries, comparison)
             _print_sharing(comparison)
         else:
+            log.tags(context_tags(compressed_models))
             _log_campaign(log, results[0], folder, original, ", ".join(compressed), summaries[0],
                           model_ids[0] if len(compressed) == 1 else None, lineage)
             _print_summary(results[0], summaries[0], folder)
@@ -274,6 +282,34 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
     write_json_out(summaries[0] if not several else {"campaigns": dict(zip(compressed, summaries)),
                                                      **comparison["metrics"]}, json_out)
+
+
+def _reference_twin(model, executor):
+    """An ONNX compressed model run with reference semantics (other formats have no such choice)."""
+    from mlflow_di.errors import UserError
+    from mlflow_di.models.classifier import OnnxClassifier
+
+    if not isinstance(model, OnnxClassifier):
+        raise UserError(f"--semantics reference applies to ONNX compressed models; {model.name} runs on "
+                        f"{model.provider} (drop --semantics)")
+    if executor is not None:
+        raise UserError("--semantics reference runs the compressed models in this process; drop --workers")
+    return model.with_semantics("reference")
+
+
+def _host_only(original_model, compressed_model, result) -> dict:
+    """For an ONNX compressed model fuzzed with host semantics: how many triggers flip only under this host's
+    kernels, i.e. the same file run with reference semantics gives the original's label ({} otherwise)."""
+    from mlflow_di.models.classifier import OnnxClassifier
+
+    if not isinstance(compressed_model, OnnxClassifier) or compressed_model.semantics != "host":
+        return {}
+    if not len(result.triggers):
+        return {"host_only_triggers": 0, "host_only_trigger_indices": []}
+    reference = compressed_model.with_semantics("reference").predict(result.triggers)
+    agree = reference == original_model.predict(result.triggers)
+    return {"host_only_triggers": int(agree.sum()),
+            "host_only_trigger_indices": [int(i) for i in result.trigger_indices[agree]]}
 
 
 def _executor(workers: int, address: str, cpus: float, gpus: float, white_box: bool = False,
@@ -397,6 +433,8 @@ def _metrics(summary: dict, class_rows: list[dict]) -> dict:
     """What a campaign's run records as metrics: the summary, trigger realism, and success by class."""
     metrics = {k: v for k, v in summary.items() if (k in SUMMARY_METRICS or k.startswith(REALISM_PREFIXES))
                and v is not None}
+    if "host_only_triggers" in summary:
+        metrics["host_only_triggers"] = summary["host_only_triggers"]
     for row in class_rows:
         metrics[f"class_success_rate.{row['class']}"] = row["success_rate"]
     for role, value in (summary.get("neuron_coverage") or {}).items():  # deepxplore: NC reached per model
@@ -449,6 +487,12 @@ def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: 
                        f"(success rate {summary['success_rate']:.1%}); "
                        f"{_plural(summary['already_deviating'], 'seed')} already deviated")
     html.section("Summary").metrics({k: summary[k] for k in SUMMARY_METRICS}, percent_keys=["success_rate"])
+    if summary.get("host_only_triggers"):
+        html.paragraph(f"{_plural(summary['host_only_triggers'], 'trigger')} of {summary['triggers']} flip only under "
+                       "this host's ONNX Runtime kernels: the same export run with reference semantics (the QDQ graph "
+                       "as written) gives the original's label on them (seed indices: "
+                       f"{', '.join(map(str, summary['host_only_trigger_indices'][:50]))}). See the run's "
+                       "mlflow_di.runtime.* tags for the CPU.")
     if summary["triggers"]:
         _realism_section(html, result, summary)
     if summary.get("neuron_coverage"):
@@ -611,6 +655,9 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
                            if summary.get(f"trigger_{key}_median") is not None)
         click.echo(f"  realism: {realism_note(summary)}; medians {median}"
                    + ("  <- mostly noise-like" if mostly_noise(summary["realistic_triggers"], summary["triggers"]) else ""))
+    if summary.get("host_only_triggers"):
+        click.echo(f"  {_plural(summary['host_only_triggers'], 'trigger')} flip only under this host's ONNX Runtime "
+                   "kernels (reference semantics agree with the original on them)")
     if summary.get("neuron_coverage"):
         click.echo("  neuron coverage reached (seeds and triggers): " + ", ".join(
             f"{role} {value:.1%}" for role, value in summary["neuron_coverage"].items()))

@@ -122,7 +122,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
             registry.set_alias(version, promote_alias)
         elif promote_alias:
             alias_dropped = registry.drop_alias_from(version, promote_alias)
-        notes = _notes(verdict, version, source, baseline, promote_alias, alias_dropped)
+        notes = (*_notes(verdict, version, source, baseline, promote_alias, alias_dropped),
+                 *recorded.runtime_notes(c.run_id for c in verdict.checks))
         metrics, report = _log_verdict(log, verdict, compressed, promote_alias, notes)
         run_link = _run_link([log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))])
         registry.write_verdict_description(version, summary_markdown(

@@ -53,6 +53,7 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import datasets, registry, runs
+    from mlflow_di.models.execution import context_tags
     from mlflow_di.models.loading import load_classifier, resolve
     from mlflow_di.models.reference import ModelRef
     from mlflow_di.repair import HeadSettings, repair, training_set
@@ -86,6 +87,7 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     tags = {"mlflow_di.command": "repair", **registry.model_version_tags(original),
             **registry.compressed_model_tags(compressed)}
     with runs.tracked_run(f"repair {compressed_ref.short}", tags=tags) as log:
+        log.tags(context_tags([compressed_model]))  # where the compressed model's answers were computed
         log.params({"compressed": compressed, "original": original, "campaigns": json.dumps(list(campaigns)),
                     "eval_data": eval_data or "none", "folds": folds, "mutants": mutants, "hidden": hidden,
                     "epochs": epochs, "seed": seed, "register_as": name})

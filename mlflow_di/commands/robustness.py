@@ -45,6 +45,7 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import out_of_memory_as_user_error
+    from mlflow_di.models.execution import context_tags
     from mlflow_di.models.loading import load_classifier
     from mlflow_di.models.reference import ModelRef
     from mlflow_di.robustness import CORRUPTIONS, run_suite
@@ -72,6 +73,7 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
         tags.update(registry.compressed_model_tags(compressed[0]))
     run_name = f"robustness {refs[0].short}" + (f" vs {', '.join(r.short for r in refs[1:])}" if compressed else "")
     with runs.tracked_run(run_name, tags=tags) as log:
+        log.tags(context_tags(models[1:]))  # where the compressed models' answers were computed
         log.params({"model_uri": model_uri, "compressed": ",".join(compressed) or "none", "data": data,
                     "num_images": len(images), "corruptions": ",".join(names),
                     "severities": ",".join(map(str, severities)), "seed": seed, "batch": batch,

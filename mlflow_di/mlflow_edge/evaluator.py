@@ -218,7 +218,9 @@ def _fuzz(torch_model: TorchModel, test: ImageSet, config: EvaluatorConfig) -> t
     for key in ("mean_queries", "median_queries", "mean_seconds"):
         if getattr(summary, key) is not None:
             metrics[key] = getattr(summary, key)
-    return metrics, json.dumps(summary.to_dict(), indent=2)
+    context = getattr(compressed, "execution_context", None)  # ONNX models: the runtime and CPU behind the figures
+    return metrics, json.dumps({**summary.to_dict(),
+                                **({"execution_context": context.to_dict()} if context is not None else {})}, indent=2)
 
 
 def _log(run_id: str, metrics: dict, texts: dict, dataset, log_metrics: bool) -> dict:

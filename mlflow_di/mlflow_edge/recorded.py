@@ -398,6 +398,23 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     return found
 
 
+def runtime_notes(run_ids, client=None) -> list[str]:
+    """One line per distinct execution context (``mlflow_di.runtime.*`` tags) of the given runs: where the
+    figures on compressed models were computed."""
+    client = client or _client()
+    prefix, seen = f"{TAG_PREFIX}runtime.", {}
+    for run_id in dict.fromkeys(r for r in run_ids if r):
+        tags = client.get_run(run_id).data.tags
+        if f"{prefix}onnxruntime" not in tags:
+            continue
+        line = (f"onnxruntime {tags[f'{prefix}onnxruntime']} {tags.get(f'{prefix}provider', '')} "
+                f"({tags.get(f'{prefix}graph_optimization', 'all')} optimizations) on {tags.get(f'{prefix}cpu', '?')}, "
+                f"int8 features {tags.get(f'{prefix}int8_features', 'none')}"
+                + ("; its u8s8 kernels saturate" if tags.get(f"{prefix}u8s8_saturates") == "true" else ""))
+        seen.setdefault(line, []).append(run_id[:8])
+    return [f"figures on compressed models computed with {line} (runs {', '.join(ids)})" for line, ids in seen.items()]
+
+
 def _semantics_note(metrics: dict, tags: dict) -> str:
     """What the gate says beside a disagreement rate whose host and reference answers differ beyond noise."""
     if metrics.get("semantics_p_value", 1.0) >= 0.05 or "reference.disagreements" not in metrics:

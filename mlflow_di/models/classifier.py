@@ -164,6 +164,7 @@ class OnnxClassifier(Classifier):
 
         options = session_options(semantics, _threads())
         self.semantics = semantics
+        self.path, self._device = str(path), device
         try:
             self.session = ort.InferenceSession(str(path), options, providers=onnx_providers(device))
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -174,6 +175,12 @@ class OnnxClassifier(Classifier):
         if preprocessing is None:
             preprocessing = self._stored_preprocessing()
         super().__init__(preprocessing, name or pathlib.Path(path).name)
+
+    def with_semantics(self, semantics: str) -> "OnnxClassifier":
+        """The same model file and preprocessing run with other ``semantics`` (a new session)."""
+        twin = OnnxClassifier(self.path, self.preprocessing, self.name, self._device, semantics)
+        twin.origin = getattr(self, "origin", None)
+        return twin
 
     @property
     def execution_context(self):

@@ -148,3 +148,13 @@ def execution_context(session=None, semantics: str = "host", threads: int | None
         threads = int(os.environ.get("MLFLOW_DI_THREADS", os.cpu_count() or 1))
     return ExecutionContext(ort.__version__, provider, "disabled" if semantics == "reference" else "all", int(threads),
                             platform.machine() or "unknown", cpu_model(), int8_features())
+
+
+def context_tags(models) -> dict[str, str]:
+    """The ``mlflow_di.runtime.*`` tags of the first of ``models`` that runs in ONNX Runtime (one with an
+    ``execution_context``); {} when none does. Every ONNX session of one process shares the runtime and the CPU."""
+    for model in models:
+        found = getattr(model, "execution_context", None)
+        if found is not None:
+            return found.tags()
+    return {}
