@@ -547,9 +547,9 @@ def _report(model_uri: str, name: str, result, metrics: dict, deviation=None, ou
     percent = ("source_accuracy", "compressed_accuracy", "accuracy_drop", "sparsity", "max_class_accuracy_drop",
                "before_keep_float.compressed_accuracy", "before_keep_float.accuracy_drop",
                "before_keep_float.max_class_accuracy_drop")
+    _runtime_section(html, metrics, outcome)  # first: every figure below was computed there
     html.section("Metrics").metrics({k: v for k, v in metrics.items() if not k.startswith("class_accuracy_drop.")},
                                     percent_keys=[k for k in percent if k in metrics])
-    _runtime_section(html, metrics, outcome)
     if outcome.search is not None:
         _search_section(html, outcome.search, result.params)
     if outcome.before is not None:
@@ -589,9 +589,10 @@ def _runtime_section(html, metrics: dict, outcome: Outcome) -> None:
     if outcome.benefit is not None:
         benefit = outcome.benefit
         html.paragraph(f"Latency: ONNX Runtime CPU session, {benefit.export.threads} thread, median of "
-                       f"{benefit.export.runs} runs after warm-up, random inputs; peak memory: the peak resident "
-                       f"memory of a process that loads only this model and runs it (ONNX Runtime included). Speedup "
-                       f"(batch {benefit.export.batch}): {benefit.speedup:.2f}x.")
+                       f"{benefit.export.runs} runs after warm-up (b1 / b{benefit.export.batch}: milliseconds per call at "
+                       f"batch 1 / {benefit.export.batch}), random inputs; peak MiB: the peak resident memory of a "
+                       "process that loads only this model and runs it (ONNX Runtime included). Speedup (batch "
+                       f"{benefit.export.batch}): {benefit.speedup:.2f}x.")
         html.table(benefit.rows())
         if benefit.warning():
             html.paragraph(benefit.warning())

@@ -44,10 +44,9 @@ class Benefit(JsonRoundTrip):
     threads: int
 
     def row(self, label: str) -> dict:
-        return {"model": label, "latency batch 1 (ms)": round(self.latency_b1_ms, 3),
-                f"latency batch {self.batch} (ms)": round(self.latency_batch_ms, 3),
-                "throughput (images/s)": round(self.throughput, 1), "size (KiB)": round(self.size_bytes / 1024, 1),
-                "peak memory (MiB)": round(self.peak_memory_mib, 1)}
+        return {"model": label, "b1 ms": round(self.latency_b1_ms, 3), f"b{self.batch} ms": round(self.latency_batch_ms, 3),
+                "images/s": round(self.throughput, 1), "KiB": round(self.size_bytes / 1024, 1),
+                "peak MiB": round(self.peak_memory_mib, 1)}
 
 
 @dataclasses.dataclass
