@@ -177,3 +177,14 @@ def test_a_realistic_success_bound_judges_the_fuzzed_seeds():
     assert missed == ["realistic success rate 15.00% (3 of 20 seeds) > --max-realistic-success-rate 0.1"]
     assert "realistic triggers on 3 of 20 fuzzed seeds" in Scores(100, 0, 90, 90, fuzzed=20, realistic=3).describe()
     assert bounds.describe() == "realistic success rate <= 0.1"
+
+
+def test_recipes_that_come_equally_close_are_each_searched_one_layer_in_float_at_a_time():
+    costs = {"u8u8": {"a": 1, "b": 1, "c": 1}, "s8s8": {"a": 0, "b": 0, "c": 3}}  # 3 disagreements either way
+
+    def measure(kept, recipe):
+        return Scores(IMAGES, sum(cost for name, cost in costs[recipe].items() if name not in kept), 900, 900)
+
+    search = search_float_layers(["a", "b", "c"], measure, Bounds(max_disagreement_rate=0.001), ["u8u8", "s8s8"])
+    assert search.recipe == "s8s8" and search.kept_float == ["c"] and search.ranking[0] == "c"
+    assert [t.step for t in search.trials] == ["all int8"] * 2 + ["one in float"] * 6

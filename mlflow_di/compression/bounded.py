@@ -8,9 +8,10 @@ search split of labelled images and never declares a bound unreachable without h
 
 1. every layer quantized, with each recipe in turn (the caller's first, then the recipes that
    cannot saturate, :func:`~mlflow_di.compression.recipes.alternatives`): the first that meets every
-   bound is the answer, with nothing in float. Otherwise the recipe that came closest is kept;
+   bound is the answer, with nothing in float. Otherwise the recipe that came closest is kept
+   (with those that came exactly as close, for step 2);
 2. the layers are ranked by their measured effect: one export per layer with that layer alone in
-   float. If one of them meets the bounds, the best such export is the answer;
+   float (per recipe kept). If one of them meets the bounds, the best such export is the answer;
 3. the upper end: every layer but the least helpful in float; if that misses, every other
    "only this layer quantized" export is measured before :class:`UnreachableBounds` names what
    was tried;
@@ -220,6 +221,11 @@ def _shortfall(bounds: Bounds, measured: Scores) -> tuple:
     return excess, measured.disagreements, measured.accuracy_drop
 
 
+def _ranked(bounds: Bounds, layers: list[str], singles: dict, recipe) -> list[str]:
+    """``layers``, most helpful first: by how close each one alone in float (with ``recipe``) comes to the bounds."""
+    return sorted(layers, key=lambda layer: _shortfall(bounds, singles[layer, recipe].search))
+
+
 def search_float_layers(layers: list[str], measure: Callable, bounds: Bounds, recipes=(None,),
                         on_trial: Callable[[Trial], None] | None = None) -> BoundedSearch:
     """The fewest of ``layers`` to keep in float (and the recipe) so that ``measure`` meets ``bounds``.
@@ -262,16 +268,19 @@ def search_float_layers(layers: list[str], measure: Callable, bounds: Bounds, re
     for recipe in recipes:
         if trial((), recipe, "all int8").meets:
             return record((), recipe)
-    recipe = closest(trials).recipe
+    best = _shortfall(bounds, closest(trials).search)
+    tied = [t.recipe for t in trials if _shortfall(bounds, t.search) == best]  # equally close: searched alike
+    recipe = tied[0]
     if len(layers) < 2:
         raise UnreachableBounds(f"the fully quantized export{recipe_text()} misses {bounds.describe()} "
                                 f"({'; '.join(bounds.failures(closest(trials).search))}) and the model has "
                                 f"{len(layers)} quantizable layer, so none can stay in float", record((), recipe))
-    singles = {layer: trial((layer,), recipe, "one in float") for layer in layers}
+    singles = {(layer, each): trial((layer,), each, "one in float") for each in tied for layer in layers}
     meeting = [t for t in singles.values() if t.meets]
-    ranking = sorted(layers, key=lambda layer: _shortfall(bounds, singles[layer].search))  # most helpful first
     if meeting:
-        return record(closest(meeting).kept_float, recipe, ranking)
+        chosen = closest(meeting)
+        return record(chosen.kept_float, chosen.recipe, _ranked(bounds, layers, singles, chosen.recipe))
+    ranking = _ranked(bounds, layers, singles, recipe)
     upper = None
     for last in reversed(ranking):  # the least helpful layer first: the one most likely to be harmless in int8
         if trial([name for name in ranking if name != last], recipe, "all but one").meets:
