@@ -57,6 +57,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import math
 import pathlib
 import pickle
 import re
@@ -211,7 +212,7 @@ class ImageSet:
                     f"data '{self.name}' must be uint8 images of shape (N, H, W, C); "
                     f"got {self.images.dtype} {self.images.shape}"
                 )
-        self.labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
+        self.labels = _class_numbers(self.labels, self.name)
         if len(self.labels) != len(self.images):
             raise UserError(
                 f"data '{self.name}' has {len(self.images)} images but {len(self.labels)} labels"
@@ -369,6 +370,11 @@ class _NpyRows:
                 self.shape, self.fortran_order, self.dtype = read_header(stream)
                 header = stream.tell()
         self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        self.declared_bytes = self.dtype.itemsize * math.prod(self.shape)
+        if self.declared_bytes > max(info.file_size - header, 0):  # the zip's own record of what it holds
+            raise UserError(f"{self.name}: array '{member.removesuffix('.npy')}' claims shape {self.shape} "
+                            f"({self.declared_bytes:,} bytes) but holds {max(info.file_size - header, 0):,}; the file "
+                            "is truncated or was not written by numpy.savez, write it again")
         self.stored = info.compress_type == zipfile.ZIP_STORED
         self.data_offset = header + (_local_data_offset(path, info) if self.stored else 0)
         self.scale: float | None = None  # set for non-uint8 pixels once their range is known
@@ -451,6 +457,21 @@ def load_images(spec: str) -> ImageSet:
     return data
 
 
+def _class_numbers(labels, name: str) -> np.ndarray:
+    """Labels as int64 class numbers; a UserError for labels that are not whole numbers (0.5, NaN, text)."""
+    values = np.asarray(labels)
+    if values.dtype.kind in "iub":
+        return values.astype(np.int64, copy=False).reshape(-1)
+    if values.dtype.kind == "f":
+        flat = values.reshape(-1)
+        bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
+        if len(bad):
+            raise UserError(f"data '{name}' has label {float(flat[bad[0]])!r} (image {int(bad[0])}); labels are whole class "
+                            "numbers (0, 1, 2, ...)")
+        return flat.astype(np.int64)
+    raise UserError(f"data '{name}' has labels of type {values.dtype}; labels are whole class numbers (0, 1, 2, ...)")
+
+
 def _split_slice(spec: str) -> tuple[str, tuple[int | None, int | None] | None]:
     match = re.fullmatch(r"(.*)\[\s*(-?\d*)\s*:\s*(-?\d*)\s*\]", spec)
     if not match:
@@ -461,6 +482,9 @@ def _split_slice(spec: str) -> tuple[str, tuple[int | None, int | None] | None]:
             raise UserError(f"bad slice in data spec '{spec}'; write it as [start:stop], e.g. [0:5000] or [-50:]")
         return spec, None
     base, start, stop = match.groups()
+    if any(len(bound.lstrip("-")) > 18 for bound in (start, stop)):
+        raise UserError(f"the slice of data spec '{base}[...]' has a bound of more than 18 digits; no data set is that "
+                        "big (write [start:stop], e.g. [0:5000])")
     return base, (int(start) if start else None, int(stop) if stop else None)
 
 
@@ -564,7 +588,9 @@ def _read_mnist_pair(images: pathlib.Path, labels: pathlib.Path):
 
 
 def _load_npz(arg: str):
-    path = _existing(arg, "npz file")
+    from mlflow_di.input_files import regular_file
+
+    path = regular_file(arg, "npz file")
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -572,6 +598,9 @@ def _load_npz(arg: str):
         if not {"x", "y"} <= members:
             raise UserError(f"npz file '{arg}' needs arrays 'x' and 'y'; it has {sorted(members)}")
         images = _NpyRows(path, "x.npy", arg)
+        labels_rows = _NpyRows(path, "y.npy", arg)
+        whole = [labels_rows] + ([images] if images.fortran_order or images.dtype.hasobject else [])
+        _fits_in_memory(whole, arg)  # the arrays read whole, checked on their headers before reading
         with np.load(path, allow_pickle=False) as archive:
             labels = archive["y"]
             if images.fortran_order or images.dtype.hasobject:  # rows not contiguous: read it whole
@@ -583,6 +612,17 @@ def _load_npz(arg: str):
     if images.dtype != np.uint8:
         images.scale = _pixel_scale(*_scan_range(images, arg), arg)
     return LazyImages(images), labels
+
+
+def _fits_in_memory(arrays: list, name: str) -> None:
+    """A UserError when npz arrays read whole would need more memory than the machine has available."""
+    from mlflow_di.input_files import available_memory
+
+    needed, available = sum(rows.declared_bytes for rows in arrays), available_memory()
+    if available is not None and needed > available // 2:
+        raise UserError(f"npz file '{name}': its arrays need {needed / 2**30:.1f} GiB in memory, more than half of the "
+                        f"{available / 2**30:.1f} GiB available; store x C-ordered (np.savez) so it is read per batch, "
+                        "or split the file")
 
 
 def _scan_range(rows: _NpyRows, name: str) -> tuple[float, float]:
@@ -684,13 +724,25 @@ def _load_folder(arg: str):
     return LazyImages(_ImageFiles(paths, arg)), np.array(labels)
 
 
+#: Pixels one image file may have (64 megapixels: 192 MiB decoded as RGB), checked on its header.
+MAX_IMAGE_PIXELS = 64_000_000
+
+
 def _read_image(file: pathlib.Path) -> np.ndarray:
     """One image file as uint8 (H, W) grey or (H, W, 3) RGB; a UserError naming the file if it is unreadable."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(file) as img:
+        with Image.open(file) as img:  # reads the header only: the size is known before any pixel is decoded
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise UserError(f"image file '{file}' is {width}x{height} pixels, more than {MAX_IMAGE_PIXELS:,} "
+                                "(a decompression bomb, or a photo far bigger than a classifier takes); resize it "
+                                "or move it out of the folder")
             return np.asarray(img.convert("L" if img.mode in ("L", "1") else "RGB"))
+    except Image.DecompressionBombError as exc:
+        raise UserError(f"image file '{file}' is too big to decode safely ({_reason(exc)}); resize it or move it "
+                        "out of the folder") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         # SyntaxError: Pillow's parsers raise it for some malformed headers (e.g. broken PNG chunks)
         raise UserError(f"image file '{file}' is corrupt or not an image ({_reason(exc)}); "

@@ -162,7 +162,8 @@ class Thresholds(JsonRoundTrip):
             if value is not None and not math.isfinite(value):
                 raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
         for name in ("min_idc", "max_success_rate", "min_robustness_agreement", "max_idc_drop", "max_success_rate_rise",
-                     "max_disagreement_rate", "max_realistic_success_rate"):
+                     "max_disagreement_rate", "max_realistic_success_rate", "max_accuracy_drop",
+                     "max_class_accuracy_drop"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise UserError(f"--{name.replace('_', '-')} is a fraction between 0 and 1, got {value}")

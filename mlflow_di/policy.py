@@ -164,12 +164,10 @@ class Policy:
 
 def load_policy(path: str | pathlib.Path) -> Policy:
     """Read and check the policy file at ``path``."""
+    from mlflow_di.input_files import read_bounded
+
     path = pathlib.Path(path)
-    try:
-        content = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read the policy {path}: {exc.strerror or exc}") from None
-    return parse_policy(content, path.name)
+    return parse_policy(read_bounded(path, MAX_POLICY_BYTES, "policy"), path.name)
 
 
 #: A policy is a few hundred bytes; a file far bigger is a mistake (or an attack on the service).
@@ -177,6 +175,9 @@ MAX_POLICY_BYTES = 64 * 1024
 #: Values a policy may hold once its YAML aliases are expanded ("billion laughs": a 463-byte file
 #: of nested aliases expands to millions of values and kept the pipeline busy for minutes).
 MAX_POLICY_VALUES = 10_000
+#: Characters one value may have: paths and data specs are short, and a number of thousands of digits
+#: cannot even be converted (Python refuses integers of more than 4,300 digits).
+MAX_SCALAR_CHARACTERS = 1_000
 
 
 def parse_policy(content: bytes | str, source: str = "policy") -> Policy:
@@ -221,6 +222,11 @@ def _count_values(node, source: str, counted: dict) -> int:
             raise UserError(f"{source}: a YAML alias refers to a value that contains it; a policy cannot be recursive")
         return counted[key]
     counted[key] = None
+    if isinstance(node, yaml.MappingNode):
+        _no_duplicate_keys(node, source)
+    if isinstance(node, yaml.ScalarNode) and len(node.value) > MAX_SCALAR_CHARACTERS:
+        raise UserError(f"{source}: the value on line {node.start_mark.line + 1} is {len(node.value):,} characters long "
+                        f"(at most {MAX_SCALAR_CHARACTERS:,}); a policy's values are short names, paths and numbers")
     children = (node.value if isinstance(node, yaml.SequenceNode)
                 else [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else [])
     total = 1
@@ -231,6 +237,20 @@ def _count_values(node, source: str, counted: dict) -> int:
                             "a policy needs a few dozen, write the values out")
     counted[key] = total
     return total
+
+
+def _no_duplicate_keys(node, source: str) -> None:
+    """A UserError naming a key a YAML mapping states twice: YAML keeps the last one silently, so a second
+    ``gate:`` section would replace the first (and its thresholds) without a word."""
+    seen = {}
+    for key, _ in node.value:
+        name = getattr(key, "value", None)
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            raise UserError(f"{source}: '{name}' is given twice (lines {seen[name] + 1} and {key.start_mark.line + 1}); "
+                            "keep one")
+        seen[name] = key.start_mark.line
 
 
 def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:

@@ -167,6 +167,26 @@ def assets(tmp_path_factory) -> dict[str, str]:
     path("policy_ok", "policies/ok.yaml").write_text("gate: {thresholds: {min_idc: 0.5}}\n")
     path("policy_preprocessing_key", "policies/preprocessing-key.yaml").write_text(
         "preprocessing: {m: {colour: red}}\ngate: {thresholds: {min_idc: 0.5}}\n")
+    # special files and crafted headers (hardening, third round)
+    import io
+    import os
+    import zipfile
+
+    os.mkfifo(path("policy_fifo", "policies/fifo.yaml"))  # opening it for reading would block forever
+    path("policy_duplicate_gate", "policies/duplicate-gate.yaml").write_text(
+        "gate: {thresholds: {min_idc: 0.9}, promote_alias: champion}\ngate: {thresholds: {min_idc: 0.1}}\n")
+    path("policy_huge_integer", "policies/huge-integer.yaml").write_text(
+        "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, max_queries: " + "9" * 5000 + "}\n")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (10**9, 28, 28)})
+    with zipfile.ZipFile(path("npz_huge_header", "data/huge-header.npz"), "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + bytes(64))  # claims 784 GB, holds 64 bytes
+        labels_file = io.BytesIO()
+        np.save(labels_file, labels)
+        archive.writestr("y.npy", labels_file.getvalue())
+    np.savez(path("npz_half_labels", "data/half-labels.npz"), x=np.zeros((2, 8, 8), np.uint8), y=np.array([0, 0.5]))
+    Image.new("L", (16000, 16000)).save(path("_bomb", "data/bomb-folder/0/big.png"))  # 256 Mpixel, 250 KB
+    paths["folder_bomb"] = str(root / "data/bomb-folder")
     paths["adir"] = str(root / "out")
     path("_campaign", "out/campaign/seeds.jsonl").write_text("{}\n")
     paths["campaign"] = str(root / "out/campaign")
@@ -428,6 +448,21 @@ CASES = [
     ("serve-policy-unknown-key", ["serve", "--policy", "{policy_unknown_key}", "--state-dir", "{empty_dir}/service"]),
     ("pipeline-policy-alias-bomb", ["pipeline", "--policy", "{policy_alias_bomb}", "--model-uri", "models:/m/1"]),
     ("pipeline-policy-recursive-alias", ["pipeline", "--policy", "{policy_recursive}", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-dev-zero", ["pipeline", "--policy", "/dev/zero", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-fifo", ["pipeline", "--policy", "{policy_fifo}", "--model-uri", "models:/m/1"]),
+    ("serve-policy-fifo", ["serve", "--policy", "{policy_fifo}"]),
+    ("pipeline-policy-duplicate-section", ["pipeline", "--policy", "{policy_duplicate_gate}", "--model-uri",
+                                           "models:/m/1"]),
+    ("pipeline-policy-huge-integer", ["pipeline", "--policy", "{policy_huge_integer}", "--model-uri", "models:/m/1"]),
+    ("data-npz-dev-zero", coverage(train="npz:/dev/zero")),
+    ("data-npz-header-claims-a-huge-shape", coverage(train="npz:{npz_huge_header}")),
+    ("data-npz-fractional-labels", coverage(train="npz:{npz_half_labels}")),
+    ("data-slice-of-5000-digits", coverage(train="digits[0:" + "9" * 5000 + "]")),
+    ("data-folder-decompression-bomb", coverage(train="folder:{folder_bomb}")),
+    ("preprocessing-resize-huge", [*COVERAGE, "--preprocessing", "resize=99999999999"]),
+    ("gate-max-accuracy-drop-negative", ["gate", "--model-uri", "models:/absent/1", "--max-accuracy-drop", "-1"]),
+    ("gate-max-class-accuracy-drop-negative", ["gate", "--model-uri", "models:/absent/1", "--max-class-accuracy-drop",
+                                               "-0.5"]),
     ("serve-policy-alias-bomb", ["serve", "--policy", "{policy_alias_bomb}", "--state-dir", "{empty_dir}/service"]),
     ("serve-policy-missing", ["serve", "--policy", "{empty_dir}/absent.yaml", "--state-dir", "{empty_dir}/service"]),
     ("serve-webhook-secret-unset", ["serve", "--policy", "{policy_ok}", "--state-dir", "{empty_dir}/service",
@@ -454,6 +489,19 @@ CASES = [
 #: What the one error line must name, for cases where a later, different error could hide the
 #: intended one (the command would otherwise go on and fail elsewhere).
 FRAGMENTS = {
+    "pipeline-policy-dev-zero": "is a device, not a regular file",
+    "pipeline-policy-fifo": "is a FIFO, not a regular file",
+    "serve-policy-fifo": "is a FIFO, not a regular file",
+    "pipeline-policy-duplicate-section": "'gate' is given twice (lines 1 and 2)",
+    "pipeline-policy-huge-integer": "5,000 characters long",
+    "data-npz-dev-zero": "is a device, not a regular file",
+    "data-npz-header-claims-a-huge-shape": "claims shape (1000000000, 28, 28)",
+    "data-npz-fractional-labels": "has label 0.5 (image 1)",
+    "data-slice-of-5000-digits": "more than 18 digits",
+    "data-folder-decompression-bomb": "too big to decode safely",
+    "preprocessing-resize-huge": "from 1 to 16384",
+    "gate-max-accuracy-drop-negative": "--max-accuracy-drop",
+    "gate-max-class-accuracy-drop-negative": "--max-class-accuracy-drop",
     "data-labels-beyond-the-model": "has labels 0..12 but the model has 10 outputs",
     "pipeline-policy-preprocessing-unknown-key": "unknown key preprocessing.m.colour",
     "model-onnx-unsupported-operator": "ONNX operator Erf",

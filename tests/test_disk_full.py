@@ -117,3 +117,34 @@ def test_a_full_tracking_store_is_one_line(small_disk, models):
     done = run_cli("coverage", "--model-uri", str(models / "m0.pt"), "--train-data", "digits[0:40]",
                    "--test-data", "digits[40:80]", "--criteria", "nc", uri=uri)
     assert "database or disk is full" in one_line(done)
+
+
+def test_outputs_that_are_not_regular_files_are_written_in_place_and_checked(tmp_path):
+    """``--json-out /dev/full`` fails in one line (ENOSPC shows when the write is flushed); a link (such as
+    /dev/stdout) is written through, never replaced by a renamed file; a regular file is replaced whole."""
+    import threading
+
+    from mlflow_di.commands.options import WriteFailed, write_text_out
+
+    if os.path.exists("/dev/full"):
+        with pytest.raises(WriteFailed, match="No space left on device"):
+            write_text_out("{}", "/dev/full")
+        assert not os.path.isfile("/dev/full") and not os.path.exists("/dev/.full.partial")
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_text_out("through the link", str(link))
+    assert link.is_symlink() and target.read_text() == "through the link"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    write_text_out("into the pipe", str(fifo))
+    reader.join(10)
+    assert got == ["into the pipe"] and not (tmp_path / ".pipe.partial").exists()
+    plain = tmp_path / "plain.json"
+    write_text_out("whole", str(plain))
+    assert plain.read_text() == "whole" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "link.json", "pipe", "plain.json", "real.json"]

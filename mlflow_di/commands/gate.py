@@ -31,9 +31,9 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
               help="Fail if the fuzzing success rate (0..1) against a compressed model is higher.")
 @click.option("--min-mean-queries", type=FiniteFloat(0), default=None,
               help="Fail if fuzzing needed fewer queries per deviating input on average.")
-@click.option("--max-accuracy-drop", type=FiniteFloat(-1, 1), default=None,
+@click.option("--max-accuracy-drop", type=Fraction(), default=None,
               help="Fail if compression lost more accuracy (source - compressed, 0..1).")
-@click.option("--max-class-accuracy-drop", type=FiniteFloat(-1, 1), default=None,
+@click.option("--max-class-accuracy-drop", type=Fraction(), default=None,
               help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1).")
 @click.option("--max-disagreement-rate", type=Fraction(), default=None,
               help="Fail if a compressed model's top-1 label differs from the original's on more of the evaluation "

@@ -369,15 +369,31 @@ def write_json_out(payload: dict, path: str | None) -> None:
 
 
 def write_text_out(text: str, path: str | None) -> None:
-    """Write ``text`` to ``path`` (an output option checked writable when parsed; None: not given)
-    atomically: a reader (a CI step) sees the old file or the whole new one, never half of it."""
+    """Write ``text`` to ``path`` (an output option checked writable when parsed; None: not given),
+    flushed to the disk and checked: a file that could not be written is a :class:`WriteFailed`.
+
+    A regular file (or a new one) is written atomically: a reader (a CI step) sees the old file or
+    the whole new one, never half of it. Anything else that exists (a link such as ``/dev/stdout``,
+    a pipe, a device) is written in place: renaming a file over it would replace the link or the
+    device itself, and a device's errors (``/dev/full``: no space) show only when the write is flushed."""
     if not path:
         return
     target = pathlib.Path(path)
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        try:
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+        except OSError as exc:
+            raise WriteFailed(target, exc) from None
+        return
     partial = target.with_name(f".{target.name}.partial")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(text)
+        with open(partial, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(partial, target)
     except OSError as exc:
         partial.unlink(missing_ok=True)

@@ -313,13 +313,26 @@ def _levels_of(settings: bytes, means: int, channels: int) -> np.ndarray:
     return table
 
 
+#: The largest side (pixels) a resize or crop may ask for: 16384x16384 RGB is already 768 MiB an image.
+MAX_SIDE = 16384
+
+
 def _positive_ints(name: str, values, most: int) -> tuple[int, ...]:
-    """``values`` (a number or up to ``most`` numbers) as positive ints; a one-line UserError otherwise."""
-    values = tuple(np.atleast_1d(values).tolist())
-    if not 1 <= len(values) <= most or any(isinstance(v, bool) or float(v) != int(v) or int(v) < 1 for v in values):
+    """``values`` (a number or up to ``most`` numbers) as positive ints of at most :data:`MAX_SIDE`; a one-line
+    UserError otherwise."""
+    values = tuple(np.atleast_1d(np.asarray(values, dtype=object)).tolist())
+
+    def bad(value) -> bool:
+        try:
+            return isinstance(value, bool) or float(value) != int(value) or not 1 <= int(value) <= MAX_SIDE
+        except (TypeError, ValueError, OverflowError):
+            return True
+
+    if not 1 <= len(values) <= most or any(bad(v) for v in values):
         example = {"resize": "resize=256", "center_crop": "center_crop=224 or center_crop=224/192"}.get(name, "")
-        raise UserError(f"preprocessing {name} must be {'one' if most == 1 else f'1 to {most}'} positive whole "
-                        f"number(s), got {'/'.join(str(v) for v in values)}" + (f"; e.g. {example}" if example else ""))
+        shown = "/".join(str(v) if len(str(v)) <= 20 else f"{str(v)[:8]}...({len(str(v))} digits)" for v in values)
+        raise UserError(f"preprocessing {name} must be {'one' if most == 1 else f'1 to {most}'} whole number(s) from 1 "
+                        f"to {MAX_SIDE}, got {shown}" + (f"; e.g. {example}" if example else ""))
     return tuple(int(v) for v in values)
 
 
