@@ -387,3 +387,18 @@ def test_realistic_success_rate_is_judged_and_noise_is_named(client, capsys):
     assert "only 3 of 90 triggers are within the realism budget" in out and "noise-like" in out
     version = client.get_model_version("noisy", "1")
     assert version.tags["mlflow_di.realistic_success_rate"] == "0.03" and "noise-like" in version.description
+
+
+def test_a_model_name_with_both_kinds_of_quote_is_found_exactly(client):
+    """MLflow's filter has no literal for it: LIKE with ' as a wildcard, then the exact tags."""
+    import mlflow
+
+    from mlflow_di.mlflow_edge import recorded
+
+    name = """it's a "model\""""
+    for value, idc in ((name, 0.5), ("itXs a \"model\"", 0.9)):  # the second matches the LIKE pattern too
+        with mlflow.start_run():
+            mlflow.set_tags({"mlflow_di.command": "coverage", "mlflow_di.model_name": value})
+            mlflow.log_metric("idc", idc)
+    found = recorded.search_recorded_runs("coverage", {"mlflow_di.model_name": name}, "idc", client)
+    assert [run.data.metrics["idc"] for run in found] == [0.5]

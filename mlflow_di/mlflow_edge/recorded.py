@@ -44,7 +44,20 @@ def _quote(value: str) -> str:
 
 
 def tag_filter(tags: dict) -> str:
-    return " and ".join(f"tags.`{key}` = {_quote(str(value))}" for key, value in tags.items())
+    """A search filter for runs with ``tags``. A value holding both kinds of quote cannot be written as
+    a literal: it is matched with LIKE, each ``'`` a one-character wildcard, so the filter may match
+    more runs than the tags name; :func:`matching` keeps the exact ones."""
+    def condition(key: str, value: str) -> str:
+        if "'" in value and '"' in value:
+            return f"tags.`{key}` LIKE '{value.replace(chr(39), '_')}'"
+        return f"tags.`{key}` = {_quote(value)}"
+
+    return " and ".join(condition(key, str(value)) for key, value in tags.items())
+
+
+def matching(runs: list, tags: dict) -> list:
+    """The runs whose tags equal ``tags`` exactly (see :func:`tag_filter`)."""
+    return [run for run in runs if all(run.data.tags.get(key) == str(value) for key, value in tags.items())]
 
 
 def experiment_ids(client) -> list[str]:
@@ -87,7 +100,7 @@ def search_recorded_runs(command: str, tags: dict, metric: str, client=None, max
     while True:
         page = client.search_runs(experiments, query, max_results=max_results, page_token=token,
                                   order_by=["attributes.start_time DESC"])
-        runs.extend(page)
+        runs.extend(matching(page, {f"{TAG_PREFIX}command": command, **tags}))
         token = page.token
         if not token or len(runs) >= max_results:
             return runs

@@ -164,13 +164,13 @@ def close_orphaned_runs(tags: dict, reason: str) -> list[str]:
 
     Returns their ids. The run keeps everything it logged; the tag ``mlflow_di.closed_by`` says why.
     """
-    from mlflow_di.mlflow_edge.recorded import experiment_ids, tag_filter
+    from mlflow_di.mlflow_edge.recorded import experiment_ids, matching, tag_filter
 
     client = mlflow.MlflowClient()
     ids = experiment_ids(client)
     if not ids:
         return []
-    orphans = client.search_runs(ids, f"{tag_filter(tags)} and attributes.status = 'RUNNING'")
+    orphans = matching(client.search_runs(ids, f"{tag_filter(tags)} and attributes.status = 'RUNNING'"), tags)
     for run in orphans:
         client.set_tag(run.info.run_id, "mlflow_di.closed_by", reason)
         client.set_terminated(run.info.run_id, status="KILLED")
