@@ -152,6 +152,8 @@ def _run(argv: list[str] | None) -> int:
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 #: How SQLite (under SQLAlchemy, under MLflow) says the tracking store cannot take a write.
 _STORE_FULL = ("database or disk is full", "attempt to write a readonly database", "disk I/O error")
+#: ... and that it cannot even open the store's file (a read-only folder or mount, a missing folder).
+_STORE_UNOPENED = "unable to open database file"
 
 
 def write_error_line(exc: BaseException) -> str | None:
@@ -163,6 +165,11 @@ def write_error_line(exc: BaseException) -> str | None:
         return (f"cannot write {where}: {exc.strerror or exc}; free space or fix the permissions (or pick another "
                 "location) and run again; finished work is kept")
     text = str(exc)
+    if _STORE_UNOPENED in text:
+        from mlflow_di.mlflow_edge.connection import tracking_uri
+
+        return (f"cannot open the tracking store {tracking_uri()} (SQLite: {_STORE_UNOPENED}); its folder must exist "
+                "and be writable: pick another --tracking-uri or fix the folder's permissions")
     reason = next((phrase for phrase in _STORE_FULL if phrase in text), None)
     if reason:
         return (f"the tracking store cannot take a write ({reason}); free space on its disk or fix its permissions "

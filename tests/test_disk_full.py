@@ -148,3 +148,22 @@ def test_outputs_that_are_not_regular_files_are_written_in_place_and_checked(tmp
     write_text_out("whole", str(plain))
     assert plain.read_text() == "whole" and sorted(p.name for p in tmp_path.iterdir()) == [
         "link.json", "pipe", "plain.json", "real.json"]
+
+
+def test_a_sqlite_store_in_a_read_only_folder_is_one_line(tmp_path):
+    """SQLAlchemy's 'unable to open database file' (164 lines of traceback) becomes one line naming the store."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'mount failed'})")
+    try:
+        uri = f"sqlite:///{folder}/mlflow.db"
+        run = subprocess.run([sys.executable, "-m", "mlflow_di.cli", "--tracking-uri", uri, "gate", "--model-uri",
+                              "models:/m/1", "--min-idc", "0.5"], capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+    lines = run.stderr.splitlines()
+    assert run.returncode == 2 and len(lines) == 1, run.stderr[-2000:]
+    assert lines[0].startswith(PREFIX) and f"cannot open the tracking store {uri}" in lines[0]
