@@ -91,9 +91,10 @@ def write_auth_config(folder: pathlib.Path) -> tuple[pathlib.Path, tuple[str, st
 
 
 def start_server(folder: pathlib.Path, basic_auth: bool = False, timeout: float = START_TIMEOUT,
-                 extra_env: dict | None = None) -> MlflowServer:
+                 extra_env: dict | None = None, port: int | None = None) -> MlflowServer:
     """Start ``mlflow server`` storing everything in ``folder``; return once ``/health`` answers OK.
-    ``extra_env``: more environment for the server (e.g. the ``MLFLOW_WEBHOOK_*`` settings).
+    ``extra_env``: more environment for the server (e.g. the ``MLFLOW_WEBHOOK_*`` settings); ``port``: the
+    port to listen on (default: a free one).
 
     Raises RuntimeError with the server's log when it exits or stays unhealthy for ``timeout`` s.
     """
@@ -108,7 +109,7 @@ def start_server(folder: pathlib.Path, basic_auth: bool = False, timeout: float 
         config_path, admin = write_auth_config(folder)
         env.update(MLFLOW_AUTH_CONFIG_PATH=str(config_path), MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16))
         extra = ["--app-name", "basic-auth"]
-    port = free_port()
+    port = port or free_port()  # a server started again on the same folder and port is "back"
     url = f"http://127.0.0.1:{port}"
     log_path = folder / "server.log"
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),

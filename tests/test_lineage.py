@@ -163,17 +163,21 @@ def test_inputs_series_and_images_are_kept_locally_once_the_store_failed(trackin
 
     from mlflow_di.mlflow_edge import runs
 
+    from mlflow_di.errors import UserError
+
     dataset = datasets.spec_dataset(load_images("digits[0:10]"))
-    with runs.tracked_run("store goes away") as log:
-        log.input(dataset, "test")
-        log.metric_series("idc_growth", {1: 0.1, 2: 0.2})
-        monkeypatch.setattr(mlflow, "log_text", lambda *a, **k: (_ for _ in ()).throw(
-            MlflowException("API request failed: connection refused")))
-        log.text("x", "report.html")
-        log.input(dataset, "training")
-        log.metric_series("idc_growth", {3: 0.3})
-        log.image_series(np.zeros((2, 8, 8, 1), np.uint8)[..., 0], "triggers")
-        log.metrics({"idc": 0.3}, model_id="m-nowhere", dataset=dataset)
+    with pytest.raises(UserError, match="could not log to the tracking store"):
+        with runs.tracked_run("store goes away") as log:
+            log.input(dataset, "test")
+            log.metric_series("idc_growth", {1: 0.1, 2: 0.2})
+            monkeypatch.setattr(mlflow, "log_text", lambda *a, **k: (_ for _ in ()).throw(
+                MlflowException("API request failed: connection refused")))
+            log.text("x", "report.html")
+            log.input(dataset, "training")
+            log.metric_series("idc_growth", {3: 0.3})
+            log.image_series(np.zeros((2, 8, 8, 1), np.uint8), "triggers")  # one channel: PIL takes (H, W)
+            log.image(np.zeros((1, 1, 1), np.uint8), "grid.png")
+            log.metrics({"idc": 0.3}, model_id="m-nowhere", dataset=dataset)
     run = mlflow.get_run(log.run_id)
     assert set(_inputs(run)) == {("test", "digits[0:10]")}
     assert [p.step for p in mlflow.MlflowClient().get_metric_history(log.run_id, "idc_growth")] == [1, 2]
@@ -182,6 +186,7 @@ def test_inputs_series_and_images_are_kept_locally_once_the_store_failed(trackin
     assert json.loads((kept / "metric_series" / "idc_growth.json").read_text()) == {"3": 0.3}
     assert sorted(p.name for p in (kept / "images" / "triggers").iterdir()) == ["0.png", "1.png"]
     assert json.loads((kept / "metrics.json").read_text()) == {"idc": 0.3}
+    assert (kept / "grid.png").exists() and run.info.status == "FAILED"
 
 
 def test_data_read_in_two_roles_is_one_input_naming_both(tracking_uri):

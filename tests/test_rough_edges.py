@@ -1,5 +1,6 @@
 """The rough edges a new user hit: runs left RUNNING, signals, dead servers, lost results, noise."""
 import os
+import json
 import pathlib
 import signal
 import subprocess
@@ -119,18 +120,23 @@ def test_results_are_kept_locally_when_the_server_goes_away_mid_run(tracking_uri
 
     from mlflow_di.mlflow_edge import runs
 
-    with runs.tracked_run("server goes away") as log:
-        log.metrics({"before": 1.0})
-        monkeypatch.setattr(mlflow, "log_dict", lambda *a, **k: (_ for _ in ()).throw(
-            MlflowException("API request failed: connection refused")))
-        log.json({"idc": 0.5}, "coverage/summary.json")
-        log.metrics({"after": 2.0})  # once the store failed, everything goes to the local folder
+    from mlflow_di.errors import UserError
+
+    with pytest.raises(UserError) as failed:  # never FINISHED with results missing from the store
+        with runs.tracked_run("server goes away") as log:
+            log.metrics({"before": 1.0})
+            monkeypatch.setattr(mlflow, "log_dict", lambda *a, **k: (_ for _ in ()).throw(
+                MlflowException("API request failed: connection refused")))
+            log.json({"idc": 0.5}, "coverage/summary.json")
+            log.metrics({"after": 2.0})  # once the store failed, everything goes to the local folder
     kept = pathlib.Path("mlflow-di-unlogged") / log.run_id
     assert (kept / "coverage" / "summary.json").read_text().count("0.5") == 1
     assert "after" in (kept / "metrics.json").read_text()
-    err = capsys.readouterr().err
-    assert f"mlflow artifacts log-artifacts --local-dir {kept} --run-id {log.run_id}" in err
+    line = str(failed.value)
+    assert f"mlflow artifacts log-artifacts --local-dir {kept} --run-id {log.run_id}" in line
+    assert "(API request failed: connection refused)" in line and f"run {log.run_id} ended FAILED" in line
     assert mlflow.get_run(log.run_id).data.metrics == {"before": 1.0}
+    assert mlflow.get_run(log.run_id).info.status == "FAILED"
 
 
 def test_usage_errors_are_one_line(capsys):
@@ -157,3 +163,28 @@ def test_litert_says_nothing_on_stderr(shared_dir, tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and "backend:        tflite" in result.stdout
+
+
+def test_a_run_the_store_could_not_end_is_ended_by_the_next_command(tracking_uri, monkeypatch, capsys):
+    from mlflow.exceptions import MlflowException
+
+    from mlflow_di.errors import UserError
+    from mlflow_di.mlflow_edge import runs
+
+    def store_gone(*args, **kwargs):  # the server is away: nothing reaches it
+        raise MlflowException("API request failed: connection refused")
+
+    with pytest.raises(UserError, match="ended FAILED"), monkeypatch.context() as away:
+        with runs.tracked_run("server dies") as log:
+            away.setattr(mlflow, "log_metrics", lambda *a, **k: (_ for _ in ()).throw(
+                MlflowException("API request failed: connection refused")))
+            away.setattr(mlflow, "end_run", store_gone)
+            log.metrics({"idc": 0.5})
+    mlflow.end_run()  # clears this process's run stack; then the store is put back as the dead server left it
+    mlflow.MlflowClient().update_run(log.run_id, status="RUNNING")
+    note = pathlib.Path("mlflow-di-unlogged") / log.run_id / "end.json"
+    assert json.loads(note.read_text())["status"] == "FAILED"
+    with runs.tracked_run("the next command"):
+        pass
+    assert mlflow.get_run(log.run_id).info.status == "FAILED" and not note.exists()
+    assert f"ended run {log.run_id}, left RUNNING" in capsys.readouterr().err

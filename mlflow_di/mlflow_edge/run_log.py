@@ -2,9 +2,11 @@
 
 Commands never call ``mlflow.log_*`` themselves: they hand plain values (dicts, rows, images,
 text, folders) to the :class:`RunLog` that :func:`~mlflow_di.mlflow_edge.runs.tracked_run`
-yields. When the tracking server goes away mid-run, nothing is lost: each item that cannot be
-logged is written under ``mlflow-di-unlogged/RUN_ID/`` instead, and the command ends by saying
-how to log that folder later.
+yields. When the tracking server goes away mid-run (or the artifact store fills up), nothing is
+lost: each item that cannot be logged is written under ``mlflow-di-unlogged/RUN_ID/`` instead, and
+the command fails in one line (exit 2) saying how to log that folder later. A run the store could
+not even end is noted there (``end.json``) and ended by the next command that reaches the store
+(:func:`close_pending_runs`), so it is not left RUNNING.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from mlflow.exceptions import MlflowException
 from mlflow_di.mlflow_edge.connection import first_line
 
 UNLOGGED = pathlib.Path("mlflow-di-unlogged")
+PENDING_END = "end.json"  # in a run's unlogged folder: the status its run must still be ended with
 #: Errors that mean "the store cannot take this now" (server gone, refused, timed out).
 _STORE_ERRORS = (MlflowException, ConnectionError, OSError)
 
@@ -30,6 +33,7 @@ class RunLog:
         self.run = run
         self.run_id: str = run.info.run_id
         self.fallback: pathlib.Path | None = None  # set once something could not be logged
+        self.reason = ""  # why the store refused (the first error), for the closing line
 
     @property
     def info(self):
@@ -98,7 +102,7 @@ class RunLog:
 
             path.mkdir(parents=True, exist_ok=True)
             for step, image in enumerate(images):
-                Image.fromarray(image).save(path / f"{step}.png")
+                Image.fromarray(_pil_ready(image)).save(path / f"{step}.png")
 
         def write():
             for step, image in enumerate(images):
@@ -124,7 +128,7 @@ class RunLog:
         def keep(path):
             from PIL import Image
 
-            Image.fromarray(image).save(path)
+            Image.fromarray(_pil_ready(image)).save(path)
         self._log(lambda: mlflow.log_image(image, artifact_path), artifact_path, keep)
 
     def text(self, text: str, artifact_path: str) -> None:
@@ -150,20 +154,61 @@ class RunLog:
         self.fallback = UNLOGGED / self.run_id
         self.fallback.mkdir(parents=True, exist_ok=True)
         message = exc.message if isinstance(exc, MlflowException) else exc
-        print(f"mlflow-di: warning: could not log to the tracking store ({first_line(message)}); "
-              f"keeping results in {self.fallback}/", file=sys.stderr)
+        self.reason = first_line(message)
 
-    def end(self, status: str) -> None:
-        """End the run with ``status``; when the store is gone, say where the results are and how to log them."""
+    def unlogged_line(self) -> str:
+        """The one line a command fails with when something could not be logged: why, where it is, how to log it."""
+        from mlflow_di.mlflow_edge.connection import tracking_uri
+
+        return (f"could not log to the tracking store {tracking_uri()} ({self.reason}); run {self.run_id} ended FAILED "
+                f"and what it could not log is in {self.fallback}/: once the store takes writes again, log it with "
+                f"`mlflow artifacts log-artifacts --local-dir {self.fallback} --run-id {self.run_id}`")
+
+    def end(self, status: str, announce: bool = True) -> None:
+        """End the run with ``status``. When the store cannot end it, note the status beside the unlogged results
+        (the next command that reaches the store ends it); with ``announce``, say where the results are."""
         try:
             mlflow.end_run(status=status)
         except _STORE_ERRORS as exc:
             if self.fallback is None:  # (MLflow has already dropped the run from this process's stack)
                 self._start_fallback(exc)
-        if self.fallback is not None:
+            from mlflow_di.mlflow_edge.connection import tracking_uri
+
+            (self.fallback / PENDING_END).write_text(json.dumps(
+                {"run_id": self.run_id, "status": status, "tracking_uri": tracking_uri()}))
+        if self.fallback is not None and announce:
             print(f"mlflow-di: results that could not be logged are in {self.fallback}/; once the server is back, "
                   f"log them with: mlflow artifacts log-artifacts --local-dir {self.fallback} --run-id {self.run_id}",
                   file=sys.stderr)
+
+
+def close_pending_runs() -> list[str]:
+    """End the runs of this tracking store that an earlier command could not end (its server was gone), with the
+    status that command noted; the ids of those ended. A store that still refuses leaves the note for next time."""
+    from mlflow_di.mlflow_edge.connection import tracking_uri
+
+    if not UNLOGGED.is_dir():
+        return []
+    uri, ended = tracking_uri(), []
+    for note in sorted(UNLOGGED.glob(f"*/{PENDING_END}")):
+        try:
+            pending = json.loads(note.read_text())
+            if pending.get("tracking_uri") != uri:
+                continue
+            mlflow.MlflowClient().set_terminated(pending["run_id"], pending["status"])
+        except (ValueError, KeyError, *_STORE_ERRORS):
+            continue
+        note.unlink(missing_ok=True)
+        ended.append(pending["run_id"])
+    return ended
+
+
+def _pil_ready(image):
+    """An image array PIL can take: (H, W, 1) grey becomes (H, W)."""
+    import numpy as np
+
+    image = np.asarray(image)
+    return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
 
 
 def _merge_json(path: pathlib.Path, values: dict) -> None:

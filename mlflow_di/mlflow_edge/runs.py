@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import mlflow
 from mlflow.exceptions import MlflowException
@@ -17,7 +18,7 @@ from mlflow.exceptions import MlflowException
 import mlflow_di
 from mlflow_di.errors import UserError
 from mlflow_di.mlflow_edge.connection import first_line, tracking_uri
-from mlflow_di.mlflow_edge.run_log import RunLog
+from mlflow_di.mlflow_edge.run_log import RunLog, close_pending_runs
 
 DEFAULT_EXPERIMENT = "mlflow-di"
 #: MLflow's experiment-kind tag: a classic-ML experiment opens on its runs, not on GenAI traces.
@@ -80,6 +81,9 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
     whatever could not be logged (the server went away) is kept on disk and the command says where.
     """
     top_level = mlflow.active_run() is None
+    if top_level:
+        for closed in close_pending_runs():
+            print(f"mlflow-di: ended run {closed}, left RUNNING when the tracking store went away", file=sys.stderr)
     try:
         run = _start_run(run_name, experiment, {"mlflow_di.version": mlflow_di.__version__, **(tags or {})}, run_id)
     except MlflowException as exc:
@@ -90,10 +94,16 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
     except KeyboardInterrupt:
         log.end(ended := "KILLED")
         raise
+    except UserError:
+        log.end(ended := "FAILED", announce=False)  # the error's own line says what to do
+        raise
     except BaseException:
         log.end(ended := "FAILED")
         raise
     else:
+        if log.fallback is not None:  # never FINISHED with results missing from the store
+            log.end(ended := "FAILED", announce=False)
+            raise UserError(log.unlogged_line())
         log.end(status)
     finally:
         if top_level:

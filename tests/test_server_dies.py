@@ -1,0 +1,90 @@
+"""A real ``mlflow server`` that dies in the middle of a command: one line and exit 2 (never the gate's FAIL
+code 1), the results kept on disk with the command that logs them, and the run not left RUNNING once the
+server is back (the next command that reaches it ends the run FAILED)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.mlflow_server import LOCAL_ONLY, start_server
+
+PREFIX = "mlflow-di: error: "
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    import torch
+
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+
+    folder = tmp_path_factory.mktemp("models")
+    for seed in (0, 1):
+        model = TorchModel(zoo.build("digits-cnn", seed=seed), zoo.architecture("digits-cnn").preprocessing, name="d")
+        torch.save({"module": model.module, "mlflow_di": {"preprocessing": model.preprocessing.to_dict()}},
+                   folder / f"m{seed}.pt")
+    return folder
+
+
+def running_runs(url: str) -> list[dict]:
+    request = urllib.request.Request(f"{url}/api/2.0/mlflow/runs/search", method="POST",
+                                     data=json.dumps({"experiment_ids": ["0", "1"], "max_results": 50}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with LOCAL_ONLY.open(request, timeout=5) as answer:
+        runs = json.loads(answer.read()).get("runs", [])
+    return [run["info"] for run in runs]
+
+
+@pytest.mark.parametrize("command", ["fuzz", "coverage"])
+def test_a_server_that_dies_mid_run_is_one_line_and_the_run_is_ended_when_it_is_back(command, model_file, tmp_path):
+    folder, work = tmp_path / "server", tmp_path / "work"
+    work.mkdir()
+    server = start_server(folder)
+    port = int(server.url.rsplit(":", 1)[1])
+    if command == "fuzz":  # long enough to be killed in the middle: 300 seeds, 2,000 queries each at most
+        args = ["fuzz", "--original", str(model_file / "m0.pt"), "--compressed", str(model_file / "m1.pt"),
+                "--seed-data", "digits[0:300]", "--num-seeds", "300", "--max-queries", "2000"]
+    else:
+        args = ["coverage", "--model-uri", str(model_file / "m0.pt"), "--train-data", "digits[0:1200]",
+                "--test-data", "digits[1200:]"]
+    process = subprocess.Popen([sys.executable, "-m", "mlflow_di.cli", "--tracking-uri", server.url, *args], cwd=work,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(run["status"] == "RUNNING" for run in running_runs(server.url)):
+            assert process.poll() is None and time.monotonic() < deadline, "the command never started its run"
+            time.sleep(0.2)
+        run_id = next(run["run_id"] for run in running_runs(server.url) if run["status"] == "RUNNING")
+        os.killpg(server.process.pid, signal.SIGKILL)  # the server dies, with no word to anyone
+        server.process.wait(10)
+        out, err = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines = err.strip().splitlines()
+    assert process.returncode == 2, err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(PREFIX) and "Traceback" not in err, err[-3000:]
+    assert server.url in lines[0] and f"run {run_id} ended FAILED" in lines[0]
+    kept = work / "mlflow-di-unlogged" / run_id
+    assert (kept / "end.json").exists() and f"--local-dir mlflow-di-unlogged/{run_id}" in lines[0]
+    back = start_server(folder, port=port)
+    try:
+        assert [run["status"] for run in running_runs(back.url) if run["run_id"] == run_id] == ["RUNNING"]
+        again = subprocess.run([sys.executable, "-m", "mlflow_di.cli", "--tracking-uri", back.url, "coverage",
+                                "--model-uri", str(model_file / "m0.pt"), "--train-data", "digits[0:50]",
+                                "--test-data", "digits[50:80]", "--criteria", "nc"], cwd=work, capture_output=True,
+                               text=True, timeout=600)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert f"ended run {run_id}, left RUNNING" in again.stderr
+        assert [run["status"] for run in running_runs(back.url) if run["run_id"] == run_id] == ["FAILED"]
+        assert not (kept / "end.json").exists()
+    finally:
+        back.stop()
