@@ -186,3 +186,55 @@ def test_a_signed_payload_of_the_right_shape_is_offered(version):
     service = service_offering(lambda name, number, run_id, source: (200, {"offered": [name, number, source]}))
     payload = {"entity": "model_version", "action": "created", "data": {"name": "m", "version": version}}
     assert service.webhook(*signed(payload)) == (200, {"offered": ["m", "3", "webhook"]})
+
+
+def test_a_signed_body_nested_a_hundred_thousand_deep_is_a_400_not_a_500():
+    service = service_offering(lambda *args: pytest.fail("a malformed payload must not be offered"))
+    from mlflow_di.service import signature
+
+    body = b"[" * 100_000 + b"]" * 100_000
+    stamp = str(int(time.time()))
+    headers = Lookup({"x-mlflow-delivery-id": "d", "x-mlflow-timestamp": stamp,
+                      "x-mlflow-signature": signature.sign("s3cret", "d", stamp, body)})
+    status, answer = service.webhook(headers, body)
+    assert status == 400 and "not a JSON webhook payload" in answer["error"]
+
+
+def test_a_client_that_drips_its_request_is_closed_at_the_deadline_while_others_are_served(monkeypatch):
+    """One byte a second never looks idle (the idle timeout is 4 s here); the whole-request deadline (3 s here,
+    checked at each 1 s cleanup pass) closes it."""
+    monkeypatch.setattr(service_http, "IDLE_TIMEOUT_S", 4)
+    monkeypatch.setattr(service_http, "REQUEST_DEADLINE_S", 3)
+    server = service_http.ServiceServer("127.0.0.1", 0, StandIn())
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = int(server.url.rsplit(":", 1)[1])
+    drippers = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        started, closed_at = time.perf_counter(), {}
+        request = b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
+        for position in range(len(request)):
+            for number, client in enumerate(drippers):
+                if number in closed_at:
+                    continue
+                try:
+                    client.sendall(request[position:position + 1])
+                except OSError:
+                    closed_at[number] = time.perf_counter() - started
+            if len(closed_at) == len(drippers) or time.perf_counter() - started > 15:
+                break
+            assert get(server.url + "/health", timeout=5)[0] == 200  # the others are served meanwhile
+            time.sleep(1)
+        for number, client in enumerate(drippers):  # a closed connection reads as the end of the stream
+            client.settimeout(2)
+            try:
+                if number not in closed_at and client.recv(1) == b"":
+                    closed_at[number] = time.perf_counter() - started
+            except (ConnectionResetError, TimeoutError):
+                pass
+        assert len(closed_at) == len(drippers) and max(closed_at.values()) < 10, closed_at
+    finally:
+        for client in drippers:
+            client.close()
+        server.shutdown()
+        thread.join(10)

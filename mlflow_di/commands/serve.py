@@ -51,8 +51,9 @@ TAG_RETRY_S = 30.0
               help="Address the endpoints bind to (0.0.0.0 exposes them to the network).")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="Port of /health, /jobs and POST /webhook (0: any free port, printed at start).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Pipelines run at the same time.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Pipelines run at the same time (default: one per CPU core); each pipeline's models get the "
+                   "cores divided by the workers as threads, so the machine is used without oversubscribing it.")
 @click.option("--poll-seconds", type=FiniteFloat(min=0), default=60.0, show_default=True,
               help="Look for new versions this often (0: never; then only webhooks bring jobs).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
@@ -89,6 +90,7 @@ def command(policy_path, state_dir, host, port, workers, poll_seconds, models, b
                    + (f" of {', '.join(untrusted)}" if models and policy.trusted_pickles else "")
                    + ": versions logged as pickled PyTorch models will end in error (list their registered models "
                    "under trust.pickled_models); ONNX and TFLite versions run")
+    workers = workers or max(1, os.cpu_count() or 1)
     service = Service(pathlib.Path(state_dir), policy_path, models, workers, max_attempts, retry_backoff, secret,
                       poll_seconds, backfill)
     service.start(host, port, register_webhook)
@@ -252,6 +254,9 @@ class Service:
     def _child_env(self) -> dict:
         env = dict(os.environ)
         env["MLFLOW_TRACKING_URI"] = self.tracking_uri
+        threads = str(max(1, (os.cpu_count() or 1) // self.workers))  # the cores shared out between the workers
+        for name in ("MLFLOW_DI_THREADS", "OMP_NUM_THREADS"):
+            env.setdefault(name, threads)
         env["PYTHONUNBUFFERED"] = "1"
         for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):  # each pipeline starts its own run
             env.pop(name, None)
@@ -356,7 +361,7 @@ class Service:
             return 401, {"error": reason}
         try:
             payload = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python's stack (a crafted body)
             payload = None
         if not isinstance(payload, dict):
             return 400, {"error": "the body is not a JSON webhook payload (an object with entity, action and data)"}

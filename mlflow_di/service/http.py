@@ -26,6 +26,9 @@ import urllib.parse
 MAX_BODY = 1 << 20
 #: Seconds a connection may stay silent (mid-request included) before it is closed.
 IDLE_TIMEOUT_S = 20
+#: Seconds a request may take to arrive whole, from its first byte: a client that drips one byte every
+#: few seconds never looks idle, so without it it could keep its connection forever.
+REQUEST_DEADLINE_S = 30
 #: Requests handled at once; further complete requests wait in waitress's queue.
 HANDLER_THREADS = 8
 #: Open connections at most (stalled ones included); beyond it new ones wait in the listen backlog.
@@ -50,6 +53,26 @@ class ServiceServer:
             max_request_body_size=MAX_BODY, asyncore_use_poll=True, log_socket_errors=False,
             expose_tracebacks=False, ident="mlflow-di-serve", clear_untrusted_proxy_headers=True)
         self._stopped = threading.Event()
+        self._server.maintenance = self._with_deadline(self._server)
+
+    @staticmethod
+    def _with_deadline(server):
+        """waitress's periodic maintenance (closing idle connections), plus: a connection whose request has been
+        arriving for more than :data:`REQUEST_DEADLINE_S` is closed. Runs in the server's loop thread."""
+        idle = server.maintenance
+
+        def maintenance(now: float) -> None:
+            idle(now)
+            for channel in list(server.active_channels.values()):
+                request = getattr(channel, "request", None)  # a request still being received
+                if request is None:
+                    continue
+                started = getattr(request, "mlflow_di_started", None)
+                if started is None:
+                    request.mlflow_di_started = now
+                elif now - started > REQUEST_DEADLINE_S:
+                    channel.will_close = True
+        return maintenance
 
     @property
     def url(self) -> str:
