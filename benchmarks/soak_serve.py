@@ -5,14 +5,18 @@ For each ``--workers`` value, in a fresh temporary folder: a real ``mlflow serve
 is short) start on 127.0.0.1. Then, while a sampler reads the service process's threads and
 resident memory every half second:
 
-1. ``--stalled`` connections each declare a 1 MB webhook body, send 3 bytes and stay open;
+1. ``--stalled`` connections each declare a 1 MB webhook body, send 3 bytes and stay open; ``--drippers``
+   connections send a webhook request one byte every ``--drip-seconds`` (never idle long enough for the
+   idle timeout: only the whole-request deadline closes them);
 2. ``--versions`` versions of one registered model are registered in a burst;
 3. ``--deliveries`` signed webhook deliveries are POSTed by 16 client threads: for every version
    the delivery MLflow would send and repeats of it, and a ``--malformed`` fraction of bad ones
-   (wrong signature, a body that is not JSON, ``"data": "str"``, a version missing);
+   (wrong signature, a body that is not JSON, ``"data": "str"``, a version missing, a body nested
+   100,000 deep);
 4. the soak waits until every version has a verdict (``--timeout`` bounds it) and stops everything.
 
-Reported per ``--workers``: deliveries lost (no HTTP answer; target 0) and answered with an
+Reported per ``--workers``: drippers still open at the end and the seconds the last one took to be
+closed (target: all closed within the deadline and a cleanup pass), deliveries lost (no HTTP answer; target 0) and answered with an
 unexpected status, jobs duplicated (more than one job or one pipeline run per version; target
 0), versions without a verdict, the verdict latency per version (registration to the job's final
 state), and the service's threads and memory at each phase. Nothing but 127.0.0.1 is contacted;
@@ -91,8 +95,8 @@ def deliveries(secret: str, versions: list[str], total: int, malformed: float, r
                            "data": {"name": MODEL, "version": version}}).encode()
         out.append(("good", body, _signed(secret, body)))
     for number in range(bad_count):
-        kind = ("forged", "not-json", "data-str", "no-version")[number % 4]
-        body = {"not-json": b"{this is not json",
+        kind = ("forged", "not-json", "data-str", "no-version", "deep")[number % 5]
+        body = {"not-json": b"{this is not json", "deep": b"[" * 100_000 + b"]" * 100_000,
                 "data-str": json.dumps({"entity": "model_version", "action": "created", "data": "str"}).encode(),
                 "no-version": json.dumps({"entity": "model_version", "action": "created",
                                           "data": {"name": MODEL}}).encode()}.get(kind, b'{"entity": "model_version"}')
@@ -117,6 +121,46 @@ def post(url: str, body: bytes, headers: dict) -> int | str:
         return error.code
     except (urllib.error.URLError, OSError) as exc:
         return f"lost: {exc}"
+
+
+class Drippers(threading.Thread):
+    """``count`` connections each sending a webhook request one byte every ``every`` seconds; records when the
+    service closed each (a send that fails, or the end of the stream)."""
+
+    REQUEST = b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n" + b"x" * 400
+
+    def __init__(self, port: int, count: int, every: float):
+        super().__init__(daemon=True)
+        self.every, self.started = every, time.monotonic()
+        self.connections = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+        self.closed_after: dict[int, float] = {}
+        self.stop = threading.Event()
+
+    def run(self):
+        for position in range(len(self.REQUEST)):
+            for number, connection in enumerate(self.connections):
+                if number in self.closed_after:
+                    continue
+                try:
+                    connection.sendall(self.REQUEST[position:position + 1])
+                    connection.settimeout(0.001)
+                    if connection.recv(1) == b"":
+                        raise ConnectionResetError
+                except TimeoutError:
+                    pass
+                except OSError:
+                    self.closed_after[number] = time.monotonic() - self.started
+            if len(self.closed_after) == len(self.connections) or self.stop.wait(self.every):
+                return
+
+    def close(self) -> dict:
+        self.stop.set()
+        self.join(30)
+        for connection in self.connections:
+            connection.close()
+        closed = sorted(self.closed_after.values())
+        return {"drippers": len(self.connections), "drippers_open": len(self.connections) - len(closed),
+                "dripper_closed_max_s": round(closed[-1], 1) if closed else None}
 
 
 def get_json(url: str) -> dict:
@@ -169,6 +213,8 @@ def soak(workers: int, args, folder: pathlib.Path) -> dict:
             connection = socket.create_connection(("127.0.0.1", port))
             connection.sendall(b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
             stalled.append(connection)
+        drippers = Drippers(port, args.drippers, args.drip_seconds)
+        drippers.start()
         time.sleep(2)
 
         sampler.phase = "registration burst"
@@ -184,7 +230,7 @@ def soak(workers: int, args, folder: pathlib.Path) -> dict:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda item: (item[0], post(f"{url}/webhook", item[1], item[2])), plan))
         delivery_seconds = time.perf_counter() - started
-        expected = {"good": 200, "forged": 401, "not-json": 400, "data-str": 400, "no-version": 400}
+        expected = {"good": 200, "forged": 401, "not-json": 400, "data-str": 400, "no-version": 400, "deep": 400}
         lost = [status for _, status in answers if isinstance(status, str)]
         unexpected = collections.Counter(f"{kind}->{status}" for kind, status in answers
                                          if not isinstance(status, str) and status != expected[kind])
@@ -200,6 +246,12 @@ def soak(workers: int, args, folder: pathlib.Path) -> dict:
         sampler.done.set()
         for connection in stalled:
             connection.close()
+        from mlflow_di.service.http import IDLE_TIMEOUT_S, REQUEST_DEADLINE_S
+
+        wait_until = drippers.started + REQUEST_DEADLINE_S + IDLE_TIMEOUT_S + 2 * args.drip_seconds
+        while len(drippers.closed_after) < args.drippers and time.monotonic() < wait_until:
+            time.sleep(1)  # the deadline, a cleanup pass and a dripper's next byte
+        dripped = drippers.close()
         keys = collections.Counter((job["model"], job["version"]) for job in jobs)
         experiment = client.get_experiment_by_name("mlflow-di")
         pipeline_runs = collections.Counter(
@@ -218,7 +270,7 @@ def soak(workers: int, args, folder: pathlib.Path) -> dict:
             "latency_s": {"min": round(latencies[0], 1), "median": round(statistics.median(latencies), 1),
                           "p90": round(latencies[int(0.9 * (len(latencies) - 1))], 1), "max": round(latencies[-1], 1)}
             if latencies else None,
-            "phases": sampler.by_phase(),
+            "phases": sampler.by_phase(), **dripped,
         }
     finally:
         if service is not None and service.poll() is None:
@@ -237,6 +289,8 @@ def main(argv=None) -> None:
     parser.add_argument("--stalled", type=int, default=500)
     parser.add_argument("--deliveries", type=int, default=1000)
     parser.add_argument("--malformed", type=float, default=0.1)
+    parser.add_argument("--drippers", type=int, default=300, help="connections that send one byte at a time")
+    parser.add_argument("--drip-seconds", type=float, default=10.0, help="seconds between a dripper's bytes")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every verdict")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM too stops what the soak started
@@ -249,8 +303,9 @@ def main(argv=None) -> None:
             results.append(soak(workers, args, pathlib.Path(folder)))
         print(json.dumps(results[-1], indent=1), flush=True)
     print("\n| workers | versions | deliveries (bad) | lost | unexpected | jobs dup. | runs dup. | no verdict | states "
-          "| latency median / p90 / max s | threads max (stalled, burst, deliveries, pipelines) | RSS max MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| latency median / p90 / max s | threads max (stalled, burst, deliveries, pipelines) | RSS max MiB "
+          "| drippers open / last closed s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         phases = r["phases"]
         threads = ", ".join(str(phases.get(p, {}).get("threads_max", "-"))
@@ -260,7 +315,8 @@ def main(argv=None) -> None:
               f"{sum(r['unexpected'].values())} | {r['jobs_duplicated']} | {r['pipeline_runs_duplicated']} | "
               f"{r['without_verdict']} | {', '.join(f'{k} {v}' for k, v in sorted(r['states'].items()))} | "
               f"{latency.get('median')} / {latency.get('p90')} / {latency.get('max')} | "
-              f"{threads} | {max(p['rss_mib_max'] for p in phases.values())} |")
+              f"{threads} | {max(p['rss_mib_max'] for p in phases.values())} | "
+              f"{r['drippers_open']} of {r['drippers']} / {r['dripper_closed_max_s']} |")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ def _start_fuzz(model_pair, tmp_path, *extra):
 def test_sigterm_ends_the_run_killed_with_exit_143_and_the_campaign_resumes(model_pair, tmp_path):
     process = _start_fuzz(model_pair, tmp_path)
     process.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, stderr[-2000:]
+    assert time.monotonic() - stopped < 10, "a stop request must end the command within 10 s"
     assert "Traceback" not in stderr
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     [run] = _runs(uri)
