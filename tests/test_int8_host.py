@@ -35,6 +35,13 @@ def test_only_full_range_int8_weights_may_saturate_and_the_search_tries_the_othe
     assert [name for name, r in RECIPES.items() if r.may_saturate] == ["s8s8"]
     assert [r.name for r in alternatives(RECIPES["s8s8"])] == ["u8u8", "s8s8-reduced", "u8s8-reduced"]
     assert [r.name for r in alternatives(RECIPES["u8u8"])] == ["s8s8-reduced", "u8s8-reduced"]
+    # where this host's kernels do not saturate, the search may also try s8s8 (last); its report then says so
+    assert [r.name for r in alternatives(RECIPES["u8u8"], host_saturates=False)] == [
+        "s8s8-reduced", "u8s8-reduced", "s8s8"]
+    from mlflow_di.compression.recipes import portability_note
+
+    assert "has an int8 dot product" in portability_note(RECIPES["s8s8"], host_saturates=False)
+    assert portability_note(RECIPES["u8u8"], host_saturates=False) == ""
     tuned = recipe("s8s8", calibration="entropy", per_channel=False)
     assert all(not r.per_channel and r.calibration == "entropy" for r in alternatives(tuned))
     kwargs = recipe("s8s8-reduced").quantize_static_kwargs()

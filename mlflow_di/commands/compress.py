@@ -194,6 +194,7 @@ class Outcome:
     blame: object = None  # compression.blame.Blame of the --triggers campaign
     context: object = None  # models.execution.ExecutionContext the export's figures were measured with
     semantics_line: str = ""  # host vs reference semantics on the evaluation data, when they differ beyond noise
+    portability: str = ""  # when the export's recipe answers differently on x86 CPUs without VNNI
     benefit: object = None  # models.benefit.Comparison: the export's latency, size and memory next to its source's
 
 
@@ -282,6 +283,11 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
             outcome.context = compressed.execution_context
             log.tags(outcome.context.tags())
+            if method == "int8-static":
+                from mlflow_di.compression.recipes import RECIPES, portability_note
+
+                chosen = RECIPES.get(result.params.get("recipe"))
+                outcome.portability = portability_note(chosen, outcome.context.u8s8_saturates) if chosen else ""
             metrics, deviation = _compare(original, compressed, evaluation)
             if method.startswith("int8") and deviation is not None:
                 metrics.update(_reference_metrics(original, result.path, evaluation, deviation, device, outcome))
@@ -586,6 +592,8 @@ def _runtime_section(html, metrics: dict, outcome: Outcome) -> None:
             f"only on this host, {metrics['reference_only_disagreements']} only under reference semantics.")
         if outcome.semantics_line:
             html.paragraph(f"WARNING: {outcome.semantics_line}.")
+    if outcome.portability:
+        html.paragraph(f"NOTE: {outcome.portability}.")
     if outcome.benefit is not None:
         benefit = outcome.benefit
         html.paragraph(f"Latency: ONNX Runtime CPU session, {benefit.export.threads} thread, median of "
@@ -766,6 +774,8 @@ def _print_runtime(metrics: dict, outcome: Outcome) -> None:
                    f"{metrics['reference.disagreements']} images ({metrics['host_only_disagreements']} only on this host)")
     if outcome.semantics_line:
         click.echo(f"  WARNING: {outcome.semantics_line}")
+    if outcome.portability:
+        click.echo(f"  NOTE: {outcome.portability}")
     if outcome.benefit is not None:
         benefit = outcome.benefit
         click.echo(f"  latency {benefit.source.latency_b1_ms:.3f} -> {benefit.export.latency_b1_ms:.3f} ms (batch 1), "

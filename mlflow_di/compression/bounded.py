@@ -396,7 +396,8 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
     Every candidate is a real ONNX Runtime export (:func:`~mlflow_di.compression.methods.compress`
     with ``keep_float``) run on the split with ``semantics`` (``host``, ``reference`` or ``both``,
     see :meth:`LabelledSplit.score`). ``recipe``: the :class:`~mlflow_di.compression.recipes.Recipe`
-    tried first (None: the default); the recipes that cannot saturate come next. ``first``: the
+    tried first (None: the default); the recipes that cannot saturate come next (and, searching with host
+    semantics on a CPU whose int8 kernels do not saturate, those that would elsewhere). ``first``: the
     fully quantized export with ``recipe`` when the caller has made it already. ``ranking``: the
     layers, in the order that breaks ties between equally helpful ones. With
     ``bounds.max_realistic_success_rate``, ``realistic`` says how each candidate is fuzzed. Raises
@@ -412,8 +413,11 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
         raise UserError("--max-realistic-success-rate needs the original model to fuzz each candidate with")
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from mlflow_di.models.execution import execution_context
+
     first_recipe = recipe or named_recipe()
-    recipes = {candidate.name: candidate for candidate in [first_recipe, *alternatives(first_recipe)]}
+    saturates = execution_context().u8s8_saturates if semantics == "host" else True  # reference: portable only
+    recipes = {candidate.name: candidate for candidate in [first_recipe, *alternatives(first_recipe, saturates)]}
     exports = {(first_recipe.name, frozenset()): first} if first is not None else {}
     fp32 = []  # the float model, exported once for every candidate
 

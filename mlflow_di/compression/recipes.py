@@ -106,13 +106,25 @@ def recipe(name: str = DEFAULT_RECIPE, **overrides) -> Recipe:
     return dataclasses.replace(RECIPES[name], **chosen) if chosen else RECIPES[name]
 
 
-def alternatives(first: Recipe) -> list[Recipe]:
+def alternatives(first: Recipe, host_saturates: bool = True) -> list[Recipe]:
     """The recipes a bounded search tries after ``first`` before keeping layers in float: the named
-    recipes that do not saturate, with ``first``'s granularity and calibration."""
+    recipes that do not saturate, with ``first``'s granularity and calibration; on a host whose u8s8
+    kernels do not saturate (``host_saturates`` False: VNNI, AMX, ARM), the ones that would saturate
+    elsewhere too, last (the export's report then says so)."""
     keep = {"per_channel": first.per_channel, "calibration": first.calibration}
     tried = [first]
-    for preset in RECIPES.values():
+    for preset in sorted(RECIPES.values(), key=lambda recipe: recipe.may_saturate):
         candidate = dataclasses.replace(preset, **keep)
-        if not candidate.may_saturate and candidate not in tried:
+        if (not candidate.may_saturate or not host_saturates) and candidate not in tried:
             tried.append(candidate)
     return tried[1:]
+
+
+def portability_note(recipe: Recipe, host_saturates: bool) -> str:
+    """One line when an export made with ``recipe`` answers differently on x86 CPUs without VNNI ('' otherwise)."""
+    if not recipe.may_saturate:
+        return ""
+    where = ("this host's do too" if host_saturates else
+             "this host has an int8 dot product, so its figures hold only on such CPUs")
+    return (f"recipe {recipe.name} uses full-range int8 weights: ONNX Runtime's u8s8 kernels saturate on x86 CPUs "
+            f"with AVX2 but no VNNI ({where}); deploy it on CPUs with VNNI/AMX or ARM, or use --recipe u8u8")
