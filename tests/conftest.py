@@ -170,3 +170,19 @@ def trained_cnns(one_torch_thread):
     pruned = TorchModel(prune_l1(original.module, 0.5).module, spec.preprocessing, name="cnn-pruned")
     channels = TorchModel(prune_structured(original.module, 0.3).module, spec.preprocessing, name="cnn-channels")
     return original, pruned, channels
+
+
+@pytest.fixture(scope="session")
+def untrained_cnn_files(tmp_path_factory) -> pathlib.Path:
+    """A folder with two small untrained digits CNNs that disagree on many digits, saved as ``m0.pt`` and ``m1.pt``."""
+    import torch
+
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+
+    folder = tmp_path_factory.mktemp("untrained-cnns")
+    for seed in (0, 1):
+        model = TorchModel(zoo.build("digits-cnn", seed=seed), zoo.architecture("digits-cnn").preprocessing, name="d")
+        torch.save({"module": model.module, "mlflow_di": {"preprocessing": model.preprocessing.to_dict()}},
+                   folder / f"m{seed}.pt")
+    return folder

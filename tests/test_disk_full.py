@@ -38,19 +38,9 @@ def fill(folder, leave_kib: int = 0) -> None:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """Two small untrained digits CNNs that disagree on many digits."""
-    import torch
-
-    from mlflow_di.models import zoo
-    from mlflow_di.models.torch_model import TorchModel
-
-    folder = tmp_path_factory.mktemp("models")
-    for seed in (0, 1):
-        model = TorchModel(zoo.build("digits-cnn", seed=seed), zoo.architecture("digits-cnn").preprocessing, name="d")
-        torch.save({"module": model.module, "mlflow_di": {"preprocessing": model.preprocessing.to_dict()}},
-                   folder / f"m{seed}.pt")
-    return folder
+def models(untrained_cnn_files):
+    """Two small untrained digits CNNs that disagree on many digits (``m0.pt``, ``m1.pt``)."""
+    return untrained_cnn_files
 
 
 def run_cli(*args, uri):

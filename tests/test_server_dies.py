@@ -20,18 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    import torch
-
-    from mlflow_di.models import zoo
-    from mlflow_di.models.torch_model import TorchModel
-
-    folder = tmp_path_factory.mktemp("models")
-    for seed in (0, 1):
-        model = TorchModel(zoo.build("digits-cnn", seed=seed), zoo.architecture("digits-cnn").preprocessing, name="d")
-        torch.save({"module": model.module, "mlflow_di": {"preprocessing": model.preprocessing.to_dict()}},
-                   folder / f"m{seed}.pt")
-    return folder
+def model_file(untrained_cnn_files):
+    """Two small untrained digits CNNs that disagree on many digits (``m0.pt``, ``m1.pt``)."""
+    return untrained_cnn_files
 
 
 def running_runs(url: str) -> list[dict]:
