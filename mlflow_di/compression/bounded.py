@@ -268,8 +268,9 @@ def search_float_layers(layers: list[str], measure: Callable, bounds: Bounds, re
     for recipe in recipes:
         if trial((), recipe, "all int8").meets:
             return record((), recipe)
-    best = _shortfall(bounds, closest(trials).search)
-    tied = [t.recipe for t in trials if _shortfall(bounds, t.search) == best]  # equally close: searched alike
+    best = _shortfall(bounds, closest(trials).search)[0]
+    tied = [t.recipe for t in trials if _shortfall(bounds, t.search)[0] == best]  # equally far over: searched alike
+    tied.sort(key=lambda name: _shortfall(bounds, measured[name, frozenset()].search))
     recipe = tied[0]
     if len(layers) < 2:
         raise UnreachableBounds(f"the fully quantized export{recipe_text()} misses {bounds.describe()} "
