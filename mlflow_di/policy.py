@@ -50,6 +50,8 @@ class CompressPolicy:
     recipe: str | None = _kind("text", None)
     calibration: str | None = _kind("text", None)
     per_tensor: bool = _kind("boolean", False)
+    activation_symmetry: str | None = _kind("text", None)
+    weight_symmetry: str | None = _kind("text", None)
     #: which answers a bound judges (compress --semantics: host, reference or both)
     semantics: str | None = _kind("text", None)
     #: measure each export's latency, size and memory beside its source's (compress --benefit)

@@ -48,6 +48,9 @@ def test_only_full_range_int8_weights_may_saturate_and_the_search_tries_the_othe
     assert kwargs["reduce_range"] and kwargs["weight_type"].name == "QInt8" and kwargs["activation_type"].name == "QInt8"
     assert recipe().params() == {"recipe": "u8u8", "activations": "uint8", "weights": "uint8", "reduce_range": False,
                                  "per_channel": True, "calibration": "minmax"}
+    centred = recipe("u8u8", symmetric_activations=True, symmetric_weights=False)
+    assert centred.quantize_static_kwargs()["extra_options"] == {"ActivationSymmetric": True, "WeightSymmetric": False}
+    assert centred.params()["symmetric_activations"] is True and centred.params()["symmetric_weights"] is False
     with pytest.raises(UserError, match="unknown int8 recipe 'u4u4'; known: u8u8, s8s8"):
         recipe("u4u4")
     with pytest.raises(UserError, match="unknown calibration method 'kl'"):

@@ -73,6 +73,12 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
               show_default=True, help="int8-static: how activation ranges are calibrated.")
 @click.option("--per-tensor", is_flag=True, default=False,
               help="int8-static: one weight scale per tensor instead of per output channel.")
+@click.option("--activation-symmetry", type=click.Choice(["auto", "symmetric", "asymmetric"]), default="auto",
+              show_default=True, help="int8-static: activation ranges centred on 0 or not (auto: ONNX Runtime's "
+                                      "default, asymmetric).")
+@click.option("--weight-symmetry", type=click.Choice(["auto", "symmetric", "asymmetric"]), default="auto",
+              show_default=True, help="int8-static: weight ranges centred on 0 or not (auto: symmetric for int8 "
+                                      "weights, asymmetric for uint8).")
 @click.option("--semantics", type=click.Choice(["host", "reference", "both"]), default="host", show_default=True,
               help="Which answers a bound judges: host (ONNX Runtime's kernels on this CPU), reference (the QDQ "
                    "graph as written, the same on every CPU) or both. Both are always measured and logged.")
@@ -87,7 +93,8 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep_float, auto_keep_float, triggers,
             diagnosis_images, preprocessing, max_accuracy_drop=None, max_disagreement_rate=None, holdout_data=None,
             sensitivity=False, max_realistic_success_rate=None, fuzz_seeds=50, device="cpu", recipe="u8u8",
-            calibration="minmax", per_tensor=False, semantics="host", benefit=True) -> list[str]:
+            calibration="minmax", per_tensor=False, semantics="host", benefit=True, activation_symmetry="auto",
+            weight_symmetry="auto") -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
@@ -123,8 +130,10 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     from mlflow_di.compression.recipes import recipe as int8_recipe
 
     selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds,
-                          sensitivity, fuzz_seeds, recipe=int8_recipe(recipe, calibration=calibration,
-                                                                      per_channel=False if per_tensor else None),
+                          sensitivity, fuzz_seeds, recipe=int8_recipe(
+                              recipe, calibration=calibration, per_channel=False if per_tensor else None,
+                              symmetric_activations=_symmetry(activation_symmetry),
+                              symmetric_weights=_symmetry(weight_symmetry)),
                           semantics=semantics, benefit=benefit)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
@@ -152,6 +161,11 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
         registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags,
                                         device, selection, inputs, original))
     return registered
+
+
+def _symmetry(choice: str) -> bool | None:
+    """--activation-symmetry / --weight-symmetry as a Recipe field (None: ONNX Runtime's default)."""
+    return {"auto": None, "symmetric": True, "asymmetric": False}[choice]
 
 
 @dataclasses.dataclass
