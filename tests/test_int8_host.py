@@ -199,3 +199,21 @@ def test_on_an_emulated_cpu_without_vnni_s8s8_saturates_and_the_default_recipe_d
     # measured: s8s8 11 (host) vs 1 (reference) of 2,000; u8u8 the same answers both ways
     assert found["lenet5 s8s8 host"] - found["lenet5 s8s8 reference"] >= 5
     assert found["lenet5 u8u8 host"] == found["lenet5 u8u8 reference"] <= 5
+
+
+def test_benefit_times_a_fixed_batch_model_at_its_batch_and_says_why_it_cannot_time_others(tmp_path):
+    import torch
+
+    from mlflow_di.models.benefit import compare, measure
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    for batch in (1, 3):
+        torch.onnx.export(model, torch.randn(batch, 1, 2, 2), str(tmp_path / f"fixed{batch}.onnx"),
+                          input_names=["input"], dynamo=False)
+    torch.onnx.export(model, torch.randn(2, 1, 2, 2), str(tmp_path / "dynamic.onnx"), input_names=["input"],
+                      dynamic_axes={"input": {0: "batch"}}, dynamo=False)
+    assert measure(tmp_path / "fixed1.onnx", runs=3).batch == 1
+    found = compare(tmp_path / "dynamic.onnx", tmp_path / "dynamic.onnx", runs=3)
+    assert found.export.batch == 64 and found.speedup > 0 and found.export.peak_memory_mib > 0
+    with pytest.raises(UserError, match="fixed batch size of 3"):
+        measure(tmp_path / "fixed3.onnx", runs=3)

@@ -123,10 +123,15 @@ def _child(path: str, runs: int, batch: int, threads: int, warmup: int) -> dict:
     session = ort.InferenceSession(path, session_options("host", threads), providers=["CPUExecutionProvider"])
     first = session.get_inputs()[0]
     shape = [d if isinstance(d, int) else 1 for d in first.shape[1:]]
+    if isinstance(first.shape[0], int):  # a model exported with a fixed batch size is timed at that size
+        if first.shape[0] != 1:
+            raise SystemExit(f"the model has a fixed batch size of {first.shape[0]}, so its latency at batch 1 "
+                             "cannot be measured; export it with a dynamic batch axis")
+        batch = 1
     element = {"tensor(float)": np.float32, "tensor(uint8)": np.uint8}.get(first.type, np.float32)
     rng = np.random.default_rng(0)
     latencies = {}
-    for size in (1, batch):
+    for size in dict.fromkeys((1, batch)):
         inputs = {first.name: rng.random((size, *shape)).astype(element)}
         for _ in range(warmup):
             session.run(None, inputs)
