@@ -25,7 +25,8 @@ import tempfile
 
 import click
 
-from mlflow_di.commands.options import CommaList, FiniteFloat, LayerNames, device_option, preprocessing_option
+from mlflow_di.commands.options import (CommaList, FiniteFloat, LayerNames, LazyChoice, device_option,
+                                        preprocessing_option)
 
 SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 
@@ -64,13 +65,14 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 @click.option("--holdout-data", default=None, metavar="SPEC",
               help="Data spec the bounded export is verified on: images the search did not see "
                    "(e.g. mnist-test:DIR[5000:10000] with --eval-data mnist-test:DIR[0:5000]).")
-@click.option("--recipe", type=click.Choice(["u8u8", "s8s8", "s8s8-reduced", "u8s8-reduced"]), default="u8u8",
-              show_default=True,
+@click.option("--recipe", type=LazyChoice("mlflow_di.compression.recipes:RECIPES", "int8 recipe", in_help=False),
+              default="u8u8", show_default=True,
               help="int8-static: element types and weight range. u8u8 (uint8 weights and activations) and the "
                    "-reduced recipes (7-bit weights) give the same answers on every CPU; s8s8 (ONNX Runtime's x86 "
                    "default) saturates on x86 CPUs without VNNI. A bounded search tries the others too.")
-@click.option("--calibration", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax",
-              show_default=True, help="int8-static: how activation ranges are calibrated.")
+@click.option("--calibration", type=LazyChoice("mlflow_di.compression.recipes:CALIBRATIONS", "calibration method",
+                                               in_help=False), default="minmax", show_default=True,
+              help="int8-static: how activation ranges are calibrated: minmax, entropy or percentile.")
 @click.option("--per-tensor", is_flag=True, default=False,
               help="int8-static: one weight scale per tensor instead of per output channel.")
 @click.option("--activation-symmetry", type=click.Choice(["auto", "symmetric", "asymmetric"]), default="auto",
@@ -472,9 +474,8 @@ def _benefit(source, result, selection: "Selection", scratch: pathlib.Path):
     """The export's :class:`~mlflow_di.models.benefit.Comparison` with its fp32 source (exported and measured
     once for every method of the command)."""
     from mlflow_di.compression.methods import float_export
-    from mlflow_di.models import benefit
-
     from mlflow_di.errors import UserError
+    from mlflow_di.models import benefit
 
     try:
         if selection.source_benefit is None:

@@ -291,8 +291,9 @@ def search_float_layers(layers: list[str], measure: Callable, bounds: Bounds, re
         best = closest([t for t in trials if len(t.kept_float) == len(layers) - 1])
         quantized = next(name for name in layers if name not in best.kept_float)
         raise UnreachableBounds(
-            f"no int8 export meets {bounds.describe()}: measured{recipe_text()} every layer quantized, each layer alone "
-            f"in float and each layer alone quantized; the closest (only {quantized} quantized"
+            f"no int8 export meets {bounds.describe()}: measured every layer quantized{recipe_text()}, then"
+            f"{f' with recipe {recipe}' if recipe else ''} each layer alone in float and each layer alone quantized; "
+            f"the closest (only {quantized} quantized"
             f"{f', recipe {best.recipe}' if best.recipe else ''}) has {'; '.join(bounds.failures(best.search))} on "
             "the search data; loosen the bound "
             "or use another method", record(best.kept_float, recipe, ranking))
@@ -408,14 +409,13 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
 
     from mlflow_di.compression.methods import compress, float_export
     from mlflow_di.compression.recipes import alternatives, recipe as named_recipe
+    from mlflow_di.models.execution import execution_context
     from mlflow_di.progress import progress_bar
 
     if bounds.max_realistic_success_rate is not None and realistic is None:
         raise UserError("--max-realistic-success-rate needs the original model to fuzz each candidate with")
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from mlflow_di.models.execution import execution_context
-
     first_recipe = recipe or named_recipe()
     saturates = execution_context().u8s8_saturates if semantics == "host" else True  # reference: portable only
     recipes = {candidate.name: candidate for candidate in [first_recipe, *alternatives(first_recipe, saturates)]}

@@ -81,11 +81,6 @@ class Recipe(JsonRoundTrip):
                 params[name] = getattr(self, name)
         return params
 
-    def describe(self) -> str:
-        weights = f"{self.weights} weights" + (" (7-bit range)" if self.reduce_range else "")
-        return (f"{self.name}: {self.activations} activations, {weights}, "
-                f"{'per-channel' if self.per_channel else 'per-tensor'}, {self.calibration} calibration")
-
 
 #: Named recipes, the default first. ``s8s8`` is ONNX Runtime's documented default for x86.
 RECIPES = {

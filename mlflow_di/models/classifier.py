@@ -139,7 +139,9 @@ def torch_fx_graph_module():
 
 
 def _threads() -> int:
-    return int(os.environ.get("MLFLOW_DI_THREADS", os.cpu_count() or 1))
+    from mlflow_di.models.execution import default_threads
+
+    return default_threads()
 
 
 class OnnxClassifier(Classifier):
@@ -187,7 +189,7 @@ class OnnxClassifier(Classifier):
         """The :class:`~mlflow_di.models.execution.ExecutionContext` this session's answers come from."""
         from mlflow_di.models.execution import execution_context
 
-        return execution_context(self.session, self.semantics, _threads())
+        return execution_context(self.session, self.semantics)
 
     def _stored_preprocessing(self) -> Preprocessing:
         from mlflow_di.models.metadata import ModelMetadata

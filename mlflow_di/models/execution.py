@@ -44,17 +44,27 @@ def session_options(semantics: str = "host", threads: int | None = None):
     return options
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as ``/proc/cpuinfo`` names them (empty where that cannot be read)."""
+def _cpuinfo(keys: tuple[str, ...]) -> str | None:
+    """The value of the first ``/proc/cpuinfo`` line whose key is one of ``keys`` (None where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
             for line in info:
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return set(value.split())
+                if key.strip() in keys and value.strip():
+                    return value.strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as ``/proc/cpuinfo`` names them (empty where that cannot be read)."""
+    return set((_cpuinfo(("flags", "Features")) or "").split())
+
+
+def default_threads() -> int:
+    """Intra-op threads of every model this process runs: ``MLFLOW_DI_THREADS``, else one per core."""
+    return int(os.environ.get("MLFLOW_DI_THREADS", os.cpu_count() or 1))
 
 
 #: NumPy's CPUID names for the /proc/cpuinfo flags both know
@@ -83,15 +93,7 @@ def int8_features() -> tuple[str, ...]:
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "CPU part") and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    return _cpuinfo(("model name", "Model", "CPU part")) or platform.processor() or platform.machine() or "unknown"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +147,7 @@ def execution_context(session=None, semantics: str = "host", threads: int | None
 
     provider = session.get_providers()[0] if session is not None else "CPUExecutionProvider"
     if threads is None:
-        threads = int(os.environ.get("MLFLOW_DI_THREADS", os.cpu_count() or 1))
+        threads = default_threads()
     return ExecutionContext(ort.__version__, provider, "disabled" if semantics == "reference" else "all", int(threads),
                             platform.machine() or "unknown", cpu_model(), int8_features())
 
