@@ -64,12 +64,86 @@ def test_default_and_hidden_layers_of_the_zoo_lenets():
     assert hidden_layers(zoo.build("lenet5")) == ["conv1", "conv2", "fc1", "fc2"]
 
 
-def test_flat_sequential_layers_are_named_after_their_activation():
+def test_flat_sequential_layers_are_named_after_their_weights_and_measured_after_their_activation():
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
-    assert hidden_layers(model) == ["1", "3"]
-    assert default_layer(model) == "3"
+    assert hidden_layers(model) == ["0", "2"]
+    assert default_layer(model) == "2"
+    inputs = torch.randn(16, 4)
+    values = collect_activations(model, inputs, ["0", "2"])
+    with torch.no_grad():
+        np.testing.assert_allclose(values["0"], model[1](model[0](inputs)).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(values["2"], model[:4](inputs).numpy(), rtol=1e-6)
 
 
 def test_model_without_hidden_layer_is_a_user_error():
     with pytest.raises(UserError, match="no hidden layer"):
         default_layer(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)))
+
+
+class _TwoWays(nn.Module):
+    """One computation, its activations written as ``style`` says."""
+
+    def __init__(self, style: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.style = style
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.bn = nn.BatchNorm2d(4).eval()
+        self.relu = nn.ReLU(inplace=style == "inplace-module")
+        self.fc = nn.Linear(4 * 4 * 4, 3)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.2, 0.2)
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        x = self.bn(self.conv(x))
+        if self.style in ("module", "inplace-module"):
+            x = self.relu(x)
+        elif self.style == "torch.relu":
+            x = torch.relu(x)
+        elif self.style == "functional":
+            x = nn.functional.relu(x)
+        elif self.style == "method_":
+            x = x.relu_()
+        elif self.style == "aten":
+            x = torch.ops.aten.relu.default(x)
+        return self.fc(x.flatten(1))
+
+
+STYLES = ("module", "inplace-module", "torch.relu", "functional", "method_", "aten")
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_a_layer_is_measured_after_its_batch_norm_and_activation_however_they_are_written(style):
+    inputs = torch.randn(8, 1, 6, 6)
+    model = _TwoWays(style)
+    with torch.no_grad():
+        expected = torch.relu(model.bn(model.conv(inputs))).mean(dim=(2, 3)).numpy()
+    np.testing.assert_allclose(collect_activations(model, inputs, ["conv"])["conv"], expected, rtol=1e-6, atol=1e-7)
+    assert hidden_layers(model) == ["conv"]
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_relevance_at_a_layer_does_not_depend_on_how_its_activation_is_written(style):
+    from mlflow_di.coverage.relevance import layer_relevance
+
+    inputs = torch.randn(8, 1, 6, 6)
+    reference = layer_relevance(_TwoWays("module"), inputs, ["conv"], progress=False)
+    got = layer_relevance(_TwoWays(style), inputs, ["conv"], progress=False)
+    np.testing.assert_allclose(got.relevance["conv"], reference.relevance["conv"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got.activations["conv"], reference.activations["conv"], rtol=1e-6, atol=1e-7)
+
+
+def test_an_activation_on_other_values_does_not_move_a_layer():
+    class Sidecar(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return y + torch.relu(x)  # a ReLU, but of the input: fc stays where it is
+
+    model, inputs = Sidecar(), torch.randn(5, 4)
+    with torch.no_grad():
+        np.testing.assert_allclose(collect_activations(model, inputs, ["fc"])["fc"], model.fc(inputs).numpy(), rtol=1e-6)

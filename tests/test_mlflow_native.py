@@ -53,34 +53,54 @@ def _digits_cnn() -> torch.nn.Module:
     return zoo.build("digits-cnn", seed=0)
 
 
-@pytest.fixture()
-def three_ways(tracking_uri, tmp_path):
-    """One CNN logged as a user would: default (pt2), pickle, ONNX; an input example in 0..1, no mlflow_di block."""
-    module = _digits_cnn()
+def log_three_ways(module, tmp_path, prefix: str = "cnn"):
+    """``module`` logged as a user would: default (pt2), pickle, ONNX; an input example in 0..1, no mlflow_di block."""
     example = np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32)
-    onnx_path = tmp_path / "cnn.onnx"
+    onnx_path = tmp_path / f"{prefix}.onnx"
     torch.onnx.export(module, (torch.from_numpy(example),), str(onnx_path), input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "n"}, "y": {0: "n"}}, dynamo=False)
     import onnx
 
     with mlflow.start_run():
-        mlflow.pytorch.log_model(module, name="pt2", registered_model_name="cnn-pt2", input_example=example)
-        mlflow.pytorch.log_model(module, name="pickle", registered_model_name="cnn-pickle", input_example=example,
-                                 serialization_format="pickle")
-        mlflow.onnx.log_model(onnx.load(str(onnx_path)), name="onnx", registered_model_name="cnn-onnx",
+        mlflow.pytorch.log_model(module, name="pt2", registered_model_name=f"{prefix}-pt2", input_example=example)
+        mlflow.pytorch.log_model(module, name="pickle", registered_model_name=f"{prefix}-pickle",
+                                 input_example=example, serialization_format="pickle")
+        mlflow.onnx.log_model(onnx.load(str(onnx_path)), name="onnx", registered_model_name=f"{prefix}-onnx",
                               input_example=example)
     return module
 
 
-def test_coverage_is_the_same_on_pt2_pickle_and_onnx_with_no_preprocessing_option(three_ways, tmp_path, capsys):
+@pytest.fixture()
+def three_ways(tracking_uri, tmp_path):
+    """The digits CNN logged three ways (:func:`log_three_ways`)."""
+    return log_three_ways(_digits_cnn(), tmp_path)
+
+
+def coverage_of_three_ways(prefix: str, tmp_path, capsys) -> dict[str, dict]:
     results = {}
-    for name in ("cnn-pt2", "cnn-pickle", "cnn-onnx"):
+    for name in (f"{prefix}-pt2", f"{prefix}-pickle", f"{prefix}-onnx"):
         out = tmp_path / f"{name}.json"
         assert main(["coverage", "--model-uri", f"models:/{name}/1", "--train-data", "digits[0:300]",
                      "--test-data", "digits[300:500]", "--json-out", str(out)]) == 0, capsys.readouterr().err
         results[name] = json.loads(out.read_text())
+    return results
+
+
+def test_coverage_is_the_same_on_pt2_pickle_and_onnx_with_no_preprocessing_option(three_ways, tmp_path, capsys):
+    results = coverage_of_three_ways("cnn", tmp_path, capsys)
     assert results["cnn-pt2"] == results["cnn-pickle"] == results["cnn-onnx"]
     assert {"idc", "nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc"} <= set(results["cnn-pt2"])
+
+
+def test_a_network_written_with_torch_relu_has_one_coverage_however_it_was_logged(tracking_uri, tmp_path, capsys):
+    """Its ReLUs are calls, not modules: the pt2 program has them as ATen operators, the ONNX graph as
+    Relu nodes (modules in the white-box view). Each layer is measured after its ReLU in all three."""
+    from tests.test_format_invariance import SmallCNN
+
+    log_three_ways(SmallCNN(functional=True), tmp_path, "relu-calls")
+    results = coverage_of_three_ways("relu-calls", tmp_path, capsys)
+    assert results["relu-calls-pt2"] == results["relu-calls-pickle"] == results["relu-calls-onnx"]
+    assert results["relu-calls-pt2"]["layer"] == "fc1"
 
 
 def test_fuzzing_from_the_pt2_or_the_pickled_original_gives_the_same_campaign(three_ways, tmp_path, capsys):

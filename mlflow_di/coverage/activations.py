@@ -5,6 +5,15 @@ A *layer* is a module named as in ``module.named_modules()`` (e.g. ``fc2`` or ``
 conv output (N, C, H, W). A conv channel's activation for one input is the spatial mean of its
 feature map, as in the IDC paper's reference code.
 
+A layer's output is taken *after the elementwise steps that follow it* (batch norm, ReLU and the
+other activations, eval-mode dropout), whatever form those steps take: an ``nn.ReLU`` module, a
+``torch.relu`` call in ``forward``, an ATen operator in a rebuilt pt2 graph, a Relu node of an ONNX
+graph, or a batch norm an ONNX exporter folded into the convolution. :class:`LayerRecorder` follows
+the layer's output through them while the model runs (a ``TorchFunctionMode``), so ``conv1`` means
+the same values for one network logged as pickle, pt2 or ONNX, written with ``nn.ReLU`` modules or
+with ``torch.relu`` (before, a functional ReLU was left out while a module one was not, and one
+network gave NC 0.30 as pt2 and 0.16 as ONNX).
+
 The coverage criteria all need the same thing: one forward pass over many inputs, recording a few
 layers' outputs, reduced per batch so that memory stays at (N, neurons). The per-batch values go
 straight into arrays allocated once for all N inputs (:class:`RowBuffer`), never into a list of
@@ -13,11 +22,14 @@ per-batch arrays: see :class:`RowBuffer` for why that matters beyond the copy.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+
 from mlflow_di.progress import progress_bar as tqdm
 
 from mlflow_di.errors import UserError
@@ -31,6 +43,57 @@ _FOLLOWERS = (
     nn.Tanh, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Mish, nn.PReLU,
     nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
 )
+
+
+#: The functions (by name, whether ``torch.*``, ``Tensor.*``, ``torch.nn.functional.*`` or an ATen
+#: operator; in-place forms included) whose result stands for the layer they are applied to:
+#: elementwise activations, normalisation, and dropout (the identity in eval mode).
+_FOLLOWER_FUNCTIONS = frozenset({
+    "relu", "relu6", "hardtanh", "leaky_relu", "elu", "selu", "celu", "gelu", "silu", "sigmoid", "tanh",
+    "softplus", "hardswish", "hardsigmoid", "mish", "prelu", "_prelu_kernel", "rrelu",
+    "batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+    "cudnn_batch_norm", "miopen_batch_norm",
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
+})
+
+
+def _function_name(func) -> str:
+    """``aten.relu_.default`` -> ``relu``; ``torch.nn.functional.relu`` -> ``relu``; ``Tensor.relu_`` -> ``relu``."""
+    packet = getattr(func, "overloadpacket", None)
+    name = getattr(packet if packet is not None else func, "__name__", "") or ""
+    name = name.split(".")[0]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+class _FollowerTracker(TorchFunctionMode):
+    """While a :class:`LayerRecorder` is open: each follower function applied to a recorded output
+    moves the recording to its result (see the module docstring)."""
+
+    def __init__(self, recorder: "LayerRecorder"):
+        super().__init__()
+        self._recorder = weakref.proxy(recorder)
+        self._follows: dict = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        try:
+            follows = self._follows[func]
+        except KeyError:
+            follows = self._follows[func] = _function_name(func) in _FOLLOWER_FUNCTIONS
+        except TypeError:  # an unhashable callable: not one of ours
+            follows = False
+        if follows and args and isinstance(args[0], torch.Tensor):
+            self._recorder._followed(args[0], result[0] if isinstance(result, (tuple, list)) else result)
+        return result
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple:
+    """What identifies a tensor's values through in-place steps and views of the same memory (a
+    hook's wrapper, e.g. zennit's identity on a module's input, is a new object on the same memory)."""
+    try:
+        return tensor.data_ptr(), tuple(tensor.shape), tensor.dtype, tensor.device
+    except RuntimeError:  # a tensor without storage (functorch wrappers)
+        return id(tensor), tuple(tensor.shape)
 
 
 class PreprocessedImages:
@@ -142,7 +205,10 @@ def _parameter_children(module: nn.Module) -> list[tuple[str, str]]:
 def hidden_layers(module: nn.Module) -> list[str]:
     """The top-level layers with trainable parameters except the last (logit) one, in forward order.
 
-    This is the criteria's default "all hidden layers", e.g. LeNet-5 -> conv1, conv2, fc1, fc2.
+    This is the criteria's default "all hidden layers", e.g. LeNet-5 -> conv1, conv2, fc1, fc2;
+    torchvision's resnet18 -> conv1, layer1 ... layer4. A layer is named by its weighted module,
+    not by the activation module after it (which a functional ``torch.relu`` or an exporter's
+    folding may not have): its values are still taken after the activation (:class:`LayerRecorder`).
     """
     children = _parameter_children(module)
     if len(children) < 2:
@@ -150,7 +216,7 @@ def hidden_layers(module: nn.Module) -> list[str]:
             f"model {type(module).__name__} has no hidden layer with parameters among its top-level children "
             f"({', '.join(n for n, _ in module.named_children()) or 'none'}); name a layer explicitly"
         )
-    return [output for _, output in children[:-1]]
+    return [name for name, _ in children[:-1]]
 
 
 def default_layer(module: nn.Module) -> str:
@@ -180,21 +246,33 @@ def iter_batches(inputs, batch_size: int, device=None) -> Iterator[torch.Tensor]
 
 
 class LayerRecorder(contextlib.AbstractContextManager):
-    """Forward hooks that keep the latest output tensor of each named layer (``recorder.outputs[name]``).
+    """Forward hooks that keep the latest output of each named layer (``recorder.outputs[name]``),
+    taken after the elementwise steps that follow the layer (the module docstring says which and why).
 
     The tensors are kept as they are (not detached), so a caller may also differentiate with
-    respect to them. The hooks are removed on exit.
+    respect to them: they are the model's own tensors, on its autograd graph. The hooks (and the
+    tracking of followers) stop on exit.
     """
 
     def __init__(self, module: nn.Module, layers: Sequence[str]):
+        self.root = module
         self.modules = check_layers(module, layers)
         self.outputs: dict[str, torch.Tensor] = {}
         self._handles = []
+        self._marks: dict[tuple, set[str]] = {}
+        self._alive: list[torch.Tensor] = []  # every tensor marked this forward pass, so no other takes its memory
+        self._tracker = _FollowerTracker(self)
 
     def __enter__(self) -> "LayerRecorder":
+        self._handles.append(self.root.register_forward_pre_hook(self._new_pass))
         for name, layer in self.modules.items():
             self._handles.append(layer.register_forward_hook(self._hook(name)))
+        self._tracker.__enter__()
         return self
+
+    def _new_pass(self, _module, _inputs):
+        self._marks.clear()
+        self._alive.clear()
 
     def _hook(self, name: str) -> Callable:
         def record(_module, _inputs, output):
@@ -202,14 +280,29 @@ class LayerRecorder(contextlib.AbstractContextManager):
                 output = output[0]
             if not isinstance(output, torch.Tensor):
                 raise UserError(f"layer '{name}' does not output a tensor (got {type(output).__name__})")
-            self.outputs[name] = output
+            self._mark(output, {name})
 
         return record
 
+    def _mark(self, tensor: torch.Tensor, names: set[str]) -> None:
+        for name in names:
+            self.outputs[name] = tensor
+        self._marks.setdefault(_tensor_key(tensor), set()).update(names)
+        self._alive.append(tensor)
+
+    def _followed(self, argument: torch.Tensor, result) -> None:
+        """A follower function ran on ``argument``: the layers recorded there now stand at ``result``."""
+        names = self._marks.get(_tensor_key(argument))
+        if names and isinstance(result, torch.Tensor) and result.shape == argument.shape:
+            self._mark(result, set(names))
+
     def __exit__(self, *exc_info):
+        self._tracker.__exit__(*exc_info)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._marks.clear()
+        self._alive.clear()
         return False
 
 

@@ -198,18 +198,13 @@ def forward(model, pixels, layers: list[str]):
     logarithm."""
     import torch
 
-    modules = dict(model.module.named_modules())
-    captured: dict[str, object] = {}
-    hooks = [modules[name].register_forward_hook(lambda _m, _i, out, name=name: captured.__setitem__(name, out))
-             for name in layers]
-    try:
+    from mlflow_di.coverage.activations import LayerRecorder
+
+    with LayerRecorder(model.module, layers) as recorder:  # each layer after its activation, as coverage takes it
         outputs = model.module(model_input(model, pixels)).to(pixels.dtype)
-    finally:
-        for hook in hooks:
-            hook.remove()
     if model.preprocessing.output == "probabilities":
         outputs = torch.log(outputs.clamp_min(1e-12))
-    return outputs.cpu(), [captured[name] for name in layers]
+    return outputs.cpu(), [recorder.outputs[name] for name in layers]
 
 
 def objective(logits: list, activations: list[list], labels, targets, neurons, lambda1: float, lambda2: float):
