@@ -80,6 +80,18 @@ def test_a_campaign_logs_success_by_class_and_how_far_triggers_are_from_their_se
     assert {"fuzz/per_class.json", "fuzz/trigger_matrix.json", "fuzz/trigger_distances.json"} <= paths
 
 
+def test_seeds_stopped_by_the_time_limit_make_the_campaign_incomplete(registered_cnn, exports, tmp_path, capsys):
+    """A --timeout far below what a seed needs: the seeds that stop there are counted, logged and named."""
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", exports[1], "--seed-data", "digits[1300:1306]",
+                 "--strategy", "diffchaser", "--timeout", "0.000001", "--out-dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    stopped = sum(str(r.stop) == "timeout" for r in load_campaign(tmp_path / "c").records)
+    assert stopped >= 1 and f"INCOMPLETE: {stopped} seed" in out and "is not evidence" in out
+    run = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                             filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
+    assert run.data.metrics["timed_out_seeds"] == stopped
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--min-ssim", "0.5"], "--min-ssim needs images of at least 11x11"),
     (["--max-linf", "20", "--strategy", "diffchaser"], "work with the dflare strategies, not diffchaser"),

@@ -389,6 +389,22 @@ def test_realistic_success_rate_is_judged_and_noise_is_named(client, capsys):
     assert version.tags["mlflow_di.realistic_success_rate"] == "0.03" and "noise-like" in version.description
 
 
+def test_a_campaign_cut_short_by_its_time_limit_is_named_incomplete(client, capsys):
+    """Seeds that stopped at --timeout found no trigger for want of time: the check still reads the
+    campaign, and its message (console and description) says the campaign is incomplete."""
+    from mlflow_server import fuzz_tags
+
+    experiment = client.create_experiment("time-limited")
+    model = register_version(client, "hurried")
+    export = register_version(client, "hurried-int8")
+    record_run(client, experiment, "fuzz", model, tags=fuzz_tags(export),
+               metrics={"success_rate": 0.1, "mean_queries": 40, "triggers": 10, "fuzzed": 100, "timed_out_seeds": 7})
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/hurried/1", "--max-success-rate", "0.2")
+    assert code == 0
+    assert "is incomplete: 7 of 100 seeds stopped at --timeout" in out
+    assert "incomplete" in client.get_model_version("hurried", "1").description
+
+
 def test_a_model_name_with_both_kinds_of_quote_is_found_exactly(client):
     """MLflow's filter has no literal for it: LIKE with ' as a wildcard, then the exact tags."""
     import mlflow

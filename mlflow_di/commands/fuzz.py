@@ -23,7 +23,7 @@ from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, IntPair, LazyC
                                         WritablePath, device_option, json_out_option, ray_options, seed_option, write_json_out)
 
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
-                   "already_deviating", "fuzzed")
+                   "already_deviating", "fuzzed", "timed_out_seeds")
 CAMPAIGNS = pathlib.Path("mlflow-di-campaigns")
 #: summary keys logged as metrics besides SUMMARY_METRICS: the triggers' distances and the realism budget's counts
 REALISM_PREFIXES = ("trigger_", "realistic_", "realism_", "mean_original_passes")
@@ -61,8 +61,9 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
               _renamed(ctx, value, "--seeds", "--seed-data"))
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
 @click.option("--timeout", type=FiniteFloat(0, min_open=True), default=180.0, show_default=True,
-              help="Compute seconds charged to a seed before its search gives up (its search plus its share of the "
-                   "batched model calls; not wall-clock).")
+              help="CPU seconds charged to a seed before its search gives up (its search plus its share of the "
+                   "batched model calls; never wall-clock, so load does not change results). Seeds stopped here "
+                   "make the campaign INCOMPLETE.")
 @click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy", in_help=False),
               default="dflare", show_default=True,
@@ -406,6 +407,13 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
+def incomplete_note(summary: dict) -> str:
+    """What a campaign cut short by its time limit means, in one sentence."""
+    return (f"{_plural(summary['timed_out_seeds'], 'seed')} of {summary['fuzzed']} stopped at --timeout (CPU "
+            "seconds) before their query budget; no trigger on them is not evidence that none exists (raise "
+            "--timeout, or let --max-queries bind)")
+
+
 def _summary(result) -> dict:
     from mlflow_di.fuzz.realism import Constraint, campaign_budget, distance_summary, realism_summary
 
@@ -415,6 +423,8 @@ def _summary(result) -> dict:
     return {"success_rate": s.success_rate, "mean_queries": s.mean_queries, "median_queries": s.median_queries,
             "mean_seconds": s.mean_seconds, "triggers": s.triggers, "seeds": s.seeds,
             "already_deviating": s.already_deviating, "fuzzed": s.fuzzed, "strategy": s.strategy,
+            # seeds stopped by --timeout (CPU seconds) before their query budget: their "no trigger" is no evidence
+            "timed_out_seeds": sum(str(r.stop) == "timeout" for r in result.records),
             "complete": result.complete, **distance_summary(result.records), **_passes(result.records),
             **realism_summary(result.records, s.fuzzed, budget),
             **({"neuron_coverage": result.neuron_coverage} if result.neuron_coverage is not None else {}),
@@ -485,7 +495,8 @@ def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: 
                          subtitle=f"{summary['strategy']} on {result.config.data}, seed {result.config.seed}")
     html.verdict(None, f"{_plural(summary['triggers'], 'triggering input')} from {_plural(summary['fuzzed'], 'seed')} "
                        f"(success rate {summary['success_rate']:.1%}); "
-                       f"{_plural(summary['already_deviating'], 'seed')} already deviated")
+                       f"{_plural(summary['already_deviating'], 'seed')} already deviated"
+                       + (f". INCOMPLETE: {incomplete_note(summary)}" if summary["timed_out_seeds"] else ""))
     html.section("Summary").metrics({k: summary[k] for k in SUMMARY_METRICS}, percent_keys=["success_rate"])
     if summary.get("host_only_triggers"):
         html.paragraph(f"{_plural(summary['host_only_triggers'], 'trigger')} of {summary['triggers']} flip only under "
@@ -638,6 +649,8 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
     state = "done" if result.complete else f"interrupted after {_plural(len(result.records), 'seed')} (resume with --resume)"
     click.echo(f"{state}: {_plural(summary['triggers'], 'trigger')} from {_plural(summary['fuzzed'], 'seed')}, success "
                f"rate {summary['success_rate']:.1%}, {_plural(summary['already_deviating'], 'seed')} already deviating")
+    if summary["timed_out_seeds"]:
+        click.echo(f"  INCOMPLETE: {incomplete_note(summary)}")
     constrained = sum(str(r.stop) == "constrained" for r in result.records)
     if constrained:
         click.echo(f"  {_plural(constrained, 'seed')} stopped as constrained: no mutant within --max-linf/--min-ssim "

@@ -33,8 +33,8 @@ models say label c) the search:
    find different seeds.
 
 ``queries`` counts images sent to the compressed model; ``original_passes`` (per seed) counts the
-original's forward passes plus backward passes, always reported apart. ``timeout`` is compute
-seconds per seed (seeds run one after another, in an order shuffled by the campaign's seed). Measured on the DFlare LeNet pairs:
+original's forward passes plus backward passes, always reported apart. ``timeout`` is CPU
+seconds per seed, all threads of the process (:mod:`mlflow_di.fuzz.charge`; seeds run one after another, in an order shuffled by the campaign's seed). Measured on the DFlare LeNet pairs:
 benchmarks/RESULTS.md, bench_boundary.
 """
 from __future__ import annotations
@@ -46,6 +46,7 @@ import numpy as np
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
+from mlflow_di.fuzz.charge import process_seconds
 from mlflow_di.fuzz.realism import SSIM_RADIUS, SSIM_SIGMA, Constraint, distances, local_ssim
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
@@ -144,15 +145,16 @@ def run_boundary(original, compressed, seeds: ImageSet, strategy: BoundaryWalk |
                                 f"{p_compressed.shape[1]}); compare versions of one model")
             for index in chunk:  # searched in the shuffled order
                 row = int(np.searchsorted(indices, index))
+                wall = time.perf_counter()  # the estimate of the time left is wall-clock; the budget is not
                 record, trigger = walker.search(int(index), int(seeds.labels[index]), batch[row],
                                                 p_original[row], p_compressed[row])
+                wall = time.perf_counter() - wall
                 records[record.index] = record
                 if trigger is not None:
                     images[record.index] = (trigger, batch[row])
                 if store is not None:
                     store.append(record, trigger, batch[row])
-                bar.finish(budget_share(record.queries, record.seconds, max_queries, timeout), trigger is not None,
-                           record.seconds)
+                bar.finish(budget_share(record.queries, record.seconds, max_queries, timeout), trigger is not None, wall)
                 bar.show()
     except KeyboardInterrupt:
         bar.write(f"interrupted: {len(records)} seeds finished in this run are saved; "
@@ -231,7 +233,7 @@ class _Walker:
     # one seed ------------------------------------------------------------------------------------
     def search(self, index: int, label: int, image: np.ndarray, p_original: np.ndarray,
                p_compressed: np.ndarray) -> tuple[SeedRecord, np.ndarray | None]:
-        seed = _SeedState(index, label, image, p_original, p_compressed, time.perf_counter())
+        seed = _SeedState(index, label, image, p_original, p_compressed, process_seconds())
         c = int(p_original.argmax())
         if int(p_compressed.argmax()) != c:
             return seed.record(Stop.ALREADY_DEVIATING), None
@@ -272,7 +274,7 @@ class _Walker:
         return self.config.max_queries is not None and seed.queries >= self.config.max_queries
 
     def _out_of_time(self, seed) -> bool:
-        return time.perf_counter() - seed.started >= self.config.timeout
+        return process_seconds() - seed.started >= self.config.timeout
 
     def _walk(self, seed, budget: _Budget, c: int, size: float, start: np.ndarray | None = None) -> Stop | None:
         """One targeted walk from the seed (or from ``start``, an image inside the budget); a Stop when the
@@ -414,7 +416,7 @@ class _SeedState:
     def record(self, stop: Stop) -> SeedRecord:
         record = SeedRecord(
             index=self.index, label=self.label, success=stop is Stop.TRIGGER, stop=stop, queries=self.queries,
-            seconds=time.perf_counter() - self.started,
+            seconds=process_seconds() - self.started,
             seed_labels=(int(self.p_original.argmax()), int(self.p_compressed.argmax())),
             seed_probabilities=top1(self.p_original, self.p_compressed),
             operators=list(self.operators) if stop is Stop.TRIGGER else [],

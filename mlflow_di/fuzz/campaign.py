@@ -7,7 +7,8 @@ call, and gives every search its own rows back. Each seed has its own generator,
 same as when it runs alone (``batch=1``) with the same campaign seed, given a model whose
 output for an image does not depend on the rest of the batch.
 
-Time: a seed is charged its own mutation/bookkeeping time plus its share of each batched
+Time, in CPU seconds and never wall-clock (:mod:`mlflow_di.fuzz.charge`, so a busy machine
+does not turn found triggers into timeouts): a seed is charged its own mutation/bookkeeping time plus its share of each batched
 model call, in proportion to the inputs it contributed (when several campaigns share the
 original, an input is charged the original's cost per distinct image, what it would cost alone).
 The per-seed ``timeout`` applies to that charged time, so a seed gets the same compute budget

@@ -71,13 +71,13 @@ models whose output for an image does not depend on the rest of the batch.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz._random import draw_index
+from mlflow_di.fuzz.charge import process_seconds
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
@@ -451,7 +451,7 @@ class _Runner:
         triggers and spent budgets, step the others. Returns the seeds still searching."""
         import torch
 
-        began = time.perf_counter()
+        began = process_seconds()
         pixels = torch.from_numpy(np.stack([s.current for s in active]).astype(np.float64)).requires_grad_(True)
         passes = [forward(model, pixels, layers) for model, layers in zip(self.gradient_models, self.layers)]
         labels = np.stack([output.detach().argmax(dim=1).numpy() for output, _ in passes], axis=1)  # (B, models)
@@ -490,7 +490,7 @@ class _Runner:
             gradients = pixels.grad.numpy()
             for b in going:
                 self._move(active[b], gradients[b])
-        share = (time.perf_counter() - began) / len(active)
+        share = (process_seconds() - began) / len(active)
         self.stats.calls += 1
         self.stats.inputs += len(active)
         self.stats.model_seconds += share * len(active)

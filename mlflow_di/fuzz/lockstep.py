@@ -14,12 +14,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from mlflow_di.data import ImageSet
+from mlflow_di.fuzz.charge import model_clock, search_clock
 from mlflow_di.fuzz.fitness import labels_differ, top1_labels
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, RunStats, SeedRecord, Stop
@@ -115,7 +117,8 @@ class Lockstep:
         self.overlap = overlap
         self._progress = None
         self._shifts: list[_Shift] = []  # in this process (none with an executor elsewhere)
-        self._clock_start = time.perf_counter()
+        self._clock_start = time.perf_counter()  # wall-clock, for the progress bar's rate only
+        self._search_thread: int | None = None  # the searches' thread, alive while they run (set by search_all)
         self._last_postfix = 0.0
         self._inputs = 0
         #: images the original evaluated (each distinct input of an iteration once)
@@ -146,6 +149,7 @@ class Lockstep:
         """Every lane's seeds in this process, ``batch`` at a time per lane and shift (seeds already
         deviating are recorded at once). Each shift in turn: take its models' answer, finish its
         seeds that are done, start new ones, propose, and hand the inputs to the models."""
+        self._search_thread = threading.get_ident()  # model calls in the overlap thread leave its CPU time out
         for lane in self.lanes:
             for row, index in enumerate(lane.todo):
                 if labels_differ(lane.p_original[row], lane.p_compressed[row]):
@@ -197,17 +201,17 @@ class Lockstep:
         return sorted((d for d in devices if getattr(d, "type", None) == "cuda"), key=str)
 
     def _start(self, lane: Lane, index: int, p_original: np.ndarray, p_compressed: np.ndarray) -> _Active:
-        began = time.perf_counter()
+        began = search_clock()
         rng = np.random.default_rng([lane.config.seed, index])
         image = self.seeds.images[index]  # read once (a lazy set decodes it), kept while the seed is searched
         search = self.strategy.start(image, p_original, p_compressed, rng)
-        return _Active(index, search, (p_original, p_compressed), image, time.perf_counter() - began)
+        return _Active(index, search, (p_original, p_compressed), image, search_clock() - began)
 
     def _propose(self, shift: _Shift) -> bool:
         """Ask every search of ``shift`` for its next inputs, gathered per lane into one batch; whether
         there are any. Each search is offered the rows its inputs go to (``out``): DFlare writes its
         mutants there, so they are not copied into the batch afterwards; other inputs are copied in."""
-        clock = time.perf_counter
+        clock = search_clock
         shape = self.seeds.image_shape
         shift.proposals, shift.inputs = [], []
         began = clock()
@@ -239,16 +243,17 @@ class Lockstep:
         compressed model. With ``overlap`` it runs in the background thread and touches only the models
         and ``lane_inputs`` (the shift's own buffers, which the shift rewrites only after its answer)."""
         p_original, original_seconds, distinct = self._original_probabilities(lane_inputs)
+        clock = model_clock(self._search_thread)
         compressed = []
         for lane, inputs in zip(self.lanes, lane_inputs):
-            began = time.perf_counter()
+            began = clock()
             p_compressed = lane.compressed.predict_proba(inputs) if len(inputs) else None
-            compressed.append((p_compressed, time.perf_counter() - began))
+            compressed.append((p_compressed, clock() - began))
         return _Evaluation(p_original, original_seconds, distinct, compressed)
 
     def _observe(self, shift: _Shift, evaluation: _Evaluation) -> None:
         """Hand each search of ``shift`` its rows of the models' answer, charging it its share of the calls."""
-        clock = time.perf_counter
+        clock = search_clock
         counts = [len(inputs) for inputs in shift.inputs]
         total = sum(counts)
         # each input is charged what it costs the original alone (per distinct image), so a seed gets
@@ -282,11 +287,12 @@ class Lockstep:
 
     def _original_probabilities(self, lane_inputs: list[np.ndarray]) -> tuple[np.ndarray, float, int]:
         """The original's probabilities for every campaign's inputs (concatenated in lane order), its
-        seconds, and how many images it evaluated: with several campaigns, each distinct image once."""
-        began = time.perf_counter()
+        CPU seconds, and how many images it evaluated: with several campaigns, each distinct image once."""
+        clock = model_clock(self._search_thread)
+        began = clock()
         inputs = np.concatenate(lane_inputs) if len(lane_inputs) > 1 else lane_inputs[0]
         if len(lane_inputs) == 1:
-            return self.original.predict_proba(inputs), time.perf_counter() - began, len(inputs)
+            return self.original.predict_proba(inputs), clock() - began, len(inputs)
         first_of: dict[bytes, int] = {}
         rows = np.empty(len(inputs), np.int64)
         for row, image in enumerate(inputs):
@@ -294,7 +300,7 @@ class Lockstep:
         unique = np.empty(len(first_of), np.int64)
         unique[rows] = np.arange(len(inputs))  # any row of each distinct image will do
         probabilities = np.asarray(self.original.predict_proba(inputs[unique]))[rows]
-        return probabilities, time.perf_counter() - began, len(unique)
+        return probabilities, clock() - began, len(unique)
 
     def _maybe_finish(self, lane: Lane, a: _Active) -> bool:
         search = a.search

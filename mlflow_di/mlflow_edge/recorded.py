@@ -319,9 +319,19 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
         found_none = metrics.get("triggers") == 0 or metrics.get("success_rate") == 0
         mean_queries = math.inf if found_none else None
     missing = "" if mean_queries is not None else f"fuzz run {run_id} recorded no mean_queries"
-    note = _noise_note(metrics, run_id)
+    note = "; ".join(filter(None, (_noise_note(metrics, run_id), _incomplete_note(metrics, run_id))))
     return [Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note),
             Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note), *of_realism]
+
+
+def _incomplete_note(metrics: dict, run_id: str) -> str:
+    """A warning when seeds of a campaign stopped at its time limit: the campaign is incomplete, and
+    their "no trigger" is not a finding."""
+    stopped = int(metrics.get("timed_out_seeds") or 0)
+    if not stopped:
+        return ""
+    return (f"fuzz run {run_id} is incomplete: {stopped} of {int(metrics.get('fuzzed', 0))} seeds stopped at "
+            "--timeout before their query budget, so their 'no trigger' is not evidence")
 
 
 def _noise_note(metrics: dict, run_id: str) -> str:
