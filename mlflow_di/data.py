@@ -290,6 +290,22 @@ def fingerprint(data: ImageSet, batch_size: int = BATCH_SIZE, progress: bool = F
     return digest.hexdigest()
 
 
+def shared_images(reference: ImageSet, data: ImageSet, batch_size: int = BATCH_SIZE) -> int:
+    """How many images of ``data`` also appear in ``reference`` (same pixels), both read in batches.
+
+    What tells evidence measured on held-out images from evidence measured on the calibration set
+    when the two specs differ (``digits[0:1300]`` holds ``digits[0:300]``)."""
+    seen = {hashlib.blake2b(image.tobytes(), digest_size=16).digest()
+            for images in reference.batches(batch_size) for image in np.ascontiguousarray(images)}
+    return sum(hashlib.blake2b(image.tobytes(), digest_size=16).digest() in seen
+               for images in data.batches(batch_size) for image in np.ascontiguousarray(images))
+
+
+def is_training_split(spec: str) -> bool:
+    """Whether a data spec names a training split by its kind (``mnist-train:``)."""
+    return spec.strip().startswith("mnist-train:")
+
+
 class _ArrayRows:
     """An in-memory array as a :class:`LazyImages` source (so a transform applies lazily to it)."""
 

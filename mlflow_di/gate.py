@@ -220,8 +220,10 @@ class Measurement(JsonRoundTrip):
     method: str | None = None
     #: what a reader must know about a measured value (e.g. that its triggers are noise-like)
     note: str = ""
+    #: the data the value was measured on (its spec, e.g. ``digits[1300:]``): evidence carries its provenance
+    data: str = ""
 
-    JSON_OPTIONAL = {"method": None, "note": ""}
+    JSON_OPTIONAL = {"method": None, "note": "", "data": ""}
 
     @property
     def found(self) -> bool:
@@ -250,8 +252,11 @@ class Check(JsonRoundTrip):
     change: float | None = None
     baseline_model: str | None = None
     baseline_run_id: str | None = None
+    #: the data the measured value came from (the measurement's ``data``)
+    data: str = ""
 
-    JSON_OPTIONAL = {name: None for name in ("relation", "baseline", "change", "baseline_model", "baseline_run_id")}
+    JSON_OPTIONAL = {**{name: None for name in ("relation", "baseline", "change", "baseline_model", "baseline_run_id")},
+                     "data": ""}
 
     @property
     def comparison(self) -> str:
@@ -357,7 +362,25 @@ class Verdict(JsonRoundTrip):
             text += "; failed: " + ", ".join(beyond)
         if self.unmeasured:
             text += "; not measured: " + ", ".join(c.label for c in self.unmeasured)
+        exports = self.per_export()
+        if exports:
+            text += "; per export: " + ", ".join(
+                f"{export} {passed}/{total}" + (f" (not judged: {', '.join(missing)})" if missing else "")
+                for export, (passed, total, missing) in exports.items())
         return text
+
+    def per_export(self) -> dict[str, tuple[int, int, list[str]]]:
+        """{export: (its checks passed, its checks, the criteria it has no value for)}: every export the
+        gate was asked about is judged on each per-export criterion, or listed as not judged."""
+        exports: dict[str, list] = {}
+        for check in self.checks:
+            if check.compressed:
+                counts = exports.setdefault(check.compressed, [0, 0, []])
+                counts[0] += check.passed
+                counts[1] += 1
+                if check.compared is None:
+                    counts[2].append(check.criterion)
+        return {export: (passed, total, missing) for export, (passed, total, missing) in exports.items()}
 
     def to_dict(self) -> dict:
         values = super().to_dict()
@@ -405,12 +428,12 @@ def _check(criterion: Criterion, threshold: float, measurement: Measurement) -> 
     else:
         passed, message = False, measurement.missing or missing_message(criterion, "the model")
     return Check(criterion.metric, measurement.compressed, measurement.value, float(threshold),
-                 criterion.greater_is_better, bool(passed), measurement.run_id, message)
+                 criterion.greater_is_better, bool(passed), measurement.run_id, message, data=measurement.data)
 
 
 def _relative_check(relation: Relation, threshold: float, measurement: Measurement, baseline: Baseline) -> Check:
     check = Check(relation.metric, measurement.compressed, measurement.value, float(threshold),
-                  relation.greater_is_better, False, measurement.run_id, relation=relation.kind)
+                  relation.greater_is_better, False, measurement.run_id, relation=relation.kind, data=measurement.data)
     if baseline.uri is None:  # none yet (--baseline-optional): nothing to fall behind
         check.passed, check.message = True, baseline.absent or "no baseline"
         return check

@@ -109,6 +109,10 @@ class GatePolicy:
     promote_alias: str | None = _kind("text", None)
     #: which answers of an int8 export the compress checks judge (gate --semantics: host, reference or both)
     semantics: str | None = _kind("text", None)
+    #: judge compress figures measured on calibration or training data (gate --allow-calibration-evidence)
+    allow_calibration_evidence: bool = _kind("boolean", False)
+    #: exports of the model the gate does not judge, each named (gate --exclude-export)
+    exclude_export: tuple | None = _kind("texts", None)
 
 
 @dataclasses.dataclass(frozen=True)

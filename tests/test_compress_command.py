@@ -183,3 +183,53 @@ def test_an_unreachable_bound_fails_in_one_line_and_keeps_what_the_search_measur
     search = json.loads(mlflow.artifacts.load_text(f"runs:/{runs[0].info.run_id}/compress/bounded_search.json"))
     assert search["trials"][0]["search"]["images"] == 100
 
+
+
+def test_figures_on_calibration_data_are_named_so_and_the_gate_does_not_judge_them(registered_cnn, tmp_path, capsys):
+    """Without --eval-data, or with evaluation images that hold calibration images, compress says in one
+    line that its figures are on calibration data and tags the run so; the gate then leaves the figures
+    unjudged (ERROR, one line naming the run and the fix) unless told to allow them."""
+    client = mlflow.MlflowClient()
+    for number, extra in enumerate(([], ["--eval-data", "digits[0:400]"]), start=1):
+        assert main(["compress", "--model-uri", registered_cnn, "--method", "int8-dynamic", "--no-benefit",
+                     "--calib-data", "digits[0:200]", *extra]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        shared = 200
+        assert f"NOTE: accuracy and disagreement figures are measured on digits[0:{200 if not extra else 400}], which " \
+               f"shares {shared} images with the calibration data" in out
+        run = client.get_run(client.get_model_version("cnn-int8-dynamic", str(number)).run_id)
+        assert run.data.tags["mlflow_di.evidence.role"] == "calibration"
+    gate = ["gate", "--model-uri", registered_cnn, "--compressed", "models:/cnn-int8-dynamic/2",
+            "--max-disagreement-rate", "0.5"]
+    assert main(gate) == 2
+    out = capsys.readouterr().out
+    assert "measured accuracy and disagreements on digits[0:400], calibration images, not held-out data: not judged" in out
+    assert main([*gate, "--allow-calibration-evidence"]) == 0
+    # held-out images: no note, judged
+    assert main(["compress", "--model-uri", registered_cnn, "--method", "int8-dynamic", "--no-benefit",
+                 "--calib-data", "digits[0:200]", "--eval-data", "digits[1300:]"]) == 0
+    assert "NOTE: accuracy" not in capsys.readouterr().out
+    version = client.get_model_version("cnn-int8-dynamic", "3")
+    assert client.get_run(version.run_id).data.tags["mlflow_di.evidence.role"] == "held-out"
+    verdict = tmp_path / "verdict.json"
+    assert main(["gate", "--model-uri", registered_cnn, "--compressed", "models:/cnn-int8-dynamic/3",
+                 "--max-disagreement-rate", "0.5", "--json-out", str(verdict)]) == 0
+    check = json.loads(verdict.read_text())["checks"][0]
+    assert check["data"] == "digits[1300:]"  # the evidence carries the data it was measured on
+
+
+def test_every_export_of_the_model_is_judged_or_named_as_not_judged(registered_cnn, capsys):
+    """Two exports, one fuzzed: a realism check judges the fuzzed one and leaves the other not judged
+    (ERROR, listed per export) unless the gate is told to exclude it."""
+    assert main(["compress", "--model-uri", registered_cnn, "--method", "int8-dynamic,prune-l1", "--no-benefit",
+                 "--calib-data", "digits[0:200]", "--eval-data", "digits[1300:]"]) == 0
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", "models:/cnn-int8-dynamic/1",
+                 "--seed-data", "digits[1300:1310]", "--max-queries", "30"]) == 0
+    capsys.readouterr()
+    gate = ["gate", "--model-uri", registered_cnn, "--max-realistic-success-rate", "1.0"]
+    assert main(gate) == 2
+    out = capsys.readouterr().out
+    assert "models:/cnn-int8-dynamic/1 1/1" in out
+    assert "models:/cnn-prune-l1/1 0/1 (not judged: realistic_success_rate)" in out
+    assert main([*gate, "--exclude-export", "models:/cnn-prune-l1/1"]) == 0
+    assert "cnn-prune-l1" not in capsys.readouterr().out.split("verdict:")[-1]

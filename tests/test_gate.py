@@ -28,7 +28,8 @@ def test_values_on_the_threshold_pass_and_values_beyond_it_fail():
         verdict = decide(URI, thresholds, measured)
         assert not verdict.passed
         assert [c.metric for c in verdict.failures] == [metric]
-        assert verdict.summary() == f"fail: 4/5 checks passed; failed: {verdict.failures[0].label}"
+        per_export = "c 3/4" if verdict.failures[0].compressed else "c 4/4"
+        assert verdict.summary() == f"fail: 4/5 checks passed; failed: {verdict.failures[0].label}; per export: {per_export}"
 
 
 def test_a_missing_measurement_fails_and_says_which_command_records_it():
@@ -123,7 +124,10 @@ def test_measurements_are_the_newest_finished_runs_of_that_version(client, histo
         ("speedup", "models:/lenet-int8/1"): None, ("speedup", "models:/lenet-prune/1"): None,  # --no-benefit runs
         # the newest robustness run that measured each export: int8 alone later, prune only in the first
         ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95,
-        ("robustness_agreement_min", "models:/lenet-prune/1"): 0.60}
+        ("robustness_agreement_min", "models:/lenet-prune/1"): 0.60,
+        # recorded by no campaign: missing per export, never a row left out
+        ("realistic_success_rate", "models:/lenet-int8/1"): None,
+        ("realistic_success_rate", "models:/lenet-prune/1"): None}
     idc = next(m for m in found if m.metric == "idc")
     assert client.get_run(idc.run_id).data.metrics["idc"] == 0.62
     accuracy = next(m for m in found if m.metric == "accuracy_drop" and m.compressed == "models:/lenet-int8/1")
@@ -142,8 +146,10 @@ def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client,
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
         ("accuracy_drop", "models:/lenet-int8/1"): 0.004, ("max_class_accuracy_drop", "models:/lenet-int8/1"): 0.02,
         ("disagreement_rate", "models:/lenet-int8/1"): 0.008, ("speedup", "models:/lenet-int8/1"): None,
-        ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95}
-    assert [m.metric for m in found if m.missing] == ["speedup"]  # recorded without a benefit measurement
+        ("robustness_agreement_min", "models:/lenet-int8/1"): 0.95,
+        ("realistic_success_rate", "models:/lenet-int8/1"): None}
+    # recorded without a benefit measurement, and by campaigns that predate the realism counts
+    assert [m.metric for m in found if m.missing] == ["realistic_success_rate", "speedup"]
 
 
 def test_measurements_only_for_the_compressed_models_asked_for(client, history):
@@ -257,7 +263,7 @@ def test_gate_pass_writes_tags_moves_the_alias_and_logs_a_gate_run(client, histo
     assert run.data.tags["mlflow_di.model_version"] == "1" and run.data.metrics["passed"] == 1.0
     assert run.data.metrics["checks"] == 7.0  # idc + 3 criteria x 2 compressed models
     assert json.loads((tmp_path / "verdict.json").read_text())["passed"] is True
-    assert "verdict: PASS (7/7 checks passed)" in out
+    assert "verdict: PASS (7/7 checks passed; per export: models:/lenet-int8/1 3/3, models:/lenet-prune/1 3/3)" in out
     assert "alias 'champion' now points to models:/lenet/1" in out
 
 

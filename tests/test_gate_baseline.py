@@ -157,12 +157,12 @@ def test_markdown_summary_has_a_heading_a_row_per_check_and_the_runs():
     lines = text.splitlines()
     assert lines[0] == f"## mlflow-di gate: FAIL for `{URI}`"
     table = [line for line in lines if line.startswith("| ")]
-    assert table[0] == "| criterion | model | value | threshold | baseline | change | result | runs |"
+    assert table[0] == "| criterion | model | value | threshold | baseline | change | result | runs | data |"
     assert len(table) == 1 + len(verdict.checks)
     assert table[3] == ("| success_rate_rise | `models:/m-int8/2` | 0.5 | <= 0.1 | 0.2 | 0.3 | **FAIL** | "
-                        "[rc](http://ui/rc), [rb](http://ui/rb) |")
+                        "[rc](http://ui/rc), [rb](http://ui/rb) |  |")
     assert "- a note \\| piped" in lines and lines[-1] == "Gate run: [gate-run](http://ui/gate-run)"
-    assert all(line.count("|") - line.count("\\|") == 9 for line in table)
+    assert all(line.count("|") - line.count("\\|") == 10 for line in table)
 
 
 # ------------------------------------------------------------------------ recorded runs and the command
@@ -301,7 +301,7 @@ def test_hostile_names_render_as_text_in_markdown_and_junit():
     html = MarkdownIt("commonmark").enable("table").render(summary_markdown(verdict, notes=(f"note about {HOSTILE}",)))
     assert "<img" not in html and "<script" not in html and 'href="http://evil"' not in html and "<em>" not in html
     rows = [row for row in html.split("<tr>")[2:]]
-    assert len(rows) == len(verdict.checks) and all(row.count("<td>") == 6 for row in rows)
+    assert len(rows) == len(verdict.checks) and all(row.count("<td>") == 7 for row in rows)
     root = ET.fromstring(junit_xml(verdict, "gate-run"))
     properties = {p.get("name"): p.get("value") for p in root.find("testsuite").find("properties")}
     assert properties["model_uri"] == uri.replace("\x01", "\ufffd")

@@ -143,6 +143,9 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     calib = prepare(raw_calib) if raw_calib is not None else None
     evaluation = prepare(raw_eval) if eval_data else calib
     inputs = _inputs(raw_calib, raw_eval)
+    evidence = _evidence(eval_data, raw_calib, raw_eval)
+    if evidence.get(EVIDENCE_ROLE, "held-out") != "held-out":
+        click.echo(f"NOTE: {evidence_line(evidence)}")
     source_tags = registry.model_version_tags(model_uri)
     lineage_base = {"mlflow_di.source_uri": model_uri,
                     "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
@@ -161,8 +164,34 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
         registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags,
-                                        device, selection, inputs, original))
+                                        device, selection, inputs, original, evidence))
     return registered
+
+
+#: Tags of a compress run on the data its accuracy and disagreement figures were measured on.
+EVIDENCE_DATA, EVIDENCE_ROLE, EVIDENCE_SHARED = ("mlflow_di.evidence.data", "mlflow_di.evidence.role",
+                                                 "mlflow_di.evidence.shared_with_calibration")
+
+
+def _evidence(eval_data, raw_calib, raw_eval) -> dict:
+    """The provenance tags of the figures: which data, and whether it is held out, the calibration
+    set (no --eval-data, or evaluation images that are calibration images too) or a training split."""
+    from mlflow_di.data import is_training_split, shared_images
+
+    if raw_eval is None:
+        return {}
+    shared = len(raw_eval) if raw_eval is raw_calib else (shared_images(raw_calib, raw_eval) if raw_calib is not None
+                                                           else 0)
+    role = "calibration" if shared else "training" if is_training_split(eval_data or "") else "held-out"
+    return {EVIDENCE_DATA: raw_eval.name, EVIDENCE_ROLE: role, EVIDENCE_SHARED: str(shared)}
+
+
+def evidence_line(tags: dict) -> str:
+    """One sentence on figures measured on calibration or training data (the gate does not judge them)."""
+    data, shared = tags[EVIDENCE_DATA], int(tags.get(EVIDENCE_SHARED, 0))
+    what = f"shares {shared} images with the calibration data" if shared else "is a training split"
+    return (f"accuracy and disagreement figures are measured on {data}, which {what}, not held-out data: the gate "
+            "does not judge them; pass --eval-data with images the export was neither calibrated nor trained on")
 
 
 def _symmetry(choice: str) -> bool | None:
@@ -266,15 +295,17 @@ def _inputs(raw_calib, raw_eval) -> dict:
 
 
 def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device,
-                  selection: "Selection | None" = None, inputs: dict | None = None, original=None) -> str:
-    """One method's run and registered export; ``original``: the source's probabilities on ``evaluation``."""
+                  selection: "Selection | None" = None, inputs: dict | None = None, original=None,
+                  evidence: dict | None = None) -> str:
+    """One method's run and registered export; ``original``: the source's probabilities on ``evaluation``;
+    ``evidence``: the provenance tags of its figures (:func:`_evidence`)."""
     import mlflow_di
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
 
     selection = selection or Selection()
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
-        tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags}
+        tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags, **(evidence or {})}
         with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:
             log.inputs((dataset, context) for context, dataset in (inputs or {}).items()  # calibration: int8-static
                        if context != "calibration" or method == "int8-static")

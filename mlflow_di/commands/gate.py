@@ -51,6 +51,12 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
 @click.option("--semantics", type=click.Choice(["host", "reference", "both"]), default="host", show_default=True,
               help="Which answers of an int8 export the compress checks judge: host (ONNX Runtime's kernels on the "
                    "CPU compress ran on), reference (the QDQ graph as written, the same on every CPU) or both.")
+@click.option("--allow-calibration-evidence", is_flag=True,
+              help="Judge accuracy and disagreement figures that compress measured on its calibration data or a "
+                   "training split (refused by default: they say how an export fits the images it was tuned on).")
+@click.option("--exclude-export", multiple=True, metavar="models:/NAME/VERSION",
+              help="An export of the model not to judge (repeatable). By default every export compressed from the "
+                   "model, fuzzed or measured against it is judged, and one without evidence makes the verdict ERROR.")
 @click.option("--baseline", default=None, metavar="models:/NAME@ALIAS",
               help="Compare with this registered version too (e.g. models:/NAME@champion), read the same way; "
                    "'previous': the candidate's predecessor (the highest version number of the same registered "
@@ -81,7 +87,8 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
             min_robustness_agreement, baseline: str | None,
             baseline_optional: bool, max_idc_drop, max_success_rate_rise, min_mean_queries_ratio,
             pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
-            summary_md: str | None, min_speedup=None, semantics: str = "host") -> None:
+            summary_md: str | None, min_speedup=None, semantics: str = "host", allow_calibration_evidence: bool = False,
+            exclude_export: tuple[str, ...] = ()) -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
@@ -106,7 +113,9 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
                         if baseline else None)  # its errors first
     version, source = recorded.gate_subject(model_uri)
     with recorded.only_runs(pinned_runs):
-        found = recorded.measurements(model_uri, list(compressed), resolved=(version, source), semantics=semantics)
+        found = recorded.measurements(model_uri, list(compressed), resolved=(version, source), semantics=semantics,
+                                      allow_calibration_evidence=allow_calibration_evidence,
+                                      exclude=tuple(exclude_export))
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared)
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -156,7 +156,8 @@ def gate_subject(uri: str, client=None) -> tuple:
 
 
 def measurements(subject_uri: str, compressed: list[str] | None = None, client=None,
-                 resolved: tuple | None = None, semantics: str = "host") -> list[Measurement]:
+                 resolved: tuple | None = None, semantics: str = "host", allow_calibration_evidence: bool = False,
+                 exclude: tuple[str, ...] = ()) -> list[Measurement]:
     """Every gated value recorded for the version ``subject_uri`` names (see :mod:`mlflow_di.gate`).
 
     ``compressed``: the compressed models to read fuzz/compress results for (URIs as given to
@@ -165,6 +166,8 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     is the export itself. Missing values come back as measurements with ``value=None`` and a
     message saying what to run. ``resolved``: :func:`gate_subject`'s answer, when the caller has it.
     ``semantics``: which answers of an int8 export the compress criteria read (host, reference or both).
+    ``allow_calibration_evidence``: judge compress figures measured on calibration or training data
+    (refused by default, :func:`_compress_evidence`). ``exclude``: exports not to judge (registry URIs).
     """
     client = client or _client()
     subject, source = resolved or gate_subject(subject_uri, client)
@@ -176,9 +179,10 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     robustness_runs = search_recorded_runs("robustness", subject_tags, ROBUSTNESS_METRIC, client)
     targets = [_CompressedTarget.of(uri, client) for uri in compressed] if compressed else \
         _recorded_targets(subject_tags, client, robustness_runs)
-    for target in targets:
+    excluded = {_CompressedTarget.of(uri, client).key for uri in exclude}
+    for target in (t for t in targets if t.key not in excluded):
         of_target = [*_fuzz(subject_uri, subject_tags, target, client),
-                     *_compress(subject_uri, subject, target, client, semantics),
+                     *_compress(subject_uri, subject, target, client, semantics, allow_calibration_evidence),
                      _robustness(subject_uri, target, robustness_runs)]
         method = _method(target, client)
         for measurement in of_target:
@@ -240,7 +244,8 @@ def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None
     runs = recorded_runs("coverage", subject_tags, "idc", client, model_id)
     if not runs:
         return Measurement("idc", None, missing=missing_message(CRITERION["idc"], subject_uri))
-    return Measurement("idc", runs[0].data.metrics["idc"], run_id=runs[0].info.run_id)
+    return Measurement("idc", runs[0].data.metrics["idc"], run_id=runs[0].info.run_id,
+                       data=runs[0].data.params.get("test_data", ""))
 
 
 @dataclasses.dataclass
@@ -303,8 +308,11 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
     # realistic_success_rate counts triggers within a realism budget: a campaign held to one (e.g.
     # --strategy boundary --min-ssim 0.9) answers it best, so it is read from the newest campaign of any kind
     realistic = next((run for run in found if run.data.metrics.get("realistic_success_rate") is not None), None)
-    of_realism = [] if realistic is None else [Measurement(
-        "realistic_success_rate", realistic.data.metrics["realistic_success_rate"], target.key, realistic.info.run_id)]
+    # one per export whatever was recorded: an export never fuzzed is a missing value (ERROR), never a skipped row
+    of_realism = [Measurement("realistic_success_rate", None, target.key, missing=missing_message(
+        CRITERION["realistic_success_rate"], subject_uri, target.key))] if realistic is None else [Measurement(
+        "realistic_success_rate", realistic.data.metrics["realistic_success_rate"], target.key, realistic.info.run_id,
+        data=realistic.data.params.get("seed_data", ""))]
     if not runs:
         message = missing_message(CRITERION["success_rate"], subject_uri, target.key)
         if found:
@@ -320,8 +328,9 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
         mean_queries = math.inf if found_none else None
     missing = "" if mean_queries is not None else f"fuzz run {run_id} recorded no mean_queries"
     note = "; ".join(filter(None, (_noise_note(metrics, run_id), _incomplete_note(metrics, run_id))))
-    return [Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note),
-            Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note), *of_realism]
+    data = run.data.params.get("seed_data", "")
+    return [Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note, data=data),
+            Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note, data=data), *of_realism]
 
 
 def _incomplete_note(metrics: dict, run_id: str) -> str:
@@ -379,7 +388,31 @@ SEMANTIC_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_ra
 REFERENCE_SUFFIX = " (reference semantics)"
 
 
-def _compress(subject_uri: str, subject, target: _CompressedTarget, client, semantics: str = "host") -> list[Measurement]:
+#: Tags of a compress run on the data its figures were measured on (``commands/compress.py`` writes them).
+EVIDENCE_DATA, EVIDENCE_ROLE = f"{TAG_PREFIX}evidence.data", f"{TAG_PREFIX}evidence.role"
+
+
+def _compress_evidence(run, allow_calibration_evidence: bool) -> tuple[str, str]:
+    """(the data a compress run measured accuracy and disagreements on, why the gate refuses them or "").
+
+    Figures measured on calibration (or training) images say how the export fits the images it was
+    tuned on, not how it behaves: the gate does not judge them unless told to. A run recorded before
+    the provenance tags counts as calibration evidence when its eval_data is its calib_data."""
+    tags, params = run.data.tags, run.data.params
+    data = tags.get(EVIDENCE_DATA) or params.get("eval_data", "")
+    role = tags.get(EVIDENCE_ROLE)
+    if role is None:
+        role = "calibration" if data and data == params.get("calib_data") else "held-out"
+    if role == "held-out" or allow_calibration_evidence or tags.get(f"{TAG_PREFIX}command") != "compress":
+        return data, ""
+    return data, (f"compress run {run.info.run_id} measured accuracy and disagreements on {data}, "
+                  f"{'a training split' if role == 'training' else 'calibration images'}, not held-out data: not "
+                  "judged; run compress again with --eval-data HELD-OUT, or pass --allow-calibration-evidence "
+                  "(policy gate.allow_calibration_evidence)")
+
+
+def _compress(subject_uri: str, subject, target: _CompressedTarget, client, semantics: str = "host",
+              allow_calibration_evidence: bool = False) -> list[Measurement]:
     """accuracy_drop, max_class_accuracy_drop, disagreement_rate and speedup from the compress (or repair)
     run that produced the compressed version; ``semantics`` (host, reference or both) picks which answers
     the first three are read for (reference ones name the export with :data:`REFERENCE_SUFFIX`)."""
@@ -399,11 +432,15 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     run_id, metrics = run.info.run_id, run.data.metrics
     command = tags.get(f"{TAG_PREFIX}command")
     note = _semantics_note(metrics, tags)
+    data, refused = _compress_evidence(run, allow_calibration_evidence)
 
     def read(metric: str, recorded: str, key: str) -> Measurement:
+        if refused and metric in SEMANTIC_METRICS:
+            return Measurement(metric, None, key, run_id, refused, data=data)
         if recorded in metrics:
             return Measurement(metric, metrics[recorded], key, run_id,
-                               note=note if metric == "disagreement_rate" else "")
+                               note=note if metric == "disagreement_rate" else "",
+                               data=data if metric in SEMANTIC_METRICS else "")
         why = {"speedup": "or with --no-benefit", **{name: "or without --eval-data" for name in SEMANTIC_METRICS}}[metric]
         if recorded.startswith("reference."):
             why = "or for a method that is not int8: reference semantics apply to int8 exports"
@@ -468,7 +505,8 @@ def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Meas
         slug = _robustness_slugs(run).get(target.key)
         value = run.data.metrics.get(f"{ROBUSTNESS_METRIC}.{slug}") if slug else None
         if value is not None:
-            return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id)
+            return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id,
+                               data=run.data.params.get("data", ""))
     return Measurement(ROBUSTNESS_METRIC, None, target.key,
                        missing=missing_message(CRITERION[ROBUSTNESS_METRIC], subject_uri, target.key))
 

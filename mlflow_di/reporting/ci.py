@@ -5,8 +5,8 @@ and ``--summary-md`` write them. JUnit: one ``testsuite`` named ``mlflow-di gate
 ``testcase`` per check (``classname`` the criterion, e.g. ``success_rate`` or ``idc_drop``;
 ``name`` the check's label with the compressed model), a failed or missing check as a
 ``failure`` whose message reads ``value X vs threshold Y``. Markdown (for
-``$GITHUB_STEP_SUMMARY``): a heading with PASS/FAIL, a table of the checks and the runs the
-values came from.
+``$GITHUB_STEP_SUMMARY``): a heading with PASS/FAIL, a table of the checks, the runs the
+values came from and the data they were measured on.
 
 Names come from users (a registered model may be called ``x"><img src=x onerror=...>``), so
 every piece of text is escaped for where it lands: Markdown punctuation and HTML are
@@ -116,7 +116,8 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
         lines.append(f"- baseline: {_code(verdict.baseline_uri)}")
     lines.append(f"- {_prose(verdict.summary())}")
     lines.append("")
-    header = ["criterion", "model", "value", "threshold", *(["baseline", "change"] if relative else []), "result", "runs"]
+    header = ["criterion", "model", "value", "threshold", *(["baseline", "change"] if relative else []), "result", "runs",
+              "data"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for check in verdict.checks:
         runs = [link(run_id) for run_id in (check.run_id, check.baseline_run_id) if run_id]
@@ -125,7 +126,7 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
         if relative:
             row += [value_text(check.baseline) if check.relation and check.baseline_model else "",
                     value_text(check.change) if check.relation and check.change is not None else ""]
-        row += ["PASS" if check.passed else "**FAIL**", ", ".join(runs)]
+        row += ["PASS" if check.passed else "**FAIL**", ", ".join(runs), _code(check.data) if check.data else ""]
         lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
     messages = list(dict.fromkeys(c.message for c in verdict.checks if c.message))
     if messages:
