@@ -4,21 +4,30 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: docs install browser emulator demo test clean
+.PHONY: docs install install-dev browser emulator demo test clean
 
+# What the demo and the commands need: torch, mlflow, ONNX Runtime, scikit-learn, ...
 install: $(STAMP)
+# What the test suite and the docs need besides: Ray, pytest, LiteRT, ART, Selenium, MkDocs, ...
+install-dev: $(DEV_STAMP)
 
 # torch first, pinned: `pip install torch==2.13.0` takes the local CPU wheel, and the
 # constraints file keeps every later step from asking for another torch (which would pull
 # several GB of CUDA packages).
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	@echo "installing into $(VENV): pip, then the CPU build of torch 2.13.0, then mlflow-di with its dev extras (1-3 minutes)"
+	@echo "installing into $(VENV): pip, then the CPU build of torch 2.13.0, then mlflow-di (1-3 minutes)"
 	$(PY) -m pip install --progress-bar off --upgrade pip
 	$(PY) -m pip install --progress-bar off torch==2.13.0
-	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --progress-bar off -c constraints.txt -e .
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	@echo "installing the test and docs extras into $(VENV) (Ray, pytest, LiteRT, ART, Selenium, MkDocs; 1-3 minutes)"
+	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[dev]"
+	touch $(DEV_STAMP)
 
 # Train and register the digits CNN, then run the shipped policy on the version just registered
 # (mlflow-di demo alone does the same in one command, with the same settings).
@@ -49,11 +58,11 @@ emulator:
 		|| echo "could not install qemu-user: the emulated-CPU test will be skipped"; \
 	else echo "qemu-user not installed (needs root + apt-get): the emulated-CPU test will be skipped"; fi
 
-test: install browser emulator docs
+test: install-dev browser emulator docs
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails.
-docs: install
+docs: install-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:

@@ -97,3 +97,6 @@ def check_the_registry(clone) -> None:
     assert not [k for k, v in version.tags.items() if k.startswith("mlflow_di.") and "missing" in v]
     assert str(client.get_model_version_by_alias("digits-cnn", "champion").version) == "1"
     assert {"digits-cnn-int8-static", "digits-cnn-prune-l1"} <= {m.name for m in client.search_registered_models()}
+    # the README's gate judged every export, the demo's and the README's own, each on its evidence
+    for export in ("int8-static/1", "int8-static/2", "prune-l1/1", "prune-l1/2"):
+        assert f"models:/digits-cnn-{export}" in version.description

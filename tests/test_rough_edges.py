@@ -159,6 +159,20 @@ def test_runs_land_in_a_classic_ml_experiment_named_for_what_they_compared(track
     assert "fuzzing 3 seeds" in out
 
 
+def test_printed_links_use_the_ui_address_given_not_a_hard_coded_port(tracking_uri, model_pair, monkeypatch, capsys):
+    """A local store has no UI address: the closing line says where `mlflow ui` listens by default and
+    how to name another; with $MLFLOW_DI_UI_URL every link is under that address."""
+    assert main(_fuzz_args(model_pair, "one", "--num-seeds", "2")) == 0
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:5000/#/experiments/" in out and "set MLFLOW_DI_UI_URL" in out
+    monkeypatch.setenv("MLFLOW_DI_UI_URL", "https://mlflow.example.org:8443/")
+    assert main(_fuzz_args(model_pair, "two", "--num-seeds", "2")) == 0
+    out = capsys.readouterr().out
+    [run] = [r for r in _runs(tracking_uri) if r.data.params.get("out_dir", "").endswith("two")]
+    assert f"https://mlflow.example.org:8443/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in out
+    assert "127.0.0.1:5000" not in out
+
+
 def test_litert_says_nothing_on_stderr(shared_dir, tmp_path):
     pytest.importorskip("ai_edge_litert")
     result = subprocess.run([*CLI, "describe", str(shared_dir / "models" / "dflare" / "lenet5-quan.lite")],

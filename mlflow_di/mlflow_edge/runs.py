@@ -110,24 +110,44 @@ def tracked_run(run_name: str, experiment: str | None = None, tags: dict | None 
             _announce_at_exit(run, ended)
 
 
-def run_line(run, status: str) -> str:
-    """Where to find ``run`` in the MLflow UI, in one line: its page on an http(s) server, else the
-    page's address under ``mlflow ui`` started on this store."""
+#: The MLflow UI's address for a local store (``mlflow ui`` on a sqlite file or a folder), when it
+#: is not on ``mlflow ui``'s default port, or is served elsewhere: every printed link uses it.
+UI_URL_ENV = "MLFLOW_DI_UI_URL"
+#: Where ``mlflow ui`` listens when started with no ``--port``/``--host``.
+DEFAULT_UI = "http://127.0.0.1:5000"
+
+
+def ui_base() -> str | None:
+    """The address of the UI that shows this store: the tracking server itself (http/https), else
+    ``$MLFLOW_DI_UI_URL``; None for a local store with no UI address given."""
+    import os
+
     uri = tracking_uri()
-    page = _run_page(run.info.experiment_id, run.info.run_id)
     if _served(uri):
-        where = f"{uri.rstrip('/')}/{page}"
+        return uri.rstrip("/")
+    configured = os.environ.get(UI_URL_ENV, "").strip()
+    return configured.rstrip("/") or None
+
+
+def run_line(run, status: str) -> str:
+    """Where to find ``run`` in the MLflow UI, in one line: its page under :func:`ui_base`, else the
+    page's address under ``mlflow ui`` started on this store (its default address)."""
+    page = _run_page(run.info.experiment_id, run.info.run_id)
+    base = ui_base()
+    if base is not None:
+        where = f"{base}/{page}"
     else:
-        where = f"http://127.0.0.1:5000/{page} after `mlflow ui --backend-store-uri {uri}`"
+        where = (f"{DEFAULT_UI}/{page} after `mlflow ui --backend-store-uri {tracking_uri()}` (another address: "
+                 f"set {UI_URL_ENV})")
     return f"run {run.info.run_id} ({status}): {where}"
 
 
 def ui_line() -> str:
     """How to open this store in the MLflow UI, in one line (the closing "where to look" blocks)."""
-    uri = tracking_uri()
-    if _served(uri):
-        return f"open {uri.rstrip('/')}"
-    return f"mlflow ui --backend-store-uri {uri}   # then open http://127.0.0.1:5000"
+    base = ui_base()
+    if base is not None:
+        return f"open {base}" + ("" if _served(tracking_uri()) else f"   # the UI on this store ({UI_URL_ENV})")
+    return f"mlflow ui --backend-store-uri {tracking_uri()}   # then open {DEFAULT_UI} (or set {UI_URL_ENV})"
 
 
 def _served(uri: str) -> bool:
@@ -211,10 +231,10 @@ def descendant_run_ids(run_id: str) -> list[str]:
 
 
 def run_links(run_ids) -> dict[str, str]:
-    """{run id: its page in the MLflow UI} for an http(s) tracking server; {} for other stores
-    (a sqlite file has no UI address) and for runs that cannot be read."""
-    base = tracking_uri().rstrip("/")
-    if not _served(base):
+    """{run id: its page in the MLflow UI} under :func:`ui_base` (an http(s) tracking server, or
+    ``$MLFLOW_DI_UI_URL`` for a local store); {} without a UI address and for runs that cannot be read."""
+    base = ui_base()
+    if base is None:
         return {}
     client, links = mlflow.MlflowClient(), {}
     for run_id in dict.fromkeys(r for r in run_ids if r):
