@@ -135,3 +135,34 @@ def test_a_version_page_leads_to_its_model_page_with_the_metrics_and_datasets(ml
     wait.until(lambda d: "Datasets used" in page(d) and "digits[600:700]" in page(d) and "\nidc\n" in page(d))
     text = page(browser)
     assert "\nidc\n" in text and "coverage " in text  # the metric, from the coverage run
+
+
+def test_the_parent_fuzz_report_shows_the_noise_box_and_fits_1280_pixels(registered_cnn, browser, tmp_path, capsys):
+    """The report a reviewer opens first (the parent run of one call fuzzing two exports): the same NOISE
+    box as each campaign's own report, and at 1280 px no table scrolls sideways and no cell is clipped."""
+    import mlflow
+
+    from mlflow_di.cli import main
+
+    assert main(["compress", "--model-uri", registered_cnn, "--method", "int8-dynamic,prune-l1", "--amount", "0.5",
+                 "--eval-data", "digits[1300:1400]", "--no-benefit"]) == 0, capsys.readouterr().err
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", "models:/cnn-int8-dynamic/1",
+                 "--compressed", "models:/cnn-prune-l1/1", "--seed-data", "digits[1300:1320]",
+                 "--max-queries", "100"]) == 0
+    parent = next(run for run in mlflow.search_runs(search_all_experiments=True, output_format="list")
+                  if run.data.tags.get("mlflow_di.command") == "fuzz" and "mlflow.parentRunId" not in run.data.tags
+                  and "," in run.data.params.get("compressed", ""))
+    report = pathlib.Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id,
+                                                              artifact_path="fuzz/report.html", dst_path=str(tmp_path)))
+    browser.set_window_size(1280, 1000)
+    browser.get(report.as_uri())
+    text = browser.execute_script("return document.body.innerText")
+    assert "NOISE" in text and "How realistic the triggers are" in text
+    assert "#1 models:/cnn-int8-dynamic/1" in text and "#2 models:/cnn-prune-l1/1" in text
+    screenshot(browser, "fuzz-parent-report-1280")
+    overflowing = browser.execute_script(
+        "const wide = [...document.querySelectorAll('.table-wrap')].filter(w => w.scrollWidth > w.clientWidth + 1);"
+        "const cut = [...document.querySelectorAll('th, td')].filter(c => c.scrollWidth > c.clientWidth + 1);"
+        "return [wide.length, cut.map(c => c.innerText)];")
+    assert overflowing == [0, []]
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= 1280

@@ -553,16 +553,17 @@ def _compare_exports(original_model, compressed: list[str], models: list, result
         p_original = original_model.predict_proba(images)
         fools = np.stack([labels_differ(p_original, model.predict_proba(images)) for model in models], axis=1)
     rows, start = [], 0
-    for uri, result, summary in zip(compressed, results, summaries):
+    for number, (uri, result, summary) in enumerate(zip(compressed, results, summaries), start=1):
         mine = fools[start:start + len(result.triggers)]
         start += len(result.triggers)
-        rows.append({"compressed": uri, "success_rate": summary["success_rate"], "triggers": summary["triggers"],
+        rows.append({"#": number, "compressed": uri, "success_rate": summary["success_rate"],
+                     "realistic_success_rate": summary.get("realistic_success_rate"), "triggers": summary["triggers"],
                      "mean_queries": summary["mean_queries"], "median_queries": summary["median_queries"],
                      "already_deviating": summary["already_deviating"],
                      "trigger_linf_median": summary.get("trigger_linf_median"),
                      "trigger_ssim_median": summary.get("trigger_ssim_median"),
-                     **{f"fools {other}": float(mine[:, k].mean()) if len(mine) else None
-                        for k, other in enumerate(compressed)}})
+                     **{f"fools #{k}": float(mine[:, k - 1].mean()) if len(mine) else None
+                        for k in range(1, len(compressed) + 1)}})
     fooling_all = int(fools.all(axis=1).sum()) if len(fools) else 0
     metrics = {"original_inputs_separate": separate, "original_inputs_shared": shared,
                "original_inputs_saved_fraction": 1 - shared / separate if separate else 0.0,
@@ -581,22 +582,43 @@ def _log_comparison(log, original: str, compressed: list[str], results: list, su
                        f"compressed model; the original evaluated {metrics['original_inputs_shared']} images instead "
                        f"of {metrics['original_inputs_separate']} "
                        f"({metrics['original_inputs_saved_fraction']:.1%} saved by sharing its calls)")
-    html.section("Side by side").table(comparison["rows"], caption=(
-        "one campaign per compressed model (each in its own child run); 'fools X': the share of this campaign's "
-        "triggers on which X also disagrees with the original"))
+    _parent_realism_section(html, compressed, summaries)
+    html.section("Side by side").table(comparison["rows"], percent_columns=["success_rate", "realistic_success_rate"],
+                                       caption=(
+        "one campaign per compressed model (each in its own child run, numbered # here); 'fools #k': the share of "
+        "this campaign's triggers on which export #k also disagrees with the original"))
     html.section("Sharing the original's calls").metrics(metrics, percent_keys=["original_inputs_saved_fraction"])
     if comparison["fools_all"].any():  # each row: the seed, then the trigger, from the campaign that found it
         import numpy as np
 
         seeds = np.concatenate([result.trigger_seeds for result in results])[comparison["fools_all"]]
         triggers = np.concatenate([result.triggers for result in results])[comparison["fools_all"]]
-        sources = [uri for uri, result in zip(compressed, results) for _ in range(len(result.triggers))]
-        sources = [uri for uri, fools in zip(sources, comparison["fools_all"]) if fools]
+        sources = [number for number, result in enumerate(results, start=1) for _ in range(len(result.triggers))]
+        sources = [number for number, fools in zip(sources, comparison["fools_all"]) if fools]
         page = rp.labelled_image_rows([np.stack(pair) for pair in zip(seeds, triggers)],
-                                      [f"found against {uri}" for uri in sources])
+                                      [f"found against #{number}" for number in sources])
         log.image(page, "fuzz/triggers_fooling_all.png")
-        html.section("Triggers that fool every compressed model").image(page, "seed | trigger (at most 24 rows)")
+        legend = "; ".join(f"#{number} = {uri}" for number, uri in enumerate(compressed, start=1))
+        html.section("Triggers that fool every compressed model").image(
+            page, f"seed | trigger (at most 24 rows); {legend}")
     log.text(html.render(), "fuzz/report.html")
+
+
+def _parent_realism_section(html, compressed: list[str], summaries: list[dict]) -> None:
+    """The realism of every campaign's triggers, first thing a reviewer sees in the parent report, with
+    the same NOISE box as a campaign's own report when most of all the triggers are noise-like."""
+    from mlflow_di.fuzz.realism import mostly_noise
+
+    triggers = sum(summary["triggers"] for summary in summaries)
+    realistic = sum(summary.get("realistic_triggers", 0) for summary in summaries)
+    html.section("How realistic the triggers are")
+    if triggers and mostly_noise(realistic, triggers):
+        html.verdict(False, f"{realistic} of {_plural(triggers, 'trigger')} over all {len(summaries)} campaigns are "
+                            "within the realism budget. Most triggers are noise-like: a reviewer would not call them "
+                            "the same image. Rerun with --min-ssim / --max-linf to search inside a budget.",
+                     word="NOISE")
+    for number, (uri, summary) in enumerate(zip(compressed, summaries), start=1):
+        html.paragraph(f"#{number} {uri}: " + (realism_note(summary) if summary["triggers"] else "no trigger") + ".")
 
 
 def _print_sharing(comparison: dict) -> None:

@@ -25,7 +25,8 @@ STYLESHEET = """
 html { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
 body { margin: 0; background: #fff; color: var(--text);
        font: 15px/1.5 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "DejaVu Sans", sans-serif; }
-main { max-width: 880px; margin: 0 auto; padding: 24px 20px 32px; }
+main { max-width: 1240px; margin: 0 auto; padding: 24px 20px 32px; }
+p, .note, figcaption, .verdict .text { max-width: 880px; }
 header { border-bottom: 2px solid var(--rule); margin-bottom: 18px; padding-bottom: 10px; }
 h1 { font-size: 26px; line-height: 1.25; margin: 0; }
 .subtitle { color: var(--muted); margin: 4px 0 0; }
@@ -41,14 +42,14 @@ p { margin: 8px 0 12px; }
 .table-wrap { overflow-x: auto; margin: 8px 0 16px; }
 table { border-collapse: collapse; font-size: 14px; font-variant-numeric: tabular-nums; }
 table.data { min-width: 60%; font: 12px/1.35 ui-monospace, Menlo, Consolas, "DejaVu Sans Mono", monospace; }
-table.data th, table.data td { padding: 3px 8px; white-space: nowrap; }
+table.data th, table.data td { padding: 3px 8px; white-space: normal; overflow-wrap: break-word; }
 td.cut { cursor: help; text-decoration: underline dotted var(--muted); }
 .gallery { max-height: 1200px; overflow: auto; margin: 12px 0 20px; border: 1px solid var(--rule); border-radius: 4px; }
 .gallery figure { margin: 6px; }
 .gallery figure img { max-width: none; border: 0; }
 caption { caption-side: top; text-align: left; color: var(--muted); font-size: 13px; padding: 0 0 6px; }
 th, td { padding: 5px 10px; border-bottom: 1px solid var(--rule); text-align: left; vertical-align: top; }
-th { background: var(--stripe); font-weight: 600; border-bottom: 2px solid var(--rule); white-space: nowrap; }
+th { background: var(--stripe); font-weight: 600; border-bottom: 2px solid var(--rule); }
 tbody tr:nth-child(even) td { background: #fbfbfc; }
 td.num, th.num { text-align: right; white-space: nowrap; }
 table.metrics th[scope=row] { background: none; font-weight: 500; border-bottom: 1px solid var(--rule);
@@ -91,7 +92,8 @@ def format_value(value, percent: bool = False) -> str:
 
 
 #: Longest text a table cell shows; longer text is cut with "…" and kept whole in the cell's tooltip.
-MAX_CELL_CHARS = 64
+#: Cells wrap (a registry URI, an operator chain), so a table fits the page without scrolling sideways.
+MAX_CELL_CHARS = 200
 
 
 def operator_summary(operators: Iterable[str]) -> str:
@@ -168,8 +170,8 @@ class HtmlReport:
     def table(self, rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None,
               caption: str | None = None, max_rows: int = 200, percent_columns: Iterable[str] = (),
               max_cell_chars: int = MAX_CELL_CHARS) -> "HtmlReport":
-        """A compact table of records (one dict per row, one line each, small fixed-width font,
-        scrolling sideways when wide); shows the first ``max_rows`` and notes how many were left out.
+        """A compact table of records (one dict per row, small fixed-width font; long text and
+        headers wrap, numbers do not); shows the first ``max_rows`` and notes how many were left out.
 
         ``columns`` picks and orders the columns (default: every key, in first-seen order);
         numbers in ``percent_columns`` (fractions 0..1) are shown as percentages. A text cell
@@ -182,7 +184,7 @@ class HtmlReport:
         shown = rows[:max(0, int(max_rows))]
         numeric = {c: all(_is_number(row.get(c)) for row in shown if row.get(c) is not None) and
                    any(row.get(c) is not None for row in shown) for c in columns}
-        head = "".join(f'<th scope="col"{_num(numeric[c])}>{_escape(c)}</th>' for c in columns)
+        head = "".join(f'<th scope="col"{_num(numeric[c])}>{_breakable(c)}</th>' for c in columns)
         body = "".join("<tr>" + "".join(_cell(format_value(row.get(c), c in percent), numeric[c], max_cell_chars)
                                         for c in columns) + "</tr>" for row in shown)
         if not rows:
@@ -276,6 +278,15 @@ def _caption(caption: str | None) -> str:
     return f"<caption>{_escape(caption)}</caption>" if caption else ""
 
 
+def _breakable(text) -> str:
+    """Escaped text with a line-break opportunity after each ``_``, ``/`` and ``,`` (``<wbr>``), so a column
+    name such as ``realistic_success_rate`` or a URI wraps at its parts rather than mid-word."""
+    escaped = _escape(text)
+    for mark in ("_", "/", ","):
+        escaped = escaped.replace(mark, mark + "<wbr>")
+    return escaped
+
+
 def _num(numeric: bool) -> str:
     return ' class="num"' if numeric else ""
 
@@ -285,5 +296,5 @@ def _cell(text: str, numeric: bool, max_chars: int) -> str:
     with the whole text as title."""
     limit = max(2, int(max_chars))
     if numeric or len(text) <= limit:
-        return f"<td{_num(numeric)}>{_escape(text)}</td>"
-    return f'<td class="cut" title="{_escape(text)}">{_escape(text[:limit - 1])}…</td>'
+        return f"<td{_num(numeric)}>{_escape(text) if numeric else _breakable(text)}</td>"
+    return f'<td class="cut" title="{_escape(text)}">{_breakable(text[:limit - 1])}…</td>'
