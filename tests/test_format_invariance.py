@@ -97,3 +97,14 @@ def test_torchvision_networks_have_one_coverage_in_every_format(family, layers, 
         neurons = sum({"conv1": 64, "layer1": 64, "layer2": 128, "layer3": 256, "layer4": 512, "features": 576}[name]
                       for name in layers)
         assert round(abs(got["kmnc"] - expected["kmnc"]) * neurons * 1000) <= 2
+
+
+def test_a_keras_reference_model_has_one_coverage_as_imported_pt2_and_onnx(shared_dir, tmp_path):
+    """The paper's LeNet-5 (Keras HDF5 weights in the zoo's architecture) keeps its coverage when the
+    imported module is exported as pt2 or ONNX, as a team registering it would."""
+    from mlflow_di.models.keras_import import import_keras
+
+    model = import_keras("lenet5", shared_dir / "models" / "deepimportance" / "LeNet5.h5")
+    results = coverage_per_view(model.module, (28, 28, 1), tmp_path, 300, 100)
+    assert results["pickle"] == results["pt2"] == results["onnx"]
+    assert results["pickle"][:2] == (["conv1", "conv2", "fc1", "fc2"], ["fc2"])
