@@ -61,9 +61,8 @@ def default_out_dir(original: str, compressed: str, strategy: str, seed: int, re
               _renamed(ctx, value, "--seeds", "--seed-data"))
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
 @click.option("--timeout", type=FiniteFloat(0, min_open=True), default=180.0, show_default=True,
-              help="CPU seconds charged to a seed before its search gives up (its search plus its share of the "
-                   "batched model calls; never wall-clock, so load does not change results). Seeds stopped here "
-                   "make the campaign INCOMPLETE.")
+              help="CPU seconds a seed may use (its search and its share of the model calls; never wall-clock). "
+                   "Seeds stopped here make the campaign INCOMPLETE.")
 @click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy", in_help=False),
               default="dflare", show_default=True,
