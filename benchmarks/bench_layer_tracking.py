@@ -17,22 +17,11 @@ import argparse
 import contextlib
 import os
 import platform
-import time
 
 import mlflow_di  # noqa: F401  (torchvision guard first)
 
 BATCH = 64
 IMAGES = 512
-
-
-def _models():
-    from benchmarks.check_lrp_conservation import family_model
-    from mlflow_di.models import zoo
-
-    yield "digits-cnn", zoo.build("digits-cnn"), (1, 8, 8)
-    yield "lenet5", zoo.build("lenet5"), (1, 28, 28)
-    yield "resnet18", family_model("resnet18", 64), (3, 64, 64)
-    yield "mobilenet_v3_small", family_model("mobilenet_v3_small", 64), (3, 64, 64)
 
 
 @contextlib.contextmanager
@@ -53,26 +42,17 @@ def _tracking(on: bool):
         tracker.__enter__, tracker.__exit__ = TorchFunctionMode.__enter__, TorchFunctionMode.__exit__
 
 
-def _best(fn, repeat: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def measure(repeat: int) -> list[dict]:
     import torch
 
+    from benchmarks.bench_white_box import _best, _models  # the same four models, the same timing rule
     from mlflow_di.coverage.activations import collect_activations, default_layer, hidden_layers
     from mlflow_di.coverage.relevance import layer_relevance
 
     rows = []
-    for name, module, shape in _models():
+    for name, module, (height, width, channels) in _models():
         module.eval()
-        inputs = torch.rand(IMAGES, *shape, generator=torch.Generator().manual_seed(0))
+        inputs = torch.rand(IMAGES, channels, height, width, generator=torch.Generator().manual_seed(0))
         layers, subject = hidden_layers(module), default_layer(module)
         row = {"model": name, "layers": len(layers)}
         for label, task in (("activations", lambda: collect_activations(module, inputs, layers, BATCH)),
