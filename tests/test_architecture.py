@@ -178,6 +178,33 @@ def test_no_module_of_the_package_imports_itself_back_through_others():
     assert circles == [], "import circles (lazy imports included): " + "; ".join(" <-> ".join(c) for c in circles)
 
 
+#: The only imports from one engine into another: (importing engine, imported module). ARCHITECTURE.md
+#: ("Which engine may use which") states each with its reason.
+ENGINE_EDGES = {
+    ("coverage", "mlflow_di.fuzz.mutations"), ("coverage", "mlflow_di.fuzz._random"),
+    ("coverage", "mlflow_di.robustness.corruptions"),
+    ("fuzz", "mlflow_di.coverage.activations"), ("fuzz", "mlflow_di.coverage.criteria_neuron"),
+    ("compression", "mlflow_di.fuzz.boundary"), ("compression", "mlflow_di.fuzz.realism"),
+    ("repair", "mlflow_di.fuzz.mutations"),
+    ("inspection", "mlflow_di.coverage.activations"),
+    ("reporting", "mlflow_di.fuzz.per_class"), ("reporting", "mlflow_di.fuzz.realism"),
+}
+
+
+def test_engines_use_each_other_only_where_the_architecture_says():
+    def engine(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 and parts[1] in ENGINES else None
+
+    found = {(engine(module), imported) for module, imports in module_graph().items() if engine(module)
+             for imported in imports if engine(imported) not in (None, engine(module))}
+    assert found - ENGINE_EDGES == set(), "an engine uses another where ARCHITECTURE.md does not allow it"
+    assert ENGINE_EDGES - found == set(), "an allowed edge is no longer used: drop it here and in ARCHITECTURE.md"
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    for engine, imported in ENGINE_EDGES:
+        assert f"`{engine}` -> `{imported.removeprefix('mlflow_di.')}`" in text
+
+
 def test_fuzz_help_keeps_each_strategys_and_rays_options_apart(capsys):
     from mlflow_di.cli import main
 

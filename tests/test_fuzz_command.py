@@ -94,7 +94,7 @@ def test_seeds_stopped_by_the_time_limit_make_the_campaign_incomplete(registered
 
 @pytest.mark.parametrize("args, fragment", [
     (["--min-ssim", "0.5"], "--min-ssim needs images of at least 11x11"),
-    (["--max-linf", "20", "--strategy", "diffchaser"], "work with the dflare strategies, not diffchaser"),
+    (["--max-linf", "20", "--strategy", "diffchaser"], "(the dflare strategies, boundary), not diffchaser"),
     (["--max-linf", "0"], "--max-linf"),
     (["--overlap", "--strategy", "deepxplore"], "--overlap applies to the black-box strategies"),
 ])

@@ -41,6 +41,39 @@ class SectionedCommand(click.Command):
                     formatter.write_dl(records)
 
 
+def declared_option(prefix: str, spec):
+    """The click option of one of a fuzz strategy's own options (an ``OptionSpec`` of its declaration,
+    :mod:`mlflow_di.fuzz.contract`): ``--PREFIX-FIELD``, parameter ``PREFIX_FIELD``, default None (the
+    strategy's own default applies)."""
+    flag = f"--{prefix}-{spec.field.replace('_', '-')}"
+    if spec.kind == "flag":
+        return click.option(f"{flag}/--{prefix}-no-{spec.field.replace('_', '-')}", default=None, help=spec.help)
+    kinds = {
+        "float": lambda: FiniteFloat(spec.low, spec.high, min_open=spec.open[0], max_open=spec.open[1]),
+        "int": lambda: click.IntRange(spec.low, spec.high),
+        "choice": lambda: click.Choice(list(spec.choices)),
+        "floats": lambda: StepList(spec.what, spec.example),
+        "pair": lambda: IntPair(spec.what, spec.example, int(spec.low or 0), spec.metavar or "ROWS,COLS"),
+    }
+    if spec.kind not in kinds:
+        raise ValueError(f"unknown option kind '{spec.kind}' of {flag}")
+    metavar = spec.metavar if spec.kind != "pair" else None
+    return click.option(flag, f"{prefix}_{spec.field}", type=kinds[spec.kind](), default=None, help=spec.help,
+                        **({"metavar": metavar} if metavar else {}))
+
+
+def declared_options(declarations):
+    """Every declared strategy's own options, as one decorator (see :func:`declared_option`)."""
+    options = [declared_option(d.option_prefix, spec) for d in declarations if d.option_prefix for spec in d.options]
+
+    def decorate(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return decorate
+
+
+
 class LazyChoice(click.ParamType):
     """One name from a registry ``"module:ATTRIBUTE"`` (a dict or sequence of names).
 

@@ -1,17 +1,31 @@
-"""Differential fuzzing of a model against its compressed version (DFlare, its ablations, DiffChaser).
+"""Differential fuzzing of a model against its compressed version (DFlare, its ablations, DiffChaser,
+the boundary walk, DeepXplore).
 
-Entry point: :func:`run_campaign`. The pieces, TensorFuzz style: :mod:`.mutations` (operators),
-:mod:`.selection` (which operator next), :mod:`.fitness` (objective, fitness, novelty),
-:mod:`.dflare` / :mod:`.diffchaser` (per-seed search loops), :mod:`.campaign` (lockstep runner),
-:mod:`.results` and :mod:`.store` (records, summary, output directory). Nothing here knows MLflow.
+Entry points: :func:`run` (any declared strategy, see :mod:`.contract` and :mod:`.strategies`) and
+:func:`run_campaign` (one lockstep search). The pieces, TensorFuzz style: :mod:`.mutations`
+(operators), :mod:`.selection` (which operator next), :mod:`.fitness` (objective, fitness,
+novelty), :mod:`.dflare` / :mod:`.diffchaser` (per-seed search loops), :mod:`.campaign` (lockstep
+runner), :mod:`.results` and :mod:`.store` (records, summary, output directory). Nothing here knows
+MLflow. The names below are imported when first used, so that reading the strategy declarations
+(``mlflow-di fuzz --help``) does not import the engines.
 """
-from mlflow_di.fuzz.campaign import run_campaign
-from mlflow_di.fuzz.dflare import DFlare
-from mlflow_di.fuzz.diffchaser import DiffChaser
-from mlflow_di.fuzz.results import (CampaignConfig, CampaignResult, CampaignSummary, OperatorSummary, RunStats,
-                                    SeedRecord)
-from mlflow_di.fuzz.store import load_campaign
-from mlflow_di.fuzz.strategies import STRATEGIES, make_strategy
+import importlib
 
-__all__ = ["run_campaign", "load_campaign", "DFlare", "DiffChaser", "STRATEGIES", "make_strategy",
-           "CampaignConfig", "CampaignResult", "CampaignSummary", "OperatorSummary", "RunStats", "SeedRecord"]
+_EXPORTS = {
+    "run_campaign": "campaign", "DFlare": "dflare", "DiffChaser": "diffchaser", "load_campaign": "store",
+    **{name: "results" for name in ("CampaignConfig", "CampaignResult", "CampaignSummary", "OperatorSummary",
+                                    "RunStats", "SeedRecord")},
+    **{name: "contract" for name in ("Access", "Campaign", "Declaration", "OptionSpec")},
+    **{name: "strategies" for name in ("STRATEGIES", "declaration", "make_strategy", "register", "configure")},
+    "run": "runners",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mlflow_di.fuzz' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"mlflow_di.fuzz.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

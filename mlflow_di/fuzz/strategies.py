@@ -1,43 +1,47 @@
-"""Strategy names -> strategy objects: DFlare, the paper's DFlare, their ablations and DiffChaser.
-
-``deepxplore`` (Pei et al.) is white-box: it needs PyTorch models and is run by
-:func:`~mlflow_di.fuzz.deepxplore.run_deepxplore`, not by the black-box campaign runner.
-``boundary`` needs the original's gradients (PyTorch) and queries the compressed model as a black
-box, inside a realism budget: :func:`~mlflow_di.fuzz.boundary.run_boundary`.
+"""The declared fuzz strategies (:class:`~mlflow_di.fuzz.contract.Declaration`): DFlare, the paper's
+DFlare, their ablations, DiffChaser, the boundary walk and DeepXplore.
 
 ``dflare`` (the default) is DFlare's Algorithm 1 with a fitness that keeps a signal where the
 paper's has none: minus the original model's log-probability margin between its two most likely
 classes (``fitness='margin'``, see :mod:`mlflow_di.fuzz.dflare`). ``dflare-paper`` is the paper's
 algorithm as written (fitness D / delta + O). ``-d`` drops the novelty term, ``-r`` picks
 operators uniformly at random, for both. Measurements: benchmarks/RESULTS.md (bench_fuzz_search).
+These and DiffChaser are black-box searches run by the lockstep runner
+(:func:`~mlflow_di.fuzz.campaign.run_campaigns`); :mod:`mlflow_di.fuzz.runners` runs every declared strategy. ``boundary`` needs the original's gradients
+(PyTorch) and queries the compressed model as a black box, inside a realism budget
+(:func:`~mlflow_di.fuzz.boundary.run_boundary`). ``deepxplore`` (Pei et al.) is white-box: one
+campaign over every model's gradients (:func:`~mlflow_di.fuzz.deepxplore.run_deepxplore`).
 
-A strategy is any object with ``name``, ``options() -> dict`` and
+A lockstep strategy is any object with ``name``, ``options() -> dict`` and
 ``start(seed_image, p_original, p_compressed, rng) -> Search``; pass one directly to
 :func:`~mlflow_di.fuzz.campaign.run_campaign` for non-default settings, e.g.
-``DFlare(fitness='gap', acceptance='reference')``.
+``DFlare(fitness='gap', acceptance='reference')``, or :func:`register` a declaration for it to be
+a ``--strategy`` of the command line.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Mapping
 
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.dflare import DFlare
-from mlflow_di.fuzz.diffchaser import DiffChaser
+from mlflow_di.fuzz.contract import BUDGETS, Access, Declaration, OptionSpec
 
-STRATEGIES: dict[str, Callable[[], object]] = {
-    "dflare": lambda: DFlare(),
-    "dflare-d": lambda: DFlare(name="dflare-d", novelty=False),
-    "dflare-r": lambda: DFlare(name="dflare-r", selection="uniform"),
-    "dflare-paper": lambda: DFlare(name="dflare-paper", fitness="gap"),
-    "dflare-paper-d": lambda: DFlare(name="dflare-paper-d", fitness="gap", novelty=False),
-    "dflare-paper-r": lambda: DFlare(name="dflare-paper-r", fitness="gap", selection="uniform"),
-    "diffchaser": lambda: DiffChaser(),
-    # white-box: gradients of PyTorch models, run by fuzz.deepxplore.run_deepxplore (imported when
-    # asked for: that module uses the campaign runner's helpers, which import this registry)
-    "deepxplore": lambda: _deepxplore(),
-    # white-box original, black-box compressed: run by fuzz.boundary.run_boundary
-    "boundary": lambda: _boundary(),
-}
+#: the strategy ``mlflow-di fuzz`` runs when none is named
+DEFAULT = "dflare"
+
+
+def _dflare(**settings):
+    """A factory of DFlare with ``settings`` (its module imported when a strategy object is made)."""
+    def make():
+        from mlflow_di.fuzz.dflare import DFlare
+
+        return DFlare(**settings)
+    return make
+
+
+def _diffchaser():
+    from mlflow_di.fuzz.diffchaser import DiffChaser
+
+    return DiffChaser()
 
 
 def _boundary():
@@ -52,10 +56,144 @@ def _deepxplore():
     return DeepXplore()
 
 
+def _lockstep(name: str, summary: str, make) -> Declaration:
+    return Declaration(name, summary, make, "lockstep", distributed=True, overlap=True, device_mutations=True)
+
+
+#: DeepXplore's own options (``--dx-*``), fields of :class:`~mlflow_di.fuzz.deepxplore.DeepXplore`
+DEEPXPLORE_OPTIONS = (
+    OptionSpec("constraint", "lighting (default: every pixel alike), occlusion (one rectangle) or blackout (small "
+               "rectangles, only darker).", "choice", choices=("lighting", "occlusion", "blackout")),
+    OptionSpec("step", "8-bit levels per unit of normalised gradient (default 2550: the reference MNIST script's "
+               "s = 10 on 0..1 pixels).", "float", low=0, open=(True, False)),
+    OptionSpec("lambda1", "Weight of the target model's confidence (default 1).", "float", low=0),
+    OptionSpec("lambda2", "Weight of the not-yet-covered neuron's activation (default 0.1).", "float", low=0),
+    OptionSpec("threshold", "NC threshold on the layer-scaled activation (default 0).", "float", low=0, high=1,
+               open=(False, True)),
+    OptionSpec("iterations", "Gradient steps per climb (default 20, the reference's).", "int", low=1),
+    OptionSpec("retarget", "Climb again toward each other model when a climb fails (default on).", "flag"),
+    OptionSpec("finer_steps", "Then climb again with each of these steps (default 255).", "floats", what="step",
+               example="255"),
+    OptionSpec("occlusion_at", "Occlusion: top-left corner (default 0,0).", "pair", low=0, what="occlusion position",
+               example="0,0", metavar="ROW,COL"),
+    OptionSpec("occlusion_size", "Occlusion: the rectangle's size (default 10,10, the reference's).", "pair", low=1,
+               what="occlusion size", example="10,10"),
+    OptionSpec("blackout_size", "Blackout: each rectangle's size (default 6,6, the reference's).", "pair", low=1,
+               what="blackout size", example="6,6"),
+    OptionSpec("blackout_count", "Blackout: rectangles a step (default 1).", "int", low=1, metavar="N"),
+)
+
+_DECLARATIONS: dict[str, Declaration] = {d.name: d for d in (
+    _lockstep("dflare", "the original's log-probability margin", _dflare()),
+    _lockstep("dflare-d", "no novelty", _dflare(name="dflare-d", novelty=False)),
+    _lockstep("dflare-r", "random operator", _dflare(name="dflare-r", selection="uniform")),
+    _lockstep("dflare-paper", "the paper's fitness", _dflare(name="dflare-paper", fitness="gap")),
+    _lockstep("dflare-paper-d", "no novelty", _dflare(name="dflare-paper-d", fitness="gap", novelty=False)),
+    _lockstep("dflare-paper-r", "random operator", _dflare(name="dflare-paper-r", fitness="gap", selection="uniform")),
+    Declaration("diffchaser", "genetic", _diffchaser, "lockstep", budgets=(), distributed=True, overlap=True,
+                device_mutations=True, budget_advice="pick --strategy dflare (or a dflare variant)"),
+    Declaration("boundary", "realistic triggers in few queries: a PyTorch original's gradients, inside the budget",
+                _boundary, "boundary", original=Access.WHITE_BOX,
+                white_box_advice="give the PyTorch model the export was made from as --original, or pick a black-box "
+                                 "strategy such as dflare"),
+    Declaration("deepxplore", "white-box PyTorch models, options below", _deepxplore, "deepxplore",
+                original=Access.WHITE_BOX, compressed=Access.WHITE_BOX, budgets=(), joint=True, option_prefix="dx",
+                options=DEEPXPLORE_OPTIONS, option_title="DeepXplore options (only with --strategy deepxplore)",
+                white_box_advice="fuzz the PyTorch model it was made from (a pruned copy: mlflow_di.compression.prune; "
+                                 "an int8 one: mlflow_di.compression.fake_quant.fake_quantize) or pick a black-box "
+                                 "strategy such as dflare",
+                budget_advice="deepxplore keeps its inputs realistic with --dx-constraint lighting|occlusion|blackout",
+                label=lambda strategy: f"deepxplore-{strategy.constraint}"),
+)}
+
+
+class _Factories(Mapping):
+    """{name: a factory of the strategy object with its defaults}, over the declarations (the names
+    ``--strategy`` accepts): registering a declaration adds its name here."""
+
+    def __getitem__(self, name):
+        return _DECLARATIONS[name].make
+
+    def __iter__(self):
+        return iter(_DECLARATIONS)
+
+    def __len__(self):
+        return len(_DECLARATIONS)
+
+
+#: name -> factory of a strategy object with its defaults, for every declared strategy
+STRATEGIES = _Factories()
+
+
+def register(declaration: Declaration) -> Declaration:
+    """Declare a strategy: ``run``, ``mlflow-di fuzz --strategy NAME`` and its help know it from now on."""
+    if not isinstance(declaration, Declaration):
+        raise TypeError(f"register() takes a Declaration, got {type(declaration).__name__}")
+    _DECLARATIONS[declaration.name] = declaration
+    return declaration
+
+
+def unregister(name: str) -> None:
+    """Forget a declared strategy (tests declare toy ones)."""
+    _DECLARATIONS.pop(name, None)
+
+
+def declarations() -> list[Declaration]:
+    """Every declared strategy, in declaration order."""
+    return list(_DECLARATIONS.values())
+
+
+def declaration(name) -> Declaration:
+    """The declaration of a strategy name; a one-line UserError listing the known ones otherwise."""
+    if isinstance(name, Declaration):
+        return name
+    if name not in _DECLARATIONS:
+        raise UserError(f"unknown fuzzing strategy '{name}'; choose one of: {', '.join(_DECLARATIONS)}")
+    return _DECLARATIONS[name]
+
+
+def declaration_of(strategy: object) -> Declaration | None:
+    """The declaration a strategy object was made from (by its name), None for an undeclared object."""
+    return _DECLARATIONS.get(getattr(strategy, "name", None))
+
+
 def make_strategy(strategy) -> object:
-    """A strategy object from a name in :data:`STRATEGIES` (objects are passed through)."""
+    """A strategy object from a declared name (objects are passed through)."""
     if not isinstance(strategy, str):
         return strategy
-    if strategy not in STRATEGIES:
-        raise UserError(f"unknown fuzzing strategy '{strategy}'; choose one of: {', '.join(STRATEGIES)}")
-    return STRATEGIES[strategy]()
+    return declaration(strategy).make()
+
+
+def configure(declared: Declaration, constraint: dict | None = None, options: dict | None = None) -> object:
+    """The strategy object of ``declared`` with a realism ``constraint`` ({max_linf, min_ssim}, None
+    values unset) and its own ``options`` ({field: value}, None values unset); a one-line UserError
+    for a budget it does not search inside."""
+    import dataclasses
+
+    strategy = declared.make()
+    given = {key: value for key, value in (constraint or {}).items() if value is not None}
+    if given:
+        if not declared.budgets:
+            raise UserError(f"--max-linf and --min-ssim work with the strategies that search inside a realism "
+                            f"budget ({', '.join(budgeted_names())}), not {declared.name}"
+                            + (f"; {declared.budget_advice}" if declared.budget_advice else ""))
+        from mlflow_di.fuzz.realism import Constraint
+
+        strategy = dataclasses.replace(strategy, constraint=Constraint(**{key: given.get(key) for key in BUDGETS}))
+    chosen = {key: value for key, value in (options or {}).items() if value is not None}
+    return dataclasses.replace(strategy, **chosen) if chosen else strategy
+
+
+def budgeted_names() -> list[str]:
+    """The strategies that search inside a realism budget, a family of variants named once
+    (``the dflare strategies``)."""
+    families: dict[str, list[str]] = {}
+    for declared in declarations():
+        if declared.budgets:
+            families.setdefault(declared.name.split("-")[0], []).append(declared.name)
+    return [f"the {family} strategies" if len(names) > 1 else names[0] for family, names in families.items()]
+
+
+def strategy_help() -> str:
+    """``--strategy``'s help, from the declarations: each name with its phrase."""
+    return "; ".join(f"{d.name} ({d.summary})" for d in declarations()) + "."

@@ -1,0 +1,152 @@
+"""The contract every fuzz strategy declares: what it needs, what it offers, how it runs a campaign.
+
+A :class:`Declaration` is to a strategy what scikit-learn's estimator tags are to an estimator
+(and zennit's registered composites to an attribution): a record the rest of the house reads
+instead of branching on the strategy's name.
+
+* **needs**: how each model must be loaded (:class:`Access`: ``black-box`` predictions on raw
+  images from any format, or ``white-box`` PyTorch models with layers and gradients), and, for a
+  white-box model that cannot be had, the advice the refusal gives;
+* **offers**: the realism budgets it searches inside (``max_linf``, ``min_ssim``; none for
+  DeepXplore, which keeps its inputs realistic with its own constraint), whether its searches run
+  on Ray workers (``distributed``), overlap the model calls (``overlap``) and run their noise
+  operators on a CUDA original's GPU (``device_mutations``), whether it runs one campaign per export
+  or one over every model (``joint``), and its own options (``option_prefix``: the CLI's
+  ``--PREFIX-*`` options are fields of its strategy object);
+* **how it runs**: ``run(campaign) -> [CampaignResult, ...]``, one per export (one for a joint
+  campaign), given a :class:`Campaign` holding the models loaded as it needs them.
+
+:func:`mlflow_di.fuzz.run` (:mod:`mlflow_di.fuzz.runners`) runs any declared strategy; ``mlflow-di
+fuzz`` builds its ``--strategy`` help, its option groups and its refusals from the declarations
+(:mod:`mlflow_di.fuzz.strategies` holds them and configures a strategy object from the options given). A new strategy is one declaration (:func:`~mlflow_di.fuzz.strategies.register`) and its
+search or runner; nothing in ``commands/`` names a strategy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Callable
+
+from mlflow_di.errors import UserError
+
+#: The realism budgets a strategy may search inside (fields of :class:`~mlflow_di.fuzz.realism.Constraint`).
+BUDGETS = ("max_linf", "min_ssim")
+
+
+class Access(enum.Enum):
+    """How a strategy must see a model."""
+
+    BLACK_BOX = "black-box"  # predict_proba on raw images: PyTorch, ONNX, TFLite, Keras
+    WHITE_BOX = "white-box"  # a TorchModel: named layers and gradients (PyTorch pt2/pickle, ONNX views, Keras)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionSpec:
+    """One of a strategy's own options: the strategy object's ``field``, on the command line
+    ``--PREFIX-FIELD`` (underscores as dashes). ``kind`` says what it takes, in click's spirit:
+    ``float`` (finite, within ``low``/``high``, ``open`` ends excluded), ``int`` (within ``low``/``high``),
+    ``choice`` (one of ``choices``), ``flag`` (``--PREFIX-FIELD/--PREFIX-no-FIELD``), ``floats`` (a
+    comma-separated list of positive numbers, e.g. ``example``) or ``pair`` (two integers of at least
+    ``low``, e.g. ``example``). ``what`` names the value in messages; the command line builds the
+    option from this (``commands/options.py: declared_option``), the engine never sees click."""
+
+    field: str
+    help: str
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    open: tuple[bool, bool] = (False, False)
+    choices: tuple[str, ...] = ()
+    what: str = ""
+    example: str = ""
+    metavar: str | None = None
+
+
+@dataclasses.dataclass
+class Campaign:
+    """What one call asks a strategy to run: the models loaded as its declaration needs them (a
+    black-box classifier, or a white-box ``TorchModel``), the configured strategy object, the seeds,
+    the budgets per seed, and one campaign folder per export (one for a joint campaign)."""
+
+    original: object
+    compressed: list
+    strategy: object
+    seeds: object  # ImageSet
+    timeout: float = 180.0
+    max_queries: int | None = None
+    batch: int = 64
+    seed: int = 0
+    out_dirs: list | None = None  # None: no campaign folder (nothing written, nothing to resume)
+    resume: bool = False
+    executor: object = None  # a Ray executor (distributed strategies), None: this process
+    overlap: bool = False
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    """One strategy's contract (see the module docstring)."""
+
+    name: str
+    #: a phrase for ``--strategy``'s help, e.g. "walks a PyTorch original to its decision boundary"
+    summary: str
+    #: a fresh strategy object with its defaults
+    make: Callable[[], object]
+    #: ``run(campaign) -> [CampaignResult, ...]``, or the name of a built-in runner (``lockstep``,
+    #: ``boundary``, ``deepxplore``: :mod:`mlflow_di.fuzz.runners`)
+    run: Callable[[Campaign], list] | str
+    original: Access = Access.BLACK_BOX
+    compressed: Access = Access.BLACK_BOX
+    budgets: tuple[str, ...] = BUDGETS
+    distributed: bool = False
+    overlap: bool = False
+    device_mutations: bool = False
+    joint: bool = False
+    #: its own options: ``--PREFIX-FIELD`` on the command line, ``FIELD`` of the strategy object
+    option_prefix: str | None = None
+    options: tuple[OptionSpec, ...] = ()
+    #: the title of its options' group in ``--help``
+    option_title: str | None = None
+    #: what to do instead when a white-box model it needs is not PyTorch (the end of the refusal)
+    white_box_advice: str = "pick a black-box strategy such as dflare"
+    #: what to do instead of --max-linf/--min-ssim when it has no realism budget
+    budget_advice: str = ""
+    #: the campaign folder's label for a configured strategy object (default: name and budget)
+    label: Callable[[object], str] | None = None
+
+    @property
+    def white_box(self) -> bool:
+        """Whether any model must be white-box."""
+        return Access.WHITE_BOX in (self.original, self.compressed)
+
+    def refuse(self, overlap: bool | None = None, workers: int = 0) -> None:
+        """One-line UserErrors for what this strategy does not offer: ``--overlap``, ``--workers``."""
+        if overlap and not self.overlap:
+            raise UserError(f"--overlap applies to the black-box strategies; {self.name} runs its models in its own "
+                            "loop (drop --overlap)")
+        if workers and not self.distributed:
+            raise UserError(f"--workers runs the black-box strategies on Ray; {self.name} runs in this process "
+                            "(drop --workers, or use --device cuda for speed)")
+
+    def folder_label(self, strategy: object) -> str:
+        """The campaign folder's label: the name and the budget searched inside (or the declared ``label``)."""
+        if self.label is not None:
+            return self.label(strategy)
+        constraint = options_of(strategy).get("constraint") or {}
+        return self.name + "".join(f"-{key.replace('_', '')}{value}" for key, value in constraint.items()
+                                   if value is not None)
+
+    def constraint_of(self, strategy: object) -> dict | None:
+        """The realism budget a configured strategy searches inside ({max_linf, min_ssim}), None without one."""
+        return options_of(strategy).get("constraint") if self.budgets else None
+
+    def own_options(self, strategy: object) -> dict:
+        """{``PREFIX_FIELD``: value} of its own options, as a run records them (empty without a prefix)."""
+        if not self.option_prefix:
+            return {}
+        return {f"{self.option_prefix}_{key}": value for key, value in options_of(strategy).items()}
+
+
+def options_of(strategy: object) -> dict:
+    """A strategy object's ``options()`` (what its campaign records)."""
+    return strategy.options() if hasattr(strategy, "options") else {}
