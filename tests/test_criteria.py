@@ -1,5 +1,6 @@
 """The classic coverage criteria (NC, KMNC, NBC, SNAC, TKNC, LSC, DSC): hand-computed values,
 edge cases, the estimator's one-pass fit/score, persistence, merging and monotonicity."""
+import json
 import math
 
 import mlflow_di  # noqa: F401  (torchvision guard first)
@@ -482,3 +483,40 @@ def test_lenet5_gaussian_noise_never_lowers_a_criterion(shared_dir, mnist_spec):
         assert combined.coverage[criterion] >= original.coverage[criterion], criterion
     # Measured (sigma 0.3*255, 1000 training / 500 test inputs): KMNC 0.23 -> 0.36, the largest rise.
     assert combined.coverage["kmnc"] > original.coverage["kmnc"]
+
+
+def test_a_criterion_is_one_record_the_estimator_the_passes_and_the_command_line_read(tracking_uri, tmp_path, capsys):
+    """A toy criterion (a neuron counts once some input makes it positive), registered as one record:
+    the estimator scores it, the streamed passes give the same figure, and `coverage --criteria` takes it."""
+    from mlflow_di.cli import main
+    from mlflow_di.coverage.criteria import Criterion, register_criterion, unregister_criterion
+    from mlflow_di.coverage.partials import LocalPasses
+    from mlflow_di.coverage.suite import CoverageSuite
+    from mlflow_di.data import load_images
+    from mlflow_di.mlflow_edge import models as edge_models, runs
+    from mlflow_di.models import zoo
+    from mlflow_di.models.torch_model import TorchModel
+
+    register_criterion(Criterion("positive", "a neuron positive for some input", ("positive",),
+                                 score=lambda batch, _e: {"positive": (batch.values > 0).any(axis=0)}))
+    try:
+        model = TorchModel(zoo.build("digits-cnn", seed=0), zoo.architecture("digits-cnn").preprocessing, name="toy")
+        train, test = load_images("digits[0:300]"), load_images("digits[300:400]")
+        classic = ClassicCoverage(criteria=("nc", "positive"), progress=False).fit(model, train)
+        report = classic.score(test)
+        values, _ = classic.collect(model, test)
+        side = np.hstack([values[layer] for layer in classic.layers_])
+        assert report.coverage["positive"] == pytest.approx((side > 0).any(axis=0).mean())
+        suite = CoverageSuite(criteria="nc,positive", progress=False)
+        local = suite.fit(model, train).score(test).metrics()
+        streamed = CoverageSuite(criteria="nc,positive", batch_size=37, progress=False).fit(
+            model, train, passes=LocalPasses()).score(test, passes=LocalPasses())
+        assert streamed.metrics()["positive"] == local["positive"] == report.coverage["positive"]
+        with runs.tracked_run("train"):
+            edge_models.log_torch_model(model, registered_model_name="toy")
+        out = tmp_path / "coverage.json"
+        assert main(["coverage", "--model-uri", "models:/toy/1", "--train-data", "digits[0:300]", "--test-data",
+                     "digits[300:400]", "--criteria", "positive", "--json-out", str(out)]) == 0, capsys.readouterr().err
+        assert json.loads(out.read_text())["positive"] == pytest.approx(report.coverage["positive"])
+    finally:
+        unregister_criterion("positive")

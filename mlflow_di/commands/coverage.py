@@ -36,7 +36,7 @@ HEATMAP_INPUTS = 8
               help="Candidate cluster counts per neuron (each at least 2).")
 @click.option("--rule", type=LazyChoice("mlflow_di.coverage.relevance:RULES", "rule", in_help=False),
               default="epsilon", show_default=True, help="LRP rule (epsilon, z, zplus or alpha1beta0).")
-@click.option("--criteria", type=CommaList("mlflow_di.coverage.suite:ALL_CRITERIA", "criteria", "CRITERION"),
+@click.option("--criteria", type=CommaList("mlflow_di.coverage.suite:KNOWN_CRITERIA", "criteria", "CRITERION"),
               default=None, help="Criteria to measure (default: IDC and every classic criterion).")
 @click.option("--all-inputs", is_flag=True, help="Analyse all training inputs, not only those the model classifies correctly.")
 @click.option("--reference-quirks", is_flag=True,

@@ -26,11 +26,12 @@ Differences in *which* neurons are counted:
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import pathlib
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -56,59 +57,170 @@ from mlflow_di.coverage.criteria_surprise import (
 )
 from mlflow_di.errors import UserError
 
-CRITERIA = ("nc", "kmnc", "nbc", "snac", "tknc", "lsc", "dsc")
-_BOUNDED = {"kmnc", "nbc", "snac"}  # criteria that need the training bounds
-_SURPRISE = {"lsc", "dsc"}
+@dataclasses.dataclass(frozen=True)
+class Criterion:
+    """One classic criterion's record: what a cell is, the :class:`CoveredCells` fields it fills,
+    what it needs from the training pass, how a batch of activations becomes its cells, and how the
+    cells of several batches (or workers) merge. The estimator (:class:`ClassicCoverage`), the
+    streamed passes (:mod:`mlflow_di.coverage.partials`) and the messages all read these records.
+
+    ``score(batch, estimator)`` -> {field: boolean cells} for one batch (:class:`Batch`); None for the
+    surprise criteria, whose per-input values are bucketed once every input is in (``merge`` is then
+    ``per-input``; cells of the others are ``or``-ed).
+    """
+
+    name: str
+    cell: str
+    fields: tuple[str, ...]
+    needs_bounds: bool = False
+    score: Callable | None = None
+    merge: str = "or"
+    #: the name its scoring time is reported under in ``seconds_`` (NBC and SNAC share one pass)
+    timer: str = ""
+    #: ``count(cells) -> (covered, total)`` from a :class:`CoveredCells` (default: its one field's cells)
+    count: Callable | None = None
+
+    def __post_init__(self):
+        if self.count is None:
+            field = self.fields[0]
+            object.__setattr__(self, "count", lambda cells: (int(getattr(cells, field).sum()),
+                                                             int(getattr(cells, field).size)))
+
+    @property
+    def surprise(self) -> bool:
+        return self.merge == "per-input"
+
+
+@dataclasses.dataclass
+class Batch:
+    """What scoring one batch gives every criterion: the neuron values side by side (N, neurons), NC's
+    per-input scaled means (or None), the training bounds (or None) and each layer's neuron count."""
+
+    values: np.ndarray
+    scaled: np.ndarray | None
+    low: np.ndarray | None
+    high: np.ndarray | None
+    layer_sizes: Sequence[int]
+
+
+def _boundary(batch: Batch, _estimator) -> dict:
+    below, above = boundary_cells(batch.values, batch.low, batch.high)
+    return {"below": below, "above": above}
+
+
+#: Every classic criterion, in the order reports list them.
+CRITERION = {c.name: c for c in (
+    Criterion("nc", "a neuron whose scaled output exceeds nc_threshold", ("nc",),
+              score=lambda batch, e: {"nc": neuron_coverage_cells(batch.scaled, e.nc_threshold)}),
+    Criterion("kmnc", "one of kmnc_sections sections of a neuron's training range", ("kmnc",), needs_bounds=True,
+              score=lambda batch, e: {"kmnc": multisection_cells(batch.values, batch.low, batch.high,
+                                                                 e.kmnc_sections)}),
+    Criterion("nbc", "a neuron's region below or above its training range", ("below", "above"), needs_bounds=True,
+              score=_boundary, timer="nbc_snac",
+              count=lambda cells: (int(cells.below.sum() + cells.above.sum()), 2 * int(cells.above.size))),
+    Criterion("snac", "a neuron's region above its training range", ("below", "above"), needs_bounds=True,
+              score=_boundary, timer="nbc_snac", count=lambda cells: (int(cells.above.sum()), int(cells.above.size))),
+    Criterion("tknc", "a neuron among the tknc_k most active of its layer", ("tknc",),
+              score=lambda batch, e: {"tknc": top_k_cells(batch.values, batch.layer_sizes, e.tknc_k)}),
+    Criterion("lsc", "one of lsc_buckets buckets of likelihood surprise", ("lsc",), merge="per-input"),
+    Criterion("dsc", "one of dsc_buckets buckets of distance surprise", ("dsc",), merge="per-input"),
+)}
+#: The built-in criteria (the default of :class:`ClassicCoverage`); :func:`register_criterion` adds others.
+CRITERIA = tuple(CRITERION)
+_SURPRISE = {c.name for c in CRITERION.values() if c.surprise}
+
+
+def register_criterion(criterion: Criterion) -> Criterion:
+    """Add a cell criterion: ``ClassicCoverage(criteria=[..., name])``, the streamed passes, reports and
+    ``mlflow-di coverage --criteria`` know it from now on (one record; see :class:`Criterion`)."""
+    if not isinstance(criterion, Criterion) or criterion.score is None:
+        raise UserError("register_criterion takes a Criterion whose score(batch, estimator) gives its cells")
+    CRITERION[criterion.name] = criterion
+    return criterion
+
+
+def unregister_criterion(name: str) -> None:
+    """Forget a registered criterion (tests add toy ones); the built-ins stay."""
+    if name not in CRITERIA:
+        CRITERION.pop(name, None)
+
+
+def _bounded(criteria) -> bool:
+    """Whether any of ``criteria`` needs the training bounds (per-neuron min/max)."""
+    return any(CRITERION[name].needs_bounds for name in criteria)
+
+
+def batch_cells(criteria: Sequence[str], batch: Batch, estimator, timed=None) -> dict[str, np.ndarray]:
+    """The cells one batch covers, for every cell criterion of ``criteria`` (each field computed once:
+    NBC and SNAC share theirs); ``timed(name)`` a context manager timing each (optional)."""
+    cells: dict[str, np.ndarray] = {}
+    for name in criteria:
+        record = CRITERION[name]
+        if record.score is None or set(record.fields) <= set(cells):
+            continue
+        with (timed(record.timer or name) if timed is not None else contextlib.nullcontext()):
+            cells.update(record.score(batch, estimator))
+    return cells
 _NC_KEY = "nc"  # reduction name: collect_activations returns f"{layer}:nc"
 _OUTPUT = "output"  # name of the tap on the model's output (see _OutputTap)
 FILE_STEM = "classic_criteria"
 KIND = "classic-criteria"
 
 
-@dataclasses.dataclass
 class CoveredCells:
-    """Which cells of each criterion a set of inputs covers; ``None`` for a criterion not measured.
+    """Which cells of each criterion a set of inputs covers, by field (a criterion's ``fields``:
+    ``nc``, ``kmnc``, ``below``/``above``, ``tknc``, ``lsc``, ``dsc``, or a registered criterion's);
+    an attribute is ``None`` for a criterion not measured. ``below``/``above`` are NBC's two corner
+    regions per neuron; ``above`` alone is SNAC."""
 
-    ``below``/``above`` are NBC's two corner regions per neuron; ``above`` alone is SNAC.
-    """
+    def __init__(self, **cells):
+        known = _fields()
+        unknown = set(cells) - known
+        if unknown:
+            raise UserError(f"no criterion has the cells {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        self.__dict__["cells"] = {name: value for name, value in cells.items() if value is not None}
 
-    nc: np.ndarray | None = None  # (neurons,)
-    kmnc: np.ndarray | None = None  # (neurons, sections)
-    below: np.ndarray | None = None  # (neurons,)
-    above: np.ndarray | None = None  # (neurons,)
-    tknc: np.ndarray | None = None  # (neurons,)
-    lsc: np.ndarray | None = None  # (buckets,)
-    dsc: np.ndarray | None = None  # (buckets,)
+    def __getattr__(self, name: str):
+        if name in _fields():
+            return self.__dict__["cells"].get(name)
+        raise AttributeError(f"'CoveredCells' object has no attribute '{name}'")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name not in _fields():
+            raise AttributeError(f"no criterion has the cells '{name}'")
+        self.__dict__["cells"][name] = value
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CoveredCells) and self.cells.keys() == other.cells.keys() and all(
+            np.array_equal(value, other.cells[name]) for name, value in self.cells.items())
 
     def union(self, other: "CoveredCells") -> "CoveredCells":
         """Cells covered by either set (the cells of the two input sets together)."""
         merged = {}
-        for field in dataclasses.fields(self):
-            mine, theirs = getattr(self, field.name), getattr(other, field.name)
-            if (mine is None) != (theirs is None) or (mine is not None and mine.shape != theirs.shape):
+        for name in sorted(self.cells.keys() | other.cells.keys()):
+            mine, theirs = self.cells.get(name), other.cells.get(name)
+            if (mine is None) != (theirs is None) or mine.shape != theirs.shape:
                 raise UserError(
-                    f"cannot merge criteria reports measured differently ({field.name} cells differ); "
+                    f"cannot merge criteria reports measured differently ({name} cells differ); "
                     "score both test sets with the same fitted ClassicCoverage"
                 )
-            merged[field.name] = None if mine is None else mine | theirs
+            merged[name] = mine | theirs
         return CoveredCells(**merged)
 
     def counts(self, criterion: str) -> tuple[int, int]:
-        """(covered, total) cells of one criterion."""
-        if criterion == "nbc":
-            return int(self.below.sum() + self.above.sum()), 2 * self.above.size
-        if criterion == "snac":
-            return int(self.above.sum()), self.above.size
-        cells = getattr(self, criterion)
-        return int(cells.sum()), cells.size
+        """(covered, total) cells of one criterion (its record's ``count``)."""
+        return CRITERION[criterion].count(self)
 
     def to_dict(self) -> dict:
-        return {f.name: _pack_bits(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not None}
+        return {name: _pack_bits(value) for name, value in self.cells.items()}
 
     @classmethod
     def from_dict(cls, values: dict) -> "CoveredCells":
         return cls(**{name: _unpack_bits(packed) for name, packed in values.items()})
+
+
+def _fields() -> set[str]:
+    return {field for criterion in CRITERION.values() for field in criterion.fields}
 
 
 @dataclasses.dataclass
@@ -294,10 +406,10 @@ class ClassicCoverage(BaseEstimator):
 
     def _criteria(self) -> tuple[str, ...]:
         criteria = (self.criteria,) if isinstance(self.criteria, str) else tuple(self.criteria)
-        unknown = [c for c in criteria if c not in CRITERIA]
+        unknown = [c for c in criteria if c not in CRITERION]
         if unknown or not criteria:
-            raise UserError(f"unknown criteria {unknown or '(none given)'}; choose from {', '.join(CRITERIA)}")
-        return tuple(c for c in CRITERIA if c in criteria)  # canonical order, no duplicates
+            raise UserError(f"unknown criteria {unknown or '(none given)'}; choose from {', '.join(CRITERION)}")
+        return tuple(c for c in CRITERION if c in criteria)  # canonical order, no duplicates
 
     def _check_settings(self) -> None:
         for name in ("kmnc_sections", "tknc_k", "lsc_buckets", "dsc_buckets", "batch_size"):
@@ -379,7 +491,7 @@ class ClassicCoverage(BaseEstimator):
         neuron_values = _side_by_side(activations, self.layers_)
         if len(neuron_values) != len(predictions):
             raise UserError(f"{len(neuron_values)} activation rows but {len(predictions)} predictions")
-        low, high = neuron_bounds(neuron_values) if _BOUNDED & set(self._criteria()) else (None, None)
+        low, high = neuron_bounds(neuron_values) if _bounded(self._criteria()) else (None, None)
         traces = _side_by_side(activations, self.sa_layers_) if self.sa_layers_ else None
         return self.fit_statistics(layer_sizes, low, high, traces, predictions, len(predictions), train_name,
                                    nearest_other)
@@ -400,7 +512,7 @@ class ClassicCoverage(BaseEstimator):
         self.layer_sizes_ = [int(size) for size in layer_sizes]
         self.train_name_, self.num_train_ = train_name, int(num_train)
         self.model_ = None
-        self.low_, self.high_ = (low, high) if _BOUNDED & set(criteria) else (None, None)
+        self.low_, self.high_ = (low, high) if _bounded(criteria) else (None, None)
         self.likelihood_ = self.distance_ = None
         self.sa_traces_, self.sa_classes_ = None, None
         if self.sa_layers_:
@@ -439,20 +551,10 @@ class ClassicCoverage(BaseEstimator):
         values = _side_by_side(activations, self.layers_)
         if len(values) != len(predictions):
             raise UserError(f"{len(values)} activation rows but {len(predictions)} predictions")
-        cells = CoveredCells()
-        if "nc" in criteria:
-            with self._timed("nc"):
-                scaled = _side_by_side(activations, [f"{layer}:{_NC_KEY}" for layer in self.layers_])
-                cells.nc = neuron_coverage_cells(scaled, self.nc_threshold)
-        if "kmnc" in criteria:
-            with self._timed("kmnc"):
-                cells.kmnc = multisection_cells(values, self.low_, self.high_, self.kmnc_sections)
-        if {"nbc", "snac"} & set(criteria):
-            with self._timed("nbc_snac"):
-                cells.below, cells.above = boundary_cells(values, self.low_, self.high_)
-        if "tknc" in criteria:
-            with self._timed("tknc"):
-                cells.tknc = top_k_cells(values, self.layer_sizes_, self.tknc_k)
+        scaled = _side_by_side(activations, [f"{layer}:{_NC_KEY}" for layer in self.layers_]) if "nc" in criteria \
+            else None
+        cells = CoveredCells(**batch_cells(criteria, Batch(values, scaled, self.low_, self.high_, self.layer_sizes_),
+                                           self, self._timed))
         traces = _side_by_side(activations, self.sa_layers_) if self.sa_layers_ else None
         return self._finish(cells, traces, predictions, data_name)
 

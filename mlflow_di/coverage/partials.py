@@ -282,7 +282,7 @@ class ScoreJob:
     idc: dict | None
 
     def __call__(self, model, images: np.ndarray, labels: np.ndarray, start: int, traces) -> dict:
-        from mlflow_di.coverage.criteria_neuron import boundary_cells, multisection_cells, neuron_coverage_cells, top_k_cells
+        from mlflow_di.coverage.criteria import Batch, batch_cells
 
         partial: dict = {"start": start, "rows": len(images), "cells": {}, "combinations": {}}
         activations: dict = {}
@@ -291,18 +291,10 @@ class ScoreJob:
             criteria = classic._criteria()
             activations, predictions = classic.collect(model, images)
             values = np.concatenate([activations[layer].reshape(len(images), -1) for layer in classic.layers_], axis=1)
-            cells = partial["cells"]
-            if "nc" in criteria:
-                scaled = np.concatenate([activations[f"{layer}:nc"].reshape(len(images), -1)
-                                         for layer in classic.layers_], axis=1)
-                cells["nc"] = neuron_coverage_cells(scaled, classic.nc_threshold)
-            low, high = self.classic["low"], self.classic["high"]
-            if "kmnc" in criteria:
-                cells["kmnc"] = multisection_cells(values, low, high, classic.kmnc_sections)
-            if {"nbc", "snac"} & set(criteria):
-                cells["below"], cells["above"] = boundary_cells(values, low, high)
-            if "tknc" in criteria:
-                cells["tknc"] = top_k_cells(values, self.classic["layer_sizes"], classic.tknc_k)
+            scaled = np.concatenate([activations[f"{layer}:nc"].reshape(len(images), -1) for layer in classic.layers_],
+                                    axis=1) if "nc" in criteria else None
+            partial["cells"] = batch_cells(criteria, Batch(values, scaled, self.classic["low"], self.classic["high"],
+                                                           self.classic["layer_sizes"]), classic)
             if classic.sa_layers_:
                 trace = np.concatenate([activations[layer].reshape(len(images), -1) for layer in classic.sa_layers_],
                                        axis=1)
@@ -333,7 +325,8 @@ class ScoreMerged:
 
 
 def merge_score(partials: Sequence[dict]) -> ScoreMerged:
-    """:class:`ScoreJob` partials (any order) merged: cells OR-ed, per-input ids concatenated in input order."""
+    """:class:`ScoreJob` partials (any order) merged: cells OR-ed (every cell criterion's ``merge``,
+    see :data:`~mlflow_di.coverage.criteria.CRITERION`), per-input ids concatenated in input order."""
     partials = sorted(partials, key=lambda p: p["start"])
     cells: dict[str, np.ndarray] = {}
     for partial in partials:

@@ -117,8 +117,15 @@ def check_supported(module: nn.Module) -> None:
                 f"layer '{name or type(module).__name__}' of type {type(leaf).__name__} is not supported by "
                 "relevance propagation (supported: Linear, Conv, activations, max/avg pooling, batch norm, "
                 "dropout, stochastic depth, flatten, padding); IDC cannot analyse this model, but the classic "
-                "criteria can (--criteria nc,kmnc,nbc,snac,tknc,lsc,dsc)"
+                f"criteria can ({_classic_only()})"
             )
+
+
+def _classic_only() -> str:
+    """The ``--criteria`` value that measures every classic criterion and not IDC."""
+    from mlflow_di.coverage.criteria import CRITERIA
+
+    return f"--criteria {','.join(CRITERIA)}"
 
 
 def _final_softmax(module: nn.Module) -> nn.Module | None:
@@ -163,7 +170,7 @@ def _check_canonized(module: nn.Module, example: torch.Tensor) -> None:
         raise UserError(
             f"{problem} in its forward code (e.g. a residual connection or a gate) that relevance propagation has "
             "no canonizer for, so LRP would count relevance twice; IDC cannot analyse this model, but the classic "
-            "criteria can (--criteria nc,kmnc,nbc,snac,tknc,lsc,dsc)"
+            f"criteria can ({_classic_only()})"
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import collections.abc
 from typing import Sequence
 
 import numpy as np
@@ -17,23 +18,37 @@ from sklearn.base import BaseEstimator
 
 from mlflow_di.coverage.activations import default_layer
 from mlflow_di.coverage.base import check_fitted, images_of, parse_saved, stamped
-from mlflow_di.coverage.criteria import CRITERIA, ClassicCoverage, CriteriaReport
+from mlflow_di.coverage.criteria import CRITERIA, CRITERION, ClassicCoverage, CriteriaReport
 from mlflow_di.coverage.idc import CoverageReport, ImportanceDrivenCoverage
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 
+#: IDC and the built-in classic criteria: the suite's default
 ALL_CRITERIA = ("idc", *CRITERIA)
 KIND = "coverage-suite"
+
+
+class _Known(collections.abc.Sequence):
+    """IDC and every classic criterion's record, registered ones included (what ``--criteria`` accepts)."""
+
+    def __getitem__(self, index):
+        return ("idc", *CRITERION)[index]
+
+    def __len__(self) -> int:
+        return 1 + len(CRITERION)
+
+
+KNOWN_CRITERIA = _Known()
 SUITE_FILE, IDC_FILE, CRITERIA_DIR = "suite.json", "idc.json", "criteria"
 
 
 def parse_criteria(text: str | Sequence[str]) -> tuple[str, ...]:
     """``"idc,nc,dsc"`` (or a list) -> a checked tuple in canonical order."""
     names = [c.strip().lower() for c in (text.split(",") if isinstance(text, str) else text) if c.strip()]
-    unknown = sorted(set(names) - set(ALL_CRITERIA))
+    unknown = sorted(set(names) - set(KNOWN_CRITERIA))
     if unknown or not names:
-        raise UserError(f"unknown criteria {unknown or '(none given)'}; choose from {','.join(ALL_CRITERIA)}")
-    return tuple(c for c in ALL_CRITERIA if c in names)
+        raise UserError(f"unknown criteria {unknown or '(none given)'}; choose from {','.join(KNOWN_CRITERIA)}")
+    return tuple(c for c in KNOWN_CRITERIA if c in names)
 
 
 @dataclasses.dataclass
