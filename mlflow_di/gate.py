@@ -1,9 +1,13 @@
 """The quality gate's decision: thresholds + measured values -> one verdict per check.
 
-Pure logic, no MLflow: :mod:`mlflow_di.registry` finds the measurements in the tracking store
-and :mod:`mlflow_di.commands.gate` prints, tags and promotes.
+Pure logic, no MLflow: :mod:`mlflow_di.mlflow_edge.recorded` finds the measurements in the tracking
+store and :mod:`mlflow_di.commands.gate` prints, tags and promotes. Each check is one record
+(:class:`Criterion` in :data:`CRITERIA`, :class:`Relation` in :data:`RELATIONS`): the metric, the
+command whose runs record it, the threshold's name, range and help. The command's options, a
+policy's ``gate.thresholds`` and the reports are built from the records; :func:`register_check`
+adds one (``gate --threshold NAME=VALUE`` sets it).
 
-Nine criteria, each read from the newest recorded run of one ``mlflow-di`` command:
+The built-in checks, each read from the newest recorded run of one ``mlflow-di`` command:
 
 =============================  ==========  ===============  ==========================================
 criterion                      command     threshold        per compressed model?
@@ -63,38 +67,88 @@ from mlflow_di.errors import UserError
 from mlflow_di.results_json import JsonRoundTrip
 
 
+#: What a threshold may be: a fraction in [0, 1], a number above 0, or a number of at least 0.
+RANGES = {"fraction": "a fraction between 0 and 1", "positive": "above 0", "nonnegative": "at least 0"}
+
+
+def _in_range(kind: str, value: float) -> bool:
+    return {"fraction": 0 <= value <= 1, "positive": value > 0, "nonnegative": value >= 0}[kind]
+
+
 @dataclasses.dataclass(frozen=True)
 class Criterion:
-    """One gated quantity: the run metric it is read from and which way is better."""
+    """One gate check's record: the run metric it reads and which command's runs record it, whether
+    it is read per compressed model, which way is better, its threshold (``--THRESHOLD-NAME`` on the
+    command line, ``gate.thresholds.THRESHOLD_NAME`` in a policy) with the range it may take, and the
+    help that explains it. The gate, the command's options, the policy reader and the reports read
+    these records (:func:`register_check` adds one)."""
 
     metric: str
     command: str
     threshold_name: str
     greater_is_better: bool
     per_compressed: bool
+    range: str = "fraction"
+    help: str = ""
 
     @property
     def comparison(self) -> str:
         return ">=" if self.greater_is_better else "<="
 
+    @property
+    def option(self) -> str:
+        """The command line's option for its threshold, e.g. ``--min-idc``."""
+        return "--" + self.threshold_name.replace("_", "-")
 
-CRITERIA = (
-    Criterion("idc", "coverage", "min_idc", greater_is_better=True, per_compressed=False),
-    Criterion("success_rate", "fuzz", "max_success_rate", greater_is_better=False, per_compressed=True),
-    Criterion("mean_queries", "fuzz", "min_mean_queries", greater_is_better=True, per_compressed=True),
-    Criterion("accuracy_drop", "compress", "max_accuracy_drop", greater_is_better=False, per_compressed=True),
+
+CRITERIA: list[Criterion] = [
+    Criterion("idc", "coverage", "min_idc", greater_is_better=True, per_compressed=False,
+              help="Fail if IDC (0..1) of the newest coverage run is lower."),
+    Criterion("success_rate", "fuzz", "max_success_rate", greater_is_better=False, per_compressed=True,
+              help="Fail if the fuzzing success rate (0..1) against a compressed model is higher."),
+    Criterion("mean_queries", "fuzz", "min_mean_queries", greater_is_better=True, per_compressed=True,
+              range="nonnegative", help="Fail if fuzzing needed fewer queries per deviating input on average."),
+    Criterion("accuracy_drop", "compress", "max_accuracy_drop", greater_is_better=False, per_compressed=True,
+              help="Fail if compression lost more accuracy (source - compressed, 0..1)."),
     Criterion("max_class_accuracy_drop", "compress", "max_class_accuracy_drop", greater_is_better=False,
-              per_compressed=True),
+              per_compressed=True,
+              help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1)."),
     Criterion("robustness_agreement_min", "robustness", "min_robustness_agreement", greater_is_better=True,
-              per_compressed=True),
-    Criterion("disagreement_rate", "compress", "max_disagreement_rate", greater_is_better=False, per_compressed=True),
+              per_compressed=True,
+              help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
+                   "in the worst corruption and severity of the newest robustness run."),
+    Criterion("disagreement_rate", "compress", "max_disagreement_rate", greater_is_better=False, per_compressed=True,
+              help="Fail if a compressed model's top-1 label differs from the original's on more of the evaluation "
+                   "data (0..1) than this, as its compress run measured (accuracy can stay flat while answers flip)."),
     #: the share of fuzzed seeds that gave a trigger within the realism budget (fuzz's realism_* bounds)
     Criterion("realistic_success_rate", "fuzz", "max_realistic_success_rate", greater_is_better=False,
-              per_compressed=True),
+              per_compressed=True,
+              help="Fail if more of the fuzzed seeds (0..1) gave a trigger within the realism budget (SSIM >= 0.9 "
+                   "to the seed where measurable, L-inf <= 32 levels, or the campaign's own --min-ssim/--max-linf): "
+                   "deviations a person would call the same image."),
     #: the export's latency against its fp32 source's on the compress run's host (above 1: faster)
-    Criterion("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True),
-)
+    Criterion("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True, range="positive",
+              help="Fail if an export runs slower than this multiple of its fp32 source's speed (source latency / "
+                   "export latency at batch 64, as its compress run measured on its host); 1: never slower."),
+]
 CRITERION = {c.metric: c for c in CRITERIA}
+
+
+def register_check(criterion: Criterion) -> Criterion:
+    """Add a gate check: ``Thresholds``, ``gate --threshold NAME=VALUE``, a policy's ``gate.thresholds``
+    and the reports know it from now on; the recorded runs of its ``command`` give its values
+    (:mod:`mlflow_di.mlflow_edge.recorded`)."""
+    if criterion.range not in RANGES:
+        raise UserError(f"a check's range is one of {', '.join(RANGES)}, got {criterion.range!r}")
+    CRITERIA[:] = [c for c in CRITERIA if c.metric != criterion.metric] + [criterion]
+    CRITERION[criterion.metric] = criterion
+    return criterion
+
+
+def unregister_check(metric: str) -> None:
+    """Forget a registered check (tests add toy ones)."""
+    CRITERIA[:] = [c for c in CRITERIA if c.metric != metric]
+    CRITERION.pop(metric, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +158,8 @@ class Relation:
     metric: str
     kind: str  # "drop", "rise" or "ratio"
     threshold_name: str
+    range: str = "fraction"
+    help: str = ""
 
     @property
     def name(self) -> str:
@@ -113,6 +169,10 @@ class Relation:
     @property
     def greater_is_better(self) -> bool:
         return self.kind == "ratio"
+
+    @property
+    def option(self) -> str:
+        return "--" + self.threshold_name.replace("_", "-")
 
     def change(self, candidate: float, baseline: float) -> float:
         """The compared quantity: baseline - candidate (drop), candidate - baseline (rise), candidate / baseline (ratio)."""
@@ -128,79 +188,92 @@ class Relation:
 
 
 RELATIONS = (
-    Relation("idc", "drop", "max_idc_drop"),
-    Relation("success_rate", "rise", "max_success_rate_rise"),
-    Relation("mean_queries", "ratio", "min_mean_queries_ratio"),
+    Relation("idc", "drop", "max_idc_drop", help="Fail if IDC is lower than the baseline's by more than this (0..1)."),
+    Relation("success_rate", "rise", "max_success_rate_rise",
+             help="Fail if the fuzzing success rate against an export is higher than against the baseline's "
+                  "export of the same method by more than this (0..1)."),
+    Relation("mean_queries", "ratio", "min_mean_queries_ratio", range="positive",
+             help="Fail if mean queries per deviating input divided by the baseline's (same method) is lower, "
+                  "e.g. 0.8."),
 )
 RELATION = {r.name: r for r in RELATIONS}
 
+#: Thresholds every verdict's JSON carries, set or not (those added later are written only when set,
+#: so older verdicts keep their bytes).
+_ALWAYS_WRITTEN = ("min_idc", "max_success_rate", "min_mean_queries", "max_accuracy_drop")
 
-@dataclasses.dataclass
+
+def threshold_records() -> dict:
+    """{threshold name: its Criterion or Relation}, every check's and relation's."""
+    return {**{c.threshold_name: c for c in CRITERIA}, **{r.threshold_name: r for r in RELATIONS}}
+
+
+@dataclasses.dataclass(init=False)
 class Thresholds(JsonRoundTrip):
-    """The limits a model version must meet; None = not checked."""
+    """The limits a model version must meet, by threshold name (``min_idc=0.5``); None = not checked.
+    Names and ranges come from the check records (:data:`CRITERIA`, :data:`RELATIONS`)."""
 
-    min_idc: float | None = None
-    max_success_rate: float | None = None
-    min_mean_queries: float | None = None
-    max_accuracy_drop: float | None = None
-    max_class_accuracy_drop: float | None = None
-    min_robustness_agreement: float | None = None
-    max_idc_drop: float | None = None
-    max_success_rate_rise: float | None = None
-    min_mean_queries_ratio: float | None = None
-    max_disagreement_rate: float | None = None
-    max_realistic_success_rate: float | None = None
-    min_speedup: float | None = None
+    values: dict
 
-    #: thresholds added after verdicts were written: written only when set (older verdicts keep their bytes)
-    JSON_OPTIONAL = {"max_class_accuracy_drop": None, "min_robustness_agreement": None, "max_idc_drop": None,
-                     "max_success_rate_rise": None, "min_mean_queries_ratio": None, "max_disagreement_rate": None,
-                     "max_realistic_success_rate": None, "min_speedup": None}
+    def __init__(self, **thresholds):
+        records = threshold_records()
+        unknown = sorted(set(thresholds) - set(records))
+        if unknown:
+            raise UserError(f"unknown threshold {unknown[0]}; known: {', '.join(records)}")
+        self.values = {name: value for name, value in thresholds.items() if value is not None}
+        for name, value in self.values.items():
+            option = records[name].option
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UserError(f"{option} must be a finite number, got {value}")
+            kind = records[name].range
+            if not _in_range(kind, value):
+                example = {"min_speedup": " (e.g. 1: no slower than the source)",
+                           "min_mean_queries_ratio": " (e.g. 0.8)"}.get(name, "")
+                raise UserError(f"{option} is {RANGES[kind]}{example}, got {value}" if kind == "fraction"
+                                else f"{option} must be {RANGES[kind]}{example}, got {value}")
 
-    def __post_init__(self):
-        for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
-            if value is not None and not math.isfinite(value):
-                raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-        for name in ("min_idc", "max_success_rate", "min_robustness_agreement", "max_idc_drop", "max_success_rate_rise",
-                     "max_disagreement_rate", "max_realistic_success_rate", "max_accuracy_drop",
-                     "max_class_accuracy_drop"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= 1:
-                raise UserError(f"--{name.replace('_', '-')} is a fraction between 0 and 1, got {value}")
-        if self.min_speedup is not None and self.min_speedup <= 0:
-            raise UserError(f"--min-speedup must be above 0 (e.g. 1: no slower than the source), got {self.min_speedup}")
-        if self.min_mean_queries_ratio is not None and self.min_mean_queries_ratio <= 0:
-            raise UserError(f"--min-mean-queries-ratio must be above 0 (e.g. 0.8), got {self.min_mean_queries_ratio}")
+    def __getattr__(self, name: str):
+        if name != "values" and name in threshold_records():
+            return self.__dict__.get("values", {}).get(name)
+        raise AttributeError(f"'Thresholds' object has no attribute '{name}'")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Thresholds) and self.values == other.values
+
+    def to_dict(self) -> dict:
+        return {**{name: self.values.get(name) for name in _ALWAYS_WRITTEN},
+                **{name: value for name, value in self.values.items() if name not in _ALWAYS_WRITTEN}}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Thresholds":
+        return cls(**values)
 
     def require_any(self) -> "Thresholds":
         """Raise a UserError when no threshold is set (a gate that checks nothing must not pass)."""
         if not self.given() and not self.relative():
-            raise UserError("no threshold given; pass at least one of --min-idc, --max-success-rate, "
-                            "--min-mean-queries, --max-accuracy-drop, --max-class-accuracy-drop, "
-                            "--min-robustness-agreement, --max-disagreement-rate, --max-realistic-success-rate, "
-                            "--min-speedup (or, "
-                            "with --baseline, --max-idc-drop, "
-                            "--max-success-rate-rise, --min-mean-queries-ratio)")
+            raise UserError("no threshold given; pass at least one of "
+                            + ", ".join(c.option for c in CRITERIA)
+                            + " (or, with --baseline, " + ", ".join(r.option for r in RELATIONS) + ")")
         return self
 
     def given(self) -> list[tuple[Criterion, float]]:
         """The criteria with a threshold, in the order of :data:`CRITERIA`."""
-        return [(c, getattr(self, c.threshold_name)) for c in CRITERIA if getattr(self, c.threshold_name) is not None]
+        return [(c, self.values[c.threshold_name]) for c in CRITERIA if c.threshold_name in self.values]
 
     def require_baseline(self, given: bool) -> "Thresholds":
         """Raise a UserError unless relative thresholds and a baseline come together."""
-        names = [f"--{r.threshold_name.replace('_', '-')}" for r, _ in self.relative()]
+        names = [r.option for r, _ in self.relative()]
         if names and not given:
             raise UserError(f"{', '.join(names)} compare(s) with a baseline; pass --baseline models:/NAME@champion "
                             f"(or a version)")
         if given and not names:
-            raise UserError("--baseline needs a relative threshold: --max-idc-drop, --max-success-rate-rise or "
-                            "--min-mean-queries-ratio")
+            raise UserError("--baseline needs a relative threshold: " + ", ".join(r.option for r in RELATIONS[:-1])
+                            + f" or {RELATIONS[-1].option}")
         return self
 
     def relative(self) -> list[tuple[Relation, float]]:
         """The relations with a threshold, in the order of :data:`RELATIONS`."""
-        return [(r, getattr(self, r.threshold_name)) for r in RELATIONS if getattr(self, r.threshold_name) is not None]
+        return [(r, self.values[r.threshold_name]) for r in RELATIONS if r.threshold_name in self.values]
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ import pathlib
 import reprlib
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import Thresholds
+from mlflow_di.gate import Thresholds, threshold_records
 
 #: The steps in the order they run; a step runs when its section is present (the gate always).
 STEPS = ("compress", "coverage", "fuzz", "robustness", "gate")
@@ -374,7 +374,7 @@ def _value(path: str, value, kind: str, source: str):
 
 
 def _thresholds(path: str, value, source: str) -> dict:
-    known = {field.name for field in dataclasses.fields(Thresholds)}
+    known = set(threshold_records())
     if not isinstance(value, dict) or not value:
         raise UserError(f"{source}: {path} must be a mapping of at least one threshold ({', '.join(sorted(known))}), "
                         f"got {_shown(value)}")

@@ -424,3 +424,27 @@ def test_a_model_name_with_both_kinds_of_quote_is_found_exactly(client):
             mlflow.log_metric("idc", idc)
     found = recorded.search_recorded_runs("coverage", {"mlflow_di.model_name": name}, "idc", client)
     assert [run.data.metrics["idc"] for run in found] == [0.5]
+
+
+def test_a_gate_check_is_one_record(registered_cnn, capsys):
+    """A toy check, NC of the newest coverage run, registered as one record: the gate reads it from the
+    coverage runs, `--threshold` sets it, and it passes, fails and is shown like the built-in ones."""
+    from mlflow_di.cli import main
+    from mlflow_di.gate import Criterion, register_check, unregister_check
+    from mlflow_di.policy import _thresholds
+
+    register_check(Criterion("nc", "coverage", "min_nc", greater_is_better=True, per_compressed=False,
+                             help="Fail if NC of the newest coverage run is lower."))
+    try:
+        assert main(["coverage", "--model-uri", registered_cnn, "--train-data", "digits[0:200]",
+                     "--test-data", "digits[300:400]", "--criteria", "idc,nc"]) == 0
+        capsys.readouterr()
+        code, out, _ = run_gate(capsys, "--model-uri", registered_cnn, "--threshold", "min_nc=0")
+        assert code == 0 and any(line.split()[:1] == ["nc"] and line.split()[-1] == "PASS" for line in out.splitlines())
+        code, out, _ = run_gate(capsys, "--model-uri", registered_cnn, "--threshold", "min_nc=1")
+        assert code == 1 and "failed: nc" in out
+        assert _thresholds("gate.thresholds", {"min_nc": 0.5}, "policy.yaml") == {"min_nc": 0.5}  # a policy names it too
+    finally:
+        unregister_check("nc")
+    code, _, err = run_gate(capsys, "--model-uri", registered_cnn, "--threshold", "min_nc=0")
+    assert code == 2 and "unknown threshold min_nc" in err

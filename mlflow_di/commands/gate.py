@@ -15,8 +15,24 @@ import datetime
 
 import click
 
-from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritablePath, json_out_option, write_json_out,
-                                        write_text_out)
+from mlflow_di.commands.options import (FiniteFloat, Fraction, NamedNumber, RunIds, WritablePath, json_out_option,
+                                        write_json_out, write_text_out)
+
+
+def threshold_options(relative: bool):
+    """One option per gate check's threshold (``relative``: the relations to a baseline), built from the
+    check records of :mod:`mlflow_di.gate`: name, range and help."""
+    from mlflow_di.gate import CRITERIA, RELATIONS
+
+    types = {"fraction": Fraction, "positive": lambda: FiniteFloat(0, min_open=True), "nonnegative": lambda: FiniteFloat(0)}
+    options = [click.option(record.option, type=types[record.range](), default=None, help=record.help)
+               for record in (RELATIONS if relative else CRITERIA)]
+
+    def decorate(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return decorate
 
 
 @click.command("gate")
@@ -26,28 +42,10 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
 @click.option("--compressed", "compressed", multiple=True, metavar="URI",
               help="A compressed model whose fuzz/compress results count (repeatable; as given to "
                    "`mlflow-di fuzz --compressed`). Default: every compressed model with recorded runs.")
-@click.option("--min-idc", type=Fraction(), default=None, help="Fail if IDC (0..1) of the newest coverage run is lower.")
-@click.option("--max-success-rate", type=Fraction(), default=None,
-              help="Fail if the fuzzing success rate (0..1) against a compressed model is higher.")
-@click.option("--min-mean-queries", type=FiniteFloat(0), default=None,
-              help="Fail if fuzzing needed fewer queries per deviating input on average.")
-@click.option("--max-accuracy-drop", type=Fraction(), default=None,
-              help="Fail if compression lost more accuracy (source - compressed, 0..1).")
-@click.option("--max-class-accuracy-drop", type=Fraction(), default=None,
-              help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1).")
-@click.option("--max-disagreement-rate", type=Fraction(), default=None,
-              help="Fail if a compressed model's top-1 label differs from the original's on more of the evaluation "
-                   "data (0..1) than this, as its compress run measured (accuracy can stay flat while answers flip).")
-@click.option("--max-realistic-success-rate", type=Fraction(), default=None,
-              help="Fail if more of the fuzzed seeds (0..1) gave a trigger within the realism budget (SSIM >= 0.9 "
-                   "to the seed where measurable, L-inf <= 32 levels, or the campaign's own --min-ssim/--max-linf): "
-                   "deviations a person would call the same image.")
-@click.option("--min-robustness-agreement", type=Fraction(), default=None,
-              help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
-                   "in the worst corruption and severity of the newest robustness run.")
-@click.option("--min-speedup", type=FiniteFloat(0, min_open=True), default=None,
-              help="Fail if an export runs slower than this multiple of its fp32 source's speed (source latency / "
-                   "export latency at batch 64, as its compress run measured on its host); 1: never slower.")
+@threshold_options(relative=False)
+@click.option("--threshold", "extra_thresholds", multiple=True, type=NamedNumber(), metavar="NAME=VALUE",
+              help="A threshold by its name (repeatable), e.g. min_idc=0.5: also a registered check's "
+                   "(mlflow_di.gate.register_check).")
 @click.option("--semantics", type=click.Choice(["host", "reference", "both"]), default="host", show_default=True,
               help="Which answers of an int8 export the compress checks judge: host (ONNX Runtime's kernels on the "
                    "CPU compress ran on), reference (the QDQ graph as written, the same on every CPU) or both.")
@@ -64,14 +62,7 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
 @click.option("--baseline-optional", is_flag=True,
               help="When the --baseline alias is not set yet (the first version), or the candidate has no previous "
                    "version, pass the relative checks as 'no baseline' instead of stopping with an error.")
-@click.option("--max-idc-drop", type=Fraction(), default=None,
-              help="Fail if IDC is lower than the baseline's by more than this (0..1).")
-@click.option("--max-success-rate-rise", type=Fraction(), default=None,
-              help="Fail if the fuzzing success rate against an export is higher than against the baseline's "
-                   "export of the same method by more than this (0..1).")
-@click.option("--min-mean-queries-ratio", type=FiniteFloat(0, min_open=True), default=None,
-              help="Fail if mean queries per deviating input divided by the baseline's (same method) is lower, "
-                   "e.g. 0.8.")
+@threshold_options(relative=True)
 @click.option("--runs", "pinned_runs", type=RunIds(), default=None,
               help="Judge only these runs' results (comma-separated ids; a pipeline passes its own step runs). "
                    "Default: the newest recorded run of each kind; the report names the runs it took.")
@@ -82,13 +73,10 @@ from mlflow_di.commands.options import (FiniteFloat, Fraction, RunIds, WritableP
               help="Also write the checks as a JUnit XML report (one test case per check), also on fail.")
 @click.option("--summary-md", type=WritablePath("file"), default=None,
               help="Also write a Markdown summary (e.g. to append to $GITHUB_STEP_SUMMARY), also on fail.")
-def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_rate, min_mean_queries,
-            max_accuracy_drop, max_class_accuracy_drop, max_disagreement_rate, max_realistic_success_rate,
-            min_robustness_agreement, baseline: str | None,
-            baseline_optional: bool, max_idc_drop, max_success_rate_rise, min_mean_queries_ratio,
+def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, baseline_optional: bool,
             pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
-            summary_md: str | None, min_speedup=None, semantics: str = "host", allow_calibration_evidence: bool = False,
-            exclude_export: tuple[str, ...] = ()) -> None:
+            summary_md: str | None, semantics: str = "host", allow_calibration_evidence: bool = False,
+            exclude_export: tuple[str, ...] = (), extra_thresholds: tuple = (), **thresholds) -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
@@ -98,13 +86,7 @@ def command(model_uri: str, compressed: tuple[str, ...], min_idc, max_success_ra
     from mlflow_di.mlflow_edge import recorded, registry, runs
     from mlflow_di.reporting.ci import summary_markdown
 
-    thresholds = Thresholds(min_idc=min_idc, max_success_rate=max_success_rate, min_mean_queries=min_mean_queries,
-                            max_accuracy_drop=max_accuracy_drop, max_class_accuracy_drop=max_class_accuracy_drop,
-                            min_robustness_agreement=min_robustness_agreement, max_idc_drop=max_idc_drop,
-                            max_success_rate_rise=max_success_rate_rise, min_mean_queries_ratio=min_mean_queries_ratio,
-                            max_disagreement_rate=max_disagreement_rate,
-                            max_realistic_success_rate=max_realistic_success_rate,
-                            min_speedup=min_speedup).require_any()
+    thresholds = Thresholds(**{**thresholds, **dict(extra_thresholds)}).require_any()
     baseline = baseline or None  # MLproject passes "" for unset
     thresholds.require_baseline(baseline is not None)
     if baseline and baseline.strip() == model_uri.strip():

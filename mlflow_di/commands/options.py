@@ -304,6 +304,24 @@ class FiniteFloat(click.FloatRange):
         return number
 
 
+class NamedNumber(click.ParamType):
+    """``NAME=VALUE`` with a finite number: ``(name, value)``."""
+
+    name = "NAME=VALUE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        name, _, number = str(value).partition("=")
+        try:
+            parsed = float(number)
+        except ValueError:
+            parsed = math.nan
+        if not name.strip() or not math.isfinite(parsed):
+            self.fail(f"expected NAME=VALUE with a finite number (e.g. min_idc=0.5), got '{value}'", param, ctx)
+        return name.strip().replace("-", "_"), parsed
+
+
 class Fraction(click.ParamType):
     """A fraction in [0, 1]."""
 

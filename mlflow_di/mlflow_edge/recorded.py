@@ -29,7 +29,7 @@ import json
 import math
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CRITERION, Baseline, Measurement, missing_message
+from mlflow_di.gate import CRITERIA, CRITERION, Baseline, Measurement, missing_message
 from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, previous_version, registry_ref,
                                             resolve_if_set, resolve_version, version_model_id, version_uri)
 
@@ -175,7 +175,7 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
         compressed = [version_uri(subject)]
         subject, subject_uri = source, version_uri(source)
     subject_tags = {f"{TAG_PREFIX}model_name": subject.name, f"{TAG_PREFIX}model_version": str(subject.version)}
-    found = [_coverage(subject_uri, subject_tags, client, version_model_id(subject))]
+    found = _coverage(subject_uri, subject_tags, client, version_model_id(subject))
     robustness_runs = search_recorded_runs("robustness", subject_tags, ROBUSTNESS_METRIC, client)
     targets = [_CompressedTarget.of(uri, client) for uri in compressed] if compressed else \
         _recorded_targets(subject_tags, client, robustness_runs)
@@ -240,12 +240,16 @@ def baseline(uri: str, version, candidate, client=None) -> Baseline:
                     is_export=source is not None)
 
 
-def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None = None) -> Measurement:
-    runs = recorded_runs("coverage", subject_tags, "idc", client, model_id)
-    if not runs:
-        return Measurement("idc", None, missing=missing_message(CRITERION["idc"], subject_uri))
-    return Measurement("idc", runs[0].data.metrics["idc"], run_id=runs[0].info.run_id,
-                       data=runs[0].data.params.get("test_data", ""))
+def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None = None) -> list[Measurement]:
+    """Every coverage check's value (IDC, and any check registered on a coverage metric) from the newest
+    coverage run that logged it."""
+    found = []
+    for criterion in (c for c in CRITERIA if c.command == "coverage"):
+        runs = recorded_runs("coverage", subject_tags, criterion.metric, client, model_id)
+        found.append(Measurement(criterion.metric, runs[0].data.metrics[criterion.metric], run_id=runs[0].info.run_id,
+                                 data=runs[0].data.params.get("test_data", "")) if runs else
+                     Measurement(criterion.metric, None, missing=missing_message(criterion, subject_uri)))
+    return found
 
 
 @dataclasses.dataclass
@@ -382,7 +386,9 @@ def _producing_run(target: _CompressedTarget, client):
         return None
 
 
-COMPRESS_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_rate", "speedup")
+def compress_metrics() -> list[str]:
+    """The checks read from the compress run that made an export (their records' ``command``)."""
+    return [c.metric for c in CRITERIA if c.command == "compress"]
 #: the compress metrics that depend on which answers are judged (compress logs ``reference.NAME`` beside them)
 SEMANTIC_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_rate")
 REFERENCE_SUFFIX = " (reference semantics)"
@@ -419,16 +425,16 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     missing = missing_message(CRITERION["accuracy_drop"], subject_uri, target.key)
     run = _producing_run(target, client)
     if run is None:
-        return [Measurement(metric, None, target.key, missing=missing) for metric in COMPRESS_METRICS]
+        return [Measurement(metric, None, target.key, missing=missing) for metric in compress_metrics()]
     tags = run.data.tags
     if (tags.get(f"{TAG_PREFIX}command") not in ("compress", "repair") or run.info.status != "FINISHED"
             or "accuracy_drop" not in run.data.metrics):
-        return [Measurement(metric, None, target.key, missing=missing) for metric in COMPRESS_METRICS]
+        return [Measurement(metric, None, target.key, missing=missing) for metric in compress_metrics()]
     source = (tags.get(f"{TAG_PREFIX}model_name"), tags.get(f"{TAG_PREFIX}model_version"))
     if source != (subject.name, str(subject.version)):
         origin = f"models:/{source[0]}/{source[1]}" if all(source) else "another model"
         return [Measurement(metric, None, target.key, missing=(
-            f"{target.key} was compressed from {origin}, not from {version_uri(subject)}")) for metric in COMPRESS_METRICS]
+            f"{target.key} was compressed from {origin}, not from {version_uri(subject)}")) for metric in compress_metrics()]
     run_id, metrics = run.info.run_id, run.data.metrics
     command = tags.get(f"{TAG_PREFIX}command")
     note = _semantics_note(metrics, tags)
@@ -441,14 +447,14 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
             return Measurement(metric, metrics[recorded], key, run_id,
                                note=note if metric == "disagreement_rate" else "",
                                data=data if metric in SEMANTIC_METRICS else "")
-        why = {"speedup": "or with --no-benefit", **{name: "or without --eval-data" for name in SEMANTIC_METRICS}}[metric]
+        why = {"speedup": "or with --no-benefit"}.get(metric, "or without --eval-data")
         if recorded.startswith("reference."):
             why = "or for a method that is not int8: reference semantics apply to int8 exports"
         return Measurement(metric, None, key, run_id, f"{command} run {run_id} recorded no {recorded} (recorded by an "
                            f"older mlflow-di, {why}); run `mlflow-di compress` again")
 
     found = []
-    for metric in COMPRESS_METRICS:
+    for metric in compress_metrics():
         if metric not in SEMANTIC_METRICS or semantics in ("host", "both"):
             found.append(read(metric, metric, target.key))
         if metric in SEMANTIC_METRICS and semantics in ("reference", "both"):
