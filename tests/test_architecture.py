@@ -1,5 +1,6 @@
 """ARCHITECTURE.md's import rules, checked on every module's imports (top level and inside functions)."""
 import ast
+import re
 import pathlib
 
 import pytest
@@ -203,6 +204,21 @@ def test_engines_use_each_other_only_where_the_architecture_says():
     text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
     for engine, imported in ENGINE_EDGES:
         assert f"`{engine}` -> `{imported.removeprefix('mlflow_di.')}`" in text
+
+
+def test_commands_parse_call_and_log_in_short_functions():
+    """A command is parse -> load -> run -> log; each step a function of at most 60 lines (the work
+    itself lives in the engines), and the fuzz command names no strategy (their declarations speak)."""
+    long = []
+    for path in modules("commands"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
+    fuzz = (PACKAGE / "commands" / "fuzz.py").read_text().lower()
+    from mlflow_di.fuzz.strategies import declarations
+
+    assert [d.name for d in declarations() if re.search(rf"\b{re.escape(d.name)}\b", fuzz)] == []
 
 
 def test_fuzz_help_keeps_each_strategys_and_rays_options_apart(capsys):

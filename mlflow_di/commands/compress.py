@@ -101,22 +101,13 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
     are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
-    from mlflow_di.compression import check_keep_float
     from mlflow_di.data import load_images
-    from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import registry
     from mlflow_di.models.loading import load_torch_model, resolve
     from mlflow_di.models.reference import ModelRef
 
-    if "int8-static" in methods and not calib_data:
-        raise UserError("int8-static needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
-    if register_as and len(methods) > 1:
-        raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
-    if (keep_float or auto_keep_float or triggers or sensitivity) and "int8-static" not in methods:
-        raise UserError("--keep-float, --auto-keep-float, --triggers and --sensitivity apply to int8-static only; "
-                        f"add it to --method (got {','.join(methods)})")
-    if auto_keep_float and not diagnosis_images:
-        raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
+    _check_options(methods, calib_data, register_as, keep_float, auto_keep_float, triggers, sensitivity,
+                   diagnosis_images)
     bounds = _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate, holdout_data,
                      keep_float, auto_keep_float, diagnosis_images)
     campaign = _load_triggers(triggers) if triggers else None
@@ -124,11 +115,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     resolved = resolve(ref)
     source = load_torch_model(resolved, preprocessing)
     graph = str(resolved.path) if resolved.kind == "onnx" else None
-    if keep_float == "all":
-        from mlflow_di.compression.prune import prunable_layers
-
-        keep_float = [name for name, _ in prunable_layers(source.module)]
-    check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
+    keep_float = _kept_float(source, keep_float, auto_keep_float)
     from mlflow_di.compression.recipes import recipe as int8_recipe
 
     selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds,
@@ -152,20 +139,53 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
                     "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
     original = _source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
     if bounds is not None or sensitivity:
-        selection.splits = (_split(evaluation, original), None)
-    if bounds is not None:
-        from mlflow_di.mlflow_edge import datasets
-
-        raw_held_out = load_images(holdout_data)
-        inputs["held-out"] = datasets.spec_dataset(raw_held_out)
-        held_out = prepare(raw_held_out)
-        selection.splits = (selection.splits[0], _split(held_out, _source_probabilities(source, held_out, device)))
+        selection.splits = (_split(evaluation, original), _held_out_split(source, holdout_data, inputs, device)
+                            if bounds is not None else None)
     registered = []
     for method in methods:
         name = register_as or f"{ref.base_name}-{method}"
         registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags,
                                         device, selection, inputs, original, evidence))
     return registered
+
+
+def _check_options(methods, calib_data, register_as, keep_float, auto_keep_float, triggers, sensitivity,
+                   diagnosis_images) -> None:
+    """One-line UserErrors for options that do not go together."""
+    from mlflow_di.errors import UserError
+
+    if "int8-static" in methods and not calib_data:
+        raise UserError("int8-static needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
+    if register_as and len(methods) > 1:
+        raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
+    if (keep_float or auto_keep_float or triggers or sensitivity) and "int8-static" not in methods:
+        raise UserError("--keep-float, --auto-keep-float, --triggers and --sensitivity apply to int8-static only; "
+                        f"add it to --method (got {','.join(methods)})")
+    if auto_keep_float and not diagnosis_images:
+        raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
+
+
+def _kept_float(source, keep_float, auto_keep_float):
+    """--keep-float's layers (``all``: every prunable layer), checked against the model."""
+    from mlflow_di.compression import check_keep_float
+
+    if keep_float == "all":
+        from mlflow_di.compression.prune import prunable_layers
+
+        keep_float = [name for name, _ in prunable_layers(source.module)]
+    check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
+    return keep_float
+
+
+def _held_out_split(source, holdout_data: str, inputs: dict, device):
+    """The bounded search's held-out images with the source's answers (recorded as the run's held-out input)."""
+    from mlflow_di.data import load_images
+    from mlflow_di.mlflow_edge import datasets
+
+    raw_held_out = load_images(holdout_data)
+    inputs["held-out"] = datasets.spec_dataset(raw_held_out)
+    held_out = source.preprocessing.prepare(raw_held_out)
+    return _split(held_out, _source_probabilities(source, held_out, device))
 
 
 #: Tags of a compress run on the data its accuracy and disagreement figures were measured on.
@@ -312,20 +332,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             outcome = _export_keeping_search(log, source, method, calib, evaluation, amount, pathlib.Path(scratch),
                                              selection)
             result = outcome.result
-            params = {"amount": amount} if method.startswith("prune") else {}
-            if method == "int8-static":
-                params.update(calib_data=calib.name, keep_float=",".join(outcome.kept_float),
-                              auto_keep_float=selection.auto_keep_float, diagnosis_images=selection.diagnosis_images)
-                if selection.triggers:
-                    params["triggers"] = selection.triggers
-                if selection.bounds is not None:
-                    params.update({key: value for key, value in selection.bounds.to_dict().items() if value is not None},
-                                  holdout_data=selection.splits[1].name)
-                    if selection.bounds.max_realistic_success_rate is not None:
-                        params["fuzz_seeds"] = selection.fuzz_seeds
-            if method == "int8-static":
-                params["semantics"] = selection.semantics
-            log.params({"model_uri": ref.uri, "method": method, **params,
+            log.params({"model_uri": ref.uri, "method": method, **_method_params(method, amount, calib, outcome, selection),
                         "eval_data": evaluation.name if evaluation is not None else "none"})
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
             outcome.context = compressed.execution_context
@@ -335,26 +342,8 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
 
                 chosen = RECIPES.get(result.params.get("recipe"))
                 outcome.portability = portability_note(chosen, outcome.context.u8s8_saturates) if chosen else ""
-            metrics, deviation = _compare(original, compressed, evaluation)
-            if method.startswith("int8") and deviation is not None:
-                metrics.update(_reference_metrics(original, result.path, evaluation, deviation, device, outcome))
-            metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
-                           compressed_gzip_bytes=gzip_size(result.path))
-            if selection.benefit:
-                outcome.benefit = _benefit(source, result, selection, pathlib.Path(scratch))
-                metrics.update(outcome.benefit.metrics() if outcome.benefit is not None else {})
-            if result.sparsity is not None:
-                metrics["sparsity"] = result.sparsity
-            if outcome.before is not None:
-                before = OnnxClassifier(outcome.before.path, name=f"{name} ({method}, all layers)", device=device)
-                before_metrics, _ = _compare(original, before, evaluation)
-                before_metrics["compressed_size_bytes"] = outcome.before.size_bytes
-                metrics.update({f"before_keep_float.{key}": value for key, value in before_metrics.items()
-                                if key not in ("source_accuracy", "eval_images")
-                                and not key.startswith("class_accuracy_drop.")})
-                metrics["kept_float_layers"] = len(outcome.kept_float)
-            if outcome.search is not None:
-                metrics.update(_search_metrics(outcome.search))
+            metrics, deviation = _export_metrics(source, original, compressed, evaluation, method, name, outcome,
+                                                 selection, pathlib.Path(scratch), device)
             log.json(result.to_dict(), "compress/result.json")
             _log_tables(log, deviation, outcome)
             log.text(_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
@@ -369,6 +358,54 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             registry.write_version_tags(version, lineage)
         _print_summary(method, name, info.registered_model_version, metrics, result, deviation, outcome)
     return f"models:/{name}/{info.registered_model_version}"
+
+
+def _method_params(method: str, amount, calib, outcome: "Outcome", selection: "Selection") -> dict:
+    """The run's params of one method: pruning's amount; int8-static's calibration, float layers,
+    bounds and semantics."""
+    params = {"amount": amount} if method.startswith("prune") else {}
+    if method != "int8-static":
+        return params
+    params.update(calib_data=calib.name, keep_float=",".join(outcome.kept_float),
+                  auto_keep_float=selection.auto_keep_float, diagnosis_images=selection.diagnosis_images)
+    if selection.triggers:
+        params["triggers"] = selection.triggers
+    if selection.bounds is not None:
+        params.update({key: value for key, value in selection.bounds.to_dict().items() if value is not None},
+                      holdout_data=selection.splits[1].name)
+        if selection.bounds.max_realistic_success_rate is not None:
+            params["fuzz_seeds"] = selection.fuzz_seeds
+    params["semantics"] = selection.semantics
+    return params
+
+
+def _export_metrics(source, original, compressed, evaluation, method: str, name: str, outcome: "Outcome",
+                    selection: "Selection", scratch: pathlib.Path, device) -> tuple[dict, dict | None]:
+    """(every metric of one export: deviation from the source, reference semantics for int8, size, what it
+    buys, sparsity, the all-int8 export it was compared with, the bounded search; the deviation tables)."""
+    from mlflow_di.models.classifier import OnnxClassifier
+
+    result = outcome.result
+    metrics, deviation = _compare(original, compressed, evaluation)
+    if method.startswith("int8") and deviation is not None:
+        metrics.update(_reference_metrics(original, result.path, evaluation, deviation, device, outcome))
+    metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
+                   compressed_gzip_bytes=gzip_size(result.path))
+    if selection.benefit:
+        outcome.benefit = _benefit(source, result, selection, scratch)
+        metrics.update(outcome.benefit.metrics() if outcome.benefit is not None else {})
+    if result.sparsity is not None:
+        metrics["sparsity"] = result.sparsity
+    if outcome.before is not None:
+        before = OnnxClassifier(outcome.before.path, name=f"{name} ({method}, all layers)", device=device)
+        before_metrics, _ = _compare(original, before, evaluation)
+        before_metrics["compressed_size_bytes"] = outcome.before.size_bytes
+        metrics.update({f"before_keep_float.{key}": value for key, value in before_metrics.items()
+                        if key not in ("source_accuracy", "eval_images") and not key.startswith("class_accuracy_drop.")})
+        metrics["kept_float_layers"] = len(outcome.kept_float)
+    if outcome.search is not None:
+        metrics.update(_search_metrics(outcome.search))
+    return metrics, deviation
 
 
 def _export_keeping_search(log, source, method, calib, evaluation, amount, scratch, selection) -> Outcome:

@@ -58,7 +58,6 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
             cpus_per_worker, gpus_per_worker, trace_dir) -> None:
     """Measure how well test data covers MODEL-URI's important neurons (IDC) and the classic criteria."""
     from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite, parse_criteria
-    from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
@@ -80,12 +79,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     suite = CoverageSuite(criteria, layers=subject_layers, top_m=top_m, clusters=clusters, rule=rule,
                           only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks,
                           batch_size=batch_size)
-    raw_train, raw_tests = load_images(train_data), [load_images(spec) for spec in test_data]
-    train = model.preprocessing.prepare(raw_train)  # lazy: resized per batch if the model says so
-    tests = [model.preprocessing.prepare(raw) for raw in raw_tests]
-    for data in (train, *tests):  # fail before any run starts when the data does not fit the model
-        model.preprocessing.check_images(data.images[:1])
-        data.check_labels(model.classifier().num_classes)
+    raw_train, raw_tests, train, tests = _data(model, train_data, test_data)
     tags = {"mlflow_di.command": "coverage", **registry.model_version_tags(model_uri)}
     model_id = registry.logged_model_id(model_uri)
     with runs.tracked_run(f"coverage {ref.short}", tags=tags) as log:
@@ -120,6 +114,20 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
 
 #: Most points of the ``idc_growth`` step metric (a long test set is sampled evenly, its last input kept).
 GROWTH_POINTS = 200
+
+
+def _data(model, train_data: str, test_data: list[str]) -> tuple:
+    """(raw training set, raw test sets, and both prepared as the model's raw-image step says), checked
+    against the model before any run starts."""
+    from mlflow_di.data import load_images
+
+    raw_train, raw_tests = load_images(train_data), [load_images(spec) for spec in test_data]
+    train = model.preprocessing.prepare(raw_train)  # lazy: resized per batch if the model says so
+    tests = [model.preprocessing.prepare(raw) for raw in raw_tests]
+    for data in (train, *tests):  # fail before any run starts when the data does not fit the model
+        model.preprocessing.check_images(data.images[:1])
+        data.check_labels(model.classifier().num_classes)
+    return raw_train, raw_tests, train, tests
 
 
 def _log_growth(log, results: list) -> None:

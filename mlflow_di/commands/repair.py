@@ -50,14 +50,12 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     """Train a repair head for COMPRESSED on fuzz campaigns, report how well it repairs, and register the result.
 
     Returns the registered version's URI."""
-    from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import datasets, registry, runs
     from mlflow_di.models.execution import context_tags
     from mlflow_di.models.loading import load_classifier, resolve
     from mlflow_di.models.reference import ModelRef
     from mlflow_di.repair import HeadSettings, repair, training_set
-    from mlflow_di.repair.dataset import shared_seed_images
     from mlflow_di.repair.evaluate import check_fold_count
 
     loaded = _load_campaigns([_latest_campaign(compressed) if spec == "latest" else spec for spec in campaigns])
@@ -72,13 +70,7 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
                         "(pyfunc) compressed models")
     compressed_model = load_classifier(compressed_ref, device=device)
     original_model = load_classifier(original_ref, device=device)
-    raw_test = load_images(eval_data) if eval_data else None
-    test = compressed_model.preprocessing.prepare(raw_test) if raw_test is not None else None
-    shared = shared_seed_images(test.images, fuzzed) if test is not None else 0
-    if shared:
-        seeds = ", ".join(sorted({c.config.data for c in fuzzed}))
-        raise UserError(f"--eval-data shares {shared} images with the campaigns' seeds ({seeds}), which the head "
-                        "trains on; give held-out data, e.g. digits[900:1300] for seeds from digits[1300:]")
+    raw_test, test = _held_out(eval_data, compressed_model, fuzzed)
     data = training_set(fuzzed, original_model, compressed_model, mutants_per_seed=mutants, seed=seed)
     check_fold_count(data.counts()["seeds"], folds)
     settings = HeadSettings(hidden=hidden, epochs=epochs, seed=seed)
@@ -110,6 +102,25 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     _print_summary(uri, result, "ONNX graph" if source.kind == "onnx" else "pyfunc")
     write_json_out({"registered": uri, **result.to_dict()}, json_out)
     return uri
+
+
+def _held_out(eval_data: str | None, compressed_model, fuzzed: list) -> tuple:
+    """(the raw --eval-data set, prepared for the compressed model), both None without it; a one-line
+    UserError when it shares images with the campaigns' seeds, which the head trains on."""
+    from mlflow_di.data import load_images
+    from mlflow_di.errors import UserError
+    from mlflow_di.repair.dataset import shared_seed_images
+
+    if not eval_data:
+        return None, None
+    raw_test = load_images(eval_data)
+    test = compressed_model.preprocessing.prepare(raw_test)
+    shared = shared_seed_images(test.images, fuzzed)
+    if shared:
+        seeds = ", ".join(sorted({c.config.data for c in fuzzed}))
+        raise UserError(f"--eval-data shares {shared} images with the campaigns' seeds ({seeds}), which the head "
+                        "trains on; give held-out data, e.g. digits[900:1300] for seeds from digits[1300:]")
+    return raw_test, test
 
 
 def _latest_campaign(compressed: str) -> str:
