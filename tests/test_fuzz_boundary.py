@@ -204,3 +204,18 @@ def shared_tflite(tmp_path):
     stand_in = tmp_path / "model.tflite"
     stand_in.write_bytes(b"not read")
     return stand_in
+
+
+def test_a_target_pressed_against_the_budget_stops_walking():
+    """A target whose margin makes no new low for `patience` steps is dropped; one still falling is not."""
+    from mlflow_di.fuzz.boundary import _Stall
+
+    stall = _Stall(2, patience=3)
+    for step in range(4):  # the first margin is each target's first low; then 3 steps without a new one
+        assert stall.walking() == [0, 1]
+        stall.observe([0, 1], np.array([5.0 - step, 2.0]))  # target 0 keeps falling, target 1 stalls
+    assert stall.walking() == [0]
+    assert _Stall(2, patience=None).walking() == [0, 1]
+    with pytest.raises(UserError, match="patience"):
+        BoundaryWalk(patience=0)
+    assert BoundaryWalk().options()["patience"] == 10 and "patience" not in BoundaryWalk(patience=None).options()
