@@ -131,3 +131,6 @@ def test_the_old_name_of_seed_data_still_works_and_says_so(registered_cnn, tmp_p
     out, err = capsys.readouterr()
     assert code == 0 and "fuzzing 3 seeds" in out
     assert err.splitlines()[0] == "mlflow-di: note: --seeds is now --seed-data; the old name will go in a later release"
+    run = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                             filter_string="tags.`mlflow_di.command` = 'fuzz'")[0]
+    assert run.data.params["seed_data"] == "digits[0:3]"  # the spec given under the old name, recorded as such

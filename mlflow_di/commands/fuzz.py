@@ -100,6 +100,9 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             overlap, out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address,
             cpus_per_worker, gpus_per_worker, seed, json_out, device, semantics="host", **own_options) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
+    seed_data = seed_data or click.get_current_context().meta.get("--seed-data")  # or its old name, --seeds
+    if not seed_data:
+        raise click.UsageError("Missing option '--seed-data'.")
     plan = _plan(strategy, list(compressed), max_linf, min_ssim, own_options, overlap,
                  (workers, ray_address, cpus_per_worker, gpus_per_worker))
     _load(plan, original, (preprocessing_original, preprocessing_compressed), device, semantics, overlap)
@@ -246,15 +249,12 @@ def _model(ref, preprocessing, device, access, declaration, role: str):
                         f"{declaration.white_box_advice}") from None
 
 
-def _seeds(plan: _Plan, seed_data: str | None, num_seeds: int) -> None:
+def _seeds(plan: _Plan, seed_data: str, num_seeds: int) -> None:
     """The first ``num_seeds`` seed images, prepared as the original's raw-image step says, checked
     against every model and the strategy's budget before any run starts."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
 
-    seed_data = seed_data or click.get_current_context().meta.get("--seed-data")
-    if not seed_data:
-        raise click.UsageError("Missing option '--seed-data'.")
     raw_seeds = load_images(seed_data)
     seeds = plan.original_classifier.preprocessing.prepare(raw_seeds)  # lazy: resized per batch if the model says so
     plan.seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
