@@ -114,11 +114,6 @@ class Declaration:
     #: the campaign folder's label for a configured strategy object (default: name and budget)
     label: Callable[[object], str] | None = None
 
-    @property
-    def white_box(self) -> bool:
-        """Whether any model must be white-box."""
-        return Access.WHITE_BOX in (self.original, self.compressed)
-
     def refuse(self, overlap: bool | None = None, workers: int = 0) -> None:
         """One-line UserErrors for what this strategy does not offer: ``--overlap``, ``--workers``."""
         if overlap and not self.overlap:
