@@ -242,8 +242,8 @@ class Lockstep:
         """Every lane's inputs through the original (each distinct image once) and through the lane's
         compressed model. With ``overlap`` it runs in the background thread and touches only the models
         and ``lane_inputs`` (the shift's own buffers, which the shift rewrites only after its answer)."""
-        p_original, original_seconds, distinct = self._original_probabilities(lane_inputs)
-        clock = model_clock(self._search_thread)
+        clock = model_clock(self._search_thread)  # this thread's: the searches' own, or the overlap thread's
+        p_original, original_seconds, distinct = self._original_probabilities(lane_inputs, clock)
         compressed = []
         for lane, inputs in zip(self.lanes, lane_inputs):
             began = clock()
@@ -285,10 +285,9 @@ class Lockstep:
             lane.stats.original_inputs += count * evaluation.distinct / total
         self._refresh_progress()  # also while a few long searches finish alone
 
-    def _original_probabilities(self, lane_inputs: list[np.ndarray]) -> tuple[np.ndarray, float, int]:
+    def _original_probabilities(self, lane_inputs: list[np.ndarray], clock) -> tuple[np.ndarray, float, int]:
         """The original's probabilities for every campaign's inputs (concatenated in lane order), its
         CPU seconds, and how many images it evaluated: with several campaigns, each distinct image once."""
-        clock = model_clock(self._search_thread)
         began = clock()
         inputs = np.concatenate(lane_inputs) if len(lane_inputs) > 1 else lane_inputs[0]
         if len(lane_inputs) == 1:
