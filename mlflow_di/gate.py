@@ -90,6 +90,8 @@ class Criterion:
     per_compressed: bool
     range: str = "fraction"
     help: str = ""
+    #: what a refused value is told besides the range, e.g. " (e.g. 1: no slower than the source)"
+    hint: str = ""
 
     @property
     def comparison(self) -> str:
@@ -128,6 +130,7 @@ CRITERIA: list[Criterion] = [
                    "deviations a person would call the same image."),
     #: the export's latency against its fp32 source's on the compress run's host (above 1: faster)
     Criterion("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True, range="positive",
+              hint=" (e.g. 1: no slower than the source)",
               help="Fail if an export runs slower than this multiple of its fp32 source's speed (source latency / "
                    "export latency at batch 64, as its compress run measured on its host); 1: never slower."),
 ]
@@ -160,6 +163,8 @@ class Relation:
     threshold_name: str
     range: str = "fraction"
     help: str = ""
+    #: what a refused value is told besides the range, e.g. " (e.g. 0.8)"
+    hint: str = ""
 
     @property
     def name(self) -> str:
@@ -192,7 +197,7 @@ RELATIONS = (
     Relation("success_rate", "rise", "max_success_rate_rise",
              help="Fail if the fuzzing success rate against an export is higher than against the baseline's "
                   "export of the same method by more than this (0..1)."),
-    Relation("mean_queries", "ratio", "min_mean_queries_ratio", range="positive",
+    Relation("mean_queries", "ratio", "min_mean_queries_ratio", range="positive", hint=" (e.g. 0.8)",
              help="Fail if mean queries per deviating input divided by the baseline's (same method) is lower, "
                   "e.g. 0.8."),
 )
@@ -225,12 +230,10 @@ class Thresholds(JsonRoundTrip):
             option = records[name].option
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise UserError(f"{option} must be a finite number, got {value}")
-            kind = records[name].range
+            kind, hint = records[name].range, records[name].hint
             if not _in_range(kind, value):
-                example = {"min_speedup": " (e.g. 1: no slower than the source)",
-                           "min_mean_queries_ratio": " (e.g. 0.8)"}.get(name, "")
-                raise UserError(f"{option} is {RANGES[kind]}{example}, got {value}" if kind == "fraction"
-                                else f"{option} must be {RANGES[kind]}{example}, got {value}")
+                raise UserError(f"{option} is {RANGES[kind]}{hint}, got {value}" if kind == "fraction"
+                                else f"{option} must be {RANGES[kind]}{hint}, got {value}")
 
     def __getattr__(self, name: str):
         if name != "values" and name in threshold_records():
