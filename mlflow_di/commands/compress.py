@@ -27,6 +27,7 @@ import click
 
 from mlflow_di.commands.options import (CommaList, FiniteFloat, LayerNames, LazyChoice, device_option,
                                         preprocessing_option)
+from mlflow_di.mlflow_edge.recorded import EVIDENCE_DATA, EVIDENCE_ROLE, EVIDENCE_SHARED
 
 SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 
@@ -186,11 +187,6 @@ def _held_out_split(source, holdout_data: str, inputs: dict, device):
     inputs["held-out"] = datasets.spec_dataset(raw_held_out)
     held_out = source.preprocessing.prepare(raw_held_out)
     return _split(held_out, _source_probabilities(source, held_out, device))
-
-
-#: Tags of a compress run on the data its accuracy and disagreement figures were measured on.
-EVIDENCE_DATA, EVIDENCE_ROLE, EVIDENCE_SHARED = ("mlflow_di.evidence.data", "mlflow_di.evidence.role",
-                                                 "mlflow_di.evidence.shared_with_calibration")
 
 
 def _evidence(eval_data, raw_calib, raw_eval) -> dict:

@@ -394,8 +394,10 @@ SEMANTIC_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_ra
 REFERENCE_SUFFIX = " (reference semantics)"
 
 
-#: Tags of a compress run on the data its figures were measured on (``commands/compress.py`` writes them).
-EVIDENCE_DATA, EVIDENCE_ROLE = f"{TAG_PREFIX}evidence.data", f"{TAG_PREFIX}evidence.role"
+#: Tags of a compress run on the data its figures were measured on (``commands/compress.py`` writes them):
+#: its spec, its role (held-out, calibration or training) and how many of its images are calibration images.
+EVIDENCE_DATA, EVIDENCE_ROLE, EVIDENCE_SHARED = (f"{TAG_PREFIX}evidence.data", f"{TAG_PREFIX}evidence.role",
+                                                 f"{TAG_PREFIX}evidence.shared_with_calibration")
 
 
 def _compress_evidence(run, allow_calibration_evidence: bool) -> tuple[str, str]:
