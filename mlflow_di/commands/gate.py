@@ -16,7 +16,7 @@ import datetime
 import click
 
 from mlflow_di.commands.options import (FiniteFloat, Fraction, NamedNumber, RunIds, WritablePath, json_out_option,
-                                        write_json_out, write_text_out)
+                                        stacked, write_json_out, write_text_out)
 
 
 def threshold_options(relative: bool):
@@ -25,14 +25,8 @@ def threshold_options(relative: bool):
     from mlflow_di.gate import CRITERIA, RELATIONS
 
     types = {"fraction": Fraction, "positive": lambda: FiniteFloat(0, min_open=True), "nonnegative": lambda: FiniteFloat(0)}
-    options = [click.option(record.option, type=types[record.range](), default=None, help=record.help)
-               for record in (RELATIONS if relative else CRITERIA)]
-
-    def decorate(function):
-        for option in reversed(options):
-            function = option(function)
-        return function
-    return decorate
+    return stacked([click.option(record.option, type=types[record.range](), default=None, help=record.help)
+                    for record in (RELATIONS if relative else CRITERIA)])
 
 
 @click.command("gate")

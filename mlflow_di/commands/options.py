@@ -41,6 +41,15 @@ class SectionedCommand(click.Command):
                     formatter.write_dl(records)
 
 
+def stacked(options: list):
+    """Several click options as one decorator, listed in ``--help`` in the order given."""
+    def decorate(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return decorate
+
+
 def declared_option(prefix: str, spec):
     """The click option of one of a fuzz strategy's own options (an ``OptionSpec`` of its declaration,
     :mod:`mlflow_di.fuzz.contract`): ``--PREFIX-FIELD``, parameter ``PREFIX_FIELD``, default None (the
@@ -64,13 +73,7 @@ def declared_option(prefix: str, spec):
 
 def declared_options(declarations):
     """Every declared strategy's own options, as one decorator (see :func:`declared_option`)."""
-    options = [declared_option(d.option_prefix, spec) for d in declarations if d.option_prefix for spec in d.options]
-
-    def decorate(function):
-        for option in reversed(options):
-            function = option(function)
-        return function
-    return decorate
+    return stacked([declared_option(d.option_prefix, spec) for d in declarations if d.option_prefix for spec in d.options])
 
 
 
@@ -384,12 +387,7 @@ def ray_options(what: str):
         click.option("--gpus-per-worker", type=FiniteFloat(0), default=0.0, show_default=True,
                      help="GPUs Ray reserves for each worker (fractions share one GPU); PyTorch models then run there."),
     ]
-
-    def decorate(function):
-        for option in reversed(options):
-            function = option(function)
-        return function
-    return decorate
+    return stacked(options)
 
 
 preprocessing_option = click.option(
