@@ -325,8 +325,9 @@ class ScoreMerged:
 
 
 def merge_score(partials: Sequence[dict]) -> ScoreMerged:
-    """:class:`ScoreJob` partials (any order) merged: cells OR-ed (every cell criterion's ``merge``,
-    see :data:`~mlflow_di.coverage.criteria.CRITERION`), per-input ids concatenated in input order."""
+    """:class:`ScoreJob` partials (any order) merged: cells OR-ed (how every cell criterion merges: its
+    record's ``merge`` is ``or``, see :data:`~mlflow_di.coverage.criteria.CRITERION`), per-input ids
+    concatenated in input order."""
     partials = sorted(partials, key=lambda p: p["start"])
     cells: dict[str, np.ndarray] = {}
     for partial in partials:
