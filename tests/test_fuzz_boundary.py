@@ -219,3 +219,60 @@ def test_a_target_pressed_against_the_budget_stops_walking():
     with pytest.raises(UserError, match="patience"):
         BoundaryWalk(patience=0)
     assert BoundaryWalk().options()["patience"] == 10 and "patience" not in BoundaryWalk(patience=None).options()
+
+
+def test_the_ssim_pixel_cost_is_the_second_order_drop_and_sees_the_border():
+    """w_p * d**2 is the drop of the summed local SSIMs for a change of d levels at pixel p (checked
+    by finite differences away from the border, where every window that weighs p fits), and a pixel
+    on the border costs what it would cost inside: the metric itself barely sees it."""
+    from mlflow_di.fuzz.realism import SSIM_RADIUS, _filter, local_ssim, ssim_pixel_cost
+
+    rng = np.random.default_rng(1)
+    seed = np.zeros((32, 30, 2))
+    seed[9:22, 10:16] = 200.0
+    seed[10:14, 12:28] = rng.integers(0, 256, (4, 16, 2))
+    cost = ssim_pixel_cost(seed.astype(np.uint8))
+    assert cost.shape == seed.shape and (cost > 0).all()
+    inside = [(p, q, ch) for p in range(2 * SSIM_RADIUS, 32 - 2 * SSIM_RADIUS)
+              for q in range(2 * SSIM_RADIUS, 30 - 2 * SSIM_RADIUS) for ch in (0, 1)]
+    for p, q, ch in [inside[i] for i in rng.choice(len(inside), 25, replace=False)]:
+        changed = seed.copy()
+        changed[p, q, ch] += 0.5 if seed[p, q, ch] < 128 else -0.5
+        drop = (1 - local_ssim(changed, seed, _filter)).sum()
+        assert cost[p, q, ch] * 0.25 == pytest.approx(drop, rel=1e-2)
+    flat = seed[..., :1] * 0  # all black: every pixel alike, the corner as dear as the centre
+    flat_cost = ssim_pixel_cost(flat.astype(np.uint8))
+    assert flat_cost[0, 0, 0] == pytest.approx(flat_cost[16, 15, 0], rel=1e-9)
+    assert cost[15, 13, 0] < cost[28, 3, 0] / 10  # inside the textured stroke: a change is masked
+
+
+def test_the_weighted_walk_crosses_where_the_plain_gradient_pressed_against_ssim(shared_dir, mnist_spec):
+    """MNIST test 9702, 9705 and 9715 on the DFlare LeNet-5 pair under SSIM >= 0.9: the plain gradient
+    walk (ssim_weighting=0) ends every target against the bound without the original's label
+    changing, so it never queries the compressed model; weighted by SSIM's pixel costs, it crosses,
+    and the trigger's change lies inside the image, not in the frame SSIM barely sees."""
+    from mlflow_di.models.loading import load_classifier, load_torch_model
+
+    models = shared_dir / "models" / "dflare"
+    original = load_torch_model(f"keras:lenet5-same:{models / 'lenet5.h5'}")
+    compressed = load_classifier(str(models / "lenet5-quan.lite"))
+    seeds = load_images(f"{mnist_spec}[9702:9716]")
+    seeds = ImageSet(seeds.images[[0, 3, 13]], seeds.labels[[0, 3, 13]], "three seeds")
+    budget = Constraint(min_ssim=0.9)
+
+    def walk(weighting):
+        return run_boundary(original, compressed, seeds, BoundaryWalk(constraint=budget, ssim_weighting=weighting,
+                            fallback=False, restarts=0), max_queries=50, progress=False)
+
+    plain, weighted = walk(0.0), walk(0.5)
+    assert [r.queries for r in plain.records] == [0, 0, 0] and plain.summary.triggers == 0
+    assert weighted.summary.triggers == 3 and all(r.operators == ["walk"] for r in weighted.records)
+    frame = np.ones((28, 28), bool)
+    frame[5:23, 5:23] = False
+    for trigger, seed in zip(weighted.triggers, weighted.trigger_seeds):
+        assert budget.allows(trigger, seed)
+        change = (trigger.astype(float) - seed)[..., 0] ** 2
+        assert change[frame].sum() < 0.3 * change.sum()
+    with pytest.raises(UserError, match="ssim_weighting"):
+        BoundaryWalk(ssim_weighting=-1)
+    assert "ssim_weighting" not in BoundaryWalk(ssim_weighting=0).options()
