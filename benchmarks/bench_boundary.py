@@ -20,6 +20,18 @@ paper's TFLite file.
 
     .venv/bin/python -m benchmarks.bench_boundary [--shared ../shared] [--pairs lenet5,lenet1] [--seeds 9000:9100]
         [--no-oracle] [--no-write] [--section exports]
+
+**Slices nobody tuned on** (``--slices 5``): five disjoint 100-seed slices of MNIST test drawn by
+``numpy.random.default_rng(SLICE_GENERATOR_SEED)`` from the blocks [k*100:(k+1)*100] that the
+boundary walk was never developed on ([9000:9100] above, [9700:9800] of the SSIM diagnosis), for
+each pair: the boundary walk under SSIM >= 0.9 and under L-inf <= 32, and the oracle on the seeds the
+SSIM walk left. Per slice: mean, median and 90th percentile queries per trigger, the share of what
+exists, the original's passes and CPU seconds per seed; every seed's phase (``walk``, ``restart``,
+``dflare``, none) goes to ``benchmarks/bench_boundary_seeds.csv``. Pairs and slices run in
+``--jobs`` processes of one thread each; seconds are each seed's CPU seconds (its record's), so
+the two processes do not bend them.
+
+    .venv/bin/python -m benchmarks.bench_boundary --slices 5 --pairs lenet5,lenet1,lenet5:int8-static --jobs 2
 """
 from __future__ import annotations
 
@@ -43,6 +55,11 @@ BUDGETS = {"SSIM >= 0.9": Constraint(min_ssim=0.9), "L-inf <= 32": Constraint(ma
 ORACLE_RESTARTS = 8
 ORACLE_QUERIES = 10_000
 ORACLE_TIMEOUT = 30.0
+SLICE_GENERATOR_SEED = 47
+SLICE = 100
+#: MNIST test blocks the boundary walk was developed on: never drawn
+TUNED_BLOCKS = (90, 97)
+SEEDS_CSV = pathlib.Path(__file__).with_name("bench_boundary_seeds.csv")
 
 
 def oracle_walk(constraint: Constraint) -> BoundaryWalk:
@@ -99,6 +116,107 @@ def run_oracle(original, compressed, seeds, unsolved: list[int], constraint: Con
     return result, time.perf_counter() - started
 
 
+def draw_slices(count: int) -> list[tuple[int, int]]:
+    """``count`` disjoint [start, start + 100) slices of MNIST test's 10,000 images, in index order."""
+    blocks = [block for block in range(10_000 // SLICE) if block not in TUNED_BLOCKS]
+    chosen = np.random.default_rng(SLICE_GENERATOR_SEED).choice(blocks, size=count, replace=False)
+    return [(int(block) * SLICE, (int(block) + 1) * SLICE) for block in sorted(chosen)]
+
+
+def phase(record) -> str:
+    """The phase of the boundary strategy that found a seed's trigger (``-`` when none did)."""
+    return record.operators[0].split(":")[0] if record.success and record.operators else "-"
+
+
+_PAIRS: dict = {}
+
+
+def slice_task(task: tuple[str, str, tuple[int, int], bool]) -> tuple[list[str], list[list]]:
+    """One pair on one slice (run in a worker process): its table rows and its per-seed CSV rows."""
+    import torch
+
+    torch.set_num_threads(1)
+    shared, pair, (start, stop), oracle = task
+    if pair not in _PAIRS:
+        _PAIRS[pair] = load_pair(pathlib.Path(shared), pair)
+    original, compressed = _PAIRS[pair]
+    seeds = mlflow_di.load_images(f"mnist-test:{pathlib.Path(shared) / 'data' / 'mnist'}[{start}:{stop}]")
+    results = {budget: run_boundary(original, compressed, seeds, BoundaryWalk(constraint=constraint), timeout=600,
+                                    max_queries=MAX_QUERIES, progress=False) for budget, constraint in BUDGETS.items()}
+    ssim_budget, linf_budget = BUDGETS
+    ssim_result = results[ssim_budget]
+    unsolved = sorted(fuzzed(ssim_result) - solved(ssim_result))
+    extra, oracle_seconds = set(), 0.0
+    if oracle and unsolved:
+        oracle_result, oracle_seconds = run_oracle(original, compressed, seeds, unsolved, BUDGETS[ssim_budget])
+        extra = {unsolved[i] for i in solved(oracle_result)}
+    exists = len(solved(ssim_result) | extra)
+    seconds = {budget: sum(r.seconds for r in result.records if not r.already_deviating) /
+               max(len(fuzzed(result)), 1) for budget, result in results.items()}
+    rows = []
+    for budget, result in results.items():
+        queries = [r.queries for r in result.records if r.success and not r.already_deviating]
+        passes = [r.original_passes for r in result.records if not r.already_deviating]
+        phases = {name: sum(phase(r) == name for r in result.records if not r.already_deviating)
+                  for name in ("walk", "restart", "dflare")}
+        inside = all(BUDGETS[budget].allows(t, seed) for t, seed in zip(result.triggers, result.trigger_seeds))
+        share = f"{len(queries) / exists:.0%}" if oracle and budget == ssim_budget and exists else "-"
+        stats = (f"{np.mean(queries):.1f} | {np.median(queries):.0f} | {np.percentile(queries, 90):.0f}"
+                 if queries else "- | - | -")
+        ratio = f" ({seconds[budget] / seconds[linf_budget]:.2f}x L-inf)" if budget == ssim_budget else ""
+        rows.append(f"| {pair} | [{start}:{stop}] | {budget} | {len(queries)}/{len(fuzzed(result))} | {share} | {stats} | "
+                    f"{phases['walk']} / {phases['restart']} / {phases['dflare']} | {np.mean(passes):.0f} | "
+                    f"{seconds[budget]:.2f}{ratio} | {'yes' if inside else 'NO'} |")
+    if oracle:
+        rows.append(f"| {pair} | [{start}:{stop}] | oracle, on the {len(unsolved)} seeds the SSIM walk left | "
+                    f"{len(extra)} more; exists on {exists}/{len(fuzzed(ssim_result))} | | | | | | | "
+                    f"{oracle_seconds / max(len(unsolved), 1):.1f} wall | |")
+    seed_rows = [[pair, budget, start + r.index, phase(r) if not r.already_deviating else "already deviating",
+                  r.queries, r.original_passes, f"{r.seconds:.3f}",
+                  ("found" if r.index in extra else "none") if budget == ssim_budget and r.index in unsolved and oracle
+                  else ""] for budget, result in results.items() for r in result.records]
+    print(*rows, sep="\n", flush=True)
+    return rows, seed_rows
+
+
+def main_slices(args) -> None:
+    """``--slices N``: every pair on N slices nobody tuned on, in ``--jobs`` processes (module docstring)."""
+    import csv
+    import multiprocessing
+
+    slices = draw_slices(args.slices)
+    tasks = [(args.shared, pair, bounds, not args.no_oracle) for pair in args.pairs.split(",") for bounds in slices]
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        outcomes = pool.map(slice_task, tasks, chunksize=1)
+    with SEEDS_CSV.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["pair", "budget", "mnist_test_index", "phase", "queries", "original_passes", "cpu_seconds",
+                         "oracle_on_seeds_the_walk_left"])
+        for _, seed_rows in outcomes:
+            writer.writerows(seed_rows)
+    rows = [row for table_rows, _ in outcomes for row in table_rows]
+    text = "\n".join([
+        "## Realistic deviations on slices nobody tuned on (bench_boundary --slices)", "",
+        f"`.venv/bin/python -m benchmarks.bench_boundary --slices {args.slices} --pairs {args.pairs} --jobs {args.jobs}` "
+        f"(2 CPU cores, no GPU, one thread per process): {args.slices} disjoint {SLICE}-seed slices of MNIST test drawn "
+        f"by `numpy.random.default_rng({SLICE_GENERATOR_SEED})` from the blocks the walk was not developed on "
+        f"({', '.join(f'[{a}:{b}]' for a, b in slices)}); the boundary walk with its defaults, at most {MAX_QUERIES:,} "
+        "queries to the compressed model per seed. *queries per trigger*: mean | median | 90th percentile. *phase*: "
+        "seeds whose trigger the walk from the seed / a random restart / the DFlare fallback found. *of what exists*: "
+        "the SSIM walk's triggers over the seeds on which it or the oracle found one (the oracle: boundary walk with "
+        f"150 steps, 7 step sizes and {ORACLE_RESTARTS} random restarts, then DFlare; at most {ORACLE_QUERIES:,} "
+        f"queries and {ORACLE_TIMEOUT:.0f} s per seed, on the seeds the SSIM walk left). *CPU s per seed*: the "
+        "seed records' CPU seconds (mlflow_di.fuzz.charge), with the ratio to the L-inf walk on the same slice. "
+        f"Every seed's phase: `benchmarks/{SEEDS_CSV.name}`.", "",
+        "| pair | slice | budget | triggers / fuzzed | of what exists | queries per trigger: mean | median | p90 "
+        "| phase (walk / restart / dflare) | original passes per seed | CPU s per seed | every trigger inside |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|", *rows, ""])
+    print(text)
+    if not args.no_write:
+        write_section(f"<!-- bench_boundary slices -->\n{text}\n<!-- /bench_boundary slices -->",
+                      "<!-- bench_boundary slices -->", "<!-- /bench_boundary slices -->")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", default=str(pathlib.Path(__file__).resolve().parents[2] / "shared"))
@@ -107,8 +225,12 @@ def main() -> None:
     parser.add_argument("--no-oracle", action="store_true", help="skip the slow oracle search")
     parser.add_argument("--no-write", action="store_true", help="print the section, do not touch RESULTS.md")
     parser.add_argument("--section", default="", help="write a section of this name (e.g. exports) instead of the main one")
+    parser.add_argument("--slices", type=int, default=0, help="N: slices nobody tuned on instead of --seeds")
+    parser.add_argument("--jobs", type=int, default=1, help="processes for --slices")
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DI_THREADS", "1")
+    if args.slices:
+        return main_slices(args)
     import torch
 
     torch.set_num_threads(1)
