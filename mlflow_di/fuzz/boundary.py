@@ -216,24 +216,27 @@ class _Budget:
     def allows(self, image: np.ndarray) -> bool:
         return self.constraint is None or self.constraint.allows(image, self.seed)
 
-    def project(self, image: np.ndarray) -> np.ndarray:
-        """``image`` (float, any values) as a uint8 image inside the budget: clipped to the L-inf ball
-        and 0..255, then scaled toward the seed (bisection on the offset) until every bound holds."""
+    def project(self, images: np.ndarray) -> np.ndarray:
+        """Each of the (N, H, W, C) ``images`` (float, any values) as a uint8 image inside the budget:
+        clipped to the L-inf ball and 0..255, then scaled toward the seed (bisection on the offset, all
+        images at once) until every bound holds."""
         if self.constraint is not None and self.constraint.max_linf is not None:
             bound = self.constraint.max_linf
-            image = np.clip(image, self.seed_float - bound, self.seed_float + bound)
-        rounded = _uint8(image)
-        if self.allows(rounded):
-            return rounded
-        offset = image - self.seed_float
-        low, high = 0.0, 1.0
-        for _ in range(10):
-            middle = (low + high) / 2
-            if self.allows(_uint8(self.seed_float + middle * offset)):
-                low = middle
-            else:
-                high = middle
-        return _uint8(self.seed_float + low * offset)
+            images = np.clip(images, self.seed_float - bound, self.seed_float + bound)
+        projected = _uint8(images)
+        outside = ~self._allows_each(projected)
+        if outside.any():
+            offset = images[outside] - self.seed_float
+            low, high = np.zeros(len(offset)), np.ones(len(offset))
+            for _ in range(10):
+                middle = (low + high) / 2
+                inside = self._allows_each(_uint8(self.seed_float + middle[:, None, None, None] * offset))
+                low, high = np.where(inside, middle, low), np.where(inside, high, middle)
+            projected[outside] = _uint8(self.seed_float + low[:, None, None, None] * offset)
+        return projected
+
+    def _allows_each(self, images: np.ndarray) -> np.ndarray:
+        return np.ones(len(images), bool) if self.constraint is None else self.constraint.allows_each(images, self.seed)
 
 
 def _uint8(image: np.ndarray) -> np.ndarray:
@@ -299,8 +302,8 @@ class _Walker:
         noise of 16 levels scaled toward the seed until it meets the bound."""
         if not self._ssim_walk(budget):
             bound = budget.constraint.max_linf
-            return budget.project(budget.seed_float + rng.uniform(-bound, bound, budget.seed.shape))
-        return budget.project(budget.seed_float + rng.normal(0.0, 16.0, budget.seed.shape))
+            return budget.project((budget.seed_float + rng.uniform(-bound, bound, budget.seed.shape))[None])[0]
+        return budget.project((budget.seed_float + rng.normal(0.0, 16.0, budget.seed.shape))[None])[0]
 
     def _linf_step(self, budget: _Budget) -> float:
         return max(1.0, budget.constraint.max_linf / 8)
@@ -335,8 +338,8 @@ class _Walker:
             stall.observe(walking, margin.detach().numpy())
             with torch.no_grad():
                 moved = self._step(pixels.detach(), gradient, seed_tensor, size, budget)
-            proposals = [budget.project(moved[i]) for i in range(len(walking))]
-            labels = self._labels(np.stack(proposals), seed)
+            proposals = budget.project(moved)
+            labels = self._labels(proposals, seed)
             for i, k in enumerate(walking):
                 if labels[i] != c:
                     stop = self._crossing(seed, budget, c, current[k], proposals[i], phase)
