@@ -9,7 +9,7 @@ from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz import DFlare, run_campaign
 from mlflow_di.fuzz.campaign import run_campaigns
-from mlflow_di.fuzz.realism import Constraint, distance_summary, distances, ssim
+from mlflow_di.fuzz.realism import Constraint, distance_summary, distances, ssim, ssims
 from tests.test_fuzz_campaign import HIGH, LOW, Brightness, _comparable
 
 
@@ -42,6 +42,34 @@ def test_ssim_matches_the_window_by_window_formula_and_is_one_on_equal_images():
     noisier = np.clip(a.astype(int) + rng.integers(-120, 120, a.shape), 0, 255).astype(np.uint8)
     assert ssim(a, noisier) < ssim(a, b) < 1.0
 
+
+
+def test_whole_image_ssim_is_the_formula_on_windows_at_every_pixel_and_sees_a_painted_frame():
+    """``whole=True``: the window-by-window formula on the image mirrored at its edges (numpy's
+    'symmetric' pad is scipy's 'reflect'), so windows sit on every pixel. A white ring around the
+    image (108 pixels at 255) keeps the standard SSIM above 0.9 (its windows barely weigh the
+    outermost pixels); the whole-image SSIM falls below 0.5."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (16, 18, 2), dtype=np.uint8)
+    b = np.clip(a.astype(int) + rng.integers(-40, 40, a.shape), 0, 255).astype(np.uint8)
+    mirrored = [np.pad(x, ((5, 5), (5, 5), (0, 0)), mode="symmetric") for x in (a, b)]
+    assert ssim(a, b, whole=True) == pytest.approx(direct_ssim(*mirrored), abs=1e-9)
+    assert ssim(a, a, whole=True) == pytest.approx(1.0)
+    digit = np.zeros((28, 28, 1), np.uint8)
+    digit[8:20, 12:16] = 255
+    framed = digit.copy()
+    framed[[0, -1]] = framed[:, [0, -1]] = 255
+    assert ssim(framed, digit) > 0.9 > 0.5 > ssim(framed, digit, whole=True)
+
+
+def test_ssims_and_allows_each_give_what_each_image_gives_alone():
+    rng = np.random.default_rng(4)
+    seed = rng.integers(0, 256, (20, 17, 3), dtype=np.uint8)
+    images = np.clip(seed.astype(int) + rng.integers(-90, 90, (6, 20, 17, 3)) * rng.random((6, 1, 1, 1)),
+                     0, 255).astype(np.uint8)
+    assert ssims(images, seed).tolist() == [ssim(image, seed) for image in images]
+    for constraint in (Constraint(min_ssim=0.6), Constraint(max_linf=60), Constraint(min_ssim=0.5, max_linf=80), Constraint()):
+        assert constraint.allows_each(images, seed).tolist() == [constraint.allows(image, seed) for image in images]
 
 def test_hand_computed_distances():
     seed = np.zeros((12, 12, 2), np.uint8)

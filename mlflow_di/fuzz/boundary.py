@@ -25,7 +25,7 @@ models say label c) the search:
      gradient (``ssim_weighting=0``) the walk pressed against the bound without crossing on 11 of
      40 seeds of MNIST test [9700:9740] (LeNet-5 vs its int8 TFLite), leaving them to the DFlare
      fallback (1,100 to 1,900 queries per trigger); weighted, it crossed on all 40, 2.5 queries
-     per trigger, in a thirtieth of the CPU time (benchmarks/RESULTS.md, bench_boundary).
+     per trigger (benchmarks/RESULTS.md, bench_boundary --slices, on slices nobody tuned on).
 
 2. **Queries the compressed model only where the two can part.** When a step changes the
    original's label, a bisection with the original alone (free) narrows the step to two adjacent
