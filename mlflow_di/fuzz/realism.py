@@ -58,21 +58,38 @@ def ssim(image: np.ndarray, reference: np.ndarray, whole: bool = False) -> float
     if min(a.shape[:2]) <= 2 * SSIM_RADIUS:
         raise UserError(f"SSIM needs images of at least {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} pixels, "
                         f"got {a.shape[0]}x{a.shape[1]}")
-    return float(_mean_ssim(a, b, 0, whole).mean())
+    return float(_ssim_maps(a[None], b, whole).mean())
 
 
 def ssims(images: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """:func:`ssim` of each uint8 (N, H, W, C) image to one (H, W, C) reference, in one pass (the
     same values: every window is filtered alone)."""
     a = np.asarray(images, np.float64)
-    b = np.broadcast_to(np.asarray(reference, np.float64), a.shape)
-    return _mean_ssim(a, b, 1).reshape(len(a), -1).mean(axis=1)
+    return _ssim_maps(a, np.asarray(reference, np.float64)).reshape(len(a), -1).mean(axis=1)
 
 
-def _mean_ssim(a: np.ndarray, b: np.ndarray, first: int, whole: bool = False):
-    # the five local moments filtered in one pass (searches check SSIM on every mutant they make)
-    moments = _filter(np.stack([a, b, a * a, b * b, a * b], axis=-1), first, whole)
-    return ssim_from_moments(*np.moveaxis(moments, -1, 0))
+def _ssim_maps(a: np.ndarray, b: np.ndarray, whole: bool = False) -> np.ndarray:
+    """SSIM at every window of each float (N, H, W, C) image ``a`` against one (H, W, C) reference:
+    the image's three local moments filtered in one pass, the reference's two taken from
+    :func:`_reference_moments` (a search checks SSIM to one seed on every mutant it makes)."""
+    mean_b, mean_bb = _reference_moments(b, whole)
+    moments = _filter(np.stack([a, a * a, a * b], axis=-1), 1, whole)
+    mean_a, mean_aa, mean_ab = np.moveaxis(moments, -1, 0)
+    return ssim_from_moments(mean_a, mean_b, mean_aa, mean_bb, mean_ab)
+
+
+#: the last reference's local mean and mean square, with what they were computed from
+_REFERENCE: tuple = (None, None, None)
+
+
+def _reference_moments(b: np.ndarray, whole: bool) -> tuple[np.ndarray, np.ndarray]:
+    global _REFERENCE
+    key = (b.shape, b.tobytes(), whole)
+    cached = _REFERENCE  # read once: another thread may replace it, never half of it
+    if cached[0] != key:
+        moments = _filter(np.stack([b, b * b], axis=-1), 0, whole)
+        cached = _REFERENCE = (key, moments[..., 0], moments[..., 1])
+    return cached[1], cached[2]
 
 
 def local_ssim(a, b, local_mean):
