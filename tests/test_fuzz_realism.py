@@ -1,6 +1,5 @@
 """Trigger realism: distances and SSIM by hand and against a direct implementation, constraints the
 search respects, and several campaigns sharing the original's calls with the records of separate runs."""
-import dataclasses
 
 import numpy as np
 import pytest
