@@ -356,13 +356,13 @@ class _Walker:
         if not self._ssim_walk(budget):
             return (pixels - size * gradient.sign()).numpy()
         direction = -gradient
-        if self.strategy.ssim_weighting:
+        bound = budget.constraint.min_ssim if budget.constraint is not None else None
+        if self.strategy.ssim_weighting and bound is not None:  # the weights are SSIM's: only under its bound
             direction = direction * budget.ssim_weights(self.strategy.ssim_weighting)
             # a pixel at 0 or 255 cannot move further that way: its share would be clipped away
             direction = direction.masked_fill(((pixels >= 255) & (direction > 0)) | ((pixels <= 0) & (direction < 0)), 0.0)
         rms = direction.pow(2).mean(dim=(1, 2, 3), keepdim=True).sqrt() + 1e-12
         step = direction / rms * size
-        bound = budget.constraint.min_ssim if budget.constraint is not None else None
         if bound is not None:
             with torch.enable_grad():
                 probe = pixels.clone().requires_grad_(True)
