@@ -57,7 +57,7 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.charge import process_seconds
-from mlflow_di.fuzz.realism import SSIM_RADIUS, SSIM_SIGMA, Constraint, distances, local_ssim, ssim_pixel_cost
+from mlflow_di.fuzz.realism import SSIM_WINDOW, Constraint, distances, local_ssim, ssim_pixel_cost
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
@@ -511,10 +511,7 @@ def differentiable_ssim(images, seed):
     import torch
     import torch.nn.functional as F
 
-    radius = SSIM_RADIUS
-    offsets = torch.arange(-radius, radius + 1, dtype=images.dtype)
-    kernel = torch.exp(-0.5 * (offsets / SSIM_SIGMA) ** 2)
-    kernel = kernel / kernel.sum()
+    kernel = torch.from_numpy(SSIM_WINDOW).to(images.dtype)
     batch, height, width, channels = images.shape
 
     def local_mean(values):  # (B*C, 1, H, W) -> Gaussian-weighted means where the window fits
