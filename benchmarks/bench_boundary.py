@@ -72,13 +72,18 @@ def solved(result) -> set[int]:
     return {r.index for r in result.records if r.success and not r.already_deviating}
 
 
+def all_inside(result, constraint: Constraint) -> bool:
+    """Whether every trigger of a campaign is inside ``constraint``, measured on the saved image."""
+    return all(constraint.allows(t, seed) for t, seed in zip(result.triggers, result.trigger_seeds))
+
+
 def fuzzed(result) -> set[int]:
     return {r.index for r in result.records if not r.already_deviating}
 
 
 def row(pair: str, budget: str, search: str, result, seconds: float, exists: int | None) -> str:
     s = result.summary
-    inside = all(BUDGETS[budget].allows(t, seed) for t, seed in zip(result.triggers, result.trigger_seeds))
+    inside = all_inside(result, BUDGETS[budget])
     passes = [r.original_passes for r in result.records if r.original_passes is not None and not r.already_deviating]
     mean = "-" if s.mean_queries is None else f"{s.mean_queries:.1f}"
     share = f"{s.triggers / exists:.0%}" if exists else "-"
@@ -173,7 +178,7 @@ def slice_task(task: tuple[str, str, tuple[int, int], bool]) -> tuple[list[str],
         passes = [r.original_passes for r in result.records if not r.already_deviating]
         phases = {name: sum(phase(r) == name for r in result.records if not r.already_deviating)
                   for name in ("walk", "restart", "dflare")}
-        inside = all(BUDGETS[budget].allows(t, seed) for t, seed in zip(result.triggers, result.trigger_seeds))
+        inside = all_inside(result, BUDGETS[budget])
         share = (f"{len(queries) / exists:.0%} ({walk_seen}/{exists_seen} = {walk_seen / exists_seen:.0%})"
                  if oracle and budget == ssim_budget and exists and exists_seen else "-")
         stats = (f"{np.mean(queries):.1f} | {np.median(queries):.0f} | {np.percentile(queries, 90):.0f}"
@@ -278,7 +283,7 @@ def main() -> None:
                 oracle, seconds = run_oracle(original, compressed, seeds, unsolved, constraint) if unsolved else (None, 0.0)
                 extra = {unsolved[i] for i in solved(oracle)} if oracle is not None else set()
                 exists = len(found | extra)
-                inside = oracle is None or all(constraint.allows(t, s) for t, s in zip(oracle.triggers, oracle.trigger_seeds))
+                inside = oracle is None or all_inside(oracle, constraint)
                 oracle_row = (f"| {pair} | {budget} | oracle, on the {len(unsolved)} seeds neither solved | "
                               f"{len(extra)} more; exists on {exists}/{len(fuzzed(results['boundary'][0]))} | - | - | - | "
                               f"{seconds:.0f} | {'yes' if inside else 'NO'} |")
