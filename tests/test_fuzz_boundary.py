@@ -13,7 +13,7 @@ from mlflow_di.data import ImageSet, load_images
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz import load_campaign
 from mlflow_di.fuzz.boundary import BoundaryWalk, differentiable_ssim, run_boundary
-from mlflow_di.fuzz.realism import Constraint, ssim
+from mlflow_di.fuzz.realism import Constraint, budget_ssim, ssim
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -25,14 +25,23 @@ def pair(trained_cnns):
     return original, pruned.classifier()
 
 
-def test_the_differentiable_ssim_is_the_measured_ssim():
+def test_the_differentiable_ssim_is_the_ssim_the_budget_bounds():
+    """The lower of the paper's and the whole-image SSIM, whichever is lower: the paper's for noise in
+    the middle of the image, the whole image's for a painted frame."""
     rng = np.random.default_rng(0)
     seed = rng.integers(0, 256, (16, 14, 3)).astype(np.uint8)
     images = [np.clip(seed.astype(int) + rng.integers(-40, 41, seed.shape), 0, 255).astype(np.uint8) for _ in range(3)]
-    images.append(seed)
+    inner = seed.copy()
+    inner[6:10, 5:9] = rng.integers(0, 256, (4, 4, 3))
+    framed = seed.copy()
+    framed[[0, -1]] = framed[:, [0, -1]] = 255
+    images += [inner, framed, seed]
     values = differentiable_ssim(torch.from_numpy(np.stack(images).astype(np.float64)),
                                  torch.from_numpy(seed.astype(np.float64))[None]).numpy()
-    np.testing.assert_allclose(values, [ssim(image, seed) for image in images], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(values, [budget_ssim(image, seed) for image in images], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(values, [min(ssim(image, seed), ssim(image, seed, whole=True)) for image in images],
+                               rtol=1e-9, atol=1e-12)
+    assert ssim(inner, seed) < ssim(inner, seed, whole=True) and ssim(framed, seed, whole=True) < ssim(framed, seed)
     assert values[-1] == pytest.approx(1.0)
 
 

@@ -8,7 +8,7 @@ from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz import DFlare, run_campaign
 from mlflow_di.fuzz.campaign import run_campaigns
-from mlflow_di.fuzz.realism import Constraint, distance_summary, distances, ssim, ssims
+from mlflow_di.fuzz.realism import Constraint, budget_ssim, budget_ssims, distance_summary, distances, ssim, ssims
 from tests.test_fuzz_campaign import HIGH, LOW, Brightness, _comparable
 
 
@@ -61,12 +61,39 @@ def test_whole_image_ssim_is_the_formula_on_windows_at_every_pixel_and_sees_a_pa
     assert ssim(framed, digit) > 0.9 > 0.5 > ssim(framed, digit, whole=True)
 
 
+def test_min_ssim_bounds_the_whole_image_too_so_a_painted_frame_is_outside_the_budget():
+    """The painted ring of the test above: the paper's SSIM alone lets it in, the budget does not; a
+    stroke thickened inside the image, where the paper's SSIM is the lower one, is judged by it. The
+    trigger's record carries both, and a record saved before ``ssim_whole`` existed is judged by the
+    paper's SSIM alone."""
+    digit = np.zeros((28, 28, 1), np.uint8)
+    digit[8:20, 12:16] = 255
+    framed = digit.copy()
+    framed[[0, -1]] = framed[:, [0, -1]] = 255
+    thicker = digit.copy()
+    thicker[8:20, 16] = 120
+    budget = Constraint(min_ssim=0.9)
+    assert ssim(framed, digit) > 0.9 and not budget.allows(framed, digit)
+    assert budget_ssim(framed, digit) == ssim(framed, digit, whole=True)
+    assert budget_ssim(thicker, digit) == ssim(thicker, digit) < ssim(thicker, digit, whole=True)
+    assert budget_ssims(np.stack([framed, thicker]), digit).tolist() == [budget_ssim(framed, digit),
+                                                                         budget_ssim(thicker, digit)]
+    d = distances(framed, digit)
+    assert d["ssim"] == ssim(framed, digit) and d["ssim_whole"] == ssim(framed, digit, whole=True)
+    assert not budget.met_by(d) and budget.met_by({"linf": 255, "ssim": d["ssim"]})
+    assert budget.options() == {"constraint": {"max_linf": None, "min_ssim": 0.9}, "ssim_bound": "paper and whole image"}
+    assert Constraint(max_linf=8).options() == {"constraint": {"max_linf": 8, "min_ssim": None}}
+    assert Constraint().options() == {}
+
+
 def test_ssims_and_allows_each_give_what_each_image_gives_alone():
     rng = np.random.default_rng(4)
     seed = rng.integers(0, 256, (20, 17, 3), dtype=np.uint8)
     images = np.clip(seed.astype(int) + rng.integers(-90, 90, (6, 20, 17, 3)) * rng.random((6, 1, 1, 1)),
                      0, 255).astype(np.uint8)
+    images[0, [0, -1]] = 255  # a painted frame: the whole-image SSIM decides
     assert ssims(images, seed).tolist() == [ssim(image, seed) for image in images]
+    assert ssims(images, seed, whole=True).tolist() == [ssim(image, seed, whole=True) for image in images]
     for constraint in (Constraint(min_ssim=0.6), Constraint(max_linf=60), Constraint(min_ssim=0.5, max_linf=80), Constraint()):
         assert constraint.allows_each(images, seed).tolist() == [constraint.allows(image, seed) for image in images]
 
@@ -79,8 +106,9 @@ def test_hand_computed_distances():
     assert d["l0"] == 2 and d["l0_fraction"] == pytest.approx(2 / 144)
     assert d["linf"] == 40
     assert d["l2"] == pytest.approx(np.sqrt((30 / 255) ** 2 + 2 * (40 / 255) ** 2))
-    assert d["ssim"] < 1.0
-    assert distances(seed[:8, :8], seed[:8, :8])["ssim"] is None  # too small for the 11x11 window
+    assert d["ssim"] < 1.0 and d["ssim_whole"] < 1.0
+    small = distances(seed[:8, :8], seed[:8, :8])
+    assert small["ssim"] is None and small["ssim_whole"] is None  # too small for the 11x11 window
 
 
 @pytest.mark.parametrize("kwargs, message", [({"max_linf": 0}, "1-255"), ({"max_linf": 300}, "1-255"),
@@ -129,7 +157,7 @@ def test_no_input_outside_the_constraint_is_ever_queried(seeds16, constraint):
         if record.success:
             d = record.trigger_distances
             assert constraint.max_linf is None or d["linf"] <= constraint.max_linf
-            assert constraint.min_ssim is None or d["ssim"] >= constraint.min_ssim
+            assert constraint.min_ssim is None or min(d["ssim"], d["ssim_whole"]) >= constraint.min_ssim
     assert sum(r.constraint_rejections for r in result.records) > 0, "the constraint rejected some mutants"
     assert result.summary.triggers > 0
 

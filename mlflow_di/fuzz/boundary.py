@@ -18,8 +18,8 @@ models say label c) the search:
      w_p is small inside strokes and edges, where the local variance masks a change, and large on
      flat background). Dividing the gradient by w_p ** ``ssim_weighting`` (1/2 by default) spends
      the budget where SSIM tolerates change. Where SSIM to the seed nears the bound, the part of
-     the step that would lower SSIM is removed (SSIM's own gradient, from a differentiable SSIM
-     with the same window as :func:`~mlflow_di.fuzz.realism.ssim`) and a step that went below is
+     the step that would lower SSIM is removed (SSIM's own gradient, from a differentiable copy of
+     the SSIM the budget bounds, :func:`~mlflow_di.fuzz.realism.budget_ssim`) and a step that went below is
      pulled back; the rounded uint8 image is then scaled toward the seed until it meets every
      bound, so every image the search uses is inside the budget. Why weighted: with the plain
      gradient (``ssim_weighting=0``) the walk pressed against the bound without crossing on 11 of
@@ -57,7 +57,7 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.charge import process_seconds
-from mlflow_di.fuzz.realism import SSIM_WINDOW, Constraint, distances, local_ssim, ssim_pixel_cost
+from mlflow_di.fuzz.realism import SSIM_RADIUS, SSIM_WINDOW, Constraint, distances, local_ssim, ssim_pixel_cost
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
@@ -123,8 +123,8 @@ class BoundaryWalk:
             options["patience"] = self.patience
         if self.ssim_weighting:  # recorded unless 0, the walk of campaigns saved before it existed
             options["ssim_weighting"] = self.ssim_weighting
-        if self.constraint is not None and self.constraint.active:
-            options["constraint"] = self.constraint.to_dict()
+        if self.constraint is not None:  # nothing without a bound: older campaigns resume
+            options.update(self.constraint.options())
         return options
 
 
@@ -506,18 +506,28 @@ class _SeedState:
 
 
 def differentiable_ssim(images, seed):
-    """SSIM of each float64 (B, H, W, C) image to the (1, H, W, C) seed, as a torch tensor (B,) with
-    gradients: the window, constants and averaging of :func:`~mlflow_di.fuzz.realism.ssim`."""
+    """The SSIM ``--min-ssim`` bounds (:func:`~mlflow_di.fuzz.realism.budget_ssim`: the lower of the
+    paper's and the whole-image SSIM) of each float64 (B, H, W, C) image to the (1, H, W, C) seed, as
+    a torch tensor (B,) with gradients: the window, constants, mirrored edges and averaging of
+    :mod:`~mlflow_di.fuzz.realism`."""
     import torch
     import torch.nn.functional as F
 
     kernel = torch.from_numpy(SSIM_WINDOW).to(images.dtype)
     batch, height, width, channels = images.shape
 
-    def local_mean(values):  # (B*C, 1, H, W) -> Gaussian-weighted means where the window fits
-        values = F.conv2d(values, kernel.view(1, 1, -1, 1))
-        return F.conv2d(values, kernel.view(1, 1, 1, -1))
+    def mirrored(values, dim):  # scipy's "reflect" (the edge pixel repeated), SSIM_RADIUS wide
+        size = values.shape[dim]
+        index = torch.cat([torch.arange(SSIM_RADIUS - 1, -1, -1), torch.arange(size),
+                           torch.arange(size - 1, size - 1 - SSIM_RADIUS, -1)])
+        return values.index_select(dim, index)
+
+    def local_mean(values):  # (B*C, 1, H, W) -> Gaussian-weighted means centred on every pixel
+        values = F.conv2d(mirrored(values, 2), kernel.view(1, 1, -1, 1))
+        return F.conv2d(mirrored(values, 3), kernel.view(1, 1, 1, -1))
 
     a = images.permute(0, 3, 1, 2).reshape(batch * channels, 1, height, width)
     b = seed.permute(0, 3, 1, 2).expand(batch, channels, height, width).reshape(batch * channels, 1, height, width)
-    return local_ssim(a, b, local_mean).reshape(batch, -1).mean(dim=1)
+    maps = local_ssim(a, b, local_mean).reshape(batch, channels, height, width)
+    paper = maps[:, :, SSIM_RADIUS:-SSIM_RADIUS, SSIM_RADIUS:-SSIM_RADIUS].reshape(batch, -1).mean(dim=1)
+    return torch.minimum(paper, maps.reshape(batch, -1).mean(dim=1))

@@ -164,8 +164,8 @@ class DFlare:
                    "acceptance": self.acceptance, "delta": self.delta, "novelty_threshold": self.novelty_threshold,
                    "operators": [repr(op) for op in self.operators], "fitness": self.fitness,
                    "restart": self.restart, "escalate": self.escalate}
-        if self.constraint is not None and self.constraint.active:  # absent otherwise: older campaigns resume
-            options["constraint"] = self.constraint.to_dict()
+        if self.constraint is not None:  # nothing without a bound: older campaigns resume
+            options.update(self.constraint.options())
         return options
 
     def start(self, seed_image: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,

@@ -83,7 +83,7 @@ def seed_rows(result) -> list[dict]:
                      "queries": r.queries, "seconds": round(r.seconds, 4), "original_label": labels[0],
                      "compressed_label": labels[1], "original_top1": round(float(probabilities[0]), 4),
                      "compressed_top1": round(float(probabilities[1]), 4),
-                     **{key: distances.get(key) for key in ("l0", "l2", "linf", "ssim")},
+                     **{key: distances.get(key) for key in ("l0", "l2", "linf", "ssim", "ssim_whole")},
                      "operators": rp.operator_summary(r.operators),
                      **({"model_labels": ",".join(map(str, r.model_labels)), "target_model": r.target_model}
                         if r.model_labels is not None else {})})
@@ -103,7 +103,8 @@ def realism_section(html, result, summary: dict) -> None:
     else:
         html.paragraph(realism_note(summary) + ".")
     html.table(distribution_rows(result.records), caption=(
-        "over the triggers: ssim = structural similarity to the seed (1 = identical; needs 11x11 images), linf = "
+        "over the triggers: ssim = structural similarity to the seed (1 = identical; needs 11x11 images), "
+        "ssim_whole = the same with windows on every pixel (sees the image's border), linf = "
         "largest change in 8-bit levels, l2 = Euclidean distance of pixel/255, l0 = pixels changed"))
 
 
