@@ -171,6 +171,25 @@ class Brighten:
         return np.clip(image.astype(int) + 50, 0, 255).astype(np.uint8)
 
 
+def test_an_ssim_campaign_saved_when_min_ssim_bounded_the_papers_ssim_alone_refuses_to_resume(seeds16, tmp_path):
+    """Its records were judged by a looser budget (a painted frame passed): mixing them with records
+    judged by both SSIMs would make one campaign's realism count two things."""
+    import json
+
+    from mlflow_di.fuzz.store import CONFIG
+
+    shape = (16, 16, 1)
+    pair = Brightness(LOW, shape=shape), Brightness(HIGH, shape=shape)
+    strategy = DFlare(constraint=Constraint(min_ssim=0.3))
+    run_campaign(*pair, seeds16, strategy=strategy, max_queries=200, out_dir=tmp_path, progress=False)
+    config = json.loads((tmp_path / CONFIG).read_text())
+    assert config["strategy_options"]["ssim_bound"] == "paper and whole image"
+    del config["strategy_options"]["ssim_bound"]  # as a campaign saved before the budget saw the whole image
+    (tmp_path / CONFIG).write_text(json.dumps(config))
+    with pytest.raises(UserError, match="cannot resume .* strategy_options differ"):
+        run_campaign(*pair, seeds16, strategy=strategy, max_queries=200, out_dir=tmp_path, resume=True, progress=False)
+
+
 def test_a_constraint_no_mutant_can_meet_ends_the_seed_as_constrained(seeds16):
     shape = (16, 16, 1)
     strategy = DFlare(constraint=Constraint(max_linf=1), operators=(Brighten(),))
