@@ -835,7 +835,7 @@ def _print_summary(method: str, name: str, version, metrics: dict, result, devia
         click.echo(f"  {line}")
     if result.quantized_ops:
         quantized = result.quantized_ops["quantized_layers"]
-        click.echo(f"  quantized layers: " + "; ".join(f"{name.removesuffix('.weight')} ({how})" for name, how in quantized.items()))
+        click.echo("  quantized layers: " + "; ".join(f"{name.removesuffix('.weight')} ({how})" for name, how in quantized.items()))
         if result.quantized_ops["float_layers"]:
             click.echo(f"  left in float: {', '.join(result.quantized_ops['float_layers'])}")
     if deviation is not None and deviation["worst"] is not None:

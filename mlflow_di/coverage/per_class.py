@@ -20,7 +20,7 @@ or when the test set holds none of its inputs.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any
 
 from mlflow.data.dataset import Dataset
 
