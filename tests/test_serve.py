@@ -282,6 +282,25 @@ def test_a_port_in_use_or_a_state_folder_in_use_is_refused(tmp_path, tracking_ur
     assert "another mlflow-di process" in err and "mlflow-di serve" in err and "--state-dir" in err and len(err.splitlines()) == 1
 
 
+def test_a_service_stopped_in_process_gives_the_signal_handlers_back(tmp_path, tracking_uri):
+    """``wait`` ignores SIGINT and SIGTERM while it cleans up (a second Ctrl-C must not cut that short),
+    then puts back the handlers it found: a process that served in-process goes on with its own."""
+    import signal
+
+    from mlflow_di.commands.serve import Service
+
+    policy = tmp_path / "ok.yaml"
+    policy.write_text("gate: {thresholds: {min_idc: 0.5}}\n")
+    service = Service(tmp_path / "state", str(policy), (), workers=1, max_attempts=1, backoff_s=0.0, secret=None,
+                      poll_seconds=0, backfill=False)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    service.start("127.0.0.1", 0, None)
+    service.stop.set()
+    service.wait()
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+
+
 # ------------------------------------------------------------------------------ the registry side
 def test_the_poller_sees_new_versions_only_and_never_exports(mlflow_client):
     from mlflow_di.errors import UserError

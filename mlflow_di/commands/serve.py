@@ -229,15 +229,20 @@ class Service:
                 self.stop.wait(0.5)
         except KeyboardInterrupt:  # SIGTERM arrives as Terminated, a KeyboardInterrupt
             pass
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the clean-up short
-            signal.signal(sig, signal.SIG_IGN)
-        self.stop.set()
-        self.server.shutdown()
-        for thread in self._threads:
-            thread.join(timeout=30)
-        running = len(self.queue.jobs("running"))
-        self.queue.close()
-        self._lock and self._lock.release()
+        # a second signal must not cut the clean-up short; the handlers come back after it (a process
+        # that served in-process, a test, goes on with its own)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.stop.set()
+            self.server.shutdown()
+            for thread in self._threads:
+                thread.join(timeout=30)
+            running = len(self.queue.jobs("running"))
+            self.queue.close()
+            self._lock and self._lock.release()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         self._say(f"stopped; {running} running job(s) resume on the next start" if running else "stopped")
 
     # ------------------------------------------------------------------------------ jobs
