@@ -55,38 +55,37 @@ def _filter(values: np.ndarray, first: int = 0) -> np.ndarray:
 def ssim(image: np.ndarray, reference: np.ndarray, whole: bool = False) -> float:
     """Mean structural similarity of two uint8 (H, W, C) images (1.0 when equal): the paper's
     measure, or (``whole``) the average over windows centred on every pixel (module docstring)."""
-    a, b = _checked_pair(image, reference)
-    return float(_mean_ssims(_ssim_maps(a[None], b), whole)[0])
+    return float(ssims(np.asarray(image)[None], reference, whole)[0])
 
 
 def budget_ssim(image: np.ndarray, reference: np.ndarray) -> float:
     """What ``--min-ssim`` bounds: the lower of the paper's SSIM and the whole-image SSIM (one pass)."""
-    a, b = _checked_pair(image, reference)
-    maps = _ssim_maps(a[None], b)
-    return float(min(_mean_ssims(maps, False)[0], _mean_ssims(maps, True)[0]))
-
-
-def _checked_pair(image: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    a = np.asarray(image, np.float64)
-    b = np.asarray(reference, np.float64)
-    if a.shape != b.shape or a.ndim != 3:
-        raise UserError(f"SSIM needs two images of one (H, W, C) shape, got {a.shape} and {b.shape}")
-    if min(a.shape[:2]) <= 2 * SSIM_RADIUS:
-        raise UserError(f"SSIM needs images of at least {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} pixels, "
-                        f"got {a.shape[0]}x{a.shape[1]}")
-    return a, b
+    return float(budget_ssims(np.asarray(image)[None], reference)[0])
 
 
 def ssims(images: np.ndarray, reference: np.ndarray, whole: bool = False) -> np.ndarray:
     """:func:`ssim` of each uint8 (N, H, W, C) image to one (H, W, C) reference, in one pass (the
     same values: every window is filtered alone)."""
-    return _mean_ssims(_ssim_maps(np.asarray(images, np.float64), np.asarray(reference, np.float64)), whole)
+    return _mean_ssims(_ssim_maps(*_checked(images, reference)), whole)
 
 
 def budget_ssims(images: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """:func:`budget_ssim` of each uint8 (N, H, W, C) image to one (H, W, C) reference, in one pass."""
-    maps = _ssim_maps(np.asarray(images, np.float64), np.asarray(reference, np.float64))
+    maps = _ssim_maps(*_checked(images, reference))
     return np.minimum(_mean_ssims(maps, False), _mean_ssims(maps, True))
+
+
+def _checked(images: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64, or one clear line when they are not (N, H, W, C) images of the reference's
+    (H, W, C) shape, at least as large as the window."""
+    a = np.asarray(images, np.float64)
+    b = np.asarray(reference, np.float64)
+    if a.shape[1:] != b.shape or b.ndim != 3:
+        raise UserError(f"SSIM needs images of one (H, W, C) shape, got {a.shape[1:]} and {b.shape}")
+    if min(b.shape[:2]) <= 2 * SSIM_RADIUS:
+        raise UserError(f"SSIM needs images of at least {2 * SSIM_RADIUS + 1}x{2 * SSIM_RADIUS + 1} pixels, "
+                        f"got {b.shape[0]}x{b.shape[1]}")
+    return a, b
 
 
 def _mean_ssims(maps: np.ndarray, whole: bool) -> np.ndarray:
@@ -205,13 +204,12 @@ class Constraint:
                             f"pixels, got {np.shape(seed)[0]}x{np.shape(seed)[1]}; use --max-linf")
 
     def allows(self, image: np.ndarray, seed: np.ndarray) -> bool:
-        """Whether ``image`` is within the constraint around ``seed`` (the cheap L-inf test first)."""
-        if self.max_linf is not None and np.abs(image.astype(np.int16) - seed).max() > self.max_linf:
-            return False
-        return self.min_ssim is None or budget_ssim(image, seed) >= self.min_ssim
+        """Whether ``image`` is within the constraint around ``seed``."""
+        return bool(self.allows_each(np.asarray(image)[None], seed)[0])
 
     def allows_each(self, images: np.ndarray, seed: np.ndarray) -> np.ndarray:
-        """:meth:`allows` for each of the (N, H, W, C) ``images``, SSIM in one pass."""
+        """:meth:`allows` for each of the (N, H, W, C) ``images``: the cheap L-inf test first, then
+        SSIM in one pass over the images that passed it."""
         images = np.asarray(images)
         inside = np.ones(len(images), bool)
         if self.max_linf is not None:
