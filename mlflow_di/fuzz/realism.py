@@ -15,13 +15,13 @@ by a change a person barely sees says a lot. Every trigger is measured against i
 
 :class:`Constraint` (``--max-linf``, ``--min-ssim``) is checked on every mutant before it is
 queried: a mutant outside it is rejected without a query (see :class:`~mlflow_di.fuzz.dflare.DFlareSearch`).
-``--min-ssim`` bounds both SSIMs (:func:`budget_ssims`). The paper's measure alone barely sees a
-5-pixel frame (a corner pixel sits in one window, at weight 1e-5), and a search held to it alone
-paints that frame: on the LeNet-1 pair, the triggers DFlare found under SSIM >= 0.9 where the
-boundary walk found none had 94-96% of their change in the frame, paper SSIM 0.90 and whole-image
-SSIM 0.44-0.50 (benchmarks/RESULTS.md, bench_boundary slices). The whole-image measure alone would
-be the looser one for a change inside the image (its unchanged border windows count as 1), so the
-budget takes the lower of the two.
+``--min-ssim`` bounds both SSIMs (:func:`budget_ssims`). The paper's measure barely weighs the
+image's outer 5 pixels (a corner pixel sits in one window, at weight 1e-5), and a search held to it
+alone puts its noise there: DFlare under SSIM >= 0.9 on the DFlare LeNet-5 pair, MNIST test
+[9000:9100], found 51 triggers, all with a whole-image SSIM below 0.9 (median 0.54; a median 62% of
+the change on those outer pixels); under both SSIMs it finds 6 (benchmarks/RESULTS.md,
+bench_boundary). The whole-image measure alone would be the looser one for a change inside the
+image (its unchanged border windows count as 1), so the budget takes the lower of the two.
 """
 from __future__ import annotations
 
@@ -172,9 +172,10 @@ def distances(image: np.ndarray, seed: np.ndarray) -> dict[str, float]:
     values = {"l0": int(changed.sum()), "l0_fraction": float(changed.mean()),
               "l2": float(np.sqrt(np.sum((difference / 255.0) ** 2))),
               "linf": int(np.abs(difference).max()) if difference.size else 0}
-    measurable = min(np.shape(seed)[:2]) > 2 * SSIM_RADIUS
-    values["ssim"] = ssim(image, seed) if measurable else None
-    values["ssim_whole"] = ssim(image, seed, whole=True) if measurable else None
+    values["ssim"] = values["ssim_whole"] = None
+    if min(np.shape(seed)[:2]) > 2 * SSIM_RADIUS:
+        maps = _ssim_maps(*_checked(np.asarray(image)[None], seed))
+        values["ssim"], values["ssim_whole"] = (float(_mean_ssims(maps, whole)[0]) for whole in (False, True))
     return values
 
 
