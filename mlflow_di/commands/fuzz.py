@@ -74,8 +74,8 @@ def _sections():
               help="Keep every queried input within this many 8-bit levels of its seed (L-inf). Strategies with a "
                    "realism budget.")
 @click.option("--min-ssim", type=FiniteFloat(-1.0, 1.0, min_open=True, max_open=True), default=None,
-              help="Keep every queried input at least this similar (SSIM, images >= 11x11; the paper's and "
-                   "the whole-image SSIM) to its seed. Strategies with a realism budget.")
+              help="Keep each queried input's SSIM to its seed (paper's and whole-image; >= 11x11 images) at "
+                   "least this. Strategies with a realism budget.")
 @declared_options(declared.declarations())
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it, but for int8-dynamic exports).")
