@@ -532,7 +532,7 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
     if summary["triggers"]:
         from mlflow_di.fuzz.realism import mostly_noise
 
-        median = ", ".join(f"{key} {summary[f'trigger_{key}_median']:.3g}" for key in ("ssim", "linf")
+        median = ", ".join(f"{key} {summary[f'trigger_{key}_median']:.3g}" for key in ("ssim", "ssim_whole", "linf")
                            if summary.get(f"trigger_{key}_median") is not None)
         click.echo(f"  realism: {realism_note(summary)}; medians {median}"
                    + ("  <- mostly noise-like" if mostly_noise(summary["realistic_triggers"], summary["triggers"]) else ""))

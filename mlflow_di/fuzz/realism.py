@@ -232,10 +232,10 @@ class Constraint:
                                             for key in ("ssim", "ssim_whole"))
 
     def describe(self) -> str:
-        """The bounds in words, e.g. ``L-inf <= 32, SSIM >= 0.9 (paper's and whole-image) where measurable``."""
+        """The bounds in words, e.g. ``L-inf <= 32, paper's and whole-image SSIM >= 0.9 where measurable``."""
         bounds = [f"L-inf <= {self.max_linf}"] if self.max_linf is not None else []
         if self.min_ssim is not None:
-            bounds.append(f"SSIM >= {self.min_ssim:g} (paper's and whole-image) where measurable")
+            bounds.append(f"paper's and whole-image SSIM >= {self.min_ssim:g} where measurable")
         return ", ".join(bounds) or "no bound"
 
     def to_dict(self) -> dict:
