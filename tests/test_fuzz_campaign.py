@@ -341,9 +341,10 @@ def test_a_model_error_in_the_background_reaches_the_caller_after_the_call_in_fl
 
 @pytest.fixture()
 def python_ctrl_c():
-    """Python's own SIGINT handler (KeyboardInterrupt in the main thread) for one test: a test that ran
-    earlier in the same worker may have left another (in two full runs of the suite this test's
-    campaign ran to completion through the SIGINT it sent itself; it passes alone and file by file)."""
+    """Python's own SIGINT handler (KeyboardInterrupt in the main thread) for one test. A process
+    started in the background by a shell without job control (``make test &``, nohup, some CI
+    runners) begins with SIGINT ignored, and Python then installs no handler: this test's campaign
+    ran to completion through the SIGINT it sent itself in two such runs of the suite."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
