@@ -339,17 +339,6 @@ def test_a_model_error_in_the_background_reaches_the_caller_after_the_call_in_fl
     assert not _model_threads()
 
 
-@pytest.fixture()
-def python_ctrl_c():
-    """Python's own SIGINT handler (KeyboardInterrupt in the main thread) for one test. A process
-    started in the background by a shell without job control (``make test &``, nohup, some CI
-    runners) begins with SIGINT ignored, and Python then installs no handler: this test's campaign
-    ran to completion through the SIGINT it sent itself in two such runs of the suite."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def test_ctrl_c_during_an_overlapped_call_keeps_the_finished_seeds_and_waits_for_the_call(pair, seeds, tmp_path,
                                                                                        python_ctrl_c):
     interrupted = Ending(LOW, fail_at=40)

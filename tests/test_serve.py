@@ -282,7 +282,7 @@ def test_a_port_in_use_or_a_state_folder_in_use_is_refused(tmp_path, tracking_ur
     assert "another mlflow-di process" in err and "mlflow-di serve" in err and "--state-dir" in err and len(err.splitlines()) == 1
 
 
-def test_a_service_stopped_in_process_gives_the_signal_handlers_back(tmp_path, tracking_uri):
+def test_a_service_stopped_in_process_gives_the_signal_handlers_back(tmp_path, tracking_uri, python_ctrl_c):
     """``wait`` ignores SIGINT and SIGTERM while it cleans up (a second Ctrl-C must not cut that short),
     then puts back the handlers it found: a process that served in-process goes on with its own."""
     import signal
