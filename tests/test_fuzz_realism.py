@@ -42,7 +42,6 @@ def test_ssim_matches_the_window_by_window_formula_and_is_one_on_equal_images():
     assert ssim(a, noisier) < ssim(a, b) < 1.0
 
 
-
 def test_whole_image_ssim_is_the_formula_on_windows_at_every_pixel_and_sees_a_painted_frame():
     """``whole=True``: the window-by-window formula on the image mirrored at its edges (numpy's
     'symmetric' pad is scipy's 'reflect'), so windows sit on every pixel. A white ring around the
@@ -96,6 +95,7 @@ def test_ssims_and_allows_each_give_what_each_image_gives_alone():
     assert ssims(images, seed, whole=True).tolist() == [ssim(image, seed, whole=True) for image in images]
     for constraint in (Constraint(min_ssim=0.6), Constraint(max_linf=60), Constraint(min_ssim=0.5, max_linf=80), Constraint()):
         assert constraint.allows_each(images, seed).tolist() == [constraint.allows(image, seed) for image in images]
+
 
 def test_hand_computed_distances():
     seed = np.zeros((12, 12, 2), np.uint8)
