@@ -516,15 +516,15 @@ def differentiable_ssim(images, seed):
     kernel = torch.from_numpy(SSIM_WINDOW).to(images.dtype)
     batch, height, width, channels = images.shape
 
-    def mirrored(values, dim):  # scipy's "reflect" (the edge pixel repeated), SSIM_RADIUS wide
-        size = values.shape[dim]
-        index = torch.cat([torch.arange(SSIM_RADIUS - 1, -1, -1), torch.arange(size),
-                           torch.arange(size - 1, size - 1 - SSIM_RADIUS, -1)])
-        return values.index_select(dim, index)
+    def mirror(size):  # indices of scipy's "reflect" (the edge pixel repeated), SSIM_RADIUS wide
+        return torch.cat([torch.arange(SSIM_RADIUS - 1, -1, -1), torch.arange(size),
+                          torch.arange(size - 1, size - 1 - SSIM_RADIUS, -1)])
+
+    rows, columns = mirror(height), mirror(width)
 
     def local_mean(values):  # (B*C, 1, H, W) -> Gaussian-weighted means centred on every pixel
-        values = F.conv2d(mirrored(values, 2), kernel.view(1, 1, -1, 1))
-        return F.conv2d(mirrored(values, 3), kernel.view(1, 1, 1, -1))
+        values = F.conv2d(values.index_select(2, rows), kernel.view(1, 1, -1, 1))
+        return F.conv2d(values.index_select(3, columns), kernel.view(1, 1, 1, -1))
 
     a = images.permute(0, 3, 1, 2).reshape(batch * channels, 1, height, width)
     b = seed.permute(0, 3, 1, 2).expand(batch, channels, height, width).reshape(batch * channels, 1, height, width)

@@ -122,7 +122,7 @@ def _reference_moments(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def local_ssim(a, b, local_mean):
     """SSIM at every window position of ``a`` against ``b``, given ``local_mean`` (Gaussian-weighted
-    means where the window fits): plain arithmetic, so numpy arrays and torch tensors (with their
+    means at the caller's window positions): plain arithmetic, so numpy arrays and torch tensors (with their
     gradients, :func:`~mlflow_di.fuzz.boundary.differentiable_ssim`) share it."""
     return ssim_from_moments(local_mean(a), local_mean(b), local_mean(a * a), local_mean(b * b), local_mean(a * b))
 
@@ -308,6 +308,6 @@ def distance_summary(records) -> dict[str, float]:
         values = [row[key] for row in rows if row.get(key) is not None]
         if values:
             summary[f"trigger_{key}_median"] = float(np.median(values))
-            similarity = key.startswith("ssim")
-            summary[f"trigger_{key}_{'min' if similarity else 'max'}"] = float(min(values) if similarity else max(values))
+            worst, name = (min, "min") if key.startswith("ssim") else (max, "max")  # SSIM: lower is worse
+            summary[f"trigger_{key}_{name}"] = float(worst(values))
     return summary
