@@ -119,7 +119,8 @@ class GatePolicy:
 class TrustPolicy:
     """Which pickled models the pipeline may load. A pickle runs code when loaded, and a pipeline (or
     the service) loads whatever version it is given, so a pickled PyTorch model loads only when its
-    registered model is listed here; ONNX and TFLite models need no trust."""
+    registered model is listed here; ONNX and TFLite models need no trust, nor pt2 archives that
+    hold only weights (one that holds more is read only when listed here)."""
 
     pickled_models: tuple = _kind("texts", ())
 

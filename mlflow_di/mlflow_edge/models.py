@@ -129,7 +129,7 @@ def log_torch_model(model, name: str = "model", registered_model_name: str | Non
                     serialization_format: str = "pt2"):
     """Log a :class:`~mlflow_di.models.torch_model.TorchModel` with its ``mlflow_di`` metadata block.
 
-    pt2 (MLflow's own default, torch.export) by default: it runs no code when loaded, so policies
+    pt2 (MLflow's own default, torch.export) by default: mlflow-di reads it weights-only, so policies
     and the service need no trust for it, and mlflow-di rebuilds its layers (:mod:`mlflow_di.models.pt2`).
     The export traces the model on two images of its input shape; a model without a known input
     shape, or ``serialization_format="pickle"``, is pickled.

@@ -5,7 +5,8 @@ reference to be) to a :class:`ModelFormat`. ``white_box`` formats open as a PyTo
 named layers (coverage, IDC, inspect, generate, compress, DeepXplore); every format opens as a
 black box (fuzz, robustness, gate, repair's target). ``runs_code`` formats execute code from the
 file when loaded (pickle): policies and the service load them only for models they trust
-(:mod:`mlflow_di.models.trust`).
+(:mod:`mlflow_di.models.trust`). pt2 archives are read weights-only; one that needs more is
+refused unless trusted (:func:`mlflow_di.models.trust.may_run_hidden_code`).
 
 The openers take the local file and return the bare model (a module or a classifier); the
 loader adds preprocessing, device and origin, the same for every format.
@@ -73,8 +74,11 @@ def _open_pickle(source):
 
 def _open_pt2(source):
     from mlflow_di.models.pt2 import load_pt2
+    from mlflow_di.models.trust import hidden_code_hint, may_run_hidden_code
 
-    return load_pt2(source.path, source.uri), ModelMetadata()  # a graph, not a pickle: it runs no code
+    name, uri = source.ref.name, source.uri
+    # a graph and tensors, read weights-only: a member that would run code is refused unless trusted
+    return load_pt2(source.path, uri, may_run_hidden_code(name, uri), hidden_code_hint(name, uri)), ModelMetadata()
 
 
 def _open_onnx_module(source):

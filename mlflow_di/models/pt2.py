@@ -1,7 +1,7 @@
 """White-box PyTorch models from MLflow's default pt2 format (``torch.export``), with the original layer names.
 
 ``mlflow.pytorch.log_model`` saves a model with ``torch.export`` unless told otherwise. The
-exported program runs no code when loaded (no pickle), but it is one flat graph of ATen operators:
+exported program is read weights-only (:func:`load_pt2`: no code from the file runs), but it is one flat graph of ATen operators:
 no modules to hook, so no layer activations and no LRP. It still records, for every operator, the
 module that called it (``nn_module_stack``: qualified name and type). :func:`rebuild` turns it back
 into an ``nn.Module`` tree with the names ``named_modules()`` gave before export:
@@ -27,6 +27,7 @@ Parameters and buffers are the exported tensors; nothing is re-initialised.
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 import pathlib
 
@@ -52,14 +53,59 @@ class RebuiltModule(torch.fx.GraphModule):
         return f"RebuiltModule({self.original_type or 'module'}: {children})"
 
 
-def load_pt2(path, name: str = "model") -> nn.Module:
-    """Read a pt2 file (``torch.export.save``) and :func:`rebuild` its module tree."""
+def load_pt2(path, name: str = "model", code_may_run: bool = False, trust_hint: str = "") -> nn.Module:
+    """Read a pt2 file (``torch.export.save``) and :func:`rebuild` its module tree.
+
+    The archive is read weights-only (:mod:`mlflow_di.models.weights_only`): a member that would run
+    code when unpickled is refused with a one-line :class:`UserError` ending in ``trust_hint``, unless
+    ``code_may_run`` (its model is trusted like a pickled one): then it is read as torch reads it.
+    """
+    from mlflow_di.models.weights_only import CodeInArchive, weights_only_loading
+
     try:
-        program = torch.export.load(str(pathlib.Path(path)))
+        with _quiet_torch_loader(), weights_only_loading():
+            program = torch.export.load(str(pathlib.Path(path)))
+    except CodeInArchive as refused:
+        if not code_may_run:
+            raise UserError(f"'{name}' is a pt2 archive that holds more than weights ({refused}); loading it would run "
+                            f"code from the file, so mlflow-di refuses it{trust_hint}") from None
+        program = _read_pt2(path, name)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged archive
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot read the pt2 (torch.export) model '{name}': {detail}") from None
+        raise UserError(f"cannot read the pt2 (torch.export) model '{name}': {_first_line(exc)}") from None
     return rebuild(program, name)
+
+
+def _read_pt2(path, name: str):
+    """The archive read as torch reads it (its pickled members unrestricted): for trusted models only."""
+    try:
+        with _quiet_torch_loader():
+            return torch.export.load(str(pathlib.Path(path)))
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged archive
+        raise UserError(f"cannot read the pt2 (torch.export) model '{name}': {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _quiet_torch_loader():
+    """torch logs a damaged or refused member with its traceback; the command's one line says it instead."""
+    import logging
+    import warnings
+
+    loggers = [logging.getLogger(name) for name in ("torch._export.serde.serialize", "torch.export.pt2_archive._package",
+                                                    "torch._export", "torch.export")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def rebuild(program, name: str = "model") -> nn.Module:

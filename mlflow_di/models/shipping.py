@@ -45,6 +45,7 @@ class Shipment:
         when the session opens, PyTorch unpickles it at once; the copy costs disk, not memory.
         """
         from mlflow_di.models.loading import load_classifier, load_torch_model
+        from mlflow_di.models.trust import only_trusted_pickles
 
         root = pathlib.Path(folder or tempfile.mkdtemp(prefix="mlflow-di-shipped-"))
         for relative, data in self.files.items():
@@ -52,7 +53,9 @@ class Shipment:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         load = load_torch_model if self.white_box else load_classifier
-        classifier = load(self.reference.replace("{root}", str(root)), self.preprocessing, self.device)
+        reference = self.reference.replace("{root}", str(root))
+        with only_trusted_pickles([reference], "the driver"):  # the driver loaded these bytes: its trust travels
+            classifier = load(reference, self.preprocessing, self.device)
         classifier.name = self.name
         return classifier
 
