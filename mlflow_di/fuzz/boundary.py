@@ -57,6 +57,7 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.charge import process_seconds
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
 from mlflow_di.fuzz.realism import SSIM_RADIUS, SSIM_WINDOW, Constraint, distances, local_ssim, ssim_pixel_cost
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
@@ -129,7 +130,7 @@ class BoundaryWalk:
 
 
 def run_boundary(original, compressed, seeds: ImageSet, strategy: BoundaryWalk | None = None,
-                 timeout: float = 180.0, max_queries: int | None = None, seed: int = 0, out_dir=None,
+                 timeout: float = DEFAULT_TIMEOUT, max_queries: int | None = DEFAULT_MAX_QUERIES, seed: int = 0, out_dir=None,
                  resume: bool = False, progress: bool = True) -> CampaignResult:
     """Search each seed for a trigger inside ``strategy.constraint``, with the original's gradients.
 
@@ -146,7 +147,7 @@ def run_boundary(original, compressed, seeds: ImageSet, strategy: BoundaryWalk |
     done: dict[int, SeedRecord] = {}
     if store is not None and resume:
         store.check_resumable(config)
-        done = store.read_records()
+        done = store.read_records(finished_only=True)
     elif store is not None:
         store.create(config)
     walker = _Walker(original, compressed, strategy, config)

@@ -7,13 +7,16 @@ call, and gives every search its own rows back. Each seed has its own generator,
 same as when it runs alone (``batch=1``) with the same campaign seed, given a model whose
 output for an image does not depend on the rest of the batch.
 
-Time, in CPU seconds and never wall-clock (:mod:`mlflow_di.fuzz.charge`, so a busy machine
-does not turn found triggers into timeouts): a seed is charged its own mutation/bookkeeping time plus its share of each batched
-model call, in proportion to the inputs it contributed (when several campaigns share the
-original, an input is charged the original's cost per distinct image, what it would cost alone).
-The per-seed ``timeout`` applies to that charged time, so a seed gets the same compute budget
-whether it runs alone or with 63 others, and the seeds' times add up to the campaign's time
-(with overlap to more: a shift's model time runs beside the other shift's search time).
+Budgets: a seed's budget is work, ``max_queries`` queries to the compressed model, so a seeded
+campaign writes the same records on any machine under any load. Time is only a safety net,
+``timeout`` CPU seconds per seed (:mod:`mlflow_di.fuzz.charge`, never wall-clock): a seed that
+reaches it is recorded as stopped at ``timeout`` (the campaign is then INCOMPLETE, and ``resume``
+searches it again, with any ``timeout``). A seed is charged its own mutation/bookkeeping time plus
+its share of each batched model call, in proportion to the inputs it contributed (when several
+campaigns share the original, an input is charged the original's cost per distinct image, what it
+would cost alone), so a seed gets the same compute budget whether it runs alone or with 63 others,
+and the seeds' times add up to the campaign's time (with overlap to more: a shift's model time runs
+beside the other shift's search time).
 
 Speculation: once fewer than ``batch`` seeds are left, each search may propose several inputs
 per call (``depth``, up to :data:`MAX_SPECULATION`), so that the last, slowest seeds still fill
@@ -46,6 +49,7 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.folder_lock import FolderLock
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
 from mlflow_di.fuzz.distributed import searches_share_the_models_gpu
 from mlflow_di.fuzz.fitness import labels_differ
 from mlflow_di.fuzz.lockstep import Lane, Lockstep
@@ -56,8 +60,8 @@ from mlflow_di.fuzz.strategies import make_strategy
 from mlflow_di.progress import progress_bar as tqdm
 
 
-def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeout: float = 180.0,
-                 max_queries: int | None = None, batch: int = 64, seed: int = 0, out_dir=None,
+def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeout: float = DEFAULT_TIMEOUT,
+                 max_queries: int | None = DEFAULT_MAX_QUERIES, batch: int = 64, seed: int = 0, out_dir=None,
                  resume: bool = False, progress: bool = True, executor=None,
                  overlap: bool | None = None) -> CampaignResult:
     """Search each seed for an input on which ``original`` and ``compressed`` disagree.
@@ -77,8 +81,8 @@ def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeo
                          progress=progress, executor=executor, overlap=overlap)[0]
 
 
-def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare", timeout: float = 180.0,
-                  max_queries: int | None = None, batch: int = 64, seed: int = 0, out_dirs: list | None = None,
+def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare", timeout: float = DEFAULT_TIMEOUT,
+                  max_queries: int | None = DEFAULT_MAX_QUERIES, batch: int = 64, seed: int = 0, out_dirs: list | None = None,
                   resume: bool = False, progress: bool = True, executor=None,
                   overlap: bool | None = None) -> list[CampaignResult]:
     """One campaign per model in ``compressed``, all against ``original``, sharing its calls.
@@ -125,7 +129,7 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
             done: dict[int, SeedRecord] = {}
             if store is not None and resume:
                 store.check_resumable(config)
-                done = store.read_records()
+                done = store.read_records(finished_only=True)
             lanes.append(Lane(model, config, store, done))
         _check_seeds(original, lanes, seeds, progress=progress)
         for lane in lanes:

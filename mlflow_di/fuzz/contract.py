@@ -32,6 +32,18 @@ from mlflow_di.errors import UserError
 #: The realism budgets a strategy may search inside (fields of :class:`~mlflow_di.fuzz.realism.Constraint`).
 BUDGETS = ("max_linf", "min_ssim")
 
+#: A seed's budget is work: at most this many queries to the compressed model (the white-box walks
+#: also bound their own gradient passes), so a seeded campaign's records are the same on any machine
+#: under any load.
+DEFAULT_MAX_QUERIES = 2000
+
+#: The safety net, in CPU seconds per seed (:mod:`mlflow_di.fuzz.charge`): a seed that reaches it is
+#: recorded as stopped at ``timeout``, the campaign is INCOMPLETE, and ``resume`` searches it again.
+#: Sized so that the work budget binds first: 2,000 queries of two 224-pixel ResNet-18s take about a
+#: minute of CPU here, and a busy runner charges a seed up to twice its idle CPU time (benchmarks/RESULTS.md,
+#: bench_load).
+DEFAULT_TIMEOUT = 600.0
+
 
 class Access(enum.Enum):
     """How a strategy must see a model."""
@@ -72,8 +84,8 @@ class Campaign:
     compressed: list
     strategy: object
     seeds: object  # ImageSet
-    timeout: float = 180.0
-    max_queries: int | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    max_queries: int | None = DEFAULT_MAX_QUERIES
     batch: int = 64
     seed: int = 0
     out_dirs: list | None = None  # None: no campaign folder (nothing written, nothing to resume)

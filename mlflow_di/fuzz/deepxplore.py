@@ -78,6 +78,7 @@ from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz._random import draw_index
 from mlflow_di.fuzz.charge import process_seconds
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
@@ -306,8 +307,8 @@ class _Seed:
         return self.climbs[self.climb][1]
 
 
-def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = None, timeout: float = 180.0,
-                   max_queries: int | None = None, batch: int = 64, seed: int = 0, out_dir=None,
+def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = None, timeout: float = DEFAULT_TIMEOUT,
+                   max_queries: int | None = DEFAULT_MAX_QUERIES, batch: int = 64, seed: int = 0, out_dir=None,
                    resume: bool = False, progress: bool = True) -> CampaignResult:
     """Search each seed for an input on which the white-box PyTorch ``models`` disagree.
 
@@ -337,7 +338,7 @@ def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = 
     done: dict[int, SeedRecord] = {}
     if store is not None and resume:
         store.check_resumable(config)
-        done = store.read_records()
+        done = store.read_records(finished_only=True)
     runner = _Runner(models, seeds, strategy, config, store, done, batch)
     runner.check_seeds(progress)
     if store is not None and not resume:

@@ -183,8 +183,9 @@ class CampaignConfig(JsonRoundTrip):
     original: str
     compressed: str
 
-    #: Fields that may differ between an interrupted run and its resumption (names only).
-    INFORMATIONAL = ("original", "compressed", "data")
+    #: Fields that may differ between an interrupted run and its resumption: names, and the time safety
+    #: net (a seed's record depends on its work budget alone; one the net stopped is searched again).
+    INFORMATIONAL = ("original", "compressed", "data", "timeout")
     JSON_DUMPS = {"indent": 2}
 
     def differences(self, other: "CampaignConfig") -> list[str]:

@@ -11,7 +11,8 @@ Layout::
 
 A seed's trigger file is complete before its record line is appended, so every record that
 says ``success`` has its images even if the process dies right after. A torn last line (the
-process died mid-write) is ignored and that seed runs again on resume.
+process died mid-write) is ignored and that seed runs again on resume, as does a seed stopped by
+the time safety net (``timeout``): its new record is appended after the old one, which it replaces.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pathlib
 import numpy as np
 
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, CampaignSummary, SeedRecord
+from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, CampaignSummary, SeedRecord, Stop
 
 CONFIG = "campaign.json"
 RECORDS = "records.jsonl"
@@ -69,8 +70,9 @@ class CampaignStore:
         except (ValueError, KeyError, TypeError) as exc:
             raise UserError(f"'{self.directory / CONFIG}' is not a campaign config: {exc}") from None
 
-    def read_records(self) -> dict[int, SeedRecord]:
-        """Finished seeds by index (a torn last line is skipped)."""
+    def read_records(self, finished_only: bool = False) -> dict[int, SeedRecord]:
+        """Recorded seeds by index (a torn last line is skipped; a seed recorded twice is its last record).
+        ``finished_only``: leave out seeds stopped by the time safety net, which ``resume`` searches again."""
         path = self.directory / RECORDS
         records: dict[int, SeedRecord] = {}
         if not path.exists():
@@ -83,6 +85,8 @@ class CampaignStore:
             if record.success and not self.trigger_path(record.index).exists():
                 continue
             records[record.index] = record
+        if finished_only:
+            return {index: record for index, record in records.items() if record.stop is not Stop.TIMEOUT}
         return records
 
     def trigger_path(self, index: int) -> pathlib.Path:
