@@ -279,6 +279,55 @@ class Thresholds(JsonRoundTrip):
         return [(r, self.values[r.threshold_name]) for r in RELATIONS if r.threshold_name in self.values]
 
 
+#: How the gate picks among several runs that recorded a check's value (``gate --runs`` pins them instead).
+RULE = "the newest complete run that can prove the check (else the newest incomplete one, which can only fail it)"
+#: A pinned run's rule.
+PINNED = "pinned (--runs)"
+
+
+@dataclasses.dataclass
+class Evidence(JsonRoundTrip):
+    """What a measured value rests on: the run it was read from and what that run can prove.
+
+    ``split``: the role of the data the figure was measured on: ``held-out`` (images the export was
+    neither calibrated nor chosen on), ``search`` (a bounded search chose the export on them),
+    ``calibration`` or ``training`` (not judged unless asked), ``test`` (coverage's test data),
+    ``seeds`` (a fuzz campaign's seeds) or ``corrupted`` (robustness). ``strategy`` and ``budget``:
+    a fuzz campaign's strategy and the realism budget its search kept to (``none``). ``complete``:
+    whether every seed finished within its work budget (a campaign the time safety net cut is not;
+    None where it does not apply). ``context``: where figures on a compressed model were computed
+    (ONNX Runtime, provider, CPU and its int8 features); ``semantics``: host or reference answers.
+    ``rule``: how this run was chosen among the runs that recorded the value.
+    """
+
+    run_id: str = ""
+    command: str = ""
+    split: str = ""
+    data: str = ""
+    strategy: str = ""
+    budget: str = ""
+    complete: bool | None = None
+    context: str = ""
+    semantics: str = ""
+    rule: str = ""
+
+    JSON_OPTIONAL = {"strategy": "", "budget": "", "complete": None, "context": "", "semantics": ""}
+
+    def describe(self) -> str:
+        """One line, e.g. ``fuzz run 1a2b3c4d (boundary inside L-inf <= 32, complete) on seeds digits[1300:]``."""
+        if not self.run_id:
+            return ""
+        what = ", ".join(filter(None, (f"{self.strategy} inside {self.budget}" if self.strategy and self.budget != "none"
+                                        else self.strategy and f"{self.strategy}, no realism budget",
+                                        {True: "complete", False: "INCOMPLETE"}.get(self.complete))))
+        text = f"{self.command} run {self.run_id[:8]}" + (f" ({what})" if what else "")
+        if self.data:
+            text += f" on {self.split + ' ' if self.split else ''}{self.data}"
+        if self.context:
+            text += f"; {self.context}" + (f", {self.semantics} semantics" if self.semantics else "")
+        return text
+
+
 @dataclasses.dataclass
 class Measurement(JsonRoundTrip):
     """One recorded value (``value`` None: not recorded, ``missing`` says what to run).
@@ -298,8 +347,13 @@ class Measurement(JsonRoundTrip):
     note: str = ""
     #: the data the value was measured on (its spec, e.g. ``digits[1300:]``): evidence carries its provenance
     data: str = ""
+    #: what the value rests on (the run, its split, strategy, budget, completeness and execution context)
+    evidence: Evidence | None = None
+    #: ``lower``: the true value is at least this (an incomplete campaign's rate): it proves a ``>=`` check
+    #: passing or a ``<=`` check failing, nothing else; "" for an exact figure
+    bound: str = ""
 
-    JSON_OPTIONAL = {"method": None, "note": "", "data": ""}
+    JSON_OPTIONAL = {"method": None, "note": "", "data": "", "evidence": None, "bound": ""}
 
     @property
     def found(self) -> bool:
@@ -330,9 +384,11 @@ class Check(JsonRoundTrip):
     baseline_run_id: str | None = None
     #: the data the measured value came from (the measurement's ``data``)
     data: str = ""
+    #: what the measured value rests on (the measurement's ``evidence``)
+    evidence: Evidence | None = None
 
     JSON_OPTIONAL = {**{name: None for name in ("relation", "baseline", "change", "baseline_model", "baseline_run_id")},
-                     "data": ""}
+                     "data": "", "evidence": None}
 
     @property
     def comparison(self) -> str:
@@ -458,14 +514,21 @@ class Verdict(JsonRoundTrip):
                     counts[2].append(check.criterion)
         return {export: (passed, total, missing) for export, (passed, total, missing) in exports.items()}
 
+    @property
+    def contexts(self) -> list[str]:
+        """Each distinct execution context behind the checks' figures (where compressed models were run)."""
+        return list(dict.fromkeys(c.evidence.context for c in self.checks if c.evidence and c.evidence.context))
+
     def to_dict(self) -> dict:
         values = super().to_dict()
-        return {"model_uri": values.pop("model_uri"), "passed": self.passed, **values}
+        contexts = {"contexts": self.contexts} if self.contexts else {}  # verdicts without one keep their keys
+        return {"model_uri": values.pop("model_uri"), "passed": self.passed, **contexts, **values}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Verdict":
         values = dict(values)
         values.pop("passed", None)  # derived from the checks
+        values.pop("contexts", None)  # derived too
         values.pop("outcome", None)  # derived too; the gate command writes it beside the verdict
         return super().from_dict(values)
 
@@ -497,19 +560,24 @@ def _relevant(criterion: Criterion, measurements: list[Measurement], model_uri: 
 
 
 def _check(criterion: Criterion, threshold: float, measurement: Measurement) -> Check:
+    value = measurement.value
     if measurement.found:
-        value = measurement.value
         passed = value >= threshold if criterion.greater_is_better else value <= threshold
         message = measurement.note
+        if measurement.bound == "lower" and passed != criterion.greater_is_better:  # cannot prove this outcome
+            passed, value = False, None
+            message = (f"{measurement.value:.4g} is only a lower bound, which cannot show "
+                       f"{criterion.metric} {criterion.comparison} {threshold:g}: {measurement.note}")
     else:
         passed, message = False, measurement.missing or missing_message(criterion, "the model")
-    return Check(criterion.metric, measurement.compressed, measurement.value, float(threshold),
-                 criterion.greater_is_better, bool(passed), measurement.run_id, message, data=measurement.data)
+    return Check(criterion.metric, measurement.compressed, value, float(threshold), criterion.greater_is_better,
+                 bool(passed), measurement.run_id, message, data=measurement.data, evidence=measurement.evidence)
 
 
 def _relative_check(relation: Relation, threshold: float, measurement: Measurement, baseline: Baseline) -> Check:
     check = Check(relation.metric, measurement.compressed, measurement.value, float(threshold),
-                  relation.greater_is_better, False, measurement.run_id, relation=relation.kind, data=measurement.data)
+                  relation.greater_is_better, False, measurement.run_id, relation=relation.kind, data=measurement.data,
+                  evidence=measurement.evidence)
     if baseline.uri is None:  # none yet (--baseline-optional): nothing to fall behind
         check.passed, check.message = True, baseline.absent or "no baseline"
         return check
@@ -519,6 +587,8 @@ def _relative_check(relation: Relation, threshold: float, measurement: Measureme
                                                                        or baseline.uri, counterpart.run_id)
     if not measurement.found:
         check.message = measurement.missing or missing_message(CRITERION[relation.metric], "the model")
+    elif measurement.bound:
+        check.measured, check.message = None, f"only a {measurement.bound} bound, not compared: {measurement.note}"
     elif problem:
         check.message = problem
     else:

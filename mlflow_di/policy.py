@@ -28,7 +28,7 @@ from mlflow_di.errors import UserError
 from mlflow_di.gate import Thresholds, threshold_records
 
 #: The steps in the order they run; a step runs when its section is present (the gate always).
-STEPS = ("compress", "coverage", "fuzz", "robustness", "gate")
+STEPS = ("compress", "coverage", "fuzz", "realism", "robustness", "gate")
 
 
 def _kind(kind: str, default=dataclasses.MISSING):
@@ -80,8 +80,8 @@ class CoveragePolicy:
 class FuzzPolicy:
     seed_data: str = _kind("text")
     num_seeds: int = _kind("positive integer", 500)
-    timeout: float = _kind("positive number", 180.0)
-    max_queries: int | None = _kind("positive integer", None)
+    timeout: float = _kind("positive number", 600.0)
+    max_queries: int = _kind("positive integer", 2000)
     strategy: str = _kind("text", "dflare")
     #: the realism budget the search keeps to (fuzz --max-linf / --min-ssim; dflare strategies and boundary)
     max_linf: int | None = _kind("positive integer", None)
@@ -90,6 +90,18 @@ class FuzzPolicy:
     seed: int = _kind("integer", 0)
     #: how ONNX exports answer (fuzz --semantics: host or reference)
     semantics: str | None = _kind("text", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RealismPolicy(FuzzPolicy):
+    """A second fuzz campaign, inside a realism budget: the evidence ``gate.thresholds.max_realistic_success_rate``
+    judges (a campaign that did not search inside the budget cannot show that no realistic deviation
+    exists). The budget is the gate's (``gate.realism_budget``, default L-inf <= 32 and SSIM >= 0.9, SSIM
+    left out on images too small for it) unless ``max_linf``/``min_ssim`` name one here; by default the
+    boundary walk searches it, on 100 seeds."""
+
+    num_seeds: int = _kind("positive integer", 100)
+    strategy: str = _kind("text", "boundary")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +125,8 @@ class GatePolicy:
     allow_calibration_evidence: bool = _kind("boolean", False)
     #: exports of the model the gate does not judge, each named (gate --exclude-export)
     exclude_export: tuple | None = _kind("texts", None)
+    #: the budget max_realistic_success_rate judges, e.g. "linf=32,ssim=0.9" (gate --realism-budget)
+    realism_budget: str | None = _kind("text", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +140,7 @@ class TrustPolicy:
 
 
 SECTIONS = {"trust": TrustPolicy, "compress": CompressPolicy, "coverage": CoveragePolicy, "fuzz": FuzzPolicy,
-            "robustness": RobustnessPolicy, "gate": GatePolicy}
+            "realism": RealismPolicy, "robustness": RobustnessPolicy, "gate": GatePolicy}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +149,7 @@ class Policy:
     compress: CompressPolicy | None = None
     coverage: CoveragePolicy | None = None
     fuzz: FuzzPolicy | None = None
+    realism: RealismPolicy | None = None
     robustness: RobustnessPolicy | None = None
     trust: TrustPolicy = TrustPolicy()
     #: (registered model name, {preprocessing field: value or list}) pairs, as the file states them
@@ -271,8 +286,9 @@ def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
                 if name != "preprocessing"}
     if "preprocessing" in document:
         sections["preprocessing"] = _preprocessing(document["preprocessing"], source)
-    if "fuzz" in sections and "compress" not in sections:
-        raise UserError(f"{source}: fuzz needs a compress section (the exports to fuzz against the model)")
+    for step in ("fuzz", "realism"):
+        if step in sections and "compress" not in sections:
+            raise UserError(f"{source}: {step} needs a compress section (the exports to fuzz against the model)")
     if "compress" in sections and "int8-static" in sections["compress"].methods and not sections["compress"].calib_data:
         raise UserError(f"{source}: compress.calib_data is required for int8-static")
     if "compress" in sections and sections["compress"].bounded:

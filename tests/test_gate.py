@@ -1,7 +1,9 @@
 """The quality gate: decision logic (pure), reading recorded runs, and the ``mlflow-di gate`` command
 against a local sqlite tracking store (the real-server variants are in test_server.py)."""
 import itertools
+import json
 import math
+import pathlib
 
 import pytest
 
@@ -372,9 +374,9 @@ def test_gate_max_disagreement_rate_reads_each_exports_compress_run(client, hist
 
 
 def test_realistic_success_rate_is_judged_and_noise_is_named(client, capsys):
-    """A campaign whose triggers are mostly outside the realism budget: --max-realistic-success-rate
-    judges the share of seeds with a realistic trigger, and the success-rate check, which passes,
-    says in its message (console and description) that it counts noise-like inputs."""
+    """An unconstrained campaign whose triggers are mostly noise, and a boundary campaign that searched inside
+    the budget: --max-realistic-success-rate judges the second, names its strategy and budget, and the
+    success-rate check, read from the first (it passes), says that it counts noise-like inputs."""
     from mlflow_server import fuzz_tags
 
     experiment = client.create_experiment("realism")
@@ -384,31 +386,101 @@ def test_realistic_success_rate_is_judged_and_noise_is_named(client, capsys):
                metrics={"success_rate": 0.9, "mean_queries": 40, "triggers": 90, "fuzzed": 100,
                         "realistic_triggers": 3, "realistic_success_rate": 0.03,
                         "realism_max_linf": 32, "realism_min_ssim": 0.9})
+    _fuzz_run(client, experiment, model, export, "boundary", {"success_rate": 0.4, "triggers": 40,
+                                                               "realistic_triggers": 40, "realistic_success_rate": 0.4,
+                                                               "realism_max_linf": 32, "realism_min_ssim": 0.9},
+              LOOKED_INSIDE)
     code, out, _ = run_gate(capsys, "--model-uri", "models:/noisy/1", "--max-success-rate", "0.95",
                             "--max-realistic-success-rate", "0.02")
     assert code == 1
     rows = [line.split() for line in out.splitlines() if line.startswith(("success_rate", "realistic_success_rate"))]
     assert rows == [["success_rate", "[models:/noisy-int8/1]", "0.9", "<=", "0.95", "PASS"],
-                    ["realistic_success_rate", "[models:/noisy-int8/1]", "0.03", "<=", "0.02", "FAIL"]]
+                    ["realistic_success_rate", "[models:/noisy-int8/1]", "0.4", "<=", "0.02", "FAIL"]]
     assert "only 3 of 90 triggers are within the realism budget" in out and "noise-like" in out
+    assert ("(boundary inside L-inf <= 32, paper's and whole-image SSIM >= 0.9 where measurable, complete) on seeds "
+            "digits[1300:]") in out
     version = client.get_model_version("noisy", "1")
-    assert version.tags["mlflow_di.realistic_success_rate"] == "0.03" and "noise-like" in version.description
+    assert version.tags["mlflow_di.realistic_success_rate"] == "0.4" and "noise-like" in version.description
+    assert "boundary inside L-inf" in version.description
 
 
-def test_a_campaign_cut_short_by_its_time_limit_is_named_incomplete(client, capsys):
-    """Seeds that stopped at --timeout found no trigger for want of time: the check still reads the
-    campaign, and its message (console and description) says the campaign is incomplete."""
+#: the tags of a boundary campaign that searched inside the default realism budget
+LOOKED_INSIDE = {"mlflow_di.fuzz_constraint": '{"max_linf": 32, "min_ssim": 0.9}', "mlflow_di.fuzz_ssim_measurable": "true"}
+
+
+def _fuzz_run(client, experiment, model, export, strategy, metrics, tags=None, start_time=None):
     from mlflow_server import fuzz_tags
 
-    experiment = client.create_experiment("time-limited")
-    model = register_version(client, "hurried")
-    export = register_version(client, "hurried-int8")
-    record_run(client, experiment, "fuzz", model, tags=fuzz_tags(export),
-               metrics={"success_rate": 0.1, "mean_queries": 40, "triggers": 10, "fuzzed": 100, "timed_out_seeds": 7})
-    code, out, _ = run_gate(capsys, "--model-uri", "models:/hurried/1", "--max-success-rate", "0.2")
+    run_id = record_run(client, experiment, "fuzz", model, tags={**fuzz_tags(export), **(tags or {})},
+                        metrics={"fuzzed": 100, "mean_queries": 12, **metrics}, start_time=start_time)
+    client.log_param(run_id, "strategy", strategy)
+    client.log_param(run_id, "seed_data", "digits[1300:]")
+    return run_id
+
+
+def test_a_search_that_did_not_look_cannot_pass_the_realism_check(client, capsys):
+    """A dflare campaign without a budget found only noise (realistic rate 0): not evidence, ERROR naming the
+    command that makes it; a campaign under a looser budget is not either; one as strict as the check's is."""
+    experiment = client.create_experiment("looked")
+    model, export = register_version(client, "plain"), register_version(client, "plain-int8")
+    _fuzz_run(client, experiment, model, export, "dflare", {"success_rate": 1.0, "triggers": 100,
+                                                             "realistic_triggers": 0, "realistic_success_rate": 0.0})
+    code, out, err = run_gate(capsys, "--model-uri", "models:/plain/1", "--max-realistic-success-rate", "0.1")
+    assert code == 2
+    assert ("no fuzz campaign against models:/plain-int8/1 searched inside a realism budget at least as strict as "
+            "L-inf <= 32, paper's and whole-image SSIM >= 0.9 where measurable; run `mlflow-di fuzz --original "
+            "models:/plain/1 --compressed models:/plain-int8/1 --seed-data digits[1300:] --strategy boundary "
+            "--max-linf 32 --min-ssim 0.9` first") in err
+    assert "context, not judged: dflare run" in err and "realistic success rate of 0 after the fact" in err
+
+    _fuzz_run(client, experiment, model, export, "boundary", {"success_rate": 0.05, "triggers": 5,
+                                                               "realistic_triggers": 5, "realistic_success_rate": 0.05},
+              {"mlflow_di.fuzz_constraint": '{"max_linf": 64, "min_ssim": null}'})  # looser than the check's
+    assert run_gate(capsys, "--model-uri", "models:/plain/1", "--max-realistic-success-rate", "0.1")[0] == 2
+    # the same campaign qualifies for a check that names its looser budget
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/plain/1", "--max-realistic-success-rate", "0.1",
+                            "--realism-budget", "linf=64")
+    assert code == 0 and "realistic deviations judged inside L-inf <= 64" in out
+
+    _fuzz_run(client, experiment, model, export, "boundary", {"success_rate": 0.05, "triggers": 5,
+                                                               "realistic_triggers": 5, "realistic_success_rate": 0.05},
+              LOOKED_INSIDE)
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/plain/1", "--max-realistic-success-rate", "0.1",
+                            "--json-out", "verdict.json")
     assert code == 0
-    assert "is incomplete: 7 of 100 seeds stopped at --timeout" in out
-    assert "incomplete" in client.get_model_version("hurried", "1").description
+    check = json.loads(pathlib.Path("verdict.json").read_text())["checks"][0]
+    assert check["evidence"]["strategy"] == "boundary" and check["evidence"]["complete"] is True
+    assert check["evidence"]["budget"].startswith("L-inf <= 32, paper's and whole-image SSIM >= 0.9")
+
+
+def test_on_images_too_small_for_ssim_an_l_inf_budget_is_as_strict_as_the_check(client, capsys):
+    experiment = client.create_experiment("small")
+    model, export = register_version(client, "tiny"), register_version(client, "tiny-int8")
+    _fuzz_run(client, experiment, model, export, "boundary", {"success_rate": 0.02, "triggers": 2,
+                                                               "realistic_triggers": 2, "realistic_success_rate": 0.02},
+              {"mlflow_di.fuzz_constraint": '{"max_linf": 32, "min_ssim": null}', "mlflow_di.fuzz_ssim_measurable": "false"})
+    assert run_gate(capsys, "--model-uri", "models:/tiny/1", "--max-realistic-success-rate", "0.1")[0] == 0
+
+
+def test_an_incomplete_campaign_can_fail_a_check_but_never_pass_it(client, capsys):
+    """Seeds stopped by the time safety net found no trigger for want of time: the campaign's success rate is a
+    lower bound. Above the threshold it proves the FAIL; below it, it proves nothing (ERROR, saying so); a
+    complete campaign recorded earlier is preferred over a newer incomplete one."""
+    experiment = client.create_experiment("time-limited")
+    model, export = register_version(client, "hurried"), register_version(client, "hurried-int8")
+    _fuzz_run(client, experiment, model, export, "dflare", {"success_rate": 0.1, "triggers": 10, "timed_out_seeds": 7})
+    code, out, err = run_gate(capsys, "--model-uri", "models:/hurried/1", "--max-success-rate", "0.2")
+    assert code == 2
+    assert "0.1 is only a lower bound, which cannot show success_rate <= 0.2" in err
+    assert "is incomplete: 7 of 100 seeds stopped at the --timeout safety net" in err
+    assert "INCOMPLETE" in client.get_model_version("hurried", "1").description
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/hurried/1", "--max-success-rate", "0.05")
+    assert code == 1  # at least 10% of seeds deviate: more than 5% whatever the cut-short seeds would have given
+
+    complete = _fuzz_run(client, experiment, model, export, "dflare", {"success_rate": 0.15, "triggers": 15},
+                         start_time=1)  # older than the incomplete run, yet chosen: it can prove the check
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/hurried/1", "--max-success-rate", "0.2")
+    assert code == 0 and f"fuzz run {complete[:8]} (dflare, no realism budget, complete)" in out
 
 
 def test_a_model_name_with_both_kinds_of_quote_is_found_exactly(client):

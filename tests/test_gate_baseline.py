@@ -157,7 +157,7 @@ def test_markdown_summary_has_a_heading_a_row_per_check_and_the_runs():
     lines = text.splitlines()
     assert lines[0] == f"## mlflow-di gate: FAIL for `{URI}`"
     table = [line for line in lines if line.startswith("| ")]
-    assert table[0] == "| criterion | model | value | threshold | baseline | change | result | runs | data |"
+    assert table[0] == "| criterion | model | value | threshold | baseline | change | result | runs | evidence |"
     assert len(table) == 1 + len(verdict.checks)
     assert table[3] == ("| success_rate_rise | `models:/m-int8/2` | 0.5 | <= 0.1 | 0.2 | 0.3 | **FAIL** | "
                         "[rc](http://ui/rc), [rb](http://ui/rb) |  |")

@@ -101,8 +101,10 @@ def test_the_demo_policy_is_what_the_demo_runs():
     policy = load_policy(EXAMPLES / "demo.yaml")
     assert policy.compress.methods == demo.DEMO_METHODS and policy.compress.calib_data == demo.CALIB_SPEC
     assert policy.coverage.train_data == demo.TRAIN_SPEC and policy.coverage.test_data == (demo.TEST_SPEC,)
-    assert policy.fuzz.seed_data == demo.TEST_SPEC and policy.fuzz.num_seeds == 100 and policy.fuzz.timeout == 30
+    assert policy.fuzz.seed_data == demo.TEST_SPEC and policy.fuzz.num_seeds == 100 and policy.fuzz.max_queries == 2000
     assert policy.gate.thresholds == demo.GATE and policy.gate.promote_alias == "champion"
+    assert policy.gate.realism_budget == demo.REALISM_BUDGET and policy.realism.strategy == "boundary"
+    assert (policy.realism.num_seeds, policy.realism.max_queries) == (demo.REALISM_SEEDS, demo.REALISM_QUERIES)
 
 
 def test_registry_names_are_checked_before_any_run(tmp_path, tracking_uri, capsys):

@@ -27,7 +27,7 @@ import click
 
 from mlflow_di.commands.options import (CommaList, FiniteFloat, LayerNames, LazyChoice, device_option,
                                         preprocessing_option)
-from mlflow_di.mlflow_edge.recorded import EVIDENCE_DATA, EVIDENCE_ROLE, EVIDENCE_SHARED
+from mlflow_di.mlflow_edge.recorded import EVIDENCE_DATA, EVIDENCE_HELD_OUT, EVIDENCE_ROLE, EVIDENCE_SHARED
 
 SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 
@@ -140,14 +140,19 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
                     "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
     original = _source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
     if bounds is not None or sensitivity:
-        selection.splits = (_split(evaluation, original), _held_out_split(source, holdout_data, inputs, device)
-                            if bounds is not None else None)
-    registered = []
-    for method in methods:
-        name = register_as or f"{ref.base_name}-{method}"
-        registered.append(_compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags,
-                                        device, selection, inputs, original, evidence))
-    return registered
+        selection.held_out = _held_out(source, holdout_data, inputs, device) if bounds is not None else None
+        selection.splits = (_split(evaluation, original), selection.held_out.split if selection.held_out else None)
+    if selection.held_out is not None:
+        evidence = _searched_on(evidence, selection.held_out)
+    outcomes = [_compress_one(source, ref, method, calib, evaluation, amount, register_as or f"{ref.base_name}-{method}",
+                              lineage_base, source_tags, device, selection, inputs, original, evidence)
+                for method in methods]
+    misses = [miss for _, miss in outcomes if miss]
+    if misses:  # after every method: the others are registered
+        from mlflow_di.errors import UserError
+
+        raise UserError("; ".join(misses))
+    return [uri for uri, _ in outcomes]
 
 
 def _check_options(methods, calib_data, register_as, keep_float, auto_keep_float, triggers, sensitivity,
@@ -178,7 +183,17 @@ def _kept_float(source, keep_float, auto_keep_float):
     return keep_float
 
 
-def _held_out_split(source, holdout_data: str, inputs: dict, device):
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """The bounded search's held-out images (prepared), the source's probabilities on them, and the
+    :class:`~mlflow_di.compression.bounded.LabelledSplit` the search verifies its choice on."""
+
+    images: object
+    probabilities: object
+    split: object
+
+
+def _held_out(source, holdout_data: str, inputs: dict, device) -> HeldOut:
     """The bounded search's held-out images with the source's answers (recorded as the run's held-out input)."""
     from mlflow_di.data import load_images
     from mlflow_di.mlflow_edge import datasets
@@ -186,7 +201,8 @@ def _held_out_split(source, holdout_data: str, inputs: dict, device):
     raw_held_out = load_images(holdout_data)
     inputs["held-out"] = datasets.spec_dataset(raw_held_out)
     held_out = source.preprocessing.prepare(raw_held_out)
-    return _split(held_out, _source_probabilities(source, held_out, device))
+    probabilities = _source_probabilities(source, held_out, device)
+    return HeldOut(held_out, probabilities, _split(held_out, probabilities))
 
 
 def _evidence(eval_data, raw_calib, raw_eval) -> dict:
@@ -200,6 +216,13 @@ def _evidence(eval_data, raw_calib, raw_eval) -> dict:
                                                            else 0)
     role = "calibration" if shared else "training" if is_training_split(eval_data or "") else "held-out"
     return {EVIDENCE_DATA: raw_eval.name, EVIDENCE_ROLE: role, EVIDENCE_SHARED: str(shared)}
+
+
+def _searched_on(tags: dict, held_out: HeldOut) -> dict:
+    """The provenance tags when a bounded search chose the export on the evaluation data: its figures are the
+    search's (role ``search``, unless calibration images make them worse), the held-out data's are judged."""
+    role = tags.get(EVIDENCE_ROLE, "held-out")
+    return {**tags, EVIDENCE_HELD_OUT: held_out.images.name, EVIDENCE_ROLE: "search" if role == "held-out" else role}
 
 
 def evidence_line(tags: dict) -> str:
@@ -233,6 +256,7 @@ class Selection:
     semantics: str = "host"  # which answers a bound judges: host, reference or both
     benefit: bool = True  # measure latency, size and memory of each export and its source
     source_benefit: object = None  # the source's models.benefit.Benefit, measured once for every method
+    held_out: HeldOut | None = None  # a bounded search's held-out data: the figures the gate judges
 
     @property
     def selective(self) -> bool:
@@ -312,9 +336,11 @@ def _inputs(raw_calib, raw_eval) -> dict:
 
 def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device,
                   selection: "Selection | None" = None, inputs: dict | None = None, original=None,
-                  evidence: dict | None = None) -> str:
+                  evidence: dict | None = None) -> tuple[str | None, str]:
     """One method's run and registered export; ``original``: the source's probabilities on ``evaluation``;
-    ``evidence``: the provenance tags of its figures (:func:`_evidence`)."""
+    ``evidence``: the provenance tags of its figures (:func:`_evidence`). Returns (the registered version's
+    URI, ""), or (None, why) for a bounded export that misses a bound on its held-out data: such an export
+    is never registered (its file and figures stay in the run's artifacts)."""
     import mlflow_di
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
@@ -343,6 +369,13 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             log.json(result.to_dict(), "compress/result.json")
             _log_tables(log, deviation, outcome)
             log.text(_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
+            missed = outcome.search.held_out_failures if outcome.search is not None else []
+            if missed:
+                log.metrics(metrics, dataset=(inputs or {}).get("evaluation"))
+                log.tags({"mlflow_di.held_out": "missed"})
+                log.folder(_alone(result.path, pathlib.Path(scratch) / "unregistered"), "compress/export")
+                _print_summary(method, name, None, metrics, result, deviation, outcome)
+                return None, _miss_line(method, outcome.search, selection.held_out.images.name, log.run_id)
             lineage = {**lineage_base, "mlflow_di.method": method,
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
                        "mlflow_di.version": mlflow_di.__version__, **outcome.context.tags(),
@@ -353,7 +386,24 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
             registry.write_version_tags(version, lineage)
         _print_summary(method, name, info.registered_model_version, metrics, result, deviation, outcome)
-    return f"models:/{name}/{info.registered_model_version}"
+    return f"models:/{name}/{info.registered_model_version}", ""
+
+
+def _alone(path, folder: pathlib.Path) -> pathlib.Path:
+    """A folder holding only the file ``path`` (what is logged of an export that is not registered)."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, folder / pathlib.Path(path).name)
+    return folder
+
+
+def _miss_line(method: str, search, held_out_data: str, run_id: str) -> str:
+    """Why a bounded export was not registered, in one line."""
+    return (f"the {method} export the bounded search chose meets its bounds on the search data "
+            f"({search.chosen.search.describe()}) but misses them on the held-out data {held_out_data}: "
+            f"{'; '.join(search.held_out_failures)}; not registered (its file and figures are in run {run_id}, "
+            "compress/export); loosen the bound, or give the search more data (--eval-data)")
 
 
 def _method_params(method: str, amount, calib, outcome: "Outcome", selection: "Selection") -> dict:
@@ -401,7 +451,28 @@ def _export_metrics(source, original, compressed, evaluation, method: str, name:
         metrics["kept_float_layers"] = len(outcome.kept_float)
     if outcome.search is not None:
         metrics.update(_search_metrics(outcome.search))
+        if selection.held_out is not None:
+            metrics.update(_held_out_metrics(selection.held_out, compressed, method, result.path, device))
     return metrics, deviation
+
+
+#: the figures measured again on a bounded export's held-out data (``held_out.NAME``, ``held_out.reference.NAME``):
+#: the search chose the export on the evaluation data, so the gate judges these
+HELD_OUT_FIGURES = ("source_accuracy", "compressed_accuracy", "accuracy_drop", "disagreements", "disagreement_rate",
+                    "max_class_accuracy_drop", "eval_images")
+
+
+def _held_out_metrics(held_out: HeldOut, compressed, method: str, path, device) -> dict:
+    """The export's deviation figures on the held-out data, host semantics and (int8) reference semantics."""
+    from mlflow_di.models.classifier import OnnxClassifier
+
+    figures, _ = _compare(held_out.probabilities, compressed, held_out.images)
+    metrics = {f"held_out.{key}": figures[key] for key in HELD_OUT_FIGURES if key in figures}
+    if method.startswith("int8"):
+        reference = OnnxClassifier(path, name="reference semantics", device=device, semantics="reference")
+        figures, _ = _compare(held_out.probabilities, reference, held_out.images)
+        metrics.update({f"held_out.reference.{key}": figures[key] for key in HELD_OUT_FIGURES[2:6] if key in figures})
+    return metrics
 
 
 def _export_keeping_search(log, source, method, calib, evaluation, amount, scratch, selection) -> Outcome:
@@ -820,7 +891,8 @@ def size_notes(method: str, result, metrics: dict) -> list[str]:
 
 def _print_summary(method: str, name: str, version, metrics: dict, result, deviation=None,
                    outcome: "Outcome | None" = None) -> None:
-    click.echo(f"{method:<17} -> models:/{name}/{version}")
+    click.echo(f"{method:<17} -> " + (f"models:/{name}/{version}" if version is not None else
+                                      "not registered: it misses a bound on the held-out data"))
     if "source_accuracy" in metrics:
         click.echo(f"  accuracy {metrics['source_accuracy']:.2%} -> {metrics['compressed_accuracy']:.2%} "
                    f"({-metrics['accuracy_drop'] * 100 + 0.0:+.2f} points), top-1 differs on {metrics['disagreements']} "
@@ -883,7 +955,7 @@ def _print_search(search, params: dict) -> None:
     click.echo(f"  search data: {search.chosen.search.describe()}")
     click.echo(f"  held out: {held_out.describe(upper_bound=True)}")
     for missed in search.held_out_failures:
-        click.echo(f"  WARNING: the chosen export misses a bound on the held-out data: {missed}")
+        click.echo(f"  FAIL: the chosen export misses a bound on the held-out data: {missed}")
 
 
 def _print_blame(found) -> None:

@@ -24,6 +24,7 @@ from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, LazyChoice, Se
                                         declared_options, device_option, json_out_option, ray_options, seed_option,
                                         write_json_out)
 from mlflow_di.fuzz import strategies as declared
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
 
 CAMPAIGNS = pathlib.Path("mlflow-di-campaigns")
 
@@ -64,10 +65,10 @@ def _sections():
 @click.option("--seeds", "seeds_old_name", default=None, hidden=True, expose_value=False, callback=lambda ctx, param, value:
               _renamed(ctx, value, "--seeds", "--seed-data"))
 @click.option("--num-seeds", type=click.IntRange(1), default=500, show_default=True, help="Use the first N seed images.")
-@click.option("--timeout", type=FiniteFloat(0, min_open=True), default=180.0, show_default=True,
-              help="CPU seconds a seed may use (its search and its share of the model calls; never wall-clock). "
-                   "Seeds stopped here make the campaign INCOMPLETE.")
-@click.option("--max-queries", type=click.IntRange(1), default=None, help="Queries per seed before giving up.")
+@click.option("--max-queries", type=click.IntRange(1), default=DEFAULT_MAX_QUERIES, show_default=True,
+              help="A seed's budget: queries to the compressed model.")
+@click.option("--timeout", type=FiniteFloat(0, min_open=True), default=DEFAULT_TIMEOUT, show_default=True,
+              help="Safety net, CPU s per seed (a hit: INCOMPLETE).")
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy", in_help=False),
               default=declared.DEFAULT, show_default=True, help=declared.strategy_help())
 @click.option("--max-linf", type=click.IntRange(1, 255), default=None,
@@ -292,6 +293,7 @@ def _folders(plan: _Plan, original: str, out_dir, seed: int, resume: bool) -> No
 
 def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> tuple[dict, dict]:
     """The run's tags (the models fuzzed, the campaign folder, the budget searched inside) and params."""
+    from mlflow_di.fuzz.realism import SSIM_RADIUS
     from mlflow_di.mlflow_edge import registry, runs
 
     num_seeds, timeout, max_queries, max_linf, min_ssim, batch, seed, resume, workers, ray_address, semantics = settings
@@ -302,8 +304,10 @@ def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> 
             click.echo(f"closed {len(closed)} run(s) of this campaign left RUNNING by a killed process (now KILLED)")
     tags = {"mlflow_di.command": "fuzz", **campaign_tag, **registry.model_version_tags(original)}
     constraint = plan.declaration.constraint_of(plan.search)
-    if constraint:  # the gate reads unconstrained campaigns only (see mlflow_edge.recorded)
+    if constraint:  # the gate's realism check reads such campaigns, its other fuzz checks the others
         tags["mlflow_di.fuzz_constraint"] = json.dumps(constraint, sort_keys=True)
+    # where SSIM has no window to measure with, a budget cannot bound it (the gate asks for L-inf alone)
+    tags["mlflow_di.fuzz_ssim_measurable"] = str(min(plan.seeds.image_shape[:2]) > 2 * SSIM_RADIUS).lower()
     # resolved now, before hours of fuzzing: the versions fuzzed, whatever an alias points at later
     plan.compressed_tags = [registry.compressed_model_tags(uri) for uri in plan.compressed]
     if len(plan.compressed) == 1:

@@ -15,8 +15,8 @@ import datetime
 
 import click
 
-from mlflow_di.commands.options import (FiniteFloat, Fraction, NamedNumber, RunIds, WritablePath, json_out_option,
-                                        stacked, write_json_out, write_text_out)
+from mlflow_di.commands.options import (FiniteFloat, Fraction, NamedNumber, RealismBudget, RunIds, WritablePath,
+                                        json_out_option, stacked, write_json_out, write_text_out)
 
 
 def threshold_options(relative: bool):
@@ -40,6 +40,9 @@ def threshold_options(relative: bool):
 @click.option("--threshold", "extra_thresholds", multiple=True, type=NamedNumber(), metavar="NAME=VALUE",
               help="A threshold by its name (repeatable), e.g. min_idc=0.5: also a registered check's "
                    "(mlflow_di.gate.register_check).")
+@click.option("--realism-budget", type=RealismBudget(), default=None, metavar="linf=32,ssim=0.9",
+              help="The budget --max-realistic-success-rate judges (default linf=32,ssim=0.9: L-inf <= 32 levels, "
+                   "SSIM >= 0.9 where measurable): only a campaign that searched inside one at least as strict counts.")
 @click.option("--semantics", type=click.Choice(["host", "reference", "both"]), default="host", show_default=True,
               help="Which answers of an int8 export the compress checks judge: host (ONNX Runtime's kernels on the "
                    "CPU compress ran on), reference (the QDQ graph as written, the same on every CPU) or both.")
@@ -61,7 +64,8 @@ def threshold_options(relative: bool):
               help="Judge only these runs' results (comma-separated ids; a pipeline passes its own step runs). "
                    "Default: the newest recorded run of each kind; the report names the runs it took.")
 @click.option("--promote-alias", default=None, metavar="ALIAS",
-              help="On pass, point this alias of the registered model at the version (never touched on fail).")
+              help="On pass, point this alias of the registered model at the version; on FAIL or ERROR, take it off "
+                   "this version (an earlier version that holds it keeps it).")
 @json_out_option
 @click.option("--junit-xml", type=WritablePath("file"), default=None,
               help="Also write the checks as a JUnit XML report (one test case per check), also on fail.")
@@ -70,7 +74,8 @@ def threshold_options(relative: bool):
 def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, baseline_optional: bool,
             pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
             summary_md: str | None, semantics: str = "host", allow_calibration_evidence: bool = False,
-            exclude_export: tuple[str, ...] = (), extra_thresholds: tuple = (), **thresholds) -> None:
+            exclude_export: tuple[str, ...] = (), extra_thresholds: tuple = (), realism_budget=None,
+            **thresholds) -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error.
@@ -91,7 +96,7 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     with recorded.only_runs(pinned_runs):
         found = recorded.measurements(model_uri, list(compressed), resolved=(version, source), semantics=semantics,
                                       allow_calibration_evidence=allow_calibration_evidence,
-                                      exclude=tuple(exclude_export))
+                                      exclude=tuple(exclude_export), realism_budget=realism_budget)
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared)
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -107,7 +112,8 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
             registry.set_alias(version, promote_alias)
         elif promote_alias:
             alias_dropped = registry.drop_alias_from(version, promote_alias)
-        notes = (*_notes(verdict, version, source, baseline, promote_alias, alias_dropped),
+        rules = _evidence_notes(verdict, pinned_runs, realism_budget)
+        notes = (*_notes(verdict, version, source, baseline, promote_alias, alias_dropped), *rules,
                  *recorded.runtime_notes(c.run_id for c in verdict.checks))
         metrics, report = _log_verdict(log, verdict, compressed, promote_alias, notes)
         run_link = _run_link([log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))])
@@ -120,7 +126,7 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     write_json_out({**verdict.to_dict(), "outcome": verdict.outcome, "checked_at": checked_at, "run_id": log.run_id},
                    json_out)
     _write_ci_reports(verdict, checked_at, log.run_id, junit_xml, summary_md, notes, run_link)
-    _print_verdict(verdict, version, source, promote_alias, log.run_id, alias_dropped)
+    _print_verdict(verdict, version, source, promote_alias, log.run_id, alias_dropped, rules)
     if verdict.outcome == "ERROR":
         raise UserError(f"the gate could not judge {model_uri}: {verdict.cause}")
     if not verdict.passed:
@@ -148,6 +154,20 @@ def _notes(verdict, version, source, baseline: str | None, promote_alias: str | 
     if promote_alias:
         notes.append(f"alias '{promote_alias}' " + ("moved to this version" if verdict.passed else
                                                      "removed from this version" if alias_dropped else "not moved"))
+    return tuple(notes)
+
+
+def _evidence_notes(verdict, pinned_runs, realism_budget) -> tuple[str, ...]:
+    """Which rule chose the runs behind the figures, and the budget realistic deviations were judged in."""
+    from mlflow_di.fuzz.realism import DEFAULT_BUDGET
+    from mlflow_di.gate import RULE
+
+    notes = [f"evidence: the runs given with --runs ({len(pinned_runs)})" if pinned_runs else
+             f"evidence: for each check, {RULE}; search-split and calibration figures are never judged"]
+    if any(c.metric == "realistic_success_rate" for c in verdict.checks):
+        budget = (realism_budget or DEFAULT_BUDGET).describe()
+        notes.append(f"realistic deviations judged inside {budget}, only from campaigns that searched inside a "
+                     "budget at least as strict")
     return tuple(notes)
 
 
@@ -198,7 +218,8 @@ def _report(verdict, notes: tuple[str, ...]) -> str:
     if error:
         html.paragraph(f"Could not judge: {verdict.cause}")
     html.section("Checks").table([{"check": row[0], "measured": row[1], **_baseline_cells(verdict, row), "threshold": row[-2],
-                                   "result": row[-1], "run": check.run_id or "-"}
+                                   "result": row[-1], "evidence": (check.evidence.describe() if check.evidence else "")
+                                   or check.run_id or "-"}
                                   for row, check in zip(_rows(verdict), verdict.checks)])
     for message in dict.fromkeys(c.message for c in verdict.checks if c.message):  # as the console lists them
         html.paragraph(message)
@@ -207,7 +228,8 @@ def _report(verdict, notes: tuple[str, ...]) -> str:
     return html.render()
 
 
-def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: str, alias_dropped: bool) -> None:
+def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: str, alias_dropped: bool,
+                   rules: tuple[str, ...] = ()) -> None:
     from mlflow_di.mlflow_edge import registry
 
     click.echo(f"gate for {verdict.model_uri} ({version.name} version {version.version})")
@@ -223,6 +245,10 @@ def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: 
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     for message in dict.fromkeys(c.message for c in verdict.checks if c.message):  # once each, in order
         click.echo(f"  - {message}")
+    for evidence, labels in _evidence_groups(verdict).items():
+        click.echo(f"  evidence for {', '.join(labels)}: {evidence}")
+    for rule in rules:
+        click.echo(f"  {rule}")
     click.echo(f"verdict: {verdict.outcome} ({verdict.summary().split(': ', 1)[1]})")
     if promote_alias:
         if verdict.passed:
@@ -230,6 +256,15 @@ def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: 
         else:
             click.echo(f"alias '{promote_alias}' " + ("removed from this version" if alias_dropped else "not moved"))
     click.echo(f"verdict, tags and description written on {registry.version_uri(version)}; gate run {run_id}")
+
+
+def _evidence_groups(verdict) -> dict[str, list[str]]:
+    """{what a figure rests on (one line): the checks it is behind}, in the order of the checks."""
+    groups: dict[str, list[str]] = {}
+    for check in verdict.checks:
+        if check.evidence is not None and check.evidence.run_id:
+            groups.setdefault(check.evidence.describe(), []).append(check.label)
+    return groups
 
 
 def _header(verdict) -> tuple[str, ...]:

@@ -370,6 +370,13 @@ class RayAddress(CheckedBy):
     checker = "mlflow_di._ray:check_address"
 
 
+class RealismBudget(CheckedBy):
+    """``linf=LEVELS``, ``ssim=VALUE`` or both, e.g. ``linf=32,ssim=0.9``: a realism budget (a Constraint)."""
+
+    name = "BUDGET"
+    checker = "mlflow_di.fuzz.realism:parse_budget"
+
+
 #: The parameter names :func:`ray_options` adds (a command's help can list them apart).
 RAY_OPTIONS = ("workers", "ray_address", "cpus_per_worker", "gpus_per_worker")
 

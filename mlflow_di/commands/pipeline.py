@@ -70,7 +70,8 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
                     continue
                 _banner(f"{title}: {_describe(step, steps[step], state)}")
                 with only_trusted_pickles(policy.trusted_pickles, f"the policy {policy.source}"):
-                    state["done"][step] = _run_step(ctx, step, steps[step], state, folder)
+                    state["done"][step] = _run_step(ctx, step, steps[step], state, folder,
+                                                    steps["gate"].get("realism_budget"))
                 _save(folder, state)
             gate = state["done"]["gate"]
             _log_gate(log, gate, ctx.meta.get("mlflow_di.gate"))
@@ -171,7 +172,7 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
     from mlflow_di.commands import compress, coverage, fuzz, gate, robustness
 
     commands = {"compress": compress.command, "coverage": coverage.command, "fuzz": fuzz.command,
-                "robustness": robustness.command, "gate": gate.command}
+                "realism": fuzz.command, "robustness": robustness.command, "gate": gate.command}
     steps = {}
     for step in policy.steps:
         section = policy.to_dict()[step]
@@ -181,14 +182,16 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
     override = policy.preprocessing_of(_registered_name(model_uri))
     if override:  # the policy's preprocessing for this model, as each step's own option
         for step, key in (("compress", "preprocessing"), ("coverage", "preprocessing"),
-                          ("fuzz", "preprocessing_original"), ("robustness", "preprocessing")):
+                          ("fuzz", "preprocessing_original"), ("realism", "preprocessing_original"),
+                          ("robustness", "preprocessing")):
             if step in steps:
                 steps[step][key] = override
-    if steps.get("fuzz", {}).get("strategy") == "deepxplore":
-        from mlflow_di.errors import UserError
+    for step in ("fuzz", "realism"):
+        if steps.get(step, {}).get("strategy") == "deepxplore":
+            from mlflow_di.errors import UserError
 
-        raise UserError(f"{policy.source}: fuzz.strategy deepxplore needs PyTorch models, and the pipeline fuzzes "
-                        "the model against its ONNX exports; choose dflare (or another black-box strategy)")
+            raise UserError(f"{policy.source}: {step}.strategy deepxplore needs PyTorch models, and the pipeline "
+                            "fuzzes the model against its ONNX exports; choose dflare (or another black-box strategy)")
     return steps
 
 
@@ -222,7 +225,7 @@ def _describe(step: str, arguments: dict, state: dict) -> str:
         return ", ".join(arguments["methods"])
     if step == "coverage":
         return ", ".join(arguments.get("criteria") or ("IDC and the classic criteria",))
-    if step == "fuzz":
+    if step in ("fuzz", "realism"):
         return f"{arguments.get('strategy', 'dflare')} against {', '.join(_exports(state)) or 'no export'}"
     if step == "robustness":
         return f"on {arguments['data']}"
@@ -233,8 +236,23 @@ def _exports(state: dict) -> list[str]:
     return state["done"].get("compress", {}).get("exports", [])
 
 
-def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folder: pathlib.Path) -> dict:
-    """Run ``step``; returns what the state records for it."""
+def _inside_the_gates_budget(arguments: dict, budget) -> dict:
+    """The realism step's fuzz arguments: the budget it names, else the gate's realism budget (``budget``, a
+    Constraint or None for the default), its SSIM bound left out on seeds too small for SSIM's window."""
+    from mlflow_di.data import load_images
+    from mlflow_di.fuzz.realism import DEFAULT_BUDGET, SSIM_RADIUS
+
+    if arguments.get("max_linf") is not None or arguments.get("min_ssim") is not None:
+        return arguments
+    budget = budget or DEFAULT_BUDGET
+    measurable = min(load_images(arguments["seed_data"]).image_shape[:2]) > 2 * SSIM_RADIUS
+    return {**arguments, "max_linf": budget.max_linf, "min_ssim": budget.min_ssim if measurable else None}
+
+
+def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folder: pathlib.Path,
+              gate_budget=None) -> dict:
+    """Run ``step``; returns what the state records for it (``gate_budget``: the gate's realism budget, which
+    the realism step searches inside unless its section names one)."""
     from mlflow_di.commands import compress, coverage, fuzz, gate, robustness
     from mlflow_di.errors import UserError
 
@@ -245,12 +263,15 @@ def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folde
     if step == "coverage":
         ctx.invoke(coverage.command, model_uri=model_uri, **arguments)
         return finished
-    if step == "fuzz":
-        campaign = state.setdefault("fuzz_campaign", str(folder / f"campaign-{time.strftime('%Y%m%d-%H%M%S')}"))
+    if step in ("fuzz", "realism"):
+        key = "fuzz_campaign" if step == "fuzz" else "realism_campaign"
+        campaign = state.setdefault(key, str(folder / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"))
         _save(folder, state)  # recorded before it starts: a crash resumes this folder
         resume = pathlib.Path(campaign).is_dir() and any(pathlib.Path(campaign).iterdir())
         if resume:
             click.echo(f"resuming the campaign in {campaign}")
+        if step == "realism":
+            arguments = _inside_the_gates_budget(arguments, gate_budget)
         ctx.invoke(fuzz.command, original=model_uri, compressed=tuple(_exports(state)), out_dir=campaign,
                    resume=resume, **arguments)
         return {**finished, "campaign": campaign}

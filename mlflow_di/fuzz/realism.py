@@ -231,6 +231,40 @@ class Constraint:
         return self.min_ssim is None or all(distances.get(key) is None or distances[key] >= self.min_ssim
                                             for key in ("ssim", "ssim_whole"))
 
+    def at_least_as_strict_as(self, other: "Constraint", ssim_measurable: bool = True) -> bool:
+        """Whether every image this budget allows, ``other`` allows too: each bound ``other`` sets is set here
+        at least as tightly (its SSIM bound only where SSIM is ``ssim_measurable``, on images of at least
+        the window's size: elsewhere neither budget can hold an image to it)."""
+        if other.max_linf is not None and (self.max_linf is None or self.max_linf > other.max_linf):
+            return False
+        if other.min_ssim is not None and ssim_measurable and (self.min_ssim is None or self.min_ssim < other.min_ssim):
+            return False
+        return True
+
+    def options_text(self, ssim_measurable: bool = True) -> str:
+        """The ``fuzz`` options that search inside this budget, e.g. ``--max-linf 32 --min-ssim 0.9``."""
+        options = [f"--max-linf {self.max_linf}"] if self.max_linf is not None else []
+        if self.min_ssim is not None and ssim_measurable:
+            options.append(f"--min-ssim {self.min_ssim:g}")
+        return " ".join(options)
+
+    @classmethod
+    def parse(cls, text: str) -> "Constraint":
+        """``linf=32,ssim=0.9`` (either or both) as a Constraint; a one-line UserError otherwise."""
+        names = {"linf": "max_linf", "ssim": "min_ssim"}
+        bounds: dict = {}
+        for part in filter(None, (piece.strip() for piece in str(text).split(","))):
+            key, _, value = part.partition("=")
+            if key.strip() not in names or not value.strip():
+                raise UserError(f"a realism budget is linf=LEVELS and/or ssim=VALUE, e.g. linf=32,ssim=0.9; got '{text}'")
+            try:
+                bounds[names[key.strip()]] = int(value) if key.strip() == "linf" else float(value)
+            except ValueError:
+                raise UserError(f"{key.strip()} in a realism budget must be a number, got '{value.strip()}'") from None
+        if not bounds:
+            raise UserError(f"a realism budget needs linf=LEVELS and/or ssim=VALUE, e.g. linf=32,ssim=0.9; got '{text}'")
+        return cls(**bounds)
+
     def describe(self) -> str:
         """The bounds in words, e.g. ``L-inf <= 32, paper's and whole-image SSIM >= 0.9 where measurable``."""
         bounds = [f"L-inf <= {self.max_linf}"] if self.max_linf is not None else []
@@ -258,6 +292,11 @@ SSIM_BOUND = "paper and whole image"
 #: least 0.9 to its seed (where the image is large enough for SSIM's window) and no value moved by
 #: more than 32 of 256 levels. Looser triggers are reported too, but as what they are: noise-like.
 DEFAULT_BUDGET = Constraint(max_linf=32, min_ssim=0.9)
+
+
+def parse_budget(text: str) -> Constraint:
+    """:meth:`Constraint.parse` (what ``gate --realism-budget`` takes)."""
+    return Constraint.parse(text)
 
 
 def mostly_noise(realistic: int, triggers: int) -> bool:

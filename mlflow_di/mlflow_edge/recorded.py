@@ -29,7 +29,7 @@ import json
 import math
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CRITERIA, CRITERION, Baseline, Measurement, missing_message
+from mlflow_di.gate import CRITERIA, CRITERION, PINNED, RULE, Baseline, Evidence, Measurement, missing_message
 from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, previous_version, registry_ref,
                                             resolve_if_set, resolve_version, version_model_id, version_uri)
 
@@ -157,7 +157,7 @@ def gate_subject(uri: str, client=None) -> tuple:
 
 def measurements(subject_uri: str, compressed: list[str] | None = None, client=None,
                  resolved: tuple | None = None, semantics: str = "host", allow_calibration_evidence: bool = False,
-                 exclude: tuple[str, ...] = ()) -> list[Measurement]:
+                 exclude: tuple[str, ...] = (), realism_budget=None) -> list[Measurement]:
     """Every gated value recorded for the version ``subject_uri`` names (see :mod:`mlflow_di.gate`).
 
     ``compressed``: the compressed models to read fuzz/compress results for (URIs as given to
@@ -168,6 +168,9 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     ``semantics``: which answers of an int8 export the compress criteria read (host, reference or both).
     ``allow_calibration_evidence``: judge compress figures measured on calibration or training data
     (refused by default, :func:`_compress_evidence`). ``exclude``: exports not to judge (registry URIs).
+    ``realism_budget``: the realism check's budget (a :class:`~mlflow_di.fuzz.realism.Constraint`; default
+    its DEFAULT_BUDGET): only campaigns that searched inside one at least as strict count for it.
+    Each measured value carries its :class:`~mlflow_di.gate.Evidence`, chosen by :data:`~mlflow_di.gate.RULE`.
     """
     client = client or _client()
     subject, source = resolved or gate_subject(subject_uri, client)
@@ -181,7 +184,7 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
         _recorded_targets(subject_tags, client, robustness_runs)
     excluded = {_CompressedTarget.of(uri, client).key for uri in exclude}
     for target in (t for t in targets if t.key not in excluded):
-        of_target = [*_fuzz(subject_uri, subject_tags, target, client),
+        of_target = [*_fuzz(subject_uri, subject_tags, target, client, realism_budget),
                      *_compress(subject_uri, subject, target, client, semantics, allow_calibration_evidence),
                      _robustness(subject_uri, target, robustness_runs)]
         method = _method(target, client)
@@ -244,11 +247,15 @@ def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None
     """Every coverage check's value (IDC, and any check registered on a coverage metric) from the newest
     coverage run that logged it."""
     found = []
+    rule = PINNED if _pinned.get() is not None else "the newest coverage run of the version"
     for criterion in (c for c in CRITERIA if c.command == "coverage"):
         runs = recorded_runs("coverage", subject_tags, criterion.metric, client, model_id)
-        found.append(Measurement(criterion.metric, runs[0].data.metrics[criterion.metric], run_id=runs[0].info.run_id,
-                                 data=runs[0].data.params.get("test_data", "")) if runs else
-                     Measurement(criterion.metric, None, missing=missing_message(criterion, subject_uri)))
+        if not runs:
+            found.append(Measurement(criterion.metric, None, missing=missing_message(criterion, subject_uri)))
+            continue
+        run, data = runs[0], runs[0].data.params.get("test_data", "")
+        found.append(Measurement(criterion.metric, run.data.metrics[criterion.metric], run_id=run.info.run_id,
+                                 data=data, evidence=Evidence(run.info.run_id, "coverage", "test", data, rule=rule)))
     return found
 
 
@@ -300,51 +307,135 @@ def _recorded_targets(subject_tags: dict, client, robustness_runs: list = ()) ->
     return [targets[key] for key in sorted(targets)]
 
 
-#: Tag of a fuzz run whose search was held to --max-linf/--min-ssim: its success rate answers another
-#: question (deviations within the constraint), so the gate reads only unconstrained campaigns.
+#: Tag of a fuzz run whose search was held to --max-linf/--min-ssim (JSON of the bounds; written only for
+#: strategies that search inside a realism budget): its success rate answers another question
+#: (deviations within the budget), so the success and query checks read only unconstrained campaigns,
+#: and the realism check only such ones.
 FUZZ_CONSTRAINT_TAG = f"{TAG_PREFIX}fuzz_constraint"
+#: Tag of a fuzz run: whether SSIM could be measured on its seeds (images of at least 11x11 pixels).
+SSIM_MEASURABLE_TAG = f"{TAG_PREFIX}fuzz_ssim_measurable"
 
 
-def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, client) -> list[Measurement]:
+def _searched_budget(run):
+    """The realism budget a fuzz ``run`` searched inside (a Constraint), None when it searched without one."""
+    from mlflow_di.fuzz.realism import Constraint
+
+    try:
+        bounds = json.loads(run.data.tags.get(FUZZ_CONSTRAINT_TAG) or "null")
+        return Constraint(**bounds) if isinstance(bounds, dict) and bounds else None
+    except (TypeError, ValueError, UserError):
+        return None
+
+
+def _searched_inside(run, budget) -> bool:
+    """Whether the fuzz ``run`` searched inside a realism budget at least as strict as ``budget``."""
+    searched = _searched_budget(run)
+    measurable = run.data.tags.get(SSIM_MEASURABLE_TAG, "true") != "false"
+    return searched is not None and searched.at_least_as_strict_as(budget, ssim_measurable=measurable)
+
+
+def _complete(run) -> bool:
+    """Whether every seed of a fuzz run finished within its work budget (none stopped by the time safety net)."""
+    return not int(run.data.metrics.get("timed_out_seeds") or 0)
+
+
+def _chosen(runs: list):
+    """The rule (:data:`mlflow_di.gate.RULE`): the newest complete run, else the newest incomplete one."""
+    return next((run for run in runs if _complete(run)), runs[0] if runs else None)
+
+
+def _fuzz_evidence(run, rule: str) -> Evidence:
+    params, tags = run.data.params, run.data.tags
+    searched = _searched_budget(run)
+    return Evidence(run.info.run_id, "fuzz", "seeds", params.get("seed_data", ""), params.get("strategy", ""),
+                    searched.describe() if searched is not None else "none", _complete(run), context_line(tags),
+                    params.get("semantics", ""), rule)
+
+
+def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, client,
+          realism_budget=None) -> list[Measurement]:
+    """success_rate and mean_queries from the newest unconstrained campaign against ``target``, and
+    realistic_success_rate from the newest campaign that searched inside a realism budget at least as strict
+    as ``realism_budget`` (default :data:`~mlflow_di.fuzz.realism.DEFAULT_BUDGET`): a campaign that never
+    looked inside the budget cannot show that no realistic deviation exists. Complete campaigns first; an
+    incomplete one's success rates are lower bounds (they can fail a check, never pass it)."""
+    from mlflow_di.fuzz.realism import DEFAULT_BUDGET
+
+    budget = realism_budget or DEFAULT_BUDGET
     found = recorded_runs("fuzz", {**subject_tags, **target.fuzz_tags}, "success_rate", client, target.model_id,
-                          max_results=100)  # constrained campaigns are left out below
-    runs = [run for run in found if FUZZ_CONSTRAINT_TAG not in run.data.tags]
-    # realistic_success_rate counts triggers within a realism budget: a campaign held to one (e.g.
-    # --strategy boundary --min-ssim 0.9) answers it best, so it is read from the newest campaign of any kind
-    realistic = next((run for run in found if run.data.metrics.get("realistic_success_rate") is not None), None)
-    # one per export whatever was recorded: an export never fuzzed is a missing value (ERROR), never a skipped row
-    of_realism = [Measurement("realistic_success_rate", None, target.key, missing=missing_message(
-        CRITERION["realistic_success_rate"], subject_uri, target.key))] if realistic is None else [Measurement(
-        "realistic_success_rate", realistic.data.metrics["realistic_success_rate"], target.key, realistic.info.run_id,
-        data=realistic.data.params.get("seed_data", ""))]
-    if not runs:
+                          max_results=100)
+    rule = PINNED if _pinned.get() is not None else RULE
+    plain = _chosen([run for run in found if FUZZ_CONSTRAINT_TAG not in run.data.tags])
+    looked = _chosen([run for run in found if _searched_inside(run, budget)])
+    return [*_success_measurements(subject_uri, target, plain, bool(found), rule),
+            _realism_measurement(subject_uri, target, looked, found, budget, rule)]
+
+
+def _incomplete_note(metrics: dict, run_id: str) -> str:
+    """Why an incomplete campaign's figures prove little: seeds stopped by the time safety net found nothing,
+    which is not evidence that nothing exists."""
+    stopped = int(metrics.get("timed_out_seeds") or 0)
+    if not stopped:
+        return ""
+    return (f"fuzz run {run_id} is incomplete: {stopped} of {int(metrics.get('fuzzed', 0))} seeds stopped at the "
+            "--timeout safety net before their query budget, so their 'no trigger' is not evidence (resume the "
+            "campaign with --resume)")
+
+
+def _success_measurements(subject_uri: str, target: _CompressedTarget, run, any_recorded: bool,
+                          rule: str) -> list[Measurement]:
+    if run is None:
         message = missing_message(CRITERION["success_rate"], subject_uri, target.key)
-        if found:
-            message += " (only campaigns held to --max-linf/--min-ssim were recorded; the gate reads unconstrained ones)"
-        return [Measurement(metric, None, target.key, missing=message)
-                for metric in ("success_rate", "mean_queries")] + of_realism
-    run = runs[0]
+        if any_recorded:
+            message += (" (only campaigns held to --max-linf/--min-ssim were recorded; these checks read "
+                        "unconstrained ones)")
+        return [Measurement(metric, None, target.key, missing=message) for metric in ("success_rate", "mean_queries")]
     metrics, run_id = run.data.metrics, run.info.run_id
+    evidence, data = _fuzz_evidence(run, rule), run.data.params.get("seed_data", "")
+    incomplete = _incomplete_note(metrics, run_id)
+    note = "; ".join(filter(None, (_noise_note(metrics, run_id), incomplete)))
+    success = Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note, data=data,
+                          evidence=evidence, bound="lower" if incomplete else "")
+    if incomplete:  # seeds cut short might have needed any number of queries: no bound either way
+        return [success, Measurement("mean_queries", None, target.key, run_id, incomplete, data=data,
+                                     evidence=evidence)]
     mean_queries = metrics.get("mean_queries")
     if mean_queries is None or math.isnan(mean_queries):
         # no deviating input found: no mean per deviation, and the hardest outcome for an attacker
         found_none = metrics.get("triggers") == 0 or metrics.get("success_rate") == 0
         mean_queries = math.inf if found_none else None
     missing = "" if mean_queries is not None else f"fuzz run {run_id} recorded no mean_queries"
-    note = "; ".join(filter(None, (_noise_note(metrics, run_id), _incomplete_note(metrics, run_id))))
-    data = run.data.params.get("seed_data", "")
-    return [Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note, data=data),
-            Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note, data=data), *of_realism]
+    return [success, Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note, data=data,
+                                 evidence=evidence)]
 
 
-def _incomplete_note(metrics: dict, run_id: str) -> str:
-    """A warning when seeds of a campaign stopped at its time limit: the campaign is incomplete, and
-    their "no trigger" is not a finding."""
-    stopped = int(metrics.get("timed_out_seeds") or 0)
-    if not stopped:
+def _realism_measurement(subject_uri: str, target: _CompressedTarget, run, found: list, budget,
+                         rule: str) -> Measurement:
+    metric = "realistic_success_rate"
+    if run is None:
+        seed_data = next((r.data.params.get("seed_data") for r in found if r.data.params.get("seed_data")), "SPEC")
+        measurable = all(r.data.tags.get(SSIM_MEASURABLE_TAG, "true") != "false" for r in found)
+        message = (f"no fuzz campaign against {target.key} searched inside a realism budget at least as strict as "
+                   f"{budget.describe()}; run `mlflow-di fuzz --original {subject_uri} --compressed {target.key} "
+                   f"--seed-data {seed_data} --strategy boundary {budget.options_text(measurable)}` first")
+        context = _unjudged_realism(found)
+        return Measurement(metric, None, target.key, missing=message + (f" ({context})" if context else ""))
+    metrics, run_id = run.data.metrics, run.info.run_id
+    incomplete = _incomplete_note(metrics, run_id)
+    return Measurement(metric, metrics[metric], target.key, run_id, note=incomplete,
+                       data=run.data.params.get("seed_data", ""), evidence=_fuzz_evidence(run, rule),
+                       bound="lower" if incomplete else "")
+
+
+def _unjudged_realism(found: list) -> str:
+    """The realistic success rate the newest campaign measured after the fact: context, never judged."""
+    run = next((r for r in found if r.data.metrics.get("realistic_success_rate") is not None), None)
+    if run is None:
         return ""
-    return (f"fuzz run {run_id} is incomplete: {stopped} of {int(metrics.get('fuzzed', 0))} seeds stopped at "
-            "--timeout before their query budget, so their 'no trigger' is not evidence")
+    strategy = run.data.params.get("strategy", "fuzz")
+    return (f"context, not judged: {strategy} run {run.info.run_id[:8]} measured a realistic success rate of "
+            f"{run.data.metrics['realistic_success_rate']:.4g} after the fact, but its search did not look inside "
+            "that budget")
 
 
 def _noise_note(metrics: dict, run_id: str) -> str:
@@ -395,9 +486,13 @@ REFERENCE_SUFFIX = " (reference semantics)"
 
 
 #: Tags of a compress run on the data its figures were measured on (``commands/compress.py`` writes them):
-#: its spec, its role (held-out, calibration or training) and how many of its images are calibration images.
+#: its spec, its role (held-out; search, when a bounded search chose the export on it; calibration or
+#: training), how many of its images are calibration images, and a bounded search's held-out data.
 EVIDENCE_DATA, EVIDENCE_ROLE, EVIDENCE_SHARED = (f"{TAG_PREFIX}evidence.data", f"{TAG_PREFIX}evidence.role",
                                                  f"{TAG_PREFIX}evidence.shared_with_calibration")
+EVIDENCE_HELD_OUT = f"{TAG_PREFIX}evidence.held_out_data"
+#: the prefix of the figures a bounded export's compress run measured again on its held-out data
+HELD_OUT = "held_out."
 
 
 def _compress_evidence(run, allow_calibration_evidence: bool) -> tuple[str, str]:
@@ -411,7 +506,7 @@ def _compress_evidence(run, allow_calibration_evidence: bool) -> tuple[str, str]
     role = tags.get(EVIDENCE_ROLE)
     if role is None:
         role = "calibration" if data and data == params.get("calib_data") else "held-out"
-    if role == "held-out" or allow_calibration_evidence or tags.get(f"{TAG_PREFIX}command") != "compress":
+    if role in ("held-out", "search") or allow_calibration_evidence or tags.get(f"{TAG_PREFIX}command") != "compress":
         return data, ""
     return data, (f"compress run {run.info.run_id} measured accuracy and disagreements on {data}, "
                   f"{'a training split' if role == 'training' else 'calibration images'}, not held-out data: not "
@@ -441,14 +536,29 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     command = tags.get(f"{TAG_PREFIX}command")
     note = _semantics_note(metrics, tags)
     data, refused = _compress_evidence(run, allow_calibration_evidence)
+    held_out = tags.get(EVIDENCE_HELD_OUT)
+    rule = PINNED if _pinned.get() is not None else "the run that registered the export"
+    context = context_line(tags)
+
+    def evidence(metric: str, recorded: str) -> Evidence:
+        semantic = "reference" if recorded.startswith(("reference.", f"{HELD_OUT}reference.")) else "host"
+        if metric not in SEMANTIC_METRICS:  # speedup: timed on the compress run's host, not on data
+            return Evidence(run_id, command, context=context, rule=rule)
+        if recorded.startswith(HELD_OUT):
+            return Evidence(run_id, command, "held-out", held_out, context=context, semantics=semantic, rule=rule)
+        return Evidence(run_id, command, tags.get(EVIDENCE_ROLE, "held-out"), data, context=context,
+                        semantics=semantic, rule=rule)
 
     def read(metric: str, recorded: str, key: str) -> Measurement:
+        if held_out and metric in SEMANTIC_METRICS:  # a bounded search chose on the evaluation data: judge held-out
+            recorded = HELD_OUT + recorded
         if refused and metric in SEMANTIC_METRICS:
             return Measurement(metric, None, key, run_id, refused, data=data)
         if recorded in metrics:
+            judged = evidence(metric, recorded)
             return Measurement(metric, metrics[recorded], key, run_id,
-                               note=note if metric == "disagreement_rate" else "",
-                               data=data if metric in SEMANTIC_METRICS else "")
+                               note=note if metric == "disagreement_rate" and not held_out else "",
+                               data=judged.data, evidence=judged)
         why = {"speedup": "or with --no-benefit"}.get(metric, "or without --eval-data")
         if recorded.startswith("reference."):
             why = "or for a method that is not int8: reference semantics apply to int8 exports"
@@ -466,20 +576,26 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     return found
 
 
+def context_line(tags: dict) -> str:
+    """A run's execution context (``mlflow_di.runtime.*`` tags) in one phrase, "" when it recorded none."""
+    prefix = f"{TAG_PREFIX}runtime."
+    if f"{prefix}onnxruntime" not in tags:
+        return ""
+    return (f"onnxruntime {tags[f'{prefix}onnxruntime']} {tags.get(f'{prefix}provider', '')} "
+            f"({tags.get(f'{prefix}graph_optimization', 'all')} optimizations) on {tags.get(f'{prefix}cpu', '?')}, "
+            f"int8 features {tags.get(f'{prefix}int8_features', 'none')}"
+            + ("; its u8s8 kernels saturate" if tags.get(f"{prefix}u8s8_saturates") == "true" else ""))
+
+
 def runtime_notes(run_ids, client=None) -> list[str]:
-    """One line per distinct execution context (``mlflow_di.runtime.*`` tags) of the given runs: where the
-    figures on compressed models were computed."""
+    """One line per distinct execution context of the given runs: where the figures on compressed models
+    were computed."""
     client = client or _client()
-    prefix, seen = f"{TAG_PREFIX}runtime.", {}
+    seen: dict[str, list[str]] = {}
     for run_id in dict.fromkeys(r for r in run_ids if r):
-        tags = client.get_run(run_id).data.tags
-        if f"{prefix}onnxruntime" not in tags:
-            continue
-        line = (f"onnxruntime {tags[f'{prefix}onnxruntime']} {tags.get(f'{prefix}provider', '')} "
-                f"({tags.get(f'{prefix}graph_optimization', 'all')} optimizations) on {tags.get(f'{prefix}cpu', '?')}, "
-                f"int8 features {tags.get(f'{prefix}int8_features', 'none')}"
-                + ("; its u8s8 kernels saturate" if tags.get(f"{prefix}u8s8_saturates") == "true" else ""))
-        seen.setdefault(line, []).append(run_id[:8])
+        line = context_line(client.get_run(run_id).data.tags)
+        if line:
+            seen.setdefault(line, []).append(run_id[:8])
     return [f"figures on compressed models computed with {line} (runs {', '.join(ids)})" for line, ids in seen.items()]
 
 
@@ -513,8 +629,10 @@ def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Meas
         slug = _robustness_slugs(run).get(target.key)
         value = run.data.metrics.get(f"{ROBUSTNESS_METRIC}.{slug}") if slug else None
         if value is not None:
-            return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id,
-                               data=run.data.params.get("data", ""))
+            data = run.data.params.get("data", "")
+            rule = PINNED if _pinned.get() is not None else "the newest robustness run that measured the export"
+            return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id, data=data, evidence=Evidence(
+                run.info.run_id, "robustness", "corrupted", data, context=context_line(run.data.tags), rule=rule))
     return Measurement(ROBUSTNESS_METRIC, None, target.key,
                        missing=missing_message(CRITERION[ROBUSTNESS_METRIC], subject_uri, target.key))
 

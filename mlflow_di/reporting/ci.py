@@ -38,8 +38,9 @@ def threshold_text(check) -> str:
 
 def details(check) -> str:
     """One line: candidate, baseline and change of a check, the runs they came from, and its message."""
+    evidence = check.evidence.describe() if check.evidence else ""
     parts = [f"{'candidate ' if check.relation else ''}value {value_text(check.measured)}"
-             + (f" (run {check.run_id})" if check.run_id else "")]
+             + (f" ({evidence})" if evidence else f" (run {check.run_id})" if check.run_id else "")]
     if check.relation and check.baseline_model:
         parts.append(f"baseline {value_text(check.baseline)} from {check.baseline_model}"
                      + (f" (run {check.baseline_run_id})" if check.baseline_run_id else ""))
@@ -117,7 +118,7 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
     lines.append(f"- {_prose(verdict.summary())}")
     lines.append("")
     header = ["criterion", "model", "value", "threshold", *(["baseline", "change"] if relative else []), "result", "runs",
-              "data"]
+              "evidence"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for check in verdict.checks:
         runs = [link(run_id) for run_id in (check.run_id, check.baseline_run_id) if run_id]
@@ -126,7 +127,7 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
         if relative:
             row += [value_text(check.baseline) if check.relation and check.baseline_model else "",
                     value_text(check.change) if check.relation and check.change is not None else ""]
-        row += ["PASS" if check.passed else "**FAIL**", ", ".join(runs), _code(check.data) if check.data else ""]
+        row += ["PASS" if check.passed else "**FAIL**", ", ".join(runs), evidence_cell(check)]
         lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
     messages = list(dict.fromkeys(c.message for c in verdict.checks if c.message))
     if messages:
@@ -134,6 +135,25 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
     if gate_run_id:
         lines += ["", f"Gate run: {link(gate_run_id)}"]
     return "\n".join(lines) + "\n"
+
+
+def evidence_cell(check) -> str:
+    """What a check's figure rests on, for a table cell: split and data, strategy and budget, completeness,
+    semantics (the run is its own column; the execution contexts are listed once below the table)."""
+    evidence = check.evidence
+    if evidence is None:
+        return _code(check.data) if check.data else ""
+    parts = []
+    if evidence.data:
+        parts.append(f"{evidence.split} {_code(evidence.data)}" if evidence.split else _code(evidence.data))
+    if evidence.strategy:
+        parts.append(_prose(evidence.strategy + (f" inside {evidence.budget}" if evidence.budget not in ("", "none")
+                                                  else ", no realism budget")))
+    if evidence.complete is False:
+        parts.append("**INCOMPLETE**")
+    if evidence.semantics:
+        parts.append(f"{evidence.semantics} semantics")
+    return "; ".join(parts)
 
 
 def error_markdown(model_uri: str, cause: str) -> str:
