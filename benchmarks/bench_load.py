@@ -13,7 +13,10 @@ clock, as the paper's budget is), over the seeds' queries.
 Subject: the DFlare LeNet-5 reference pair (``lenet5.h5`` as ``lenet5-same`` vs ``lenet5-quan.lite``),
 MNIST test seeds [9000:9020], the product's defaults otherwise (2,000 queries per seed).
 
-    .venv/bin/python -m benchmarks.bench_load [--shared ../shared] [--burners 8] [--net 1.5] [--threads 1] [--no-write]
+    .venv/bin/python -m benchmarks.bench_load [--shared ../shared] [--burners 8] [--net 1.5] [--threads 1,2] [--no-write]
+
+``--threads``: the models' intra-op threads (MLFLOW_DI_THREADS), each setting its own rows; the product's
+default is one per core, whose idle threads spin and so charge more CPU seconds on a loaded machine.
 """
 from __future__ import annotations
 
@@ -93,11 +96,11 @@ def render(rows: list[dict], cost: dict, args) -> str:
              f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; each campaign in a fresh process). DFlare LeNet-5 "
              "pair, MNIST test [9000:9020], 2,000 queries per seed. Idle with the default safety net (600 CPU s), "
              f"then beside {args.burners} CPU-burning processes with the net at {args.net:g}x the slowest idle seed.", "",
-             "| campaign | triggers | records identical | stopped by the net | slowest seed idle / loaded (CPU s) | net (CPU s) "
-             "| CPU inflation per seed, median / max | wall idle / loaded (s) | load |",
-             "|---|---:|---|---:|---|---:|---|---|---:|"]
+             "| campaign | model threads | triggers | records identical | stopped by the net | slowest seed idle / loaded "
+             "(CPU s) | net (CPU s) | CPU inflation per seed, median / max | wall idle / loaded (s) | load |",
+             "|---|---:|---:|---|---:|---|---:|---|---|---:|"]
     for r in rows:
-        lines.append(f"| {r['kind']} | {r['triggers']}/{r['seeds']} | {'yes' if r['identical'] else '**no**'} | "
+        lines.append(f"| {r['kind']} | {r['threads']} | {r['triggers']}/{r['seeds']} | {'yes' if r['identical'] else '**no**'} | "
                      f"{r['timed_out']} | {r['slowest_idle_s']:.2f} / {r['slowest_loaded_s']:.2f} | {r['net_s']:.2f} | "
                      f"{r['inflation_median']:.2f}x / {r['inflation_max']:.2f}x | {r['idle_wall_s']:.1f} / "
                      f"{r['loaded_wall_s']:.1f} | {r['load']:.1f} |")
@@ -112,7 +115,7 @@ def main() -> None:
     parser.add_argument("--shared", default=str(pathlib.Path(__file__).resolve().parents[2] / "shared"))
     parser.add_argument("--burners", type=int, default=8)
     parser.add_argument("--net", type=float, default=1.5, help="the safety net under load, x the slowest idle seed")
-    parser.add_argument("--threads", type=int, default=1, help="MLFLOW_DI_THREADS for the models")
+    parser.add_argument("--threads", default="1", help="MLFLOW_DI_THREADS for the models (comma-separated: each)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: run one campaign, print JSON
     args = parser.parse_args()
@@ -120,20 +123,21 @@ def main() -> None:
     if args.one is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(int(args.threads))
         figures = per_query_cost(shared) if args.one == "cost" else one(args.one, shared, args.burners, args.net)
-        print(json.dumps(figures))
+        print(json.dumps({**figures, "threads": int(args.threads)}))
         return
-    env = {**os.environ, "MLFLOW_DI_THREADS": str(args.threads), "OMP_NUM_THREADS": str(args.threads)}
 
-    def child(what: str) -> dict:
+    def child(what: str, threads: str) -> dict:
+        env = {**os.environ, "MLFLOW_DI_THREADS": threads, "OMP_NUM_THREADS": threads}
         out = subprocess.run([sys.executable, "-m", "benchmarks.bench_load", "--one", what, "--shared", str(shared),
-                              "--burners", str(args.burners), "--net", str(args.net), "--threads", str(args.threads)],
+                              "--burners", str(args.burners), "--net", str(args.net), "--threads", threads],
                              env=env, capture_output=True, text=True, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    rows = [child(kind) for kind in KINDS]
-    section = render(rows, child("cost"), args)
+    settings = args.threads.split(",")
+    rows = [child(kind, threads) for threads in settings for kind in KINDS]
+    section = render(rows, child("cost", settings[0]), args)
     print(section)
     if not args.no_write:
         from benchmarks.results import write_section

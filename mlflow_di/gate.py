@@ -131,8 +131,9 @@ CRITERIA: list[Criterion] = [
     #: the export's latency against its fp32 source's on the compress run's host (above 1: faster)
     Criterion("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True, range="positive",
               hint=" (e.g. 1: no slower than the source)",
-              help="Fail if an export runs slower than this multiple of its fp32 source's speed (source latency / "
-                   "export latency at batch 64, as its compress run measured on its host); 1: never slower."),
+              help="Fail if an export runs measurably slower than this multiple of its fp32 source's speed (source "
+                   "latency / export latency at batch 64, timed in pairs by its compress run: fails only when the "
+                   "whole 95% interval is below); 1: never slower."),
 ]
 CRITERION = {c.metric: c for c in CRITERIA}
 
@@ -352,8 +353,11 @@ class Measurement(JsonRoundTrip):
     #: ``lower``: the true value is at least this (an incomplete campaign's rate): it proves a ``>=`` check
     #: passing or a ``<=`` check failing, nothing else; "" for an exact figure
     bound: str = ""
+    #: a figure with a spread (a speedup timed in pairs): its 95% interval, which a check judges: it fails only
+    #: when the whole interval is beyond the threshold
+    interval: tuple[float, float] | None = None
 
-    JSON_OPTIONAL = {"method": None, "note": "", "data": "", "evidence": None, "bound": ""}
+    JSON_OPTIONAL = {"method": None, "note": "", "data": "", "evidence": None, "bound": "", "interval": None}
 
     @property
     def found(self) -> bool:
@@ -386,9 +390,11 @@ class Check(JsonRoundTrip):
     data: str = ""
     #: what the measured value rests on (the measurement's ``evidence``)
     evidence: Evidence | None = None
+    #: the measured value's 95% interval, when it has one (the measurement's ``interval``)
+    interval: tuple[float, float] | None = None
 
     JSON_OPTIONAL = {**{name: None for name in ("relation", "baseline", "change", "baseline_model", "baseline_run_id")},
-                     "data": "", "evidence": None}
+                     "data": "", "evidence": None, "interval": None}
 
     @property
     def comparison(self) -> str:
@@ -562,8 +568,15 @@ def _relevant(criterion: Criterion, measurements: list[Measurement], model_uri: 
 def _check(criterion: Criterion, threshold: float, measurement: Measurement) -> Check:
     value = measurement.value
     if measurement.found:
-        passed = value >= threshold if criterion.greater_is_better else value <= threshold
+        # a figure with a spread fails only when its whole interval is beyond the threshold
+        judged = value if measurement.interval is None else measurement.interval[1 if criterion.greater_is_better else 0]
+        passed = judged >= threshold if criterion.greater_is_better else judged <= threshold
         message = measurement.note
+        if measurement.interval is not None and passed != (value >= threshold if criterion.greater_is_better
+                                                           else value <= threshold):
+            low, high = measurement.interval
+            message = "; ".join(filter(None, (f"{value:.4g} is on the wrong side of {threshold:g}, but its 95% interval "
+                                              f"{low:.4g}-{high:.4g} reaches it: no measurable difference", message)))
         if measurement.bound == "lower" and passed != criterion.greater_is_better:  # cannot prove this outcome
             passed, value = False, None
             message = (f"{measurement.value:.4g} is only a lower bound, which cannot show "
@@ -571,7 +584,8 @@ def _check(criterion: Criterion, threshold: float, measurement: Measurement) -> 
     else:
         passed, message = False, measurement.missing or missing_message(criterion, "the model")
     return Check(criterion.metric, measurement.compressed, value, float(threshold), criterion.greater_is_better,
-                 bool(passed), measurement.run_id, message, data=measurement.data, evidence=measurement.evidence)
+                 bool(passed), measurement.run_id, message, data=measurement.data, evidence=measurement.evidence,
+                 interval=measurement.interval)
 
 
 def _relative_check(relation: Relation, threshold: float, measurement: Measurement, baseline: Baseline) -> Check:

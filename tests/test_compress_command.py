@@ -32,7 +32,11 @@ def test_every_method_registers_an_export_with_lineage_that_fuzz_accepts(registe
         assert metrics["kl_divergence"] >= 0 and 0 <= metrics["margin_compressed"] <= 1
         assert metrics["compressed_size_bytes"] > 0
         # what the export buys on this host, beside the context it was measured in
-        assert metrics["speedup"] == pytest.approx(metrics["source_latency_b64_ms"] / metrics["latency_b64_ms"])
+        # the speedup: the median ratio of runs timed in turns, inside its 95% interval, with the load beside it
+        assert metrics["speedup_low"] <= metrics["speedup"] <= metrics["speedup_high"] and metrics["speedup_pairs"] >= 20
+        assert metrics["speedup_b1_low"] <= metrics["speedup_b1"] <= metrics["speedup_b1_high"]
+        assert metrics["benefit_load_1min"] >= 0
+        assert version.tags["mlflow_di.benefit.verdict"] in ("faster", "slower", "no measurable difference")
         assert metrics["latency_b1_ms"] > 0 and metrics["throughput"] > 0 and metrics["peak_memory_mib"] > 0
         assert float(version.tags["mlflow_di.benefit.speedup"]) == pytest.approx(metrics["speedup"], abs=1e-3)
         assert version.tags["mlflow_di.runtime.provider"] == run.data.tags["mlflow_di.runtime.provider"]
@@ -260,7 +264,8 @@ def test_every_export_of_the_model_is_judged_or_named_as_not_judged(registered_c
     assert main(["compress", "--model-uri", registered_cnn, "--method", "int8-dynamic,prune-l1", "--no-benefit",
                  "--calib-data", "digits[0:200]", "--eval-data", "digits[1300:]"]) == 0
     assert main(["fuzz", "--original", registered_cnn, "--compressed", "models:/cnn-int8-dynamic/1",
-                 "--seed-data", "digits[1300:1310]", "--max-queries", "30"]) == 0
+                 "--seed-data", "digits[1300:1310]", "--max-queries", "30", "--strategy", "boundary",
+                 "--max-linf", "32"]) == 0  # inside the realism budget (the digits are too small for SSIM)
     capsys.readouterr()
     gate = ["gate", "--model-uri", registered_cnn, "--max-realistic-success-rate", "1.0"]
     assert main(gate) == 2

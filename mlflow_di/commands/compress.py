@@ -144,9 +144,11 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
         selection.splits = (_split(evaluation, original), selection.held_out.split if selection.held_out else None)
     if selection.held_out is not None:
         evidence = _searched_on(evidence, selection.held_out)
-    outcomes = [_compress_one(source, ref, method, calib, evaluation, amount, register_as or f"{ref.base_name}-{method}",
-                              lineage_base, source_tags, device, selection, inputs, original, evidence)
-                for method in methods]
+    with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
+        selection.scratch = pathlib.Path(scratch)
+        outcomes = [_compress_one(source, ref, method, calib, evaluation, amount,
+                                  register_as or f"{ref.base_name}-{method}", lineage_base, source_tags, device,
+                                  selection, inputs, original, evidence) for method in methods]
     misses = [miss for _, miss in outcomes if miss]
     if misses:  # after every method: the others are registered
         from mlflow_di.errors import UserError
@@ -255,7 +257,8 @@ class Selection:
     recipe: object = None  # compression.recipes.Recipe of int8-static (None: the default)
     semantics: str = "host"  # which answers a bound judges: host, reference or both
     benefit: bool = True  # measure latency, size and memory of each export and its source
-    source_benefit: object = None  # the source's models.benefit.Benefit, measured once for every method
+    source_benefit: tuple | None = None  # (the source's fp32 ONNX file, its models.benefit.Benefit): once per command
+    scratch: pathlib.Path | None = None  # a folder that lasts the whole command (every method's scratch is its own)
     held_out: HeldOut | None = None  # a bounded search's held-out data: the figures the gate judges
 
     @property
@@ -438,7 +441,7 @@ def _export_metrics(source, original, compressed, evaluation, method: str, name:
     metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
                    compressed_gzip_bytes=gzip_size(result.path))
     if selection.benefit:
-        outcome.benefit = _benefit(source, result, selection, scratch)
+        outcome.benefit = _benefit(source, result, selection)
         metrics.update(outcome.benefit.metrics() if outcome.benefit is not None else {})
     if result.sparsity is not None:
         metrics["sparsity"] = result.sparsity
@@ -605,7 +608,7 @@ def _reference_metrics(original, path, evaluation, deviation, device, outcome: "
     return metrics
 
 
-def _benefit(source, result, selection: "Selection", scratch: pathlib.Path):
+def _benefit(source, result, selection: "Selection"):
     """The export's :class:`~mlflow_di.models.benefit.Comparison` with its fp32 source (exported and measured
     once for every method of the command)."""
     from mlflow_di.compression.methods import float_export
@@ -614,10 +617,11 @@ def _benefit(source, result, selection: "Selection", scratch: pathlib.Path):
 
     try:
         if selection.source_benefit is None:
-            fp32 = float_export(source.module, source.preprocessing, scratch / "source-fp32.onnx",
+            fp32 = float_export(source.module, source.preprocessing, selection.scratch / "source-fp32.onnx",
                                 graph=selection.graph)
-            selection.source_benefit = benefit.measure(fp32.path)
-        return benefit.Comparison(selection.source_benefit, benefit.measure(result.path))
+            selection.source_benefit = (fp32.path, benefit.measure(fp32.path))
+        fp32_path, measured = selection.source_benefit
+        return benefit.compare(fp32_path, result.path, source=measured)
     except UserError as exc:  # the export itself is sound: say why its speed is unknown and go on
         click.echo(f"  WARNING: no latency figures for the {result.method} export: {exc} (gate --min-speedup will "
                    "say it was not measured)")
@@ -629,7 +633,10 @@ def _benefit_tags(comparison) -> dict:
     if comparison is None:
         return {}
     export = comparison.export
+    interval = comparison.paired_batch
     return {"mlflow_di.benefit.speedup": f"{comparison.speedup:.3f}",
+            **({"mlflow_di.benefit.speedup_interval": f"{interval.low:.3f}-{interval.high:.3f}",
+                "mlflow_di.benefit.verdict": interval.verdict} if interval is not None else {}),
             "mlflow_di.benefit.latency_b1_ms": f"{export.latency_b1_ms:.4f}",
             f"mlflow_di.benefit.latency_b{export.batch}_ms": f"{export.latency_batch_ms:.4f}",
             "mlflow_di.benefit.size_bytes": str(export.size_bytes),
@@ -757,8 +764,9 @@ def _runtime_section(html, metrics: dict, outcome: Outcome) -> None:
         html.paragraph(f"Latency: ONNX Runtime CPU session, {benefit.export.threads} thread, median of "
                        f"{benefit.export.runs} runs after warm-up (b1 / b{benefit.export.batch}: milliseconds per call at "
                        f"batch 1 / {benefit.export.batch}), random inputs; peak MiB: the peak resident memory of a "
-                       "process that loads only this model and runs it (ONNX Runtime included). Speedup (batch "
-                       f"{benefit.export.batch}): {benefit.speedup:.2f}x.")
+                       "process that loads only this model and runs it (ONNX Runtime included). Speedup: both models "
+                       "timed in turns in one process, the median ratio of the pairs and its 95% interval; slower or "
+                       f"faster only when the whole interval says so. {benefit.speed_line()}.")
         html.table(benefit.rows())
         if benefit.warning():
             html.paragraph(benefit.warning())
@@ -939,8 +947,9 @@ def _print_runtime(metrics: dict, outcome: Outcome) -> None:
         benefit = outcome.benefit
         click.echo(f"  latency {benefit.source.latency_b1_ms:.3f} -> {benefit.export.latency_b1_ms:.3f} ms (batch 1), "
                    f"{benefit.source.latency_batch_ms:.2f} -> {benefit.export.latency_batch_ms:.2f} ms (batch "
-                   f"{benefit.export.batch}): speedup {benefit.speedup:.2f}x; peak memory "
-                   f"{benefit.source.peak_memory_mib:.1f} -> {benefit.export.peak_memory_mib:.1f} MiB")
+                   f"{benefit.export.batch}); peak memory {benefit.source.peak_memory_mib:.1f} -> "
+                   f"{benefit.export.peak_memory_mib:.1f} MiB")
+        click.echo(f"  {benefit.speed_line()}")
         if benefit.warning():
             click.echo(f"  {benefit.warning()}")
 

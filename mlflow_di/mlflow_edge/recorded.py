@@ -556,9 +556,11 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
             return Measurement(metric, None, key, run_id, refused, data=data)
         if recorded in metrics:
             judged = evidence(metric, recorded)
+            spread = (metrics[f"{recorded}_low"], metrics[f"{recorded}_high"]) \
+                if f"{recorded}_low" in metrics and f"{recorded}_high" in metrics else None
             return Measurement(metric, metrics[recorded], key, run_id,
                                note=note if metric == "disagreement_rate" and not held_out else "",
-                               data=judged.data, evidence=judged)
+                               data=judged.data, evidence=judged, interval=spread)
         why = {"speedup": "or with --no-benefit"}.get(metric, "or without --eval-data")
         if recorded.startswith("reference."):
             why = "or for a method that is not int8: reference semantics apply to int8 exports"
