@@ -24,7 +24,7 @@ from mlflow_di.errors import Terminated, UserError, note_sigterm, received_sigte
 #: Subcommand name -> module in mlflow_di.commands (each defines ``command``), in help order.
 COMMANDS = {"demo": "demo", "describe": "describe", "import-keras": "import_keras", "coverage": "coverage",
             "inspect": "inspect", "generate": "generate", "compress": "compress", "fuzz": "fuzz", "repair": "repair", "robustness": "robustness",
-            "gate": "gate", "pipeline": "pipeline", "serve": "serve"}
+            "gate": "gate", "pipeline": "pipeline", "serve": "serve", "close-runs": "close_runs"}
 
 
 class LazyGroup(click.Group):
@@ -100,12 +100,19 @@ def _on_sigterm(signum, frame):
 
 
 def _error(message: str) -> None:
-    click.echo(f"mlflow-di: error: {message}", err=True)
+    from mlflow_di.printable import printable
+
+    click.echo(f"mlflow-di: error: {printable(message)}", err=True)  # one line, whatever names it holds
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: run the CLI and turn every failure that is the user's into one line."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # users turn it on by setting it to false
+    import warnings
+
+    # NumPy's "invalid value encountered in ..." is no message for a user: a model that answers NaN or Inf is
+    # one line naming it (models.classifier.check_finite), and the console keeps to its own lines
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"numpy\..*")
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = _run(argv)
@@ -129,8 +136,8 @@ def _run(argv: list[str] | None) -> int:
         _error(f"{exc.format_message()} (see `{command} --help`)")
         return 2
     except UserError as exc:
-        _error(str(exc).strip().splitlines()[0] if str(exc).strip() else "bad input")
-        return 2
+        _error(str(exc).strip() or "bad input")  # a name's newline is shown, not obeyed: the line stays whole
+        return getattr(exc, "exit_code", 2)  # 2, or a subclass's own (75: busy, try again later)
     except (KeyboardInterrupt, click.Abort):
         if received_sigterm():  # also when work swallowed the Terminated and re-raised a plain interrupt
             _error("terminated (SIGTERM); finished work is kept")

@@ -215,7 +215,16 @@ def parse_policy(content: bytes | str, source: str = "policy") -> Policy:
     if len(raw) > MAX_POLICY_BYTES:
         raise UserError(f"{source}: {len(raw):,} bytes is too big for a policy (at most {MAX_POLICY_BYTES:,}); "
                         "check that this is the policy file")
-    loader = yaml.SafeLoader(raw)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{source}: not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); a policy is "
+                        "a YAML text file") from None
+    bad = next((c for c in text if (ord(c) < 32 and c not in "\t\n\r") or c == "\x7f"), None)
+    if bad is not None:
+        line = text[:text.index(bad)].count("\n") + 1
+        raise UserError(f"{source}: a control character ({bad!r}) on line {line}; a policy is plain YAML text") from None
+    loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is not None:

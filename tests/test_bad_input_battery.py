@@ -190,7 +190,50 @@ def assets(tmp_path_factory) -> dict[str, str]:
     paths["adir"] = str(root / "out")
     path("_campaign", "out/campaign/seeds.jsonl").write_text("{}\n")
     paths["campaign"] = str(root / "out/campaign")
+    _fourth_round(path, paths, root)
     return paths
+
+
+def _fourth_round(path, paths: dict, root) -> None:
+    """Assets of the fourth hardening round: models that answer NaN/Inf, a custom ONNX operator, a 3-channel
+    8x8 model, damaged and misdirected MLflow model folders, policies with bytes no text holds."""
+    import shutil
+
+    import mlflow
+    import torch
+    from onnx import TensorProto, helper, save
+
+    from mlflow_di.models import zoo
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, factor: float, channels: int = 1):
+            super().__init__()
+            self.conv, self.fc, self.factor = torch.nn.Conv2d(channels, 2, 3), torch.nn.Linear(72, 10), factor
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).flatten(1)) * self.factor
+
+    for key, factor, channels in (("nan_onnx", float("nan"), 1), ("inf_onnx", float("inf"), 1), ("rgb_onnx", 1.0, 3)):
+        torch.onnx.export(Scaled(factor, channels).eval(), torch.randn(2, channels, 8, 8), str(path(key, f"models/{key}.onnx")),
+                          input_names=["input"], dynamic_axes={"input": {0: "batch"}}, dynamo=False)
+    graph = helper.make_graph([helper.make_node("MyOp", ["x"], ["y"], domain="my.domain", name="mine")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.domain", 1)],
+                           ir_version=8), str(path("custom_op_onnx", "models/custom-op.onnx")))
+    pt2 = path("garbage_pt2", "models/garbage-pt2")
+    mlflow.pytorch.save_model(zoo.build("digits-cnn", seed=0), str(pt2),
+                              input_example=np.zeros((2, 1, 8, 8), np.float32))
+    (pt2 / "data" / "model.pt2").write_bytes(b"not a zip archive" * 20)
+    elsewhere = path("data_outside", "models/data-outside")
+    shutil.copytree(pt2, elsewhere)
+    mlmodel = (elsewhere / "MLmodel").read_text()
+    (elsewhere / "MLmodel").write_text(mlmodel.replace("model_data: data", "model_data: ../../../outside"))
+    path("policy_not_utf8", "policies/latin1.yaml").write_bytes(b"gate: {thresholds: {min_idc: 0.5}}\n# caf\xe9\n")
+    path("policy_nul", "policies/nul.yaml").write_bytes(b"gate: {thresholds: {min_idc: 0.5}}\x00\n")
+    path("policy_escape", "policies/escape.yaml").write_bytes(b"gate: {thresholds: {min_idc: 0.5}, promote_alias: \x1b[2J}\n")
+    path("policy_bad_alias", "policies/bad-alias.yaml").write_text(
+        "gate: {thresholds: {min_idc: 0.5}, promote_alias: 'bad alias <script>'}\n")
 
 
 # (id, argv); "{key}" is replaced by the path assets[key]
@@ -497,11 +540,47 @@ CASES = [
     ("tracking-timeout-nan", ["--tracking-uri", "http://127.0.0.1:9", "--tracking-timeout", "nan", "gate",
                               "--model-uri", "models:/m/1", "--min-idc", "0.5"]),
     ("tracking-server-down-describe", ["--tracking-uri", "http://127.0.0.1:9", "describe", "models:/m/1"]),
+    # ---------------------------------------------------------------- hardening, fourth round
+    ("fuzz-model-answers-nan", ["fuzz", "--original", "{nan_onnx}", "--compressed", "{nan_onnx}", "--seed-data",
+                                "digits[0:4]"]),
+    ("robustness-nan-original-inf-compressed", ["robustness", "--model-uri", "{nan_onnx}", "--compressed", "{inf_onnx}",
+                                                "--data", "digits[0:4]"]),
+    ("coverage-model-answers-nan", coverage(model="{nan_onnx}")),
+    ("compress-model-answers-nan", ["compress", "--model-uri", "{nan_onnx}", "--method", "int8-dynamic", "--eval-data",
+                                    "digits[0:20]", "--no-benefit"]),
+    ("coverage-custom-onnx-operator", coverage(model="{custom_op_onnx}")),
+    ("fuzz-channel-mismatch", ["fuzz", "--original", "{rgb_onnx}", "--compressed", "{rgb_onnx}", "--seed-data",
+                               "digits[0:4]"]),
+    ("describe-garbage-pt2", ["describe", "{garbage_pt2}"]),
+    ("describe-mlmodel-data-outside", ["describe", "{data_outside}"]),
+    ("pipeline-policy-not-utf8", ["pipeline", "--policy", "{policy_not_utf8}", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-nul", ["pipeline", "--policy", "{policy_nul}", "--model-uri", "models:/m/1"]),
+    ("serve-policy-escape", ["serve", "--policy", "{policy_escape}", "--state-dir", "{empty_dir}/service"]),
+    ("pipeline-policy-bad-alias", ["pipeline", "--policy", "{policy_bad_alias}", "--model-uri", "models:/m/1"]),
+    ("gate-promote-alias-invalid", ["gate", "--model-uri", "models:/absent/1", "--min-idc", "0.5", "--promote-alias",
+                                    "bad alias <script>"]),
+    ("gate-model-name-with-newline", ["gate", "--model-uri", "models:/two\nlines/1", "--min-idc", "0.5"]),
+    ("describe-model-name-with-escape", ["describe", "models:/clear\x1b[2Jscreen/1"]),
 ]
 
 #: What the one error line must name, for cases where a later, different error could hide the
 #: intended one (the command would otherwise go on and fail elsewhere).
 FRAGMENTS = {
+    "fuzz-model-answers-nan": "answered NaN or Inf on 4 of 4 images",
+    "robustness-nan-original-inf-compressed": "answered NaN or Inf",
+    "coverage-model-answers-nan": "answered NaN or Inf",
+    "compress-model-answers-nan": "answered NaN or Inf",
+    "coverage-custom-onnx-operator": "ONNX Runtime cannot run it either",
+    "fuzz-channel-mismatch": "images have 1 channel(s) but the model expects 3",
+    "describe-garbage-pt2": "cannot read the pt2 (torch.export) model",
+    "describe-mlmodel-data-outside": "outside the model's folder",
+    "pipeline-policy-not-utf8": "not UTF-8 text",
+    "pipeline-policy-nul": "a control character ('\\x00')",
+    "serve-policy-escape": "a control character ('\\x1b')",
+    "pipeline-policy-bad-alias": "gate.promote_alias",
+    "gate-promote-alias-invalid": "is not an alias MLflow accepts",
+    "gate-model-name-with-newline": "models:/two\\x0alines/1",
+    "describe-model-name-with-escape": "clear\\x1b[2Jscreen",
     "pipeline-policy-dev-zero": "is a device, not a regular file",
     "pipeline-policy-fifo": "is a FIFO, not a regular file",
     "serve-policy-fifo": "is a FIFO, not a regular file",

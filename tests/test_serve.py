@@ -486,3 +486,22 @@ def job_state_in_queue(state: pathlib.Path, version: str) -> str:
         return queue.find("svc", version).state
     finally:
         queue.close()
+
+
+def test_a_whitespace_secret_is_refused(monkeypatch):
+    from mlflow_di.commands.serve import _secret
+    from mlflow_di.errors import UserError
+
+    monkeypatch.setenv("MLFLOW_DI_TEST_SECRET", "  \t ")
+    with pytest.raises(UserError, match="only whitespace"):
+        _secret("MLFLOW_DI_TEST_SECRET")
+
+
+def test_models_whose_names_differ_only_in_unsafe_characters_never_share_a_folder():
+    """'col a' and 'col_a' had shared pipelines/col_a-1 and one log file under serve --workers 2."""
+    from mlflow_di.commands import pipeline
+    from mlflow_di.commands.serve import _slug
+
+    assert _slug("col_a-1") == "col_a-1"  # a name that needs no change keeps its folder
+    assert len({_slug("col a-1"), _slug("col_a-1"), _slug("col/a-1")}) == 3
+    assert pipeline._slug("models:/col a/1") != pipeline._slug("models:/col_a/1")

@@ -172,6 +172,9 @@ def service_offering(offer):
     {"entity": "model_version", "action": "created", "data": {"name": "m", "version": [1]}},
     {"entity": "model_version", "action": "created", "data": {"name": ["m"], "version": "1"}},
     {"entity": "model_version", "action": "created", "data": {"name": "m", "version": True}},
+    {"entity": "model_version", "action": "created", "data": {"name": "m", "version": "abc"}},  # not a number: a 503
+    {"entity": "model_version", "action": "created", "data": {"name": "m", "version": "-1"}},   # made MLflow retry
+    {"entity": "model_version", "action": "created", "data": {"name": "a/b", "version": "1"}},  # forever
     ["not", "an", "object"],
     "just a string",
 ])
@@ -186,6 +189,22 @@ def test_a_signed_payload_of_the_right_shape_is_offered(version):
     service = service_offering(lambda name, number, run_id, source: (200, {"offered": [name, number, source]}))
     payload = {"entity": "model_version", "action": "created", "data": {"name": "m", "version": version}}
     assert service.webhook(*signed(payload)) == (200, {"offered": ["m", "3", "webhook"]})
+
+
+def test_the_registry_decides_404_for_an_absent_version_and_ignores_one_older_than_the_service(mlflow_client):
+    """Nothing to retry for a version that does not exist (MLflow redelivers what fails with a 5xx), and a
+    delivery for a version created before the service started is not a job (only --backfill queues those)."""
+    from mlflow_di.commands.serve import Service
+    from mlflow_server import register_version
+
+    old = register_version(mlflow_client, "m")
+    service = Service.__new__(Service)
+    service.models, service.backfill, service.since_ms = (), False, old.creation_timestamp + 1
+    service._say, service.queue = (lambda line: None), None
+    status, answer = service.offer("m", "7", None, "webhook")
+    assert status == 404 and "models:/m/7 is not in the registry" in answer["error"]
+    status, answer = service.offer("m", "1", None, "webhook")
+    assert status == 200 and "created before this service started (--backfill" in answer["ignored"]
 
 
 def test_a_signed_body_nested_a_hundred_thousand_deep_is_a_400_not_a_500():

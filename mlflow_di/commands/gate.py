@@ -11,12 +11,13 @@ version keeps it). With ``--baseline`` the candidate is also compared with anoth
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 import click
 
-from mlflow_di.commands.options import (FiniteFloat, Fraction, NamedNumber, RealismBudget, RunIds, WritablePath,
-                                        json_out_option, stacked, write_json_out, write_text_out)
+from mlflow_di.commands.options import (AliasName, FiniteFloat, Fraction, NamedNumber, RealismBudget, RunIds,
+                                        WritablePath, json_out_option, stacked, write_json_out, write_text_out)
 
 
 def threshold_options(relative: bool):
@@ -63,7 +64,7 @@ def threshold_options(relative: bool):
 @click.option("--runs", "pinned_runs", type=RunIds(), default=None,
               help="Judge only these runs' results (comma-separated ids; a pipeline passes its own step runs). "
                    "Default: the newest recorded run of each kind; the report names the runs it took.")
-@click.option("--promote-alias", default=None, metavar="ALIAS",
+@click.option("--promote-alias", type=AliasName(), default=None,
               help="On pass, point this alias of the registered model at the version; on FAIL or ERROR, take it off "
                    "this version (an earlier version that holds it keeps it).")
 @json_out_option
@@ -82,8 +83,8 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     """
     from mlflow_di.errors import UserError
     from mlflow_di.gate import Thresholds, decide
-    from mlflow_di.mlflow_edge import recorded, registry, runs
-    from mlflow_di.reporting.ci import summary_markdown
+    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge.version_lock import version_lock
 
     thresholds = Thresholds(**{**thresholds, **dict(extra_thresholds)}).require_any()
     baseline = baseline or None  # MLproject passes "" for unset
@@ -99,6 +100,46 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
                                       exclude=tuple(exclude_export), realism_budget=realism_budget)
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared)
+    with version_lock(version.name, version.version, "gate", wait_s=LOCK_WAIT_S):  # one gate's record, whole
+        written = _write_verdict(verdict, version, source, model_uri, baseline, compressed, promote_alias,
+                                 _evidence_notes(verdict, pinned_runs, realism_budget))
+    # what a pipeline calling this command logs on its own run (see commands/pipeline.py)
+    click.get_current_context().meta["mlflow_di.gate"] = {"run_id": written.run_id, "outcome": verdict.outcome,
+                                                          "metrics": written.metrics, "report": written.report}
+    write_json_out({**verdict.to_dict(), "outcome": verdict.outcome, "checked_at": written.checked_at,
+                    "run_id": written.run_id}, json_out)
+    _write_ci_reports(verdict, written.checked_at, written.run_id, junit_xml, summary_md, written.notes,
+                      written.run_link)
+    _print_verdict(verdict, version, source, promote_alias, written.run_id, written.alias_dropped, written.rules)
+    if verdict.outcome == "ERROR":
+        raise UserError(f"the gate could not judge {model_uri}: {verdict.cause}")
+    if not verdict.passed:
+        click.get_current_context().exit(1)
+
+
+#: seconds a gate waits for another one writing the same version's verdict (gates take seconds)
+LOCK_WAIT_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """What one gate wrote: its run, when, the notes and metrics it logged, the report, how runs are linked."""
+
+    run_id: str
+    checked_at: str
+    notes: tuple
+    rules: tuple
+    metrics: dict
+    report: str
+    run_link: object
+    alias_dropped: bool
+
+
+def _write_verdict(verdict, version, source, model_uri: str, baseline, compressed, promote_alias, rules) -> _Written:
+    """The gate run, the version's tags, alias and description: every write of one verdict (under its lock)."""
+    from mlflow_di.mlflow_edge import recorded, registry, runs
+    from mlflow_di.reporting.ci import summary_markdown
+
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     tags = {"mlflow_di.command": "gate", **registry.version_tags(version, model_uri), "mlflow_di.verdict": verdict.outcome}
     with runs.tracked_run(f"gate {version.name}/{version.version}", tags=tags) as log:
@@ -112,7 +153,6 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
             registry.set_alias(version, promote_alias)
         elif promote_alias:
             alias_dropped = registry.drop_alias_from(version, promote_alias)
-        rules = _evidence_notes(verdict, pinned_runs, realism_budget)
         notes = (*_notes(verdict, version, source, baseline, promote_alias, alias_dropped), *rules,
                  *recorded.runtime_notes(c.run_id for c in verdict.checks))
         metrics, report = _log_verdict(log, verdict, compressed, promote_alias, notes)
@@ -120,17 +160,7 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
         registry.write_verdict_description(version, summary_markdown(
             verdict, run_link, log.run_id, (f"checked {checked_at}; the report is gate/report.html of the gate run",
                                            *notes)))
-    # what a pipeline calling this command logs on its own run (see commands/pipeline.py)
-    click.get_current_context().meta["mlflow_di.gate"] = {"run_id": log.run_id, "outcome": verdict.outcome,
-                                                          "metrics": metrics, "report": report}
-    write_json_out({**verdict.to_dict(), "outcome": verdict.outcome, "checked_at": checked_at, "run_id": log.run_id},
-                   json_out)
-    _write_ci_reports(verdict, checked_at, log.run_id, junit_xml, summary_md, notes, run_link)
-    _print_verdict(verdict, version, source, promote_alias, log.run_id, alias_dropped, rules)
-    if verdict.outcome == "ERROR":
-        raise UserError(f"the gate could not judge {model_uri}: {verdict.cause}")
-    if not verdict.passed:
-        click.get_current_context().exit(1)
+    return _Written(log.run_id, checked_at, notes, rules, metrics, report, run_link, alias_dropped)
 
 
 def _run_link(run_ids):
@@ -232,30 +262,37 @@ def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: 
                    rules: tuple[str, ...] = ()) -> None:
     from mlflow_di.mlflow_edge import registry
 
-    click.echo(f"gate for {verdict.model_uri} ({version.name} version {version.version})")
+    _echo(f"gate for {verdict.model_uri} ({version.name} version {version.version})")
     if source is not None:
-        click.echo(f"  an export of {registry.version_uri(source)}: coverage is that model's, fuzzing and "
+        _echo(f"  an export of {registry.version_uri(source)}: coverage is that model's, fuzzing and "
                    f"compression compare the two")
     if verdict.baseline_uri:
-        click.echo(f"  compared with the baseline {verdict.baseline_uri}")
+        _echo(f"  compared with the baseline {verdict.baseline_uri}")
     header = _header(verdict)
     rows = [header, *_rows(verdict)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        _echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     for message in dict.fromkeys(c.message for c in verdict.checks if c.message):  # once each, in order
-        click.echo(f"  - {message}")
+        _echo(f"  - {message}")
     for evidence, labels in _evidence_groups(verdict).items():
-        click.echo(f"  evidence for {', '.join(labels)}: {evidence}")
+        _echo(f"  evidence for {', '.join(labels)}: {evidence}")
     for rule in rules:
-        click.echo(f"  {rule}")
-    click.echo(f"verdict: {verdict.outcome} ({verdict.summary().split(': ', 1)[1]})")
+        _echo(f"  {rule}")
+    _echo(f"verdict: {verdict.outcome} ({verdict.summary().split(': ', 1)[1]})")
     if promote_alias:
         if verdict.passed:
-            click.echo(f"alias '{promote_alias}' now points to {registry.version_uri(version)}")
+            _echo(f"alias '{promote_alias}' now points to {registry.version_uri(version)}")
         else:
-            click.echo(f"alias '{promote_alias}' " + ("removed from this version" if alias_dropped else "not moved"))
-    click.echo(f"verdict, tags and description written on {registry.version_uri(version)}; gate run {run_id}")
+            _echo(f"alias '{promote_alias}' " + ("removed from this version" if alias_dropped else "not moved"))
+    _echo(f"verdict, tags and description written on {registry.version_uri(version)}; gate run {run_id}")
+
+
+def _echo(line: str) -> None:
+    """A console line of the verdict: registry names in it are shown, their control characters never obeyed."""
+    from mlflow_di.printable import printable
+
+    click.echo(printable(line))
 
 
 def _evidence_groups(verdict) -> dict[str, list[str]]:

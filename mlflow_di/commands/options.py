@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pathlib
+import re
 
 import click
 
@@ -368,6 +369,20 @@ class RayAddress(CheckedBy):
 
     name = "ADDRESS"
     checker = "mlflow_di._ray:check_address"
+
+
+class AliasName(click.ParamType):
+    """A registered model alias as MLflow accepts it (letters, digits, ``_`` and ``-``; at most 255
+    characters; not ``latest`` nor a version name such as ``v3``), checked before anything is written."""
+
+    name = "ALIAS"
+
+    def convert(self, value, param, ctx):
+        text = str(value)
+        if not re.fullmatch(r"[\w\-]{1,255}", text) or text.lower() == "latest" or re.fullmatch(r"[vV]\d+", text):
+            self.fail(f"{text!r} is not an alias MLflow accepts: letters, digits, '_' and '-' (at most 255), and "
+                      "neither 'latest' nor a version name such as 'v3'", param, ctx)
+        return text
 
 
 class RealismBudget(CheckedBy):

@@ -42,8 +42,6 @@ STATE_FILE = "state.json"
 def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str | None, restart: bool) -> None:
     """Run the steps POLICY declares on MODEL-URI (compress, coverage, fuzz, robustness, gate) as child runs of one run."""
     from mlflow_di.errors import UserError
-    from mlflow_di.mlflow_edge import runs
-    from mlflow_di.models.loading import only_trusted_pickles
     from mlflow_di.policy import load_policy
 
     policy = load_policy(policy_path)
@@ -56,6 +54,35 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
             raise UserError(state["done"]["gate"]["error"])
         _exit(ctx, state["done"]["gate"]["exit_code"])
         return
+    with _one_pipeline_per_version(model_uri):  # a second one refuses (exit 75): two would write two verdicts
+        log, gate = _run_steps(ctx, policy, model_uri, steps, state, folder)
+    click.echo("")
+    click.echo(f"pipeline run {log.run_id}: verdict {gate['outcome']}; state {folder / STATE_FILE}")
+    _where_to_look(model_uri)
+    if gate["outcome"] == "ERROR":
+        raise UserError(gate["error"])
+    _exit(ctx, gate["exit_code"])
+
+
+def _one_pipeline_per_version(model_uri: str):
+    """The registry version's lock (:mod:`mlflow_di.mlflow_edge.version_lock`), held for the whole pipeline."""
+    import contextlib
+
+    from mlflow_di.mlflow_edge import registry
+    from mlflow_di.mlflow_edge.version_lock import version_lock
+
+    if registry.registry_ref(model_uri) is None:
+        return contextlib.nullcontext()
+    version = registry.resolve_version(model_uri)
+    return version_lock(version.name, version.version, "pipeline")
+
+
+def _run_steps(ctx: click.Context, policy, model_uri: str, steps: dict, state: dict, folder: pathlib.Path):
+    """Every step not finished yet, as child runs of the pipeline's run; (its run, the gate's record)."""
+    from mlflow_di.errors import UserError
+    from mlflow_di.mlflow_edge import runs
+    from mlflow_di.models.loading import only_trusted_pickles
+
     tags = {"mlflow_di.command": "pipeline", "mlflow_di.pipeline_state": str((folder / STATE_FILE).resolve())}
     try:
         with runs.tracked_run(f"pipeline {model_uri}", tags=tags, run_id=state.get("run_id")) as log:
@@ -76,14 +103,10 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
             gate = state["done"]["gate"]
             _log_gate(log, gate, ctx.meta.get("mlflow_di.gate"))
     except UserError as exc:  # a step could not analyse the version: ERROR on it, not a quality failure
-        _record_error(model_uri, str(exc))
+        if getattr(exc, "exit_code", 2) == 2:
+            _record_error(model_uri, str(exc))
         raise
-    click.echo("")
-    click.echo(f"pipeline run {log.run_id}: verdict {gate['outcome']}; state {folder / STATE_FILE}")
-    _where_to_look(model_uri)
-    if gate["outcome"] == "ERROR":
-        raise UserError(gate["error"])
-    _exit(ctx, gate["exit_code"])
+    return log, gate
 
 
 def _where_to_look(model_uri: str) -> None:
@@ -134,7 +157,12 @@ def _banner(title: str) -> None:
 
 
 def _slug(model_uri: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.@-]+", "_", model_uri).strip("_")[-120:] or "model"
+    """The default state folder's name: the URI's safe characters and a hash of the whole URI, so that models whose
+    names differ only in the replaced characters ("col a", "col_a") never share a state."""
+    import hashlib
+
+    safe = re.sub(r"[^A-Za-z0-9.@-]+", "_", model_uri).strip("_")[-110:] or "model"
+    return f"{safe}-{hashlib.sha256(model_uri.encode()).hexdigest()[:8]}"
 
 
 # ---------------------------------------------------------------------------------------------- state

@@ -111,9 +111,9 @@ def _secret(variable: str | None) -> str | None:
     if variable is None:
         return None
     value = os.environ.get(variable)
-    if not value:
-        raise UserError(f"--webhook-secret-env: the environment variable {variable} is not set (or empty); "
-                        "export the webhook secret in it")
+    if not value or not value.strip():
+        raise UserError(f"--webhook-secret-env: the environment variable {variable} is not set (or empty, or only "
+                        "whitespace); export the webhook secret in it")
     return value
 
 
@@ -122,7 +122,14 @@ def _now() -> str:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")[-100:] or "model"
+    """A folder or file name for ``text``: its safe characters, and a hash of it where any were replaced, so that
+    names that differ only there ("col a", "col_a") never share a folder."""
+    slug = re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")[-100:] or "model"
+    if slug == text:
+        return slug
+    import hashlib
+
+    return f"{slug[:91]}_{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 class Service:
@@ -268,8 +275,10 @@ class Service:
         return env
 
     def _say(self, line: str) -> None:
-        with self._print_lock:
-            click.echo(f"{_now()} {line}")
+        from mlflow_di.printable import printable
+
+        with self._print_lock:  # names come from the registry and from webhook bodies: shown, never obeyed
+            click.echo(f"{_now()} {printable(line)}")
 
     def _report(self, job, text: str) -> None:
         self._say(f"{job.key} {text}")
@@ -284,8 +293,13 @@ class Service:
         if self.models and name not in self.models:
             return 200, {"ignored": f"{name} is not a --model this service watches"}
         try:
+            if source == "webhook" and not self.backfill and watch.created_ms(name, version) < self.since_ms:
+                return 200, {"ignored": f"models:/{name}/{version} was created before this service started (--backfill "
+                                        "queues such versions)"}
             if watch.made_by_mlflow_di(name, version, run_id):
                 return 200, {"ignored": f"models:/{name}/{version} is an export registered by mlflow-di"}
+        except watch.VersionAbsent as exc:  # nothing to retry: MLflow redelivers only what failed with a 5xx
+            return 404, {"error": str(exc)}
         except UserError as exc:
             return 503, {"error": str(exc)}
         if self.queue.enqueue(name, version, source):
@@ -378,7 +392,9 @@ class Service:
         if not (isinstance(name, str) and name and isinstance(version, (str, int)) and not isinstance(version, bool)
                 and str(version).strip()):
             return 400, {"error": "a model_version.created payload without data.name and data.version"}
+        if not re.fullmatch(r"[0-9]{1,18}", str(version).strip()) or "/" in name or ":" in name or len(name) > 1000:
+            return 400, {"error": "data.name must be a registered model's name and data.version a version number"}
         try:
-            return self.offer(name, str(version), data.get("run_id"), "webhook")
+            return self.offer(name, str(version).strip(), data.get("run_id"), "webhook")
         except Exception as exc:  # noqa: BLE001 - MLflow retries a 5xx delivery
             return 503, {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}

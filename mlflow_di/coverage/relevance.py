@@ -232,6 +232,10 @@ def _relevance_of_batch(hooked, recorder, batch, layers, include_input, targets)
         logits = hooked(batch)
     if logits.ndim != 2:
         raise UserError(f"relevance needs a model that outputs (N, classes) logits; got shape {tuple(logits.shape)}")
+    if not bool(torch.isfinite(logits.detach()).all()):
+        from mlflow_di.models.classifier import check_finite
+
+        check_finite(logits.detach().cpu().numpy(), None, "images of a batch")
     if _looks_like_probabilities(logits.detach()):
         raise UserError("the model returns probabilities (a softmax inside its forward code); relevance starts from "
                         "logits: drop the softmax, or end the model with an nn.Softmax module, which is skipped")

@@ -63,15 +63,24 @@ def download_model(uri: str) -> DownloadedModel:
     return found
 
 
+def _inside(uri: str, local: pathlib.Path, relative) -> pathlib.Path:
+    """``local / relative``, or a one-line UserError when the MLmodel file points outside the model's folder."""
+    path = (local / str(relative)).resolve()
+    if not path.is_relative_to(local.resolve()):
+        raise UserError(f"model '{uri}': its MLmodel file names '{relative}' as its data, which is outside the model's "
+                        "folder; refusing to load it (log the model again with mlflow.pytorch or mlflow.onnx)")
+    return path
+
+
 def _model_file(uri: str, local: pathlib.Path, model) -> DownloadedModel:
     flavors = model.flavors
     if "pytorch" in flavors:
-        data = local / flavors["pytorch"].get("model_data", "data")
+        data = _inside(uri, local, flavors["pytorch"].get("model_data", "data"))
         if (data / "model.pth").exists():
             return DownloadedModel("pytorch", data / "model.pth", model.metadata or {})
         return DownloadedModel("pytorch-pt2", data / "model.pt2", model.metadata or {})
     if "onnx" in flavors:
-        return DownloadedModel("onnx", local / flavors["onnx"]["data"], model.metadata or {})
+        return DownloadedModel("onnx", _inside(uri, local, flavors["onnx"]["data"]), model.metadata or {})
     if "python_function" in flavors and REPAIRED_BASE in ((model.metadata or {}).get("mlflow_di") or {}):
         return DownloadedModel("repaired", local / "artifacts", model.metadata or {})
     raise UserError(f"model '{uri}' has flavors {sorted(flavors)}; mlflow-di reads the pytorch and onnx flavors "

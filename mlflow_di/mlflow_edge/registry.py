@@ -45,6 +45,10 @@ def resolve_version(uri: str, client=None):
                 return client.get_model_version_by_alias(ref.name, ref.alias)
             return client.get_model_version(ref.name, ref.version)
     except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            raise UserError(f"the model registry at {tracking_uri()} failed to answer for {uri} ({exc.error_code}: "
+                            f"{first_line(exc.message)}); it is the server's error, not the name's: try again, or "
+                            "check the server's log") from None
         raise UserError(f"cannot find {uri} in the model registry at {tracking_uri()}: "
                         f"{first_line(exc.message)} (check the name/version/alias, or pass --tracking-uri)") from None
 
@@ -230,6 +234,8 @@ def write_verdict_description(version, verdict_text: str, client=None) -> None:
     client = client or _client()
     current = client.get_model_version(version.name, str(version.version)).description or ""
     kept = current.split(DESCRIPTION_END, 1)[1].lstrip("\n") if DESCRIPTION_END in current else current
+    # a name holding the marker must not end the verdict early (each later gate would keep the old one below)
+    verdict_text = verdict_text.replace(DESCRIPTION_END, DESCRIPTION_END.replace("<!--", "<!\u2060--"))
     text = f"{verdict_text.rstrip()}\n\n{DESCRIPTION_END}\n" + (f"\n{kept}" if kept.strip() else "")
     with permission_errors(version_uri(version), "write the description of"):
         client.update_model_version(version.name, str(version.version), description=text)

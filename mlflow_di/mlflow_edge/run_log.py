@@ -160,8 +160,11 @@ class RunLog:
         """The one line a command fails with when something could not be logged: why, where it is, how to log it."""
         from mlflow_di.mlflow_edge.connection import tracking_uri
 
-        return (f"could not log to the tracking store {tracking_uri()} ({self.reason}); run {self.run_id} ended FAILED "
-                f"and what it could not log is in {self.fallback}/: once the store takes writes again, log it with "
+        ended = (f"run {self.run_id} ended FAILED" if not (self.fallback / PENDING_END).exists() else
+                 f"run {self.run_id} could not be ended either (it shows RUNNING until `mlflow-di close-runs`, or any "
+                 "mlflow-di command run here, reaches the store and ends it FAILED)")
+        return (f"could not log to the tracking store {tracking_uri()} ({self.reason}); {ended}, and what it could not "
+                f"log is in {self.fallback}/: once the store takes writes again, log it with "
                 f"`mlflow artifacts log-artifacts --local-dir {self.fallback} --run-id {self.run_id}`")
 
     def end(self, status: str, announce: bool = True) -> None:

@@ -49,6 +49,25 @@ def new_versions(since_ms: int, models: tuple[str, ...] = (), client=None) -> li
     return found[::-1]
 
 
+class VersionAbsent(UserError):
+    """The registry answers that the version does not exist (a webhook naming one is answered 404, not retried)."""
+
+
+def created_ms(name: str, version: str, client=None) -> int:
+    """When ``name``/``version`` was created (Unix milliseconds); :class:`VersionAbsent` when it does not exist,
+    :class:`UserError` when the registry cannot say."""
+    from mlflow.exceptions import MlflowException
+
+    client = client or _client()
+    try:
+        return int(client.get_model_version(name, str(version)).creation_timestamp or 0)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            raise VersionAbsent(f"models:/{name}/{version} is not in the registry") from None
+        with mlflow_errors(f"cannot read models:/{name}/{version}"):
+            raise
+
+
 def made_by_mlflow_di(name: str, version: str, run_id: str | None = None, client=None) -> bool:
     """True when ``name``/``version`` is an export mlflow-di registered (see the module's docstring).
 

@@ -19,6 +19,18 @@ from mlflow_di.models.device import module_device
 from mlflow_di.models.preprocessing import Preprocessing
 
 
+def check_finite(outputs: np.ndarray, name: str | None, what: str = "images") -> None:
+    """A one-line UserError when a model's outputs hold NaN or Inf: a model that answers so has no answer to
+    compare (its top-1 would be class 0 by accident, and two such models would "agree" everywhere)."""
+    finite = np.isfinite(outputs).reshape(len(outputs), -1).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        model = f"the model '{name}'" if name else "the model"
+        raise UserError(f"{model} answered NaN or Inf on {len(bad)} of {len(outputs)} {what} (the first: "
+                        f"number {bad[0]}); its outputs are not probabilities: check the model's weights and its "
+                        "preprocessing (what it was trained on: --preprocessing)")
+
+
 class Classifier:
     """Maps raw uint8 images (N, H, W, C) to float32 probabilities (N, classes) in batches."""
 
@@ -54,6 +66,7 @@ class Classifier:
         else:
             probabilities = np.concatenate([self._predict_batch(images[i:i + size])
                                             for i in range(0, len(images), size)])
+        check_finite(probabilities, self.name)
         self._num_classes = probabilities.shape[1]
         return probabilities
 

@@ -35,8 +35,11 @@ def session_options(semantics: str = "host", threads: int | None = None):
     """``onnxruntime.SessionOptions`` for ``semantics`` with ``threads`` intra-op threads (None: ORT's default)."""
     import onnxruntime as ort
 
+    # ONNX Runtime's own error lines (in colour, on stderr) would come before the command's one line, which
+    # carries the same message: only its fatal ones are shown
+    ort.set_default_logger_severity(4)
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4
     if threads is not None:
         options.intra_op_num_threads = int(threads)
     if check_semantics(semantics) == "reference":

@@ -249,10 +249,14 @@ def _constant(attrs: dict, numpy_helper) -> torch.Tensor:
 
 
 def _unsupported(name: str, proto) -> UserError:
-    return UserError(f"'{name}': ONNX operator {proto.domain + '.' if proto.domain else ''}{proto.op_type} "
-                     f"(node '{proto.name}') has no white-box conversion, so coverage and other white-box commands "
-                     "cannot analyse this model; the black-box commands (fuzz, robustness, gate) work on it, and so "
-                     "does the PyTorch model it was exported from")
+    operator = f"{proto.domain + '.' if proto.domain else ''}{proto.op_type}"
+    black_box = ("the black-box commands (fuzz, robustness, gate) work on it, and so does the PyTorch model it was "
+                 "exported from")
+    if proto.domain not in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft"):  # a custom operator: ONNX Runtime lacks it too
+        black_box = (f"ONNX Runtime cannot run it either without the library that implements {operator}, so the "
+                     "black-box commands fail too; analyse the PyTorch model it was exported from")
+    return UserError(f"'{name}': ONNX operator {operator} (node '{proto.name}') has no white-box conversion, so coverage "
+                     f"and other white-box commands cannot analyse this model; {black_box}")
 
 
 def _path_of(node: _Node, constants: dict) -> str:
@@ -586,8 +590,15 @@ def _check_against_onnxruntime(model, root: nn.Module, graph_input, name: str) -
     dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 2
             for d in graph_input.type.tensor_type.shape.dim]
     probe = np.random.default_rng(0).random(dims, dtype=np.float32)
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    from mlflow_di.models.execution import session_options
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), session_options(),
+                                           providers=["CPUExecutionProvider"])
     expected = session.run(None, {graph_input.name: probe})[0]
+    if not np.isfinite(expected).all():  # the model itself answers NaN/Inf: not the view's fault
+        from mlflow_di.models.classifier import check_finite
+
+        check_finite(expected.reshape(len(expected), -1), name, "probe images ONNX Runtime ran")
     try:
         with torch.no_grad():
             got = root(torch.from_numpy(probe)).numpy()

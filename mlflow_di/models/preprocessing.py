@@ -116,6 +116,9 @@ class Preprocessing:
                             "use data with that many channels")
         if not resized and self.input_shape is not None and tuple(images.shape[1:]) != self.input_shape:
             h, w, c = self.input_shape
+            if tuple(images.shape[1:3]) == (h, w):  # only the channels differ: no resize mends that
+                raise UserError(f"images have {images.shape[3]} channel(s) but the model expects {c} "
+                                f"({h}x{w}x{c}); use data with {c} channel(s)")
             raise UserError(
                 f"images are {images.shape[1]}x{images.shape[2]}x{images.shape[3]} (HxWxC) but the model "
                 f"expects {h}x{w}x{c}; use data of that size (e.g. mnist for 28x28x1, digits for 8x8x1), or give "

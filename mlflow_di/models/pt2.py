@@ -72,7 +72,13 @@ def load_pt2(path, name: str = "model", code_may_run: bool = False, trust_hint: 
         program = _read_pt2(path, name)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged archive
         raise UserError(f"cannot read the pt2 (torch.export) model '{name}': {_first_line(exc)}") from None
-    return rebuild(program, name)
+    try:
+        return rebuild(program, name)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an exported graph torch itself cannot unflatten or run
+        raise UserError(f"cannot rebuild the layers of the pt2 (torch.export) model '{name}': {_first_line(exc)}; "
+                        "export it again with torch.export (or log it as ONNX: mlflow.onnx.log_model)") from None
 
 
 def _read_pt2(path, name: str):
@@ -85,7 +91,11 @@ def _read_pt2(path, name: str):
 
 
 def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "check the warnings above" in line:  # torch's own warnings were kept quiet: say what they would have said
+        line = (f"{line.split(' Please check')[0]} (a damaged archive, or one written by another torch version than "
+                f"{torch.__version__.split('+')[0]})")
+    return line
 
 
 @contextlib.contextmanager

@@ -20,6 +20,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Callable
 
+from mlflow_di.printable import printable
+
 SUITE = "mlflow-di gate"
 
 
@@ -82,14 +84,14 @@ _MARKUP = re.compile(r"([\\`*_\[\]<>|!&~#])")
 
 
 def _prose(text) -> str:
-    """``text`` as literal Markdown prose: markup characters backslash-escaped, one line."""
-    return _MARKUP.sub(r"\\\1", " ".join(str(text).split()))
+    """``text`` as literal Markdown prose: markup characters backslash-escaped, control characters shown, one line."""
+    return _MARKUP.sub(r"\\\1", printable(" ".join(str(text).split())))
 
 
 def _code(text) -> str:
     """``text`` as a Markdown code span (shown literally, HTML included), fenced by more backticks
     than its longest run of them."""
-    text = " ".join(str(text).split())
+    text = printable(" ".join(str(text).split()))
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
