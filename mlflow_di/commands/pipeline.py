@@ -55,7 +55,7 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
         _exit(ctx, state["done"]["gate"]["exit_code"])
         return
     with _one_pipeline_per_version(model_uri):  # a second one refuses (exit 75): two would write two verdicts
-        log, gate = _run_steps(ctx, policy, model_uri, steps, state, folder)
+        log, gate = _run_steps(ctx, policy, policy_path, model_uri, steps, state, folder)
     click.echo("")
     click.echo(f"pipeline run {log.run_id}: verdict {gate['outcome']}; state {folder / STATE_FILE}")
     _where_to_look(model_uri)
@@ -77,7 +77,8 @@ def _one_pipeline_per_version(model_uri: str):
     return version_lock(version.name, version.version, "pipeline")
 
 
-def _run_steps(ctx: click.Context, policy, model_uri: str, steps: dict, state: dict, folder: pathlib.Path):
+def _run_steps(ctx: click.Context, policy, policy_path: str, model_uri: str, steps: dict, state: dict,
+               folder: pathlib.Path):
     """Every step not finished yet, as child runs of the pipeline's run; (its run, the gate's record)."""
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import runs

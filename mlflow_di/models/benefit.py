@@ -154,7 +154,7 @@ class Comparison(JsonRoundTrip):
         slower = [paired for paired in (self.paired_b1, self.paired_batch) if paired is not None and paired.verdict == "slower"]
         if not slower:
             return ""
-        return (f"WARNING: the export is slower than its source on this host: speedup "
+        return ("WARNING: the export is slower than its source on this host: speedup "
                 + "; ".join(paired.describe() for paired in slower)
                 + "; gate --min-speedup 1 keeps such an export from being promoted")
 
