@@ -8,7 +8,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: docs install install-dev browser emulator demo test clean
 
-# What the demo and the commands need: torch, mlflow, ONNX Runtime, scikit-learn, ...
+# What the demo and the commands need: torch, mlflow, ONNX Runtime, LiteRT (DFlare's reference models
+# are TFLite), scikit-learn, ...
 install: $(STAMP)
 # What the test suite and the docs need besides: Ray, pytest, LiteRT, ART, Selenium, MkDocs, ...
 install-dev: $(DEV_STAMP)
@@ -21,7 +22,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@echo "installing into $(VENV): pip, then the CPU build of torch 2.13.0, then mlflow-di (1-3 minutes)"
 	$(PY) -m pip install --progress-bar off --upgrade pip
 	$(PY) -m pip install --progress-bar off torch==2.13.0
-	$(PY) -m pip install --progress-bar off -c constraints.txt -e .
+	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[tflite]"
 	touch $(STAMP)
 
 $(DEV_STAMP): $(STAMP)

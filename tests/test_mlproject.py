@@ -106,7 +106,9 @@ def test_the_gate_entry_point_defaults_are_the_demo_policy():
     defaults = {name: spec["default"] for name, spec in entry.items() if "default" in spec}
     policy = load_policy(REPO / "examples" / "policies" / "demo.yaml")
     thresholds = {name: value for name, value in policy.to_dict()["gate"]["thresholds"].items() if value is not None}
-    assert {name: float(value) for name, value in defaults.items() if name not in ("promote_alias", "semantics")} == \
+    assert {name: float(value) for name, value in defaults.items()
+            if name not in ("promote_alias", "semantics", "realism_budget")} == \
         {name: float(value) for name, value in thresholds.items()}
+    assert defaults["realism_budget"] == policy.gate.realism_budget
     assert defaults["promote_alias"] == policy.gate.promote_alias
     assert defaults["semantics"] == (policy.gate.semantics or "host")  # the policy's, else the command's default

@@ -89,20 +89,30 @@ def _rewrite(archive: pathlib.Path, change) -> None:
             target.writestr(f"{root}/{change.extra[0]}", change.extra[1])
 
 
-@pytest.fixture()
-def hostile_version(tracking_uri, tmp_path, request):
-    """``models:/cnn/1``, logged with MLflow's defaults (pt2, an input example), then one archive member
-    swapped in the store for a payload (which one: the test's parameter); returns (uri, marker)."""
+@pytest.fixture(scope="module")
+def logged_pt2(tmp_path_factory):
+    """A model folder as ``mlflow.pytorch.log_model`` writes it with MLflow's defaults (pt2, an input example),
+    made once (exporting is the slow part)."""
     import mlflow
 
-    marker = tmp_path / "payload-ran"
+    folder = tmp_path_factory.mktemp("pt2") / "model"
     example = np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32)
-    with mlflow.start_run():
-        info = mlflow.pytorch.log_model(zoo.build("digits-cnn", seed=0), name="model", registered_model_name="cnn",
-                                        input_example=example)
-    stored = pathlib.Path(mlflow.get_logged_model(info.model_id).artifact_location.removeprefix("file://"))
-    archive = next(stored.rglob("model.pt2"))
-    _rewrite(archive, HOSTILE[request.param](marker))
+    mlflow.pytorch.save_model(zoo.build("digits-cnn", seed=0), str(folder), input_example=example)
+    return folder
+
+
+@pytest.fixture()
+def hostile_version(logged_pt2, mlflow_client, tmp_path, request):
+    """``models:/cnn/1``: that model with one archive member swapped for a payload (which one: the test's
+    parameter), registered from its folder; returns (uri, marker)."""
+    import shutil
+
+    marker = tmp_path / "payload-ran"
+    folder = tmp_path / "hostile-model"
+    shutil.copytree(logged_pt2, folder)
+    _rewrite(next(folder.rglob("model.pt2")), HOSTILE[request.param](marker))
+    mlflow_client.create_registered_model("cnn")
+    mlflow_client.create_model_version("cnn", str(folder))
     return "models:/cnn/1", marker
 
 

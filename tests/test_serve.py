@@ -419,9 +419,14 @@ def test_the_service_gates_new_versions_once_and_resumes_after_a_kill(tmp_path, 
         def status(version: str) -> str | None:
             return client.get_model_version("svc", version).tags.get("mlflow_di.status")
 
-        # 1. webhooks only: the service registers its webhook; a new version is gated
+        # 1. webhooks only: the service registers its webhook, the server's test delivery reaches it, and a version
+        # the demo trains and registers (as a user would) is gated
         service = start("--register-webhook", f"{url}/webhook", "--poll-seconds", "0")
-        _register("svc")
+        assert "and tested: model_version.created" in log.read_text()
+        trained = subprocess.run([sys.executable, "-m", "mlflow_di.cli", "demo", "--train-only", "--epochs", "1",
+                                  "--register-as", "svc"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=300)
+        assert trained.returncode == 0, trained.stderr[-2000:]
         assert _wait("svc/1 gated", lambda: status("1") in ("passed", "failed") and status("1"), 240, service, log)
         first = job("1")
         assert first["source"] == "webhook" and first["attempts"] == 1 and first["state"] == status("1")
@@ -472,6 +477,19 @@ def test_the_service_gates_new_versions_once_and_resumes_after_a_kill(tmp_path, 
         os.kill(service.pid, signal.SIGTERM)
         assert service.wait(60) == 0, log.read_text()[-3000:]
         assert "stopped" in log.read_text().splitlines()[-1]
+
+        # 4. the same server restarted: started without MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY, it encrypted the secret
+        # with a key of that process's own, and cannot read its webhook now: the service says so in one line
+        server.stop()
+        server = start_server(tmp_path / "mlflow", port=int(server.url.rsplit(":", 1)[1]), extra_env={
+            "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true"})
+        refused = subprocess.run([sys.executable, "-m", "mlflow_di.cli", "serve", "--policy", str(policy), "--state-dir",
+                                  str(tmp_path / "service-2"), "--port", str(free_port()), "--webhook-secret-env",
+                                  SECRET_VAR, "--register-webhook", f"{url}/webhook", "--poll-seconds", "0"],
+                                 env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
+        assert "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY" in lines[0]
     finally:
         for process in services:
             if process.poll() is None:

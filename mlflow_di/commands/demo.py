@@ -30,8 +30,8 @@ GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "max_disagreement_rate": 0.02
         "max_realistic_success_rate": 0.1}
 #: The realism budget of the demo's gate: the digits have 17 intensity levels, 16 of 255 apart, so a
 #: change of at most 4 levels cannot be told apart at the data's own resolution (SSIM needs images of at
-#: least 11x11 pixels: not these). Inside it the boundary walk looks for deviations on REALISM_SEEDS seeds,
-#: at most REALISM_QUERIES queries each after its walks.
+#: least 11x11 pixels: not these). Inside it the boundary walk looks for deviations on REALISM_SEEDS seeds (fewer
+#: when --fuzz-seeds asks for fewer), at most REALISM_QUERIES queries each after its walks.
 REALISM_BUDGET = "linf=4"
 REALISM_SEEDS = 50
 REALISM_QUERIES = 100
@@ -89,8 +89,8 @@ def _pipeline(ctx: click.Context, model_uri: str, fuzz_seeds: int, seed: int) ->
     budget = parse_budget(REALISM_BUDGET)
     _step(f"5/6 realism: the boundary walk inside {budget.describe()}")
     ctx.invoke(fuzz.command, original=model_uri, compressed=tuple(exports), seed_data=TEST_SPEC,
-               num_seeds=REALISM_SEEDS, max_queries=REALISM_QUERIES, strategy="boundary", max_linf=budget.max_linf,
-               seed=seed)
+               num_seeds=min(REALISM_SEEDS, fuzz_seeds), max_queries=REALISM_QUERIES, strategy="boundary",
+               max_linf=budget.max_linf, seed=seed)
     _step("6/6 quality gate: " + ", ".join(f"{key.replace('_', '-')} {value:g}" for key, value in GATE.items())
           + f" inside {budget.describe()}")
     try:

@@ -510,9 +510,12 @@ def _log_comparison(log, original: str, compressed: list[str], results: list, su
 
 def _print_sharing(comparison: dict) -> None:
     metrics = comparison["metrics"]
-    click.echo(f"original evaluated {metrics['original_inputs_shared']} images for all campaigns instead of "
-               f"{metrics['original_inputs_separate']} ({metrics['original_inputs_saved_fraction']:.1%} saved); "
-               f"{metrics['triggers_fooling_all']} of {metrics['triggers_total']} triggers fool every compressed model")
+    # a strategy with its own loop (the boundary walk) shares no batched calls: there is nothing saved to say
+    shared = (f"original evaluated {metrics['original_inputs_shared']} images for all campaigns instead of "
+              f"{metrics['original_inputs_separate']} ({metrics['original_inputs_saved_fraction']:.1%} saved); "
+              if metrics["original_inputs_separate"] else "")
+    click.echo(f"{shared}{metrics['triggers_fooling_all']} of {metrics['triggers_total']} triggers fool every "
+               "compressed model")
 
 
 def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:

@@ -156,18 +156,20 @@ def _write_verdict(verdict, version, source, model_uri: str, baseline, compresse
         notes = (*_notes(verdict, version, source, baseline, promote_alias, alias_dropped), *rules,
                  *recorded.runtime_notes(c.run_id for c in verdict.checks))
         metrics, report = _log_verdict(log, verdict, compressed, promote_alias, notes)
-        run_link = _run_link([log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))])
+        judged = [log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))]
+        run_link = _run_link(judged)  # for CI summaries, read off the UI: absolute links
         registry.write_verdict_description(version, summary_markdown(
-            verdict, run_link, log.run_id, (f"checked {checked_at}; the report is gate/report.html of the gate run",
-                                           *notes)))
+            verdict, _run_link(judged, relative=True), log.run_id,
+            (f"checked {checked_at}; the report is gate/report.html of the gate run", *notes)))
     return _Written(log.run_id, checked_at, notes, rules, metrics, report, run_link, alias_dropped)
 
 
-def _run_link(run_ids):
-    """How Markdown names a run: a link to its page in the MLflow UI where there is one, else its id."""
+def _run_link(run_ids, relative: bool = False):
+    """How Markdown names a run: a link to its page in the MLflow UI where there is one (``relative``: a
+    ``#/experiments/...`` link, which works in the UI on any host), else its id."""
     from mlflow_di.mlflow_edge import runs
 
-    links = runs.run_links(run_ids)
+    links = runs.run_links(run_ids, relative)
     return lambda run_id: f"[`{run_id[:8]}`]({links[run_id]})" if run_id in links else f"`{run_id}`"
 
 

@@ -37,7 +37,9 @@ STATE_FILE = "state.json"
 @click.option("--model-uri", required=True, metavar="models:/NAME/VERSION", help="The registered version to test.")
 @click.option("--state-dir", type=WritablePath("dir"), default=None,
               help="Where the pipeline keeps its state and fuzz campaign (default: mlflow-di-pipelines/<model>/).")
-@click.option("--restart", is_flag=True, help="Ignore the recorded state and run every step again.")
+@click.option("--restart", type=click.BOOL, is_flag=False, flag_value=True, default=False, metavar="[BOOL]",
+              help="Ignore the recorded state and run every step again (also --restart true, as `mlflow run -P "
+                   "restart=true` passes it).")
 @click.pass_context
 def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str | None, restart: bool) -> None:
     """Run the steps POLICY declares on MODEL-URI (compress, coverage, fuzz, robustness, gate) as child runs of one run."""
@@ -49,7 +51,9 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
     folder = pathlib.Path(state_dir) if state_dir else PIPELINES / _slug(model_uri)
     state = _state(folder, policy, model_uri, restart)
     if all(step in state["done"] for step in policy.steps):
-        click.echo(f"every step already finished (state {folder / STATE_FILE}); pass --restart to run them again")
+        note = f"every step already finished (state {folder / STATE_FILE}); pass --restart to run them again"
+        click.echo(note)
+        _note_in_project_run(note, state["done"]["gate"])
         if state["done"]["gate"].get("outcome") == "ERROR":
             raise UserError(state["done"]["gate"]["error"])
         _exit(ctx, state["done"]["gate"]["exit_code"])
@@ -62,6 +66,20 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
     if gate["outcome"] == "ERROR":
         raise UserError(gate["error"])
     _exit(ctx, gate["exit_code"])
+
+
+def _note_in_project_run(note: str, gate: dict) -> None:
+    """Under ``mlflow run`` (its run already exists): say in that run that nothing ran, and which verdict stands."""
+    import os
+
+    if not os.environ.get("MLFLOW_RUN_ID"):
+        return  # on the command line the console line says it, and no run is made
+    from mlflow_di.mlflow_edge import runs
+
+    with runs.tracked_run("pipeline: nothing to do", tags={
+            "mlflow_di.command": "pipeline", "mlflow_di.note": note, "mlflow_di.verdict": gate.get("outcome", "?"),
+            "mlflow_di.gate_run_id": gate.get("run_id") or "-"}):
+        pass
 
 
 def _one_pipeline_per_version(model_uri: str):

@@ -163,6 +163,8 @@ class Service:
         except BaseException:
             self.stop.set()
             if self.server is not None:
+                if self._threads:  # serving already (before the webhook's test delivery): stop the loop first
+                    self.server.shutdown()
                 self.server.server_close()
             if getattr(self, "queue", None) is not None:
                 self.queue.close()
@@ -188,12 +190,15 @@ class Service:
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (pass another --port)") from None
         self.tracking_uri = connection.tracking_uri()
+        self.since_ms = 0 if self.backfill else int(self.queue.first_started_at() * 1000)
+        self._spawn(self.server.serve_forever, "http")  # listening before the server's test delivery comes
         if register_webhook:
             webhook_id, how = watch.ensure_webhook(WEBHOOK_NAME, register_webhook, self.secret)
-            self._say(f"webhook {webhook_id} {how}: model_version.created -> {register_webhook}")
-        self.since_ms = 0 if self.backfill else int(self.queue.first_started_at() * 1000)
+            problem = watch.check_delivery(webhook_id, register_webhook)
+            if problem:
+                raise UserError(f"webhook {webhook_id} ({register_webhook}) was {how}, but {problem}")
+            self._say(f"webhook {webhook_id} {how} and tested: model_version.created -> {register_webhook}")
         self._recover()
-        self._spawn(self.server.serve_forever, "http")
         self._spawn(self._housekeeping, "housekeeping")
         from mlflow_di.service.worker import Runner
 

@@ -73,8 +73,11 @@ class Scores(JsonRoundTrip):
     def describe(self, upper_bound: bool = False) -> str:
         """One line; ``upper_bound`` adds the disagreement rate's 95% upper bound."""
         upper = f"; 95% upper bound {self.disagreement_upper_bound():.2%}" if upper_bound else ""
+        drop = round(self.accuracy_drop * 100, 2)
+        accuracy = ("accuracy unchanged" if drop == 0 else
+                    f"accuracy {abs(drop):.2f} points {'lower' if drop > 0 else 'higher'} than the model's")
         text = (f"top-1 differs on {self.disagreements} of {self.images} images ({self.disagreement_rate:.2%}{upper}), "
-                f"accuracy drop {self.accuracy_drop * 100:+.2f} points")
+                f"{accuracy}")
         if self.fuzzed:
             text += f", realistic triggers on {self.realistic} of {self.fuzzed} fuzzed seeds"
         return text

@@ -12,9 +12,10 @@ benchmarks/RESULTS.md, bench_load):
   the searching thread when the call runs in another thread beside it (the lockstep runner's
   ``overlap``), which that thread charges itself.
 
-What still varies: worker threads that spin while they wait (ONNX Runtime's intra-op pool,
-OpenMP) spend CPU time while they spin, more on a loaded machine; and a busy core runs the same
-instructions more slowly. A campaign's records are the same on an idle and a saturated machine
+Worker threads that spin while they wait (OpenMP's, ONNX Runtime's intra-op pool) would charge their
+spinning, many times over on a loaded machine: mlflow-di lets them sleep instead (``mlflow_di/__init__.py``,
+:func:`mlflow_di.models.execution.session_options`). What still varies is that a busy core runs the same
+instructions a little more slowly. A campaign's records are the same on an idle and a saturated machine
 whenever the safety net does not fire (``tests/test_fuzz_load.py``); the seconds in them differ.
 """
 from __future__ import annotations

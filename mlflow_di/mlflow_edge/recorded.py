@@ -43,6 +43,12 @@ def _quote(value: str) -> str:
     raise UserError(f"cannot search for runs tagged {value!r}: it contains both kinds of quote")
 
 
+def data_param(run, key: str) -> str:
+    """A run's data-spec param without the shell quotes ``mlflow run`` logs around it (``'digits[1300:]'``)."""
+    value = str(run.data.params.get(key, "") or "")
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
+
+
 def tag_filter(tags: dict) -> str:
     """A search filter for runs with ``tags``. A value holding both kinds of quote cannot be written as
     a literal: it is matched with LIKE, each ``'`` a one-character wildcard, so the filter may match
@@ -253,7 +259,7 @@ def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None
         if not runs:
             found.append(Measurement(criterion.metric, None, missing=missing_message(criterion, subject_uri)))
             continue
-        run, data = runs[0], runs[0].data.params.get("test_data", "")
+        run, data = runs[0], data_param(runs[0], "test_data")
         found.append(Measurement(criterion.metric, run.data.metrics[criterion.metric], run_id=run.info.run_id,
                                  data=data, evidence=Evidence(run.info.run_id, "coverage", "test", data, rule=rule)))
     return found
@@ -347,7 +353,7 @@ def _chosen(runs: list):
 def _fuzz_evidence(run, rule: str) -> Evidence:
     params, tags = run.data.params, run.data.tags
     searched = _searched_budget(run)
-    return Evidence(run.info.run_id, "fuzz", "seeds", params.get("seed_data", ""), params.get("strategy", ""),
+    return Evidence(run.info.run_id, "fuzz", "seeds", data_param(run, "seed_data"), params.get("strategy", ""),
                     searched.describe() if searched is not None else "none", _complete(run), context_line(tags),
                     params.get("semantics", ""), rule)
 
@@ -391,7 +397,7 @@ def _success_measurements(subject_uri: str, target: _CompressedTarget, run, any_
                         "unconstrained ones)")
         return [Measurement(metric, None, target.key, missing=message) for metric in ("success_rate", "mean_queries")]
     metrics, run_id = run.data.metrics, run.info.run_id
-    evidence, data = _fuzz_evidence(run, rule), run.data.params.get("seed_data", "")
+    evidence, data = _fuzz_evidence(run, rule), data_param(run, "seed_data")
     incomplete = _incomplete_note(metrics, run_id)
     note = "; ".join(filter(None, (_noise_note(metrics, run_id), incomplete)))
     success = Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note, data=data,
@@ -413,7 +419,7 @@ def _realism_measurement(subject_uri: str, target: _CompressedTarget, run, found
                          rule: str) -> Measurement:
     metric = "realistic_success_rate"
     if run is None:
-        seed_data = next((r.data.params.get("seed_data") for r in found if r.data.params.get("seed_data")), "SPEC")
+        seed_data = next((data_param(r, "seed_data") for r in found if data_param(r, "seed_data")), "SPEC")
         measurable = all(r.data.tags.get(SSIM_MEASURABLE_TAG, "true") != "false" for r in found)
         message = (f"no fuzz campaign against {target.key} searched inside a realism budget at least as strict as "
                    f"{budget.describe()}; run `mlflow-di fuzz --original {subject_uri} --compressed {target.key} "
@@ -423,7 +429,7 @@ def _realism_measurement(subject_uri: str, target: _CompressedTarget, run, found
     metrics, run_id = run.data.metrics, run.info.run_id
     incomplete = _incomplete_note(metrics, run_id)
     return Measurement(metric, metrics[metric], target.key, run_id, note=incomplete,
-                       data=run.data.params.get("seed_data", ""), evidence=_fuzz_evidence(run, rule),
+                       data=data_param(run, "seed_data"), evidence=_fuzz_evidence(run, rule),
                        bound="lower" if incomplete else "")
 
 
@@ -502,7 +508,7 @@ def _compress_evidence(run, allow_calibration_evidence: bool) -> tuple[str, str]
     tuned on, not how it behaves: the gate does not judge them unless told to. A run recorded before
     the provenance tags counts as calibration evidence when its eval_data is its calib_data."""
     tags, params = run.data.tags, run.data.params
-    data = tags.get(EVIDENCE_DATA) or params.get("eval_data", "")
+    data = tags.get(EVIDENCE_DATA) or data_param(run, "eval_data")
     role = tags.get(EVIDENCE_ROLE)
     if role is None:
         role = "calibration" if data and data == params.get("calib_data") else "held-out"
@@ -631,7 +637,7 @@ def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Meas
         slug = _robustness_slugs(run).get(target.key)
         value = run.data.metrics.get(f"{ROBUSTNESS_METRIC}.{slug}") if slug else None
         if value is not None:
-            data = run.data.params.get("data", "")
+            data = data_param(run, "data")
             rule = PINNED if _pinned.get() is not None else "the newest robustness run that measured the export"
             return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id, data=data, evidence=Evidence(
                 run.info.run_id, "robustness", "corrupted", data, context=context_line(run.data.tags), rule=rule))

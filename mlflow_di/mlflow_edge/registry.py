@@ -193,6 +193,10 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
         value = verdict.worst(metric) if metric in asked else None
         if value is not None:
             tags[f"{TAG_PREFIX}{metric}"] = format_value(value)
+            worst = next((c.compressed for c in verdict.checks if c.metric == metric and c.relation is None
+                          and c.compressed and c.measured == value), None)
+            if worst is not None:  # a per-export check: which export the least favourable value is
+                tags[f"{TAG_PREFIX}{metric}_export"] = worst
     if any(check.relation for check in verdict.checks):  # "none": asked for, not set yet (--baseline-optional)
         tags[f"{TAG_PREFIX}gate_baseline"] = verdict.baseline_uri or "none"
     for relation in RELATION:
@@ -205,8 +209,9 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
 
 def stale_gate_tags(version, tags: dict) -> list[str]:
     """Keys of gate tags ``version`` carries from an earlier gate that ``tags`` (this gate's) lacks."""
-    ours = {f"{TAG_PREFIX}{name}" for name in (*CRITERION, *RELATION, *(f"{r}_baseline" for r in RELATION),
-                                               "gate_baseline", *RETIRED_GATE_TAGS)}
+    ours = {f"{TAG_PREFIX}{name}" for name in (*CRITERION, *(f"{c}_export" for c in CRITERION), *RELATION,
+                                               *(f"{r}_baseline" for r in RELATION), "gate_baseline",
+                                               *RETIRED_GATE_TAGS)}
     return sorted(key for key in (version.tags or {}) if key in ours and key not in tags)
 
 

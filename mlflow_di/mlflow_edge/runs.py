@@ -230,16 +230,19 @@ def descendant_run_ids(run_id: str) -> list[str]:
     return found
 
 
-def run_links(run_ids) -> dict[str, str]:
+def run_links(run_ids, relative: bool = False) -> dict[str, str]:
     """{run id: its page in the MLflow UI} under :func:`ui_base` (an http(s) tracking server, or
-    ``$MLFLOW_DI_UI_URL`` for a local store); {} without a UI address and for runs that cannot be read."""
-    base = ui_base()
+    ``$MLFLOW_DI_UI_URL`` for a local store); {} without a UI address and for runs that cannot be read.
+    ``relative``: ``#/experiments/...`` links, for text the UI itself shows (a version's description): they
+    open the run on whatever host and port the UI is served from, a local store included."""
+    base = "" if relative else ui_base()
     if base is None:
         return {}
     client, links = mlflow.MlflowClient(), {}
     for run_id in dict.fromkeys(r for r in run_ids if r):
         try:
-            links[run_id] = f"{base}/{_run_page(client.get_run(run_id).info.experiment_id, run_id)}"
+            page = _run_page(client.get_run(run_id).info.experiment_id, run_id)
         except MlflowException:
             continue
+        links[run_id] = page if relative else f"{base}/{page}"
     return links

@@ -130,6 +130,39 @@ def ensure_webhook(name: str, url: str, secret: str, client=None) -> tuple[str, 
     except MlflowException as exc:
         line = first_line(exc.message)
         if any(word in line.lower() for word in ("scheme", "private", "public ip", "resolve")):
-            line += (" (a server delivers to http:// or private addresses only with MLFLOW_WEBHOOK_ALLOWED_SCHEMES "
-                     "and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS set on its side)")
+            line += f" ({_DELIVERY_SETTINGS})"
+        elif exc.error_code == "INTERNAL_ERROR" or "500" in line:
+            line += f" ({_UNREADABLE_SECRETS})"
         raise UserError(f"cannot register the webhook {url} at {uri}: {line}") from None
+
+
+#: What a stock ``mlflow server`` needs to deliver webhooks to a service on this machine.
+_DELIVERY_SETTINGS = ("a tracking server delivers to http:// or private addresses only when it was started with "
+                      "MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true")
+#: Why a tracking server fails on its own stored webhooks (MLflow's own behaviour, seen with MLflow 3.17).
+_UNREADABLE_SECRETS = ("a tracking server started without MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY encrypts webhook secrets "
+                       "with a key of its own process, so after a restart, or in another worker, it cannot decrypt "
+                       "them and fails on its stored webhooks: start it with that variable set to one Fernet key, "
+                       "always the same, and delete the webhooks it can no longer read from its `webhooks` table")
+
+
+def check_delivery(webhook_id: str, url: str, client=None) -> str:
+    """Ask the tracking server to send ``webhook_id``'s test delivery; "" when it reached the service and was
+    accepted as signed (any answer but 401: the test payload names a model that is not registered), else one
+    line saying what is missing."""
+    from mlflow.exceptions import MlflowException
+
+    client = client or _client()
+    try:
+        result = client.test_webhook(webhook_id)
+    except MlflowException as exc:
+        return f"the tracking server failed to send a test delivery ({first_line(exc.message)}): {_UNREADABLE_SECRETS}"
+    status, error = result.response_status, result.error_message or ""
+    if status is not None and status != 401:
+        return ""
+    if status == 401:
+        return ("the tracking server's test delivery was signed with another secret than --webhook-secret-env's: "
+                f"{_UNREADABLE_SECRETS}")
+    if "InvalidToken" in error or "decrypt" in error.lower():
+        return f"the tracking server cannot decrypt the webhook's secret: {_UNREADABLE_SECRETS}"
+    return f"the tracking server could not deliver to {url} ({first_line(error)[:200]}): {_DELIVERY_SETTINGS}"

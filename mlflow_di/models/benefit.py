@@ -39,8 +39,8 @@ WARMUP = 5
 BATCH = 64
 THREADS = 1
 #: Timed pairs go on past RUNS while they have taken less than this many seconds (at most MAX_PAIRS):
-#: small models get a narrow interval for nothing.
-PAIRED_SECONDS = 1.0
+#: small models get a narrower interval for next to nothing.
+PAIRED_SECONDS = 0.25
 MAX_PAIRS = 200
 CONFIDENCE = 0.95
 #: What paired timing can resolve: two sessions of the *same* model, timed so, differ by up to about 2% on

@@ -40,6 +40,8 @@ def session_options(semantics: str = "host", threads: int | None = None):
     ort.set_default_logger_severity(4)
     options = ort.SessionOptions()
     options.log_severity_level = 4
+    # ONNX Runtime's intra-op threads spin while they wait, as OpenMP's do (see mlflow_di/__init__.py)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads is not None:
         options.intra_op_num_threads = int(threads)
     if check_semantics(semantics) == "reference":

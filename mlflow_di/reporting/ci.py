@@ -79,13 +79,17 @@ def junit_xml(verdict, gate_run_id: str | None = None, checked_at: str | None = 
 
 #: Characters XML 1.0 does not allow anywhere (control characters but tab and newlines, lone surrogates).
 _NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-#: Markdown (CommonMark/GFM) punctuation that can start markup, and HTML's < > &.
-_MARKUP = re.compile(r"([\\`*_\[\]<>|!&~#])")
+#: Markdown (CommonMark/GFM) punctuation that can start markup: backslash-escaped, as both GFM and the MLflow
+#: UI's renderer (showdown) honour for these. HTML's < > & become entities instead: showdown keeps a backslash
+#: before < or & literally, so "SSIM \>= 0.9" showed its backslash on a version's page.
+_MARKUP = re.compile(r"([\\`*_\[\]|!~#])")
+_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
 
 
 def _prose(text) -> str:
-    """``text`` as literal Markdown prose: markup characters backslash-escaped, control characters shown, one line."""
-    return _MARKUP.sub(r"\\\1", printable(" ".join(str(text).split())))
+    """``text`` as literal Markdown prose: markup characters escaped, control characters shown, one line."""
+    text = re.sub(r"[<>&]", lambda match: _ENTITIES[match.group(0)], printable(" ".join(str(text).split())))
+    return _MARKUP.sub(r"\\\1", text)
 
 
 def _code(text) -> str:
@@ -98,8 +102,10 @@ def _code(text) -> str:
 
 
 def _cell(text: str) -> str:
-    """A table cell: GFM splits cells at every unescaped ``|``, inside code spans too."""
-    return re.sub(r"(?<!\\)\|", r"\\|", str(text))
+    """A table cell: GFM splits cells at every unescaped ``|``, inside code spans too; a non-breaking space on
+    either side keeps neighbouring cells apart where the renderer pads none (the MLflow UI's tables)."""
+    text = re.sub(r"(?<!\\)\|", r"\\|", str(text))
+    return f"&nbsp;{text}&nbsp;" if text else text
 
 
 def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate_run_id: str | None = None,
