@@ -118,17 +118,32 @@ def test_a_version_page_leads_to_its_model_page_with_the_metrics_and_datasets(ml
     assert main(["coverage", "--model-uri", f"models:/{name}/1", "--train-data", "digits[0:200]",
                  "--test-data", "digits[600:700]", "--criteria", "idc", "--top-m", "3"]) == 0
 
-    assert main(["gate", "--model-uri", f"models:/{name}/1", "--min-idc", "0"]) == 0
+    # two checks: one reads "<=", and the realism check (ERROR: no campaign at all) names its budget, ">= 0.9"
+    assert main(["gate", "--model-uri", f"models:/{name}/1", "--min-idc", "0", "--max-realistic-success-rate",
+                 "1"]) == 2
 
     def page(driver) -> str:
         return driver.execute_script("return document.body.innerText")
 
+    browser.set_window_size(1280, 1000)
     browser.get(f"{mlflow_server.url}/#/models/{name}/versions/1")
     wait = WebDriverWait(browser, WAIT)
-    # the verdict, in the version's description, where a person looks first
-    wait.until(lambda d: f"mlflow-di gate: PASS for models:/{name}/1" in page(d))
+    # the verdict, in the version's description, where a person looks first, rendered as written
+    wait.until(lambda d: f"mlflow-di gate: ERROR for models:/{name}/1" in page(d))
     screenshot(browser, "version-page-verdict")
-    assert "1/1 checks passed" in page(browser)
+    text = page(browser)
+    assert "SSIM >= 0.9" in text and "\\>" not in text and "\\<" not in text and "&gt;" not in text, text[:3000]
+    cells = browser.execute_script(
+        "return [...document.querySelectorAll('td')].map(c => [c.innerText, c.scrollWidth <= c.clientWidth + 1])")
+    assert cells and all(fits for _, fits in cells), cells  # no cell clipped at 1280 px
+    assert any(cell.strip() == "idc" for cell, _ in cells)  # a cell holds its own text, not its neighbour's
+    link = browser.find_element(By.CSS_SELECTOR, 'a[href^="#/experiments/"]')  # relative: any host, any port
+    run_id = link.get_attribute("href").rsplit("/", 1)[1]
+    link.click()
+    wait.until(lambda d: d.current_url.endswith(f"/runs/{run_id}") and "Overview" in page(d)
+               and "Run ID" in page(d) and run_id in page(d))  # the run's own page opened
+    browser.get(f"{mlflow_server.url}/#/models/{name}/versions/1")
+    wait.until(lambda d: f"mlflow-di gate: ERROR for models:/{name}/1" in page(d))
     wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, 'a[href*="/models/m-"]'))).click()
 
     # the metrics table renders after the datasets panel: wait for both before reading the page
