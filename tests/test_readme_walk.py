@@ -80,9 +80,21 @@ def test_the_readme_walks_in_order_on_a_fresh_clone(tmp_path):
         if done.returncode != 0:
             pytest.fail(f"{where}: `{command}` exited {done.returncode}:\n" + "\n".join(output[-30:]))
         ran.append(f"{time.monotonic() - started:5.1f} s  {command}")
+        check_what_the_readme_promises(command, done.stdout)
     print("\n".join(["ran:", *ran, "skipped:", *skipped]))
     assert any(" make" in c for c in ran) and sum(" mlflow-di " in c for c in ran) >= 5
     check_the_registry(clone)
+
+
+def check_what_the_readme_promises(command: str, output: str) -> None:
+    """The counts the README gives for a command, where they do not depend on the machine's speed: the boundary
+    walk on the reference LeNet-5 finds triggers on at least 15 of its 20 seeds (18 here; CPUs round the
+    gradients differently, so it says "a seed or two may end the other way")."""
+    if "lenet5-quan.lite" in command and "--strategy boundary" in command:
+        import re
+
+        found = re.search(r"done: (\d+) triggers? from 20 seeds", output)
+        assert found and int(found.group(1)) >= 15, output[-2000:]
 
 
 def check_the_registry(clone) -> None:
