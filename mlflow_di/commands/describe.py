@@ -53,9 +53,11 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     if prep.input_shape:
         click.echo(f"classes:        {classifier.num_classes}")
     click.echo("")
-    click.echo(f"{'layer':<36} {'type':<22} {'output shape':<16} {'neurons':>8}")
-    for name, kind, shape, neurons in _layers(source, model, classifier):
-        click.echo(f"{name:<36} {kind:<22} {'x'.join(map(str, shape)) or '?':<16} {neurons or '?':>8}")
+    onnx_nodes = source.kind == "onnx"  # each row's ONNX node beside the layer name every command uses
+    click.echo(f"{'layer':<36} {'type':<22} {'output shape':<16} {'neurons':>8}" + ("  onnx node" if onnx_nodes else ""))
+    for name, kind, shape, neurons, node in _layers(source, model, classifier):
+        click.echo((f"{name:<36} {kind:<22} {'x'.join(map(str, shape)) or '?':<16} {neurons or '?':>8}"
+                    + (f"  {node}" if onnx_nodes else "")).rstrip())
 
 
 _ORIGINS = {"recorded": "the registry version (recorded with --set-preprocessing)",
@@ -63,21 +65,31 @@ _ORIGINS = {"recorded": "the registry version (recorded with --set-preprocessing
             None: "nowhere: the format's default (an ONNX model's input shape, or pixels / 255)"}
 
 
-def _layers(source, model, classifier) -> list[tuple[str, str, tuple, int]]:
-    """(name, type, per-input output shape, neurons) of each layer/op; conv neurons are channels."""
+def _layers(source, model, classifier) -> list[tuple[str, str, tuple, int, str]]:
+    """(name, type, per-input output shape, neurons, ONNX node) of each layer/op; conv neurons are channels."""
     if model is not None:
-        return [(layer.name, layer.type, layer.output_shape, layer.neurons) for layer in model.describe_layers()]
+        return [(layer.name, layer.type, layer.output_shape, layer.neurons, "") for layer in model.describe_layers()]
     if source.kind == "onnx":
-        return _onnx_nodes(source.path)
+        return _onnx_nodes(source)
     if source.kind == "tflite":
-        return _tflite_ops(classifier)
+        return [(*row, "") for row in _tflite_ops(classifier)]
     return []
 
 
-def _onnx_nodes(path) -> list[tuple[str, str, tuple, int]]:
+def _onnx_nodes(source) -> list[tuple[str, str, tuple, int, str]]:
+    """Every node of an ONNX graph, named by the layer its white-box view makes of it (what coverage, compress and
+    the reports call it), else by its own name."""
     import onnx
 
-    graph = onnx.shape_inference.infer_shapes(onnx.load(str(path))).graph
+    from mlflow_di.errors import UserError
+    from mlflow_di.models import loading
+    from mlflow_di.models.onnx_torch import onnx_layer_names
+
+    try:
+        names = onnx_layer_names(loading.load_torch_model(source).module)
+    except UserError:  # an operator without a white-box view: the nodes' own names
+        names = {}
+    graph = onnx.shape_inference.infer_shapes(onnx.load(str(source.path))).graph
     shapes = {
         info.name: tuple(d.dim_value if d.HasField("dim_value") else 0 for d in info.type.tensor_type.shape.dim[1:])
         for info in list(graph.value_info) + list(graph.output)
@@ -85,7 +97,8 @@ def _onnx_nodes(path) -> list[tuple[str, str, tuple, int]]:
     rows = []
     for node in graph.node:
         shape = shapes.get(node.output[0], ())
-        rows.append((node.name or node.output[0], node.op_type, shape, shape[0] if shape else 0))  # NCHW
+        own = node.name or node.output[0]
+        rows.append((names.get(node.name, own), node.op_type, shape, shape[0] if shape else 0, own))  # NCHW
     return rows
 
 

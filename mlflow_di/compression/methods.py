@@ -169,7 +169,9 @@ def float_export(module, preprocessing: Preprocessing, out, opset=None, graph=No
         shutil.copyfile(exported.path, out)
         return dataclasses.replace(exported, path=str(out))
     if graph is not None:
-        return _original_graph(graph, preprocessing, out)
+        from mlflow_di.models.onnx_torch import onnx_layer_names
+
+        return _original_graph(graph, preprocessing, out, onnx_layer_names(module))
     return export_onnx(module, preprocessing, out, opset)
 
 
@@ -202,16 +204,37 @@ def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_
             "quantized_ops": assert_linear_layers_quantized(path, kept_float=keep_float)}
 
 
-def _original_graph(graph, preprocessing: Preprocessing, out) -> OnnxExport:
+def _original_graph(graph, preprocessing: Preprocessing, out, layer_names: dict | None = None) -> OnnxExport:
     """An ONNX original's own graph as the float model to compress: copied (weights MLflow keeps in
-    external files taken inside), with the preprocessing stored."""
+    external files taken inside), with the preprocessing stored, and each weighted layer's weight named
+    ``<layer>.weight`` after the layer its white-box view gives it (``layer_names``: node -> layer), so that
+    every figure names the layer as coverage does (an exporter's ``onnx::Conv_20`` becomes ``stem.0.weight``)."""
     import onnx
 
     from mlflow_di.models.metadata import ModelMetadata
 
-    onnx.save_model(onnx.load(str(graph)), str(out))
+    model = onnx.load(str(graph))
+    _name_weights_by_layer(model, layer_names or {})
+    onnx.save_model(model, str(out))
     set_metadata(out, ModelMetadata(preprocessing).to_onnx_props())
     return OnnxExport(str(out), "original graph", onnx_opset(out), 0.0, 0.0)
+
+
+def _name_weights_by_layer(model, layer_names: dict) -> None:
+    """Rename, in place, the weight initializer of each Conv/Gemm/MatMul node ``layer_names`` knows to ``<layer>.weight``."""
+    initializers = {init.name: init for init in model.graph.initializer}
+    renamed = {}
+    for node in model.graph.node:
+        layer = layer_names.get(node.name)
+        if layer is None or node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2:
+            continue
+        weight, wanted = node.input[1], f"{layer}.weight"
+        if weight in initializers and weight != wanted and wanted not in initializers and weight not in renamed:
+            renamed[weight] = wanted
+    for old, new in renamed.items():
+        initializers[old].name = new
+    for node in model.graph.node:
+        node.input[:] = [renamed.get(value, value) for value in node.input]
 
 
 def _export_params(export) -> dict:

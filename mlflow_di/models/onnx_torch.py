@@ -207,7 +207,14 @@ def onnx_to_torch(model, name: str = "model") -> nn.Module:
     root = converter.module("", nodes, [inputs[0].name], [graph.output[0].name])
     root.eval()
     _check_against_onnxruntime(model, root, inputs[0], name)
+    root.onnx_layer_names = dict(converter.layer_of)
     return root
+
+
+def onnx_layer_names(module) -> dict[str, str]:
+    """{ONNX node name: the view's name of the layer it became} of a module :func:`onnx_to_torch` built ({} for
+    any other module): the one mapping by which every command names an ONNX model's layers as coverage does."""
+    return dict(getattr(module, "onnx_layer_names", None) or {})
 
 
 def _fused_linear(nodes: list[_Node], constants: dict) -> list[_Node]:
@@ -292,6 +299,7 @@ class _Converter:
     def __init__(self, constants: dict, name: str, nodes: list[_Node]):
         self.constants = constants
         self.name = name
+        self.layer_of: dict[str, str] = {}  # ONNX node name -> the layer it became (its module path)
         # a container: a path some node lives below, or one holding several nodes (other than one
         # activation module called more than once)
         self.containers = {node.path.rsplit(".", i)[0] for node in nodes for i in range(1, node.path.count(".") + 1)
@@ -331,6 +339,8 @@ class _Converter:
                 submodule = self.module(child_path, run, run_inputs, run_outputs)
             else:
                 submodule = self.layer(run)
+                if not isinstance(submodule, RebuiltModule):  # one node, one torch.nn layer
+                    self.layer_of[run[0].proto.name] = child_path
             root.add_module(child, submodule)
             result = graph.call_module(child, tuple(env[v] for v in run_inputs))
             if len(run_outputs) == 1:
@@ -364,6 +374,7 @@ class _Converter:
         if built is not None:
             child = _identifier(f"{node.op.lower()}", len(list(root.children())))
             root.add_module(child, built)
+            self.layer_of[node.proto.name] = f"{path}.{child}" if path else child
             value = graph.call_module(child, (env[node.proto.input[0]],))
         else:
             function = _FUNCTIONS.get(node.op)
