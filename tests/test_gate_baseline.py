@@ -159,8 +159,11 @@ def test_markdown_summary_has_a_heading_a_row_per_check_and_the_runs():
     table = [line for line in lines if line.startswith("| ")]
     assert table[0] == "| criterion | model | value | threshold | baseline | change | result | runs | evidence |"
     assert len(table) == 1 + len(verdict.checks)
-    assert table[3] == ("| success_rate_rise | `models:/m-int8/2` | 0.5 | <= 0.1 | 0.2 | 0.3 | **FAIL** | "
-                        "[rc](http://ui/rc), [rb](http://ui/rb) |  |")
+    # each cell padded with a non-breaking space: the MLflow UI's tables pad none, and "static/1" beside "0"
+    # read "static/10"
+    assert table[3] == ("| &nbsp;success_rate_rise&nbsp; | &nbsp;`models:/m-int8/2`&nbsp; | &nbsp;0.5&nbsp; | "
+                        "&nbsp;<= 0.1&nbsp; | &nbsp;0.2&nbsp; | &nbsp;0.3&nbsp; | &nbsp;**FAIL**&nbsp; | "
+                        "&nbsp;[rc](http://ui/rc), [rb](http://ui/rb)&nbsp; |  |")
     assert "- a note \\| piped" in lines and lines[-1] == "Gate run: [gate-run](http://ui/gate-run)"
     assert all(line.count("|") - line.count("\\|") == 10 for line in table)
 

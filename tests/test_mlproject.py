@@ -42,7 +42,7 @@ def test_each_entry_point_runs_with_mlflow_run(tmp_path):
                             data="digits[1300:1400]", corruptions="jpeg,occlusion", severities="1,5")),
         # the boundary walk above finds realistic deviations on most seeds, and the gate reads the newest
         ("gate", dict(model_uri="models:/digits-cnn/1", min_idc=0, max_accuracy_drop=1, min_mean_queries=0,
-                      max_realistic_success_rate=1)),
+                      max_realistic_success_rate=1, realism_budget="linf=32")),  # fuzz_realistic's budget
         # last: it registers another int8-static version, which the gate above would want fuzzed
         ("compress_bounded", dict(model_uri="models:/digits-cnn/1", max_disagreement_rate=0.02)),
     ]

@@ -510,7 +510,7 @@ def _log_comparison(log, original: str, compressed: list[str], results: list, su
 
 def _print_sharing(comparison: dict) -> None:
     metrics = comparison["metrics"]
-    # a strategy with its own loop (the boundary walk) shares no batched calls: there is nothing saved to say
+    # a strategy with its own loop (a white-box walk) shares no batched calls: there is nothing saved to say
     shared = (f"original evaluated {metrics['original_inputs_shared']} images for all campaigns instead of "
               f"{metrics['original_inputs_separate']} ({metrics['original_inputs_saved_fraction']:.1%} saved); "
               if metrics["original_inputs_separate"] else "")

@@ -50,13 +50,33 @@ def bound_http_retries() -> None:
         os.environ.setdefault(key, value)
 
 
+def _check_sqlite(uri: str) -> None:
+    """One line at once when the sqlite store at ``uri`` cannot be opened (or created) for writing."""
+    import pathlib
+    import sqlite3
+
+    path = pathlib.Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if str(path) in ("", ":memory:"):
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sqlite3.connect(str(path), timeout=5).close()
+    except (sqlite3.Error, OSError) as exc:
+        raise UserError(f"cannot open the tracking store {uri} (SQLite: {str(exc).strip().splitlines()[0]}); its "
+                        "folder must exist and be writable: pick another --tracking-uri or fix the folder's "
+                        "permissions") from None
+
+
 def check_reachable(uri: str | None = None, budget_s: float = CHECK_BUDGET_S) -> None:
     """Raise a one-line :class:`UserError` naming the server unless the HTTP tracking server at
     ``uri`` answers ``/health`` with 200 ``OK`` and answers an API call, all within ``budget_s``.
 
-    Local stores (sqlite, file paths) need no check: opening them reports its own errors.
+    A sqlite store is opened once here: MLflow retries a store it cannot open ten times with growing
+    pauses (102 s) before it says so; a file path store needs no check.
     """
     uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///"):
+        _check_sqlite(uri)
     if not uri.startswith(("http://", "https://")):
         return
     deadline = time.monotonic() + budget_s
