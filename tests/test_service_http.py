@@ -23,9 +23,10 @@ class StandIn:
 
     def __init__(self):
         self.fail = False
+        self.status = "ok"
 
     def health(self):
-        return {"status": "ok"}
+        return {"status": self.status}
 
     def jobs(self, state):
         if self.fail:
@@ -75,6 +76,14 @@ def test_routes_answer_json_and_wrong_methods_are_405(served):
     request = urllib.request.Request(server.url + "/webhook", data=b"{}", headers={"X-MLflow-Delivery-Id": "d1"})
     with LOCAL.open(request, timeout=10) as reply:
         assert reply.status == 202 and json.loads(reply.read()) == {"length": 2, "delivery": "d1"}
+
+
+def test_health_is_503_until_the_service_has_started(served):
+    server, app, _ = served
+    app.status = "starting"  # the webhook's test delivery is still on its way, no worker runs yet
+    assert get(server.url + "/health") == (503, {"status": "starting"})
+    app.status = "ok"
+    assert get(server.url + "/health") == (200, {"status": "ok"})
 
 
 def test_an_endpoint_error_is_a_json_500_and_one_line(served):

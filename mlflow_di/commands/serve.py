@@ -149,6 +149,7 @@ class Service:
         self.backfill = backfill
         self.stop = threading.Event()
         self.wake = threading.Event()  # a transition happened: write the tags now
+        self.ready = threading.Event()  # workers started: /health says ok (before: starting, 503)
         self._print_lock = threading.Lock()
         self._seen: set[tuple[str, str]] = set()  # versions the poller already decided about
         self._threads: list[threading.Thread] = []
@@ -209,6 +210,7 @@ class Service:
         polling = f"polling every {self.poll_seconds:g} s" if self.poll_seconds else "not polling"
         hooks = "webhooks at POST /webhook" if self.secret else "no webhooks (no --webhook-secret-env)"
         models = ", ".join(self.models) if self.models else "every model"
+        self.ready.set()
         self._say(f"serving {self.server.url} for {self.tracking_uri} ({models}; {polling}; {hooks}; "
                   f"{self.workers} worker(s); state {self.state})")
 
@@ -364,7 +366,7 @@ class Service:
     def health(self) -> dict:
         from mlflow_di import __version__
 
-        return {"status": "ok", "version": __version__, "jobs": self.queue.counts(), "workers": self.workers,
+        return {"status": "ok" if self.ready.is_set() else "starting", "version": __version__, "jobs": self.queue.counts(), "workers": self.workers,
                 "poll_seconds": self.poll_seconds, "webhooks": self.secret is not None}
 
     def jobs(self, state: str | None) -> dict:

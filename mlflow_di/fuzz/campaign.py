@@ -107,8 +107,8 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     """
     strategy = make_strategy(strategy)
     if getattr(strategy, "white_box", False):
-        raise UserError(f"the {strategy.name} strategy needs white-box PyTorch models and their gradients; "
-                        "run it with mlflow_di.fuzz.deepxplore.run_deepxplore (fuzz --strategy deepxplore)")
+        raise UserError(f"the {strategy.name} strategy needs a PyTorch model's gradients, which this lockstep of "
+                        f"black boxes does not have; run it with mlflow_di.fuzz.run (fuzz --strategy {strategy.name})")
     if not compressed:
         raise UserError("no compressed model given")
     if out_dirs is not None and len(out_dirs) != len(compressed):

@@ -120,7 +120,8 @@ class ServiceServer:
 
     def _route(self, method: str, path: str, environ) -> tuple[int, dict]:
         if method == "GET" and path == "/health":
-            return 200, self.app.health()
+            health = self.app.health()  # 503 while starting: a readiness probe waits for the workers
+            return (200 if health["status"] == "ok" else 503), health
         if method == "GET" and path == "/jobs":
             state = urllib.parse.parse_qs(environ.get("QUERY_STRING", "")).get("state", [None])[0]
             return 200, self.app.jobs(state)
