@@ -55,17 +55,26 @@ def random_torchvision_model(family: str):
 
 
 class StandIn:
-    """A near-free black box for the campaign's floor: a softmax over ``classes`` outputs of the
-    mean of every 8th pixel value, so margins still move with each mutant while the model costs
-    next to nothing (both sides of the campaign use it, so every seed runs its whole budget)."""
+    """A near-free black box for the campaign's floor: a softmax over ``classes`` outputs of the mean of
+    1,024 fixed pixel values, so margins still move with mutants while the model costs next to nothing
+    (both sides of the campaign use it, so every seed runs its whole budget). Until 2026-11-28 it took the
+    mean of every 8th value, 18,816 strided reads at 224 px, which cost 0.05 ms an image, a third of the
+    floor it was meant to leave out."""
 
     name = "stand-in"
+    SAMPLED = 1024
 
     def __init__(self, classes: int = 1000):
         self.weights = np.random.default_rng(0).standard_normal(classes)
+        self._sampled: dict[int, np.ndarray] = {}
 
     def predict_proba(self, images: np.ndarray) -> np.ndarray:
-        level = images.reshape(len(images), -1)[:, ::8].mean(axis=1) / 255.0
+        flat = images.reshape(len(images), -1)
+        values = flat.shape[1]
+        if values not in self._sampled:
+            self._sampled[values] = np.sort(np.random.default_rng(1).choice(values, min(self.SAMPLED, values),
+                                                                              replace=False))
+        level = flat[:, self._sampled[values]].mean(axis=1) / 255.0
         logits = np.outer(level - 0.5, self.weights) * 20
         logits[:, 0] += 5
         p = np.exp(logits - logits.max(axis=1, keepdims=True))

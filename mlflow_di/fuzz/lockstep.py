@@ -211,16 +211,15 @@ class Lockstep:
         """Ask every search of ``shift`` for its next inputs, gathered per lane into one batch; whether
         there are any. Each search is offered the rows its inputs go to (``out``): DFlare writes its
         mutants there, so they are not copied into the batch afterwards; other inputs are copied in."""
-        clock = search_clock
         shape = self.seeds.image_shape
         shift.proposals, shift.inputs = [], []
-        began = clock()
         for number, (lane, active) in enumerate(zip(self.lanes, shift.active)):
+            began = search_clock()
             limit = lane.config.max_queries
             depth = _speculation_depth(len(active), self.batch) if active else 1
             buffer = shift.rows(number, len(active) * depth, shape)
             counts, filled = [], 0
-            for position, a in enumerate(active):  # one clock reading per search: its turn ends, the next's begins
+            for position, a in enumerate(active):
                 later = depth * (len(active) - position - 1)  # rows kept for the searches after this one
                 # grows only after a search proposed more than depth (a generation, copied in below)
                 buffer = shift.rows(number, filled + depth + later, shape, filled)
@@ -231,9 +230,7 @@ class Lockstep:
                     buffer[filled:filled + len(inputs)] = inputs
                 counts.append(len(inputs))
                 filled += len(inputs)
-                now = clock()
-                a.seconds += now - began
-                began = now
+            _charge(active, counts, search_clock() - began)
             shift.proposals.append(counts)
             shift.inputs.append(buffer[:filled])
         return any(len(inputs) for inputs in shift.inputs)
@@ -253,7 +250,6 @@ class Lockstep:
 
     def _observe(self, shift: _Shift, evaluation: _Evaluation) -> None:
         """Hand each search of ``shift`` its rows of the models' answer, charging it its share of the calls."""
-        clock = search_clock
         counts = [len(inputs) for inputs in shift.inputs]
         total = sum(counts)
         # each input is charged what it costs the original alone (per distinct image), so a seed gets
@@ -270,15 +266,14 @@ class Lockstep:
             lane_original = evaluation.p_original[start_original:start_original + count]
             start_original += count
             start = 0
-            began = clock()
+            began = search_clock()
             for a, proposed in zip(active, mine):
                 stop = start + proposed
                 a.search.observe(lane_original[start:stop], p_compressed[start:stop])
-                now = clock()
-                a.seconds += now - began + share * proposed
+                a.seconds += share * proposed
                 a.model_seconds += share * proposed
-                began = now
                 start = stop
+            _charge(active, mine, search_clock() - began)
             lane.stats.model_seconds += share * count
             lane.stats.calls += 1
             lane.stats.inputs += count
@@ -369,6 +364,17 @@ class Lockstep:
 #: 0.7% of all inputs were dropped unused with this cap (most mutants of a slow seed are
 #: rejected, which is what speculation assumes).
 MAX_SPECULATION = 16
+
+
+def _charge(active: list, counts: list[int], seconds: float) -> None:
+    """Charge the searches of one lane ``seconds`` of their own work, in proportion to the inputs each handled (at
+    least one share each). One clock reading per lane and turn, not per search: a thread's CPU clock is a system
+    call (about 1 µs idle here, tens of µs on a busy VM), which a search of 64 seeds at 224 px had paid 128 times
+    per iteration, more than the searches' own work (benchmarks/RESULTS.md, bench_scale --floor-only)."""
+    weights = [max(1, count) for count in counts]
+    total = sum(weights)
+    for a, weight in zip(active, weights):
+        a.seconds += seconds * weight / total
 
 
 def _in_place(inputs: np.ndarray, slot: np.ndarray) -> bool:
