@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: docs install install-dev browser emulator demo test clean
+.PHONY: docs install install-dev lint browser emulator demo test clean
 
 # What the demo and the commands need: torch, mlflow, ONNX Runtime, LiteRT (DFlare's reference models
 # are TFLite), scikit-learn, ...
@@ -59,8 +59,12 @@ emulator:
 		|| echo "could not install qemu-user: the emulated-CPU test will be skipped"; \
 	else echo "qemu-user not installed (needs root + apt-get): the emulated-CPU test will be skipped"; fi
 
-test: install-dev browser emulator docs
+test: install-dev lint browser emulator docs
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# ruff (config in pyproject.toml): undefined and unused names, bare excepts, lines over 130 characters.
+lint: install-dev
+	$(VENV)/bin/ruff check .
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails.
 docs: install-dev

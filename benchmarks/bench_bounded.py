@@ -178,7 +178,8 @@ def section(rows, args) -> str:
         "## Bounded int8 export (compress --max-disagreement-rate)", "",
         f"Command: `.venv/bin/python -m benchmarks.bench_bounded --models {args.models} --bounds {args.bounds} "
         f"--torchvision-bounds {args.torchvision_bounds}` "
-        "(2 cores, CPU, ONNX Runtime; after one warm-up export per model). int8-static, MinMax calibration on MNIST train [0:500]; the search scores "
+        "(2 cores, CPU, ONNX Runtime; after one warm-up export per model). int8-static, MinMax calibration on MNIST "
+        "train [0:500]; the search scores "
         "candidates on MNIST test [0:5000] and the choice is verified on [5000:10000] (torchvision models: "
         f"{args.torchvision_images} padded RGB digits per split; with random weights their own predictions are the "
         f"labels, `-mnist`: trained here for {args.train_epochs} epochs on MNIST train [0:5000]). *plain*: every layer "

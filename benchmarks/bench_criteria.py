@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import re
 import sys
 import time
 

@@ -78,7 +78,8 @@ def main() -> None:
                     f"{'-' if linf is None else f'{linf:.0f}'} |")
         print(rows[-1], flush=True)
     agreeing, lit = lighting_scan(models, seeds)
-    rows.append(f"| scan: every brightness offset -255..255 (no gradient) | {agreeing} | {lit / agreeing:.1%} | 511 images each | - |")
+    rows.append(f"| scan: every brightness offset -255..255 (no gradient) | {agreeing} | {lit / agreeing:.1%} "
+                "| 511 images each | - |")
     print(rows[-1], flush=True)
     text = "\n".join([
         "## DeepXplore's step on two versions of the digits CNN (bench_deepxplore_defaults)", "",

@@ -277,7 +277,8 @@ def report(args, runs, lockstep_run, alone_run, rounds, load_at_start, load_at_e
         f"load average {load_at_start[0]:.2f} at start and {load_at_end[0]:.2f} at the end (shared with other jobs, "
         "so seconds are noisy; ratios are measured in the same run).",
         "",
-        "| strategy | seeds | already deviating | success | mean queries | median queries | mean s / trigger | campaign wall s | paper |",
+        "| strategy | seeds | already deviating | success | mean queries | median queries | mean s / trigger | "
+        "campaign wall s | paper |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, (result, wall) in runs.items():
@@ -309,7 +310,7 @@ def report(args, runs, lockstep_run, alone_run, rounds, load_at_start, load_at_e
     if "dflare" in runs:
         s, wall = runs["dflare"][0].summary, runs["dflare"][1]
         best = min(rounds, key=lambda r: r.ratio)
-        overhead, per_query, model_per_input, stats = best.ratio, best.per_query, best.model_per_input, best.result.run_stats
+        overhead, model_per_input, stats = best.ratio, best.model_per_input, best.result.run_stats
         lines += [
             "",
             f"Overhead (DFlare campaign, {len(rounds)} round(s) of: the two models' own batched inference at batch "

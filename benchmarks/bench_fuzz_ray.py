@@ -10,7 +10,8 @@ chunk, and the driver's ceiling in seeds/s.
 3. The driver's ceiling: the same free model, one query per seed, 2 workers: how many finished seeds
    per second one driver can take in and write to the campaign folder.
 
-    .venv/bin/python -m benchmarks.bench_fuzz_ray [--shared ../shared] [--seeds 256] [--max-queries 2000] [--strategy dflare-paper]
+    .venv/bin/python -m benchmarks.bench_fuzz_ray [--shared ../shared] [--seeds 256] \
+        [--max-queries 2000] [--strategy dflare-paper]
 """
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ def main() -> None:
              f"Command: `.venv/bin/python -m benchmarks.bench_fuzz_ray --seeds {args.seeds} --max-queries "
              f"{args.max_queries} --strategy {args.strategy}`  ",
              f"Machine: {os.cpu_count()} cores, no GPU; one local Ray cluster (started in {startup:.1f} s, before the "
-             "clock). LeNet-5 (PyTorch, 1 thread per process) vs its int8-static ONNX export (calibrated on mnist-train[0:500]); seeds "
+             "clock). LeNet-5 (PyTorch, 1 thread per process) vs its int8-static ONNX export (calibrated on "
+             "mnist-train[0:500]); seeds "
              f"mnist-test[0:{args.seeds}], {args.strategy}, max {args.max_queries} queries per seed, batch 64, chunks of 32 "
              "seeds, 1 CPU per worker. Same run for all three.", "",
              "| where | wall s | queries/s | speed-up vs this process | records equal the local run's |",
@@ -132,7 +134,8 @@ def main() -> None:
              f"driver, which took in {args.ceiling_seeds / ray_ceiling:,.0f} finished seeds/s here; a worker "
              "finishes about 64 seeds (one lockstep batch) per seed search time, so one driver keeps up with "
              f"~{args.ceiling_seeds / ray_ceiling * 180 / 64:,.0f} workers when seeds search 180 s (the default "
-             f"--timeout), ~{args.ceiling_seeds / ray_ceiling * 10 / 64:,.0f} at 10 s per seed; (2) the fixed cost per campaign, worker "
+             f"--timeout), ~{args.ceiling_seeds / ray_ceiling * 10 / 64:,.0f} at 10 s per seed; (2) the fixed cost per "
+             "campaign, worker "
              f"start and model load ({fixed:.1f} s here for LeNet-5, more for a ResNet-50 file shipped through the "
              "object store), paid once per worker, so it matters only for campaigns shorter than a few minutes; "
              f"(3) chunk granularity: {per_chunk * 1000:.0f} ms per chunk against a chunk's search of 64 seeds x "

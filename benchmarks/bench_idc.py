@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import re
 import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import write_section
+from benchmarks.results import write_section  # noqa: E402  (after the path insert)
 import mlflow_di  # noqa: E402,F401  (torchvision guard first)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

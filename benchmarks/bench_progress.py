@@ -99,7 +99,8 @@ def main() -> None:
         "pair, MNIST test seeds [9000:9100] at 2,000 queries per seed unless named; progress written as a log shows "
         "it (a line every 10 s). *estimate*: the line's elapsed plus remaining; *truth*: the bar's elapsed time on "
         "its last line. The boundary walk runs seeds one after another (in a shuffled order) and shows \"?\" until "
-        "the standard error of its mean seconds per seed is at most a quarter of it. Before the estimate counted budget (it extrapolated finished seeds), the first line of "
+        "the standard error of its mean seconds per seed is at most a quarter of it. Before the estimate counted "
+        "budget (it extrapolated finished seeds), the first line of "
         "`dflare, L-inf <= 32` estimated 358 s for a 47 s campaign (7.6x).",
         "", *rows, ""])
     print(text)

@@ -120,7 +120,10 @@ def render(results: list[dict], args, command: str, measured: str | None = None)
              "",
              f"Paper (Drepair, 5-fold CV): {PAPER}. Its figures average over its own pairs; ours are four pairs.",
              "",
-             "| pair | CV repair ratio | CV inducing ratio | CV improvement | CV seeds+triggers only: repair / inducing / improvement | held-out triggers repaired | held-out seeds induced | accuracy orig / compr / repaired | clean deviations before -> after | fresh campaign success vs compressed -> repaired | fresh mean (median) queries vs compressed -> repaired |",
+             "| pair | CV repair ratio | CV inducing ratio | CV improvement | CV seeds+triggers only: repair / "
+             "inducing / improvement | held-out triggers repaired | held-out seeds induced | "
+             "accuracy orig / compr / repaired | clean deviations before -> after | "
+             "fresh campaign success vs compressed -> repaired | fresh mean (median) queries vs compressed -> repaired |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         cv = r["repair"]["cross_validation"]
@@ -148,7 +151,8 @@ def render(results: list[dict], args, command: str, measured: str | None = None)
     ratios = [r["fresh_vs_repaired"]["mean_queries"] / r["fresh_vs_compressed"]["mean_queries"] for r in results
               if r["fresh_vs_repaired"]["mean_queries"] and r["fresh_vs_compressed"]["mean_queries"]]
     lines += ["", f"**Beside the paper:** mean CV repair ratio {_pct(mean_repair)} over the {len(results)} pairs "
-              f"(paper 32.7% on average); best CV improvement {_pct(best['repair']['cross_validation']['pooled']['improvement'])} "
+              "(paper 32.7% on average); best CV improvement "
+              f"{_pct(best['repair']['cross_validation']['pooled']['improvement'])} "
               f"(`{best['pair']}`; paper's best 48.5%). On held-out seeds the head fixes most of DFlare's triggers "
               f"while changing almost no agreeing input, and clean accuracy moves by at most {change:.2f} points "
               f"(compressed -> repaired). On the clean test images, though, the head adds deviations from the "
@@ -162,7 +166,8 @@ def render(results: list[dict], args, command: str, measured: str | None = None)
               f"succeed on against the compressed one, with {min(ratios):.2f}-{max(ratios):.2f}x the mean queries "
               "(fewer, not more). A likely reason, not tested further: DFlare's triggers sit just across a decision "
               "boundary; the head moves the compressed model's boundary towards the original's near the triggers "
-              "it learnt from, and a fresh search finds a deviation as close to the new boundary. Drepair, as measured here, repairs the "
+              "it learnt from, and a fresh search finds a deviation as close to the new boundary. Drepair, as measured "
+              "here, repairs the "
               "deviations it was shown and ones like them, not the model's susceptibility to a new search. Our "
               "ratios are higher than the paper's, whose triggers come from its own campaigns, models, head and "
               "folds (our notes do not say how it split them), so the figures are not of the same inputs: the "

@@ -282,7 +282,8 @@ def section(rows: list[dict], device_type: str, command: str) -> str:
              f"Command: `{command}`  ", f"Machine: {platform.machine()}, {device}; random-init torchvision models, "
              f"generated {rows[0]['size']}x{rows[0]['size']} RGB images labelled by the model itself.", "",
              "| family | IDC fit / (fwd+bwd) | score all criteria / fwd | campaign s per query / models' inference per input "
-             "| the same with overlap (two shifts of half the seeds) | fwd+bwd ms/img | fwd ms/img | campaign ms/query | of which searches | floor ms/query (stand-in models) "
+             "| the same with overlap (two shifts of half the seeds) | fwd+bwd ms/img | fwd ms/img | campaign ms/query "
+             "| of which searches | floor ms/query (stand-in models) "
              "| host floor ms/query (no noise, no median) | peak RSS MiB | peak GPU MiB |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

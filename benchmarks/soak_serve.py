@@ -16,7 +16,8 @@ resident memory every half second:
 4. the soak waits until every version has a verdict (``--timeout`` bounds it) and stops everything.
 
 Reported per ``--workers``: drippers still open at the end and the seconds the last one took to be
-closed (target: all closed within the deadline and a cleanup pass), deliveries lost (no HTTP answer; target 0) and answered with an
+closed (target: all closed within the deadline and a cleanup pass), deliveries lost (no HTTP answer; target 0) and
+answered with an
 unexpected status, jobs duplicated (more than one job or one pipeline run per version; target
 0), versions without a verdict, the verdict latency per version (registration to the job's final
 state), and the service's threads and memory at each phase. Nothing but 127.0.0.1 is contacted;

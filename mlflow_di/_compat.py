@@ -9,7 +9,8 @@ white-box side would be unusable.
 
 What: :func:`ensure_torchvision` runs before the first torchvision import: ``mlflow_di/__init__``
 installs :class:`_TorchvisionGuard`, an import hook that calls it when something first imports
-torchvision (so importing mlflow_di itself stays cheap: no torch until it is needed). If torchvision's extension loads, it does nothing more: torchvision works as shipped.
+torchvision (so importing mlflow_di itself stays cheap: no torch until it is needed). If torchvision's extension loads,
+it does nothing more: torchvision works as shipped.
 If the extension cannot load, it declares those two operator schemas (no kernels), so the import
 succeeds and torchvision's pure-Python parts (models, datasets, transforms, utils) work. The
 compiled ops themselves (nms, roi_align, ...) stay unavailable and raise torchvision's own

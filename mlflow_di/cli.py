@@ -23,7 +23,8 @@ from mlflow_di.errors import Terminated, UserError, note_sigterm, received_sigte
 
 #: Subcommand name -> module in mlflow_di.commands (each defines ``command``), in help order.
 COMMANDS = {"demo": "demo", "describe": "describe", "import-keras": "import_keras", "coverage": "coverage",
-            "inspect": "inspect", "generate": "generate", "compress": "compress", "fuzz": "fuzz", "repair": "repair", "robustness": "robustness",
+            "inspect": "inspect", "generate": "generate", "compress": "compress", "fuzz": "fuzz", "repair": "repair",
+            "robustness": "robustness",
             "gate": "gate", "pipeline": "pipeline", "serve": "serve", "close-runs": "close_runs"}
 
 

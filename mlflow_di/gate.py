@@ -126,7 +126,8 @@ CRITERIA: list[Criterion] = [
     Criterion("realistic_success_rate", "fuzz", "max_realistic_success_rate", greater_is_better=False,
               per_compressed=True,
               help="Fail if more of the fuzzed seeds (0..1) gave a trigger within the realism budget (SSIM >= 0.9 "
-                   "to the seed where measurable, paper's and whole-image, L-inf <= 32 levels, or the campaign's own --min-ssim/--max-linf): "
+                   "to the seed where measurable, paper's and whole-image, L-inf <= 32 levels, or the campaign's own "
+                   "--min-ssim/--max-linf): "
                    "deviations a person would call the same image."),
     #: the export's latency against its fp32 source's on the compress run's host (above 1: faster)
     Criterion("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True, range="positive",

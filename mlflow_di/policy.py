@@ -9,7 +9,8 @@ option types before any run starts, naming the same key path.
 
 Each section's keys are the options of the command it runs, with underscores (``calib_data`` is
 ``compress --calib-data``), except ``compress.methods`` (the repeatable ``--method``) and
-``gate.thresholds`` (the mapping of ``--min-idc`` and the other thresholds). The ``trust`` section is not a step: ``trust.pickled_models`` names
+``gate.thresholds`` (the mapping of ``--min-idc`` and the other thresholds). The ``trust`` section is not a step:
+``trust.pickled_models`` names
 the registered models whose pickled PyTorch versions the pipeline may load (loading a pickle runs
 its code; see :func:`mlflow_di.models.loading.only_trusted_pickles`). The ``preprocessing``
 section is not a step either: it maps a registered model's name to the preprocessing fields its

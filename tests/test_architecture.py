@@ -7,7 +7,8 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mlflow_di"
 ENGINES = ("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "reporting", "service")
-FOUNDATIONS = ("models", "data.py", "deviation.py", "results_json.py", "errors.py", "folder_lock.py", "gate.py", "policy.py", "progress.py",
+FOUNDATIONS = ("models", "data.py", "deviation.py", "results_json.py", "errors.py", "folder_lock.py", "gate.py", "policy.py",
+               "progress.py",
                "_compat.py", "_ray.py")
 
 
@@ -63,7 +64,8 @@ def test_commands_never_call_mlflow_directly(path):
     assert not _uses(imports_of(path), "mlflow"), f"{path.name} imports mlflow; go through mlflow_di.mlflow_edge"
 
 
-@pytest.mark.parametrize("path", modules("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "service"), ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize("path", modules("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "service"),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_engines_do_not_render_or_parse_options(path):
     names = imports_of(path)
     assert not _uses(names, "click") and not _uses(names, "mlflow_di.reporting")
@@ -81,7 +83,8 @@ def test_help_imports_no_heavy_library():
     import sys
 
     code = ("import sys; from mlflow_di.cli import main\n"
-            "for cmd in ('demo','describe','import-keras','coverage','inspect','generate','compress','fuzz','repair','robustness','gate','serve'):\n"
+            "for cmd in ('demo','describe','import-keras','coverage','inspect','generate','compress','fuzz','repair',"
+            "'robustness','gate','serve'):\n"
             "    try: main([cmd, '--help'])\n"
             "    except SystemExit: pass\n"
             "main(['coverage', '--clusters', '1'])\n"

@@ -70,7 +70,7 @@ def test_registered_under_its_entry_point():
 
 
 def test_logged_pytorch_model_gets_idc_logged_once(mlflow_client, digits_model, evaluation_rows, monkeypatch):
-    from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
+    from mlflow_di.mlflow_edge import models as edge_models
 
     monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")  # mlflow-di logs pickled modules
     with mlflow.start_run():

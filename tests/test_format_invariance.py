@@ -61,7 +61,9 @@ def coverage_per_view(module, shape, tmp_path, n_train: int, n_test: int) -> dic
     rng = np.random.default_rng(0)
     train, test = (rng.integers(0, 256, (n, *shape), dtype=np.uint8) for n in (n_train, n_test))
     with torch.no_grad():  # labels the model gets right, so IDC analyses every input
-        label = lambda images: module.eval()(torch.from_numpy(preprocessing.apply(images))).argmax(1).numpy()
+        def label(images):
+            return module.eval()(torch.from_numpy(preprocessing.apply(images))).argmax(1).numpy()
+
         train, test = ImageSet(train, label(train), "train"), ImageSet(test, label(test), "test")
     results = {}
     for view, network in three_views(module, torch.from_numpy(preprocessing.apply(train.images[:4])), tmp_path).items():

@@ -40,7 +40,8 @@ def lenet_pair(shared_dir, mnist_spec):
 def campaign(kind: str, pair, timeout: float = DEFAULT_TIMEOUT):
     original, compressed, seeds = pair
     if kind == "boundary":
-        return run_boundary(original, compressed, seeds, BoundaryWalk(constraint=Constraint(min_ssim=0.97), steps=20, targets=3, restarts=0),
+        walk = BoundaryWalk(constraint=Constraint(min_ssim=0.97), steps=20, targets=3, restarts=0)
+        return run_boundary(original, compressed, seeds, walk,
                             timeout=timeout, max_queries=MAX_QUERIES, seed=3, progress=False)
     return run_campaign(original.classifier(), compressed, seeds, strategy="dflare", timeout=timeout,
                         max_queries=MAX_QUERIES, seed=3, batch=4, progress=False)

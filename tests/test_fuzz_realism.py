@@ -23,7 +23,8 @@ def direct_ssim(a, b, sigma=1.5, radius=5):
         x, y = a[..., channel].astype(float), b[..., channel].astype(float)
         for i in range(radius, a.shape[0] - radius):
             for j in range(radius, a.shape[1] - radius):
-                wx, wy = x[i - radius:i + radius + 1, j - radius:j + radius + 1], y[i - radius:i + radius + 1, j - radius:j + radius + 1]
+                window = (slice(i - radius, i + radius + 1), slice(j - radius, j + radius + 1))
+                wx, wy = x[window], y[window]
                 mx, my = (weights * wx).sum(), (weights * wy).sum()
                 vx, vy = (weights * wx * wx).sum() - mx ** 2, (weights * wy * wy).sum() - my ** 2
                 cxy = (weights * wx * wy).sum() - mx * my

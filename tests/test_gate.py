@@ -113,7 +113,7 @@ def _values(found):
 
 
 def test_measurements_are_the_newest_finished_runs_of_that_version(client, history):
-    from mlflow_di.mlflow_edge import recorded, registry
+    from mlflow_di.mlflow_edge import recorded
 
     found = recorded.measurements(history.uri)
     assert _values(found) == {
@@ -155,7 +155,7 @@ def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client,
 
 
 def test_measurements_only_for_the_compressed_models_asked_for(client, history):
-    from mlflow_di.mlflow_edge import recorded, registry
+    from mlflow_di.mlflow_edge import recorded
 
     client.set_registered_model_alias("lenet-int8", "edge", "1")
     found = recorded.measurements(history.uri, ["models:/lenet-int8@edge"])
@@ -164,7 +164,7 @@ def test_measurements_only_for_the_compressed_models_asked_for(client, history):
 
 
 def test_a_compressed_model_never_fuzzed_is_reported_missing(client, history):
-    from mlflow_di.mlflow_edge import recorded, registry
+    from mlflow_di.mlflow_edge import recorded
 
     lonely = register_version(client, "lenet-onnx")
     found = {m.metric: m for m in recorded.measurements(history.uri, ["models:/lenet-onnx/1", "local.tflite"])
@@ -188,7 +188,7 @@ def test_a_compress_run_without_per_class_figures_says_so(client, history):
 
 
 def test_a_fuzz_run_without_deviations_measures_infinite_queries(client, history):
-    from mlflow_di.mlflow_edge import recorded, registry
+    from mlflow_di.mlflow_edge import recorded
     from mlflow_server import fuzz_tags
 
     experiment = client.get_experiment_by_name("recorded").experiment_id
@@ -230,7 +230,7 @@ def test_min_robustness_agreement_checks_every_compressed_model():
 
 
 def test_model_version_tags_resolve_aliases(client, history):
-    from mlflow_di.mlflow_edge import recorded, registry
+    from mlflow_di.mlflow_edge import registry
 
     client.set_registered_model_alias("lenet", "champion", "2")
     assert registry.model_version_tags("models:/lenet@champion") == {

@@ -13,7 +13,7 @@ import torch
 from mlflow_di.coverage.base import FORMAT_VERSION
 from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 from mlflow_di.coverage.per_class import NO_ANALYSIS_INPUTS, NO_TEST_INPUTS, PerClassCoverage, PerClassResult
-from mlflow_di.data import ImageSet, load_images
+from mlflow_di.data import load_images
 from mlflow_di.errors import UserError
 from mlflow_di.models import zoo
 from mlflow_di.models.torch_model import TorchModel

@@ -44,7 +44,7 @@ def test_evaluator_logs_idc_once_on_a_server(mlflow_server, use_server, monkeypa
     import mlflow
     import torch
 
-    from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
+    from mlflow_di.mlflow_edge import models as edge_models
     from mlflow_di.data import load_images
     from mlflow_di.models import zoo
     from mlflow_di.models.torch_model import TorchModel

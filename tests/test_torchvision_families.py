@@ -2,7 +2,8 @@
 
 Random-initialised models (no weights can be downloaded here) at 32x32 RGB: describe -> compress
 (int8-dynamic through the CLI; int8-static and pruning at the engine level, because each ONNX
-export of a large family costs 10-30 s here and the CLI path is the same for every method) -> coverage (IDC with LRP + the classic criteria) -> fuzz ->
+export of a large family costs 10-30 s here and the CLI path is the same for every method) -> coverage (IDC with LRP +
+the classic criteria) -> fuzz ->
 gate, each through the CLI on a registered model. The images are labelled with the model's own
 predictions, so that IDC's "correctly classified" analysis inputs exist for a random model.
 """

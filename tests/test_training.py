@@ -1,5 +1,4 @@
 """The training recipes: Keras' default initialisation and the optimizers by name."""
-import numpy as np
 import pytest
 import torch
 from torch import nn

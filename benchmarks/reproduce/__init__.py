@@ -19,4 +19,5 @@ One module per experiment, each ``run(config, subjects, log) -> ExperimentResult
 markdown report (see :mod:`benchmarks.reproduce.__main__`).
 """
 
-EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_paper_era", "idc_sensitivity", "idc_classic", "idc_rq3", "idc_rq5", "idc_rq6", "dflare_table4", "dflare_rq4")
+EXPERIMENTS = ("idc_rq1", "idc_rq2", "idc_paper_era", "idc_sensitivity", "idc_classic", "idc_rq3", "idc_rq5", "idc_rq6",
+               "dflare_table4", "dflare_rq4")

@@ -64,7 +64,8 @@ def parse_overrides(pairs: list[str]) -> dict:
     for pair in pairs:
         key, _, text = pair.partition("=")
         if key not in defaults or key in ("mode", "shared"):
-            raise SystemExit(f"unknown setting '{key}'; settable: {', '.join(k for k in defaults if k not in ('mode', 'shared'))}")
+            settable = ", ".join(k for k in defaults if k not in ("mode", "shared"))
+            raise SystemExit(f"unknown setting '{key}'; settable: {settable}")
         overrides[key] = _typed(text, defaults[key], key)
     return overrides
 

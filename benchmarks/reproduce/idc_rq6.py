@@ -198,7 +198,9 @@ def mutated_test(test: ImageSet) -> np.ndarray:
 
 def dflare_triggers(config: Config, subjects, folder: pathlib.Path, log: Log) -> dict:
     """Triggers of one DFlare campaign on ``rq6_pair`` with their seeds' true labels (kept on disk)."""
-    path = folder / f"triggers-{_key(config, 'mode', 'rq6_fuzz_seeds', 'rq6_fuzz_timeout', 'rq6_pair', 'fuzz_max_queries', 'calibration_size', 'prune_amount')}.npz"
+    key = _key(config, "mode", "rq6_fuzz_seeds", "rq6_fuzz_timeout", "rq6_pair", "fuzz_max_queries", "calibration_size",
+               "prune_amount")
+    path = folder / f"triggers-{key}.npz"
     if path.is_file():
         saved = np.load(path, allow_pickle=False)
         log(f"idc_rq6: reusing the DFlare triggers in {path}")

@@ -74,9 +74,11 @@ def settings_line(result: ExperimentResult) -> str:
     """The mode and every setting of this experiment that differs from the full configuration."""
     config = result.config
     full = make_config("full", shared=config["shared"]).to_dict()
-    prefixes = {"idc_sensitivity": ("test_size",), "idc_classic": ("test_size",), "idc_paper_era": ("rq2_runs", "rq2_top_m"), "idc_rq1": ("rq1_",), "idc_rq2": ("rq2_",), "idc_rq3": ("rq3_",), "idc_rq5": ("rq5_", "rq2_"),
+    prefixes = {"idc_sensitivity": ("test_size",), "idc_classic": ("test_size",), "idc_paper_era": ("rq2_runs", "rq2_top_m"),
+                "idc_rq1": ("rq1_",), "idc_rq2": ("rq2_",), "idc_rq3": ("rq3_",), "idc_rq5": ("rq5_", "rq2_"),
                 "idc_rq6": ("rq6_", "fuzz_max"),
-                "dflare_table4": ("fuzz_", "calibration", "prune", "diffchaser"), "dflare_rq4": ("rq4_", "fuzz_max", "fuzz_batch")}
+                "dflare_table4": ("fuzz_", "calibration", "prune", "diffchaser"),
+                "dflare_rq4": ("rq4_", "fuzz_max", "fuzz_batch")}
     keys = [k for k in config if k.startswith(prefixes[result.name]) or k in ("analysis_size", "test_size")]
     if result.name.startswith("dflare") or result.name == "idc_rq6":
         keys = [k for k in keys if k not in ("analysis_size", "test_size")]
@@ -378,7 +380,8 @@ def idc_rq6(result: ExperimentResult) -> tuple[str, list[str]]:
                     + [pct_ms([r[key] for r in records], 2) for key, _ in RQ6_MEASURES]
                     + [num_ms([r["train_seconds"] for r in records], 0)])
     ref = m["reference_model"]
-    rows.append([f"guiding model, not retrained: {m['guide'].rstrip(',')}", "", ""] + [pct(ref[key], 2) for key, _ in RQ6_MEASURES] + [""])
+    rows.append([f"guiding model, not retrained: {m['guide'].rstrip(',')}", "", ""]
+                + [pct(ref[key], 2) for key, _ in RQ6_MEASURES] + [""])
     text = table(["training set", "inputs", "training seeds"] + [f"{label} %" for _, label in RQ6_MEASURES]
                  + ["training s"], rows)
     pairs = [("guided", "baseline"), ("random", "baseline"), ("guided", "random")]
@@ -397,7 +400,8 @@ def idc_rq6(result: ExperimentResult) -> tuple[str, list[str]]:
              f"{m['train_inputs']:,} training inputs), from {len(g['kept_per_run'])} generation runs keeping "
              f"{min(g['kept_per_run'])}-{max(g['kept_per_run'])} inputs each (chain length 1/2/3 operators: "
              f"{'/'.join(str(d) for d in g['depths'])}; random mutants that kept needing a redraw: {g['random_fallbacks']}). "
-             f"IDC of the guiding model ({c['layer']}, {c['total']} combinations) covered by: the training split {c['training_split']}, "
+             f"IDC of the guiding model ({c['layer']}, {c['total']} combinations) covered by: the training split "
+             f"{c['training_split']}, "
              f"the seeds {c['seeds']}, the guided set alone {c['guided']}, the random set alone {c['random']}; training split + "
              f"guided {c['training_plus_guided']}, + random {c['training_plus_random']} (combinations outside the training "
              f"split's: guided {c['guided_outside_training']}, random {c['random_outside_training']}). "
@@ -514,7 +518,8 @@ def render(results: dict[str, ExperimentResult | None], markdown_path: pathlib.P
         "# Reproducing the IDC and DFlare papers with mlflow-di",
         "",
         f"Rendered by `{command}` (from the repository root, `.venv/bin/python`); each section names the command "
-        "that produced it; re-render from the saved results with `--render-only`. Every table comes from a real run recorded in the results folder; "
+        "that produced it; re-render from the saved results with `--render-only`. Every table comes from a real run "
+        "recorded in the results folder; "
         f"modes present: {', '.join(modes) or 'none'}. Machine: {os.cpu_count()} cores ({platform.machine()}), "
         "shared with other jobs, so seconds are noisy; torch/ONNX Runtime/TFLite threads as in each configuration. "
         "The minutes in a section's configuration line are those of the command that wrote it: attack sets and "
@@ -615,7 +620,8 @@ def _method(result: ExperimentResult) -> str:
         return (f"One IDC model per hidden layer (m = {m['top_m']}, fewer where a layer is narrower), "
                 f"{m['runs']} run(s); U_O+DI as in RQ2. Values: mean (std) over runs.")
     if result.name == "idc_rq6":
-        return (f"IDC_{c['rq6_top_m']} (layer {m['generation']['coverage']['layer']}) of {m['guide'].rstrip(',')}, fitted on the first "
+        return (f"IDC_{c['rq6_top_m']} (layer {m['generation']['coverage']['layer']}) of {m['guide'].rstrip(',')}, "
+                "fitted on the first "
                 f"{c['rq6_idc_fit']:,} images of `{m['train_data']}`, guides `generate` (mutants kept only when the model "
                 f"keeps the seed's label and a new combination is covered) from {c['rq6_seed_sets']} disjoint sets of "
                 f"{c['rq6_seed_set_size']} training images (the first {c['rq6_seed_sets'] * c['rq6_seed_set_size']:,}), "

@@ -34,7 +34,8 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 
 @click.command("compress")
 @click.option("--model-uri", required=True, help="Source PyTorch model (models:/NAME/VERSION, a .pt file, keras:ARCH:FILE).")
-@click.option("--method", "methods", required=True, type=CommaList("mlflow_di.compression.methods:METHODS", "compression method", "METHOD"),
+@click.option("--method", "methods", required=True,
+              type=CommaList("mlflow_di.compression.methods:METHODS", "compression method", "METHOD"),
               help="One or more compression methods, comma-separated.")
 @click.option("--calib-data", default=None, help="Data spec to calibrate int8-static on (e.g. mnist-train:DIR[0:500]).")
 @click.option("--eval-data", default=None, help="Data spec to compare accuracies on (default: --calib-data).")
@@ -51,7 +52,8 @@ SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
               help="int8-static: images (the first ones) of the evaluation data and of the triggers for the "
                    "layer-wise diagnosis; 0 skips it. Memory grows with it (all activations of a batch are kept).")
 @click.option("--max-accuracy-drop", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
-              help="int8-static (other methods ignore it): register the export with the fewest layers in float whose accuracy on --eval-data "
+              help="int8-static (other methods ignore it): register the export with the fewest layers in float whose "
+                   "accuracy on --eval-data "
                    "is at most this much below the source's (0.01 = 1 point); verified on --holdout-data.")
 @click.option("--max-disagreement-rate", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
               help="int8-static: as --max-accuracy-drop, for the fraction of --eval-data images on which the export's "
@@ -927,7 +929,8 @@ def _print_summary(method: str, name: str, version, metrics: dict, result, devia
         click.echo(f"  {line}")
     if result.quantized_ops:
         quantized = result.quantized_ops["quantized_layers"]
-        click.echo("  quantized layers: " + "; ".join(f"{name.removesuffix('.weight')} ({how})" for name, how in quantized.items()))
+        click.echo("  quantized layers: "
+                   + "; ".join(f"{name.removesuffix('.weight')} ({how})" for name, how in quantized.items()))
         if result.quantized_ops["float_layers"]:
             click.echo(f"  left in float: {', '.join(result.quantized_ops['float_layers'])}")
     if deviation is not None and deviation["worst"] is not None:

@@ -11,7 +11,8 @@ from mlflow_di.commands.options import LazyChoice
               help="Architecture of the file.")
 @click.option("--weights", required=True, type=click.Path(exists=True, dir_okay=False), help="Keras HDF5 file (.h5).")
 @click.option("--register-as", required=True, help="Registered model name to create a version of.")
-@click.option("--eval-data", default=None, help="Data spec to measure and log the accuracy on, e.g. mnist-test:../shared/data/mnist.")
+@click.option("--eval-data", default=None,
+              help="Data spec to measure and log the accuracy on, e.g. mnist-test:../shared/data/mnist.")
 def command(arch: str, weights: str, register_as: str, eval_data: str | None) -> None:
     """Import Keras weights (read with h5py, no TensorFlow) into the PyTorch ARCH and register it."""
     from mlflow_di.data import load_images

@@ -38,7 +38,8 @@ EXAMPLE_UNITS = 3  # units per hypothesis shown with their most activating input
               default="pearson,spearman,mi,probe", show_default=True, help="Affinity measures.")
 @click.option("--tolerance", type=FiniteFloat(0, min_open=True), default=0.1, show_default=True,
               help="Stop reading data once every score's confidence interval is narrower than this.")
-@click.option("--confidence", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=0.95, show_default=True, help="Confidence of the intervals.")
+@click.option("--confidence", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=0.95, show_default=True,
+              help="Confidence of the intervals.")
 @click.option("--early-stop/--no-early-stop", default=True, show_default=True,
               help="Stop once the scores have converged, or read all of --data.")
 @seed_option

@@ -423,7 +423,8 @@ device_option = click.option(
 batch_size_option = click.option(
     "--batch-size", type=click.IntRange(1), default=256, show_default=True,
     help="Images per forward pass; lower it if the GPU runs out of memory.")
-seed_option = click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True, help="Seed of every random choice.")
+seed_option = click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
+                           help="Seed of every random choice.")
 
 
 class WriteFailed(OSError):

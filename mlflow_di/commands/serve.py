@@ -366,7 +366,8 @@ class Service:
     def health(self) -> dict:
         from mlflow_di import __version__
 
-        return {"status": "ok" if self.ready.is_set() else "starting", "version": __version__, "jobs": self.queue.counts(), "workers": self.workers,
+        return {"status": "ok" if self.ready.is_set() else "starting", "version": __version__,
+                "jobs": self.queue.counts(), "workers": self.workers,
                 "poll_seconds": self.poll_seconds, "webhooks": self.secret is not None}
 
     def jobs(self, state: str | None) -> dict:

@@ -28,7 +28,8 @@ from mlflow_di.compression.quantize import quantize_int8_dynamic, quantize_int8_
 __all__ = [
     "COMPRESSION_METADATA_KEY", "METHODS",
     "CompressionResult", "LayerDiagnosis", "OnnxExport", "PrunedModel",
-    "assert_linear_layers_quantized", "check_keep_float", "check_method", "diagnose", "compress", "export_onnx", "layer_sparsity", "prune_l1",
+    "assert_linear_layers_quantized", "check_keep_float", "check_method", "diagnose", "compress", "export_onnx",
+    "layer_sparsity", "prune_l1",
     "prune_structured", "quantize_int8_dynamic", "quantize_int8_static", "quantized_ops",
     "read_preprocessing", "torch_model_size_bytes",
 ]

@@ -23,7 +23,8 @@ combination id of each test input (8 bytes per input, for the report's growth cu
 files*, the rows the driver's math needs in full: the analysis inputs' activations of the IDC
 layers (the driver reads back only the columns of the ``top_m`` important neurons to cluster
 them) and the surprise-adequacy traces of LSC/DSC with each input's predicted class (their KDE
-and nearest-neighbour search need every training trace, and LSA/DSA are per input). Trace files are Parquet, one per batch, written by whoever computes the
+and nearest-neighbour search need every training trace, and LSA/DSA are per input). Trace files are Parquet, one per
+batch, written by whoever computes the
 batch and read back by the driver batch by batch into arrays allocated once
 (:class:`~mlflow_di.coverage.activations.RowBuffer`), so no pass result travels through the
 driver's memory or Ray's object store as one piece.

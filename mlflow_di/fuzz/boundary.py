@@ -44,7 +44,8 @@ models say label c) the search:
 
 ``queries`` counts images sent to the compressed model; ``original_passes`` (per seed) counts the
 original's forward passes plus backward passes, always reported apart. ``timeout`` is CPU
-seconds per seed, all threads of the process (:mod:`mlflow_di.fuzz.charge`; seeds run one after another, in an order shuffled by the campaign's seed). Measured on the DFlare LeNet pairs:
+seconds per seed, all threads of the process (:mod:`mlflow_di.fuzz.charge`; seeds run one after another, in an order
+shuffled by the campaign's seed). Measured on the DFlare LeNet pairs:
 benchmarks/RESULTS.md, bench_boundary.
 """
 from __future__ import annotations

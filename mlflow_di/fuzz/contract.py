@@ -18,7 +18,8 @@ instead of branching on the strategy's name.
 
 :func:`mlflow_di.fuzz.run` (:mod:`mlflow_di.fuzz.runners`) runs any declared strategy; ``mlflow-di
 fuzz`` builds its ``--strategy`` help, its option groups and its refusals from the declarations
-(:mod:`mlflow_di.fuzz.strategies` holds them and configures a strategy object from the options given). A new strategy is one declaration (:func:`~mlflow_di.fuzz.strategies.register`) and its
+(:mod:`mlflow_di.fuzz.strategies` holds them and configures a strategy object from the options given). A new strategy
+is one declaration (:func:`~mlflow_di.fuzz.strategies.register`) and its
 search or runner; nothing in ``commands/`` names a strategy.
 """
 from __future__ import annotations

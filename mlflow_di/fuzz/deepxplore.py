@@ -406,7 +406,8 @@ class _Runner:
             probabilities = self._predict(self.seeds.images[indices])
             classes = {p.shape[1] for p in probabilities}
             if len(classes) > 1:
-                raise UserError(f"the models disagree on the number of classes ({', '.join(str(p.shape[1]) for p in probabilities)}); "
+                counts = ", ".join(str(p.shape[1]) for p in probabilities)
+                raise UserError(f"the models disagree on the number of classes ({counts}); "
                                 "compare versions of one model")
             for row, index in enumerate(indices):
                 mine = [p[row] for p in probabilities]

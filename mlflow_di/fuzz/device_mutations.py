@@ -11,7 +11,8 @@ are keyed by it), its parameter draws (mean, variance, kernel size) from the see
 rounding to the nearest level and saturation at 0 and 255, and the result: a new uint8 NumPy
 image (or one copy from the device into the ``out=`` row a campaign gives, see
 :func:`~mlflow_di.fuzz.mutations.mutate_into`). The median is exact, so :class:`DeviceMedianBlur`
-returns the bytes :class:`MedianBlur` does. What changes: the noise values come from a torch generator seeded by one 63-bit draw of the
+returns the bytes :class:`MedianBlur` does. What changes: the noise values come from a torch generator seeded by one
+63-bit draw of the
 seed's generator instead of from the seed's generator itself, so the noise operators draw from the
 same distributions but not the same values as on the CPU, and a campaign's records on the device
 differ from its records on the CPU (each is reproducible, and independent of ``--batch``, on its

@@ -29,7 +29,8 @@ def check_arguments(seeds: ImageSet, timeout, max_queries, batch, out_dirs, resu
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
     if resume and out_dirs is None:
-        raise UserError("resume needs the output directory of the campaign to continue (out_dir=..., or --out-dir on the command line)")
+        raise UserError("resume needs the output directory of the campaign to continue "
+                        "(out_dir=..., or --out-dir on the command line)")
 
 
 def model_name(model, fallback: str) -> str:

@@ -7,7 +7,8 @@ classes (``fitness='margin'``, see :mod:`mlflow_di.fuzz.dflare`). ``dflare-paper
 algorithm as written (fitness D / delta + O). ``-d`` drops the novelty term, ``-r`` picks
 operators uniformly at random, for both. Measurements: benchmarks/RESULTS.md (bench_fuzz_search).
 These and DiffChaser are black-box searches run by the lockstep runner
-(:func:`~mlflow_di.fuzz.campaign.run_campaigns`); :mod:`mlflow_di.fuzz.runners` runs every declared strategy. ``boundary`` needs the original's gradients
+(:func:`~mlflow_di.fuzz.campaign.run_campaigns`); :mod:`mlflow_di.fuzz.runners` runs every declared strategy.
+``boundary`` needs the original's gradients
 (PyTorch) and queries the compressed model as a black box, inside a realism budget
 (:func:`~mlflow_di.fuzz.boundary.run_boundary`). ``deepxplore`` (Pei et al.) is white-box: one
 campaign over every model's gradients (:func:`~mlflow_di.fuzz.deepxplore.run_deepxplore`).

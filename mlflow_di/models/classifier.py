@@ -224,7 +224,8 @@ class OnnxClassifier(Classifier):
     def _forward(self, batch: np.ndarray) -> np.ndarray:
         if self.fixed_batch and len(batch) != self.fixed_batch:
             if self.fixed_batch != 1:
-                raise UserError(f"{self.name}: model has a fixed batch size {self.fixed_batch}; export it with a dynamic batch axis")
+                raise UserError(f"{self.name}: model has a fixed batch size {self.fixed_batch}; "
+                                "export it with a dynamic batch axis")
             return np.concatenate([self._forward(batch[i:i + 1]) for i in range(len(batch))])
         return self.session.run(None, {self.input_name: batch})[0]
 

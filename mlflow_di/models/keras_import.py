@@ -197,7 +197,8 @@ def _load_layer(layer: KerasLayer, torch_name: str, target: nn.Module, flatten_s
             current = getattr(target, attribute)
             if current is None or tuple(current.shape) != value.shape:
                 raise UserError(
-                    f"Keras layer '{layer.name}' {_keras_key(target, attribute)} has shape {_keras_shape(target, attribute, value.shape)} "
+                    f"Keras layer '{layer.name}' {_keras_key(target, attribute)} "
+                    f"has shape {_keras_shape(target, attribute, value.shape)} "
                     f"but '{arch}' layer '{torch_name}' expects "
                     f"{None if current is None else _keras_shape(target, attribute, tuple(current.shape))}; "
                     f"{_fitting_hint(all_layers)}"

@@ -19,7 +19,8 @@ from mlflow_di.reporting.plots import bar_plot, coverage_growth_plot, heatmap
 from mlflow_di.reporting.png import png_data_uri, save_png, to_png
 
 __all__ = [
-    "HtmlReport", "Perturbation", "TriggerGridLayout", "amplified_difference", "bar_plot", "coverage_growth_plot", "heatmap", "labelled_image_rows",
+    "HtmlReport", "Perturbation", "TriggerGridLayout", "amplified_difference", "bar_plot", "coverage_growth_plot", "heatmap",
+    "labelled_image_rows",
     "format_value", "insert_sections", "operator_summary", "perturbation_sizes", "png_data_uri", "relevance_heatmaps", "save_png",
     "to_png", "trigger_grid", "trigger_grid_layout", "trigger_grid_pages",
 ]
