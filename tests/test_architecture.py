@@ -224,6 +224,24 @@ def test_commands_parse_call_and_log_in_short_functions():
     assert [d.name for d in declarations() if re.search(rf"\b{re.escape(d.name)}\b", fuzz)] == []
 
 
+def test_commands_ask_a_models_format_and_never_compare_its_name():
+    """What a format can do lives on its :class:`ModelFormat` (graph, repairable, ...): a new format is one entry
+    in FORMATS, not an edit in every command that branches on ``kind == "onnx"``."""
+    from mlflow_di.models.formats import FORMATS
+
+    names = set(FORMATS)
+    compared = []
+    for path in [*modules("commands"), PACKAGE / "models" / "origin.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "kind":
+                values = [c for c in node.comparators if isinstance(c, (ast.Constant, ast.Tuple))]
+                texts = {v.value for c in values for v in (c.elts if isinstance(c, ast.Tuple) else [c])
+                         if isinstance(v, ast.Constant)}
+                if texts & names:
+                    compared.append(f"{path.name}:{node.lineno}")
+    assert compared == []
+
+
 def test_fuzz_help_keeps_each_strategys_and_rays_options_apart(capsys):
     from mlflow_di.cli import main
 

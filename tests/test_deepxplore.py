@@ -207,7 +207,7 @@ def test_an_interrupted_campaign_resumes_to_the_same_records(trained, seeds, tmp
 
 
 def test_the_black_box_runner_and_bad_settings_are_refused(trained, seeds):
-    with pytest.raises(UserError, match="white-box PyTorch"):
+    with pytest.raises(UserError, match="needs a PyTorch model.s gradients"):
         run_campaign(trained[0].classifier(), trained[1].classifier(), seeds, strategy="deepxplore", progress=False)
     with pytest.raises(UserError, match="white-box PyTorch"):
         run_deepxplore([trained[0], trained[1].classifier()], seeds, progress=False)

@@ -117,7 +117,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     ref = ModelRef.parse(model_uri)
     resolved = resolve(ref)
     source = load_torch_model(resolved, preprocessing)
-    graph = str(resolved.path) if resolved.kind == "onnx" else None
+    graph = str(resolved.path) if resolved.format.graph else None
     keep_float = _kept_float(source, keep_float, auto_keep_float)
     from mlflow_di.compression.recipes import recipe as int8_recipe
 

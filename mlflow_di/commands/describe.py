@@ -24,7 +24,7 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     if preprocessing and set_preprocessing:
         raise click.UsageError("give --preprocessing or --set-preprocessing, not both")
     source = loading.resolve(uri)
-    white_box = source.white_box and source.kind != "onnx"  # an ONNX graph is listed as its nodes
+    white_box = source.white_box and not source.format.graph  # a graph is listed as its nodes
     override = preprocessing or set_preprocessing
     model = loading.load_torch_model(source, override, device) if white_box else None
     classifier = model.classifier() if white_box else loading.load_classifier(source, override, device)
@@ -42,7 +42,7 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
         "the --preprocessing option" if preprocessing else _ORIGINS.get(source.preprocessing_from, _ORIGINS[None]))
     click.echo(f"model:          {uri}")
     note = "" if white_box else " (black box)"
-    if source.kind == "onnx":  # runs on ONNX Runtime; coverage and the other white-box work use its torch view
+    if source.format.graph:  # runs on its runtime; coverage and the other white-box work use its torch view
         note = " (nodes listed below; white-box commands use its view as torch layers)"
     click.echo(f"backend:        {classifier.backend}{note}")
     click.echo(f"runs on:        {classifier.provider}")
@@ -53,7 +53,7 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     if prep.input_shape:
         click.echo(f"classes:        {classifier.num_classes}")
     click.echo("")
-    onnx_nodes = source.kind == "onnx"  # each row's ONNX node beside the layer name every command uses
+    onnx_nodes = source.format.graph  # each row's ONNX node beside the layer name every command uses
     click.echo(f"{'layer':<36} {'type':<22} {'output shape':<16} {'neurons':>8}" + ("  onnx node" if onnx_nodes else ""))
     for name, kind, shape, neurons, node in _layers(source, model, classifier):
         click.echo((f"{name:<36} {kind:<22} {'x'.join(map(str, shape)) or '?':<16} {neurons or '?':>8}"
@@ -69,9 +69,9 @@ def _layers(source, model, classifier) -> list[tuple[str, str, tuple, int, str]]
     """(name, type, per-input output shape, neurons, ONNX node) of each layer/op; conv neurons are channels."""
     if model is not None:
         return [(layer.name, layer.type, layer.output_shape, layer.neurons, "") for layer in model.describe_layers()]
-    if source.kind == "onnx":
+    if source.format.graph:
         return _onnx_nodes(source)
-    if source.kind == "tflite":
+    if source.format.lists_operators:
         return [(*row, "") for row in _tflite_ops(classifier)]
     return []
 

@@ -243,7 +243,7 @@ def _model(ref, preprocessing, device, access, declaration, role: str):
     try:
         return load_torch_model(source, preprocessing, device)
     except UserError as exc:
-        if source.kind != "onnx":
+        if not source.format.graph:
             raise
         # an int8 export's QuantizeLinear, or a damaged file: no white-box view to take gradients of
         raise UserError(f"{needs}, and the onnx model '{ref.uri}' ({role}) has no white-box view ({exc}); "

@@ -65,7 +65,7 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     original = original or _campaigns_original(loaded)
     original_ref = ModelRef.parse(original)
     source = resolve(compressed_ref)
-    if source.kind not in ("onnx", "tflite"):
+    if not source.format.repairable:
         raise UserError(f"'{compressed}' is a {source.kind} model; repair registers ONNX (one graph) and TFLite "
                         "(pyfunc) compressed models")
     compressed_model = load_classifier(compressed_ref, device=device)
@@ -99,7 +99,7 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
         version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
         registry.write_version_tags(version, lineage)
     uri = f"models:/{name}/{info.registered_model_version}"
-    _print_summary(uri, result, "ONNX graph" if source.kind == "onnx" else "pyfunc")
+    _print_summary(uri, result, f"{source.format.title} graph" if source.format.graph else "pyfunc")
     write_json_out({"registered": uri, **result.to_dict()}, json_out)
     return uri
 
@@ -235,7 +235,7 @@ def _register(source, compressed_model, head, name: str, lineage: dict, scratch:
     from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.repair.onnx_graph import append_head
 
-    if source.kind != "onnx":
+    if not source.format.graph:
         return models.log_repaired_pyfunc(source.path, head, compressed_model.preprocessing, name, lineage), None
     path = append_head(source.path, head, compressed_model.preprocessing, scratch / f"{name}.onnx",
                        {"repairs": lineage["mlflow_di.repairs"]})

@@ -33,6 +33,15 @@ class ModelFormat:
     white-box formats; ``open_black_box(source, device)`` -> a :class:`Classifier` for formats that
     run on a runtime of their own (ONNX Runtime, LiteRT); white-box formats without one run as
     their module. ``source`` is the :class:`~mlflow_di.models.loading.ModelSource` (path, URI, ref).
+
+    What the commands ask of a format, so that none of them names one:
+    ``graph``: the file is a graph of named nodes that mlflow-di reads and rewrites as it is (ONNX):
+    describe lists its nodes, compress quantizes that graph rather than a re-export, repair appends
+    its head to it; its white-box view is a conversion, which an int8 export may not have.
+    ``lists_operators``: a black box whose runtime lists its operators (LiteRT), shown by describe.
+    ``repairable``: repair can register a repaired version (graph formats as one graph, the others
+    as a pyfunc of the model and its head). ``needs_architecture``: the file holds weights only, its
+    reference names the architecture as well (``keras:ARCH:FILE``).
     """
 
     name: str
@@ -42,6 +51,10 @@ class ModelFormat:
     runs_code: bool
     open_module: Callable | None = None
     open_black_box: Callable | None = None
+    graph: bool = False
+    lists_operators: bool = False
+    repairable: bool = False
+    needs_architecture: bool = False
 
 
 def _first_line(exc: BaseException) -> str:
@@ -115,11 +128,12 @@ FORMATS: dict[str, ModelFormat] = {fmt.name: fmt for fmt in (
                 "mlflow.pytorch.log_model(..., serialization_format='pickle'), torch.save(model, 'm.pt')",
                 white_box=True, runs_code=True, open_module=_open_pickle),
     ModelFormat("onnx", "ONNX", "mlflow.onnx.log_model(onnx_model, name=...), a .onnx file, mlflow-di compress",
-                white_box=True, runs_code=False, open_module=_open_onnx_module, open_black_box=_open_onnx),
+                white_box=True, runs_code=False, open_module=_open_onnx_module, open_black_box=_open_onnx, graph=True,
+                repairable=True),
     ModelFormat("keras", "Keras HDF5 reference weights", "keras:ARCH:FILE.h5, mlflow-di import-keras",
-                white_box=True, runs_code=False, open_module=_open_keras),
+                white_box=True, runs_code=False, open_module=_open_keras, needs_architecture=True),
     ModelFormat("tflite", "TFLite / LiteRT", "a .tflite or .lite file", white_box=False, runs_code=False,
-                open_black_box=_open_tflite),
+                open_black_box=_open_tflite, lists_operators=True, repairable=True),
     ModelFormat("repaired", "repaired model (pyfunc: compressed model + head)", "mlflow-di repair",
                 white_box=False, runs_code=False, open_black_box=_open_repaired),
 )}

@@ -21,7 +21,7 @@ import pathlib
 
 from mlflow_di.errors import UserError
 from mlflow_di.models.classifier import Classifier
-from mlflow_di.models.formats import FORMATS, load_repaired
+from mlflow_di.models.formats import FORMATS, ModelFormat, load_repaired
 from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.origin import origin_of
 from mlflow_di.models.preprocessing import Preprocessing
@@ -65,9 +65,14 @@ class ModelSource:
         return self.metadata.preprocessing
 
     @property
+    def format(self) -> ModelFormat:
+        """What this kind of model can do (:class:`~mlflow_di.models.formats.ModelFormat`): ask it, not the kind."""
+        return FORMATS[self.kind]
+
+    @property
     def white_box(self) -> bool:
         """Whether the model opens as a PyTorch module with named layers (coverage, pruning, DeepXplore)."""
-        return self.kind in WHITE_BOX_KINDS
+        return self.format.white_box
 
 
 _FILE_KINDS = {RefKind.ONNX: "onnx", RefKind.TFLITE: "tflite", RefKind.TORCH: "pytorch", RefKind.KERAS: "keras"}
@@ -141,7 +146,7 @@ def load_torch_model(uri: str | ModelSource, preprocessing: str | Preprocessing 
 
 
 def _load_torch_model(source: ModelSource, preprocessing) -> TorchModel:
-    fmt = FORMATS[source.kind]
+    fmt = source.format
     if not fmt.white_box:
         raise UserError(
             f"'{source.uri}' is a {source.kind} model ({fmt.title}), which opens only as a black box; white-box work "

@@ -45,6 +45,6 @@ def origin_of(source, device) -> Origin:
     if source.ref.is_mlflow:  # the whole MLflow model folder travels: MLmodel, data, metadata
         return Origin(path, True, "{root}", device)
     reference = "{root}/" + path.name
-    if source.kind == "keras":
+    if source.format.needs_architecture:
         reference = f"keras:{source.ref.arch}:{reference}"
     return Origin(path, False, reference, device)
