@@ -192,6 +192,7 @@ ENGINE_EDGES = {
     ("repair", "mlflow_di.fuzz.mutations"),
     ("inspection", "mlflow_di.coverage.activations"),
     ("reporting", "mlflow_di.fuzz.per_class"), ("reporting", "mlflow_di.fuzz.realism"),
+    ("reporting", "mlflow_di.compression.blame"),
 }
 
 

@@ -16,7 +16,8 @@ from mlflow_di.fuzz import dflare as dflare_module
 from mlflow_di.fuzz.dflare import MAX_STRENGTH, same_image
 from mlflow_di.fuzz import fitness as fitness_module
 from mlflow_di.fuzz.fitness import LIST_SCORING_MAX_CLASSES, log_margin, log_margin_list
-from mlflow_di.fuzz.strategies import STRATEGIES, make_strategy
+from mlflow_di.fuzz.contract import Access
+from mlflow_di.fuzz.strategies import STRATEGIES, declaration, make_strategy
 
 from tests.test_fuzz_campaign import Brightness, HIGH, LOW, _comparable
 from tests.test_fuzz_search import Brighten, Keep, Nudge
@@ -41,8 +42,10 @@ def _step(search, f, g):
 def test_registry_names_and_what_they_are():
     assert set(STRATEGIES) == {"dflare", "dflare-d", "dflare-r", "dflare-paper", "dflare-paper-d", "dflare-paper-r",
                                "diffchaser", "deepxplore", "boundary"}
-    assert make_strategy("deepxplore").white_box  # run by fuzz.deepxplore, not the black-box runner
-    assert make_strategy("boundary").white_box  # run by fuzz.boundary: it needs the original's gradients
+    # white-box is said once, in the declaration: the black-box runner reads it there and refuses
+    assert declaration("deepxplore").original is Access.WHITE_BOX is declaration("deepxplore").compressed
+    assert declaration("boundary").original is Access.WHITE_BOX and declaration("boundary").compressed is Access.BLACK_BOX
+    assert not hasattr(make_strategy("boundary"), "white_box")
     default, paper = make_strategy("dflare"), make_strategy("dflare-paper")
     assert (default.fitness, default.acceptance, default.novelty, default.selection) == (
         "margin", "paper", True, "metropolis-hastings")

@@ -18,7 +18,6 @@ layers in float that meets those bounds on the evaluation data, verifies it on `
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import pathlib
 import tempfile
@@ -28,8 +27,6 @@ import click
 from mlflow_di.commands.options import (CommaList, FiniteFloat, LayerNames, LazyChoice, device_option,
                                         preprocessing_option)
 from mlflow_di.mlflow_edge.recorded import EVIDENCE_DATA, EVIDENCE_HELD_OUT, EVIDENCE_ROLE, EVIDENCE_SHARED
-
-SQNR_PLOT_LAYERS = 12  # the worst layers drawn in the SQNR bar plot
 
 
 @click.command("compress")
@@ -355,6 +352,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     import mlflow_di
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
+    from mlflow_di.reporting.compression_report import compression_report
 
     selection = selection or Selection()
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
@@ -379,7 +377,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                                                  selection, pathlib.Path(scratch), device)
             log.json(result.to_dict(), "compress/result.json")
             _log_tables(log, deviation, outcome)
-            log.text(_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
+            log.text(compression_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
             missed = outcome.search.held_out_failures if outcome.search is not None else []
             if missed:
                 log.metrics(metrics, dataset=(inputs or {}).get("evaluation"))
@@ -440,12 +438,15 @@ def _export_metrics(source, original, compressed, evaluation, method: str, name:
                     selection: "Selection", scratch: pathlib.Path, device) -> tuple[dict, dict | None]:
     """(every metric of one export: deviation from the source, reference semantics for int8, size, what it
     buys, sparsity, the all-int8 export it was compared with, the bounded search; the deviation tables)."""
+    from mlflow_di.compression.evaluation import compare_outputs, gzip_size, semantics_comparison
     from mlflow_di.models.classifier import OnnxClassifier
 
     result = outcome.result
-    metrics, deviation = _compare(original, compressed, evaluation)
+    metrics, deviation = compare_outputs(original, compressed, evaluation)
     if method.startswith("int8") and deviation is not None:
-        metrics.update(_reference_metrics(original, result.path, evaluation, deviation, device, outcome))
+        reference, outcome.semantics_line = semantics_comparison(original, result.path, evaluation, deviation, device,
+                                                                 outcome.context)
+        metrics.update(reference)
     metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
                    compressed_gzip_bytes=gzip_size(result.path))
     if selection.benefit:
@@ -455,7 +456,7 @@ def _export_metrics(source, original, compressed, evaluation, method: str, name:
         metrics["sparsity"] = result.sparsity
     if outcome.before is not None:
         before = OnnxClassifier(outcome.before.path, name=f"{name} ({method}, all layers)", device=device)
-        before_metrics, _ = _compare(original, before, evaluation)
+        before_metrics, _ = compare_outputs(original, before, evaluation)
         before_metrics["compressed_size_bytes"] = outcome.before.size_bytes
         metrics.update({f"before_keep_float.{key}": value for key, value in before_metrics.items()
                         if key not in ("source_accuracy", "eval_images") and not key.startswith("class_accuracy_drop.")})
@@ -475,13 +476,14 @@ HELD_OUT_FIGURES = ("source_accuracy", "compressed_accuracy", "accuracy_drop", "
 
 def _held_out_metrics(held_out: HeldOut, compressed, method: str, path, device) -> dict:
     """The export's deviation figures on the held-out data, host semantics and (int8) reference semantics."""
+    from mlflow_di.compression.evaluation import compare_outputs
     from mlflow_di.models.classifier import OnnxClassifier
 
-    figures, _ = _compare(held_out.probabilities, compressed, held_out.images)
+    figures, _ = compare_outputs(held_out.probabilities, compressed, held_out.images)
     metrics = {f"held_out.{key}": figures[key] for key in HELD_OUT_FIGURES if key in figures}
     if method.startswith("int8"):
         reference = OnnxClassifier(path, name="reference semantics", device=device, semantics="reference")
-        figures, _ = _compare(held_out.probabilities, reference, held_out.images)
+        figures, _ = compare_outputs(held_out.probabilities, reference, held_out.images)
         metrics.update({f"held_out.reference.{key}": figures[key] for key in HELD_OUT_FIGURES[2:6] if key in figures})
     return metrics
 
@@ -583,39 +585,6 @@ def _bounded(source, calib_images, scratch, selection: Selection, outcome: Outco
     return outcome
 
 
-def _reference_metrics(original, path, evaluation, deviation, device, outcome: "Outcome") -> dict:
-    """The export's figures under reference semantics (the QDQ graph as written) next to the host's, and the
-    images on which only one of them disagrees with the source; sets ``outcome.semantics_line`` when the
-    two differ beyond noise (an exact two-sided binomial test on those images, p < 0.05)."""
-    import numpy as np
-    from scipy.stats import binomtest
-
-    from mlflow_di.models.classifier import OnnxClassifier
-
-    reference = OnnxClassifier(path, name="reference semantics", device=device, semantics="reference")
-    figures, reference_deviation = _compare(original, reference, evaluation)
-    labels = original.argmax(axis=1)
-    host_wrong, reference_wrong = deviation["labels"] != labels, reference_deviation["labels"] != labels
-    host_only, reference_only = int(np.sum(host_wrong & ~reference_wrong)), int(np.sum(reference_wrong & ~host_wrong))
-    metrics = {f"reference.{key}": figures[key] for key in ("compressed_accuracy", "accuracy_drop", "disagreements",
-                                                            "disagreement_rate", "max_class_accuracy_drop")
-               if key in figures}
-    metrics.update(host_only_disagreements=host_only, reference_only_disagreements=reference_only)
-    differing = host_only + reference_only
-    p_value = binomtest(host_only, differing, 0.5).pvalue if differing else 1.0
-    metrics["semantics_p_value"] = float(p_value)
-    if p_value < 0.05:
-        context = outcome.context
-        cpu = "no VNNI" if context is not None and context.u8s8_saturates else "its int8 kernels"
-        why = ("ONNX Runtime's u8s8 kernels saturate" if context is not None and context.u8s8_saturates else
-               "ONNX Runtime's fused kernels differ from the QDQ graph")
-        outcome.semantics_line = (
-            f"on this CPU ({cpu}) {why}: {int(np.sum(host_wrong))} vs {figures['disagreements']} disagreements "
-            f"(host vs reference semantics; {host_only} images differ only on this host, p={p_value:.2g}); a CPU "
-            f"whose int8 kernels do not saturate would give ~{figures['disagreements']}")
-    return metrics
-
-
 def _benefit(source, result, selection: "Selection"):
     """The export's :class:`~mlflow_di.models.benefit.Comparison` with its fp32 source (exported and measured
     once for every method of the command)."""
@@ -651,11 +620,6 @@ def _benefit_tags(comparison) -> dict:
             "mlflow_di.benefit.peak_memory_mib": f"{export.peak_memory_mib:.1f}"}
 
 
-def gzip_size(path) -> int:
-    """Bytes of the file gzipped: where pruning's zeros pay off (ONNX stores tensors dense)."""
-    return len(gzip.compress(pathlib.Path(path).read_bytes(), compresslevel=6))
-
-
 def _source_probabilities(source, evaluation, device):
     """The source model's probabilities on ``evaluation`` (None without evaluation data)."""
     from mlflow_di.models.device import resolve_device
@@ -666,34 +630,6 @@ def _source_probabilities(source, evaluation, device):
         return source.to(resolve_device(device)).classifier().predict_proba(evaluation.images)
     finally:
         source.to("cpu")
-
-
-def _compare(source_probabilities, compressed, evaluation) -> tuple[dict, dict | None]:
-    """Accuracy of source and export on ``evaluation``, how their outputs deviate (top-1
-    disagreement rate, flips either way, KL divergence, margins: :func:`~mlflow_di.deviation.output_deviation`),
-    and the per-class deviation (``{"matrix": ..., "classes": [ClassAccuracy]}``, None without evaluation data)."""
-    import numpy as np
-
-    from mlflow_di.deviation import deviation_matrix, largest_class_drop, output_deviation, per_class_accuracy
-
-    if evaluation is None:
-        return {}, None
-    compressed_probabilities = compressed.predict_proba(evaluation.images)
-    original, exported = source_probabilities.argmax(axis=1), compressed_probabilities.argmax(axis=1)
-    source_accuracy = float(np.mean(original == evaluation.labels))
-    compressed_accuracy = float(np.mean(exported == evaluation.labels))
-    metrics = {"source_accuracy": source_accuracy, "compressed_accuracy": compressed_accuracy,
-               "accuracy_drop": source_accuracy - compressed_accuracy,
-               "disagreements": int(np.sum(original != exported)), "eval_images": len(evaluation),
-               **output_deviation(source_probabilities, compressed_probabilities, evaluation.labels)}
-    classes = per_class_accuracy(evaluation.labels, original, exported)
-    num_classes = len(classes)
-    worst = largest_class_drop(classes)
-    if worst is not None:
-        metrics["max_class_accuracy_drop"] = worst.accuracy_drop
-        metrics.update({f"class_accuracy_drop.{c.label}": c.accuracy_drop for c in classes if c.images})
-    return metrics, {"matrix": deviation_matrix(original, exported, num_classes), "classes": classes, "worst": worst,
-                     "labels": exported}
 
 
 def _log_tables(log, deviation, outcome: Outcome) -> None:
@@ -714,183 +650,6 @@ def _log_tables(log, deviation, outcome: Outcome) -> None:
     for diagnosis in outcome.diagnoses:
         log.table(diagnosis.rows(), f"compress/sqnr_{diagnosis.data}.json")
         log.json(diagnosis.to_dict(), f"compress/diagnosis_{diagnosis.data}.json")
-
-
-def _report(model_uri: str, name: str, result, metrics: dict, deviation=None, outcome: "Outcome | None" = None) -> str:
-    """Accuracy, agreement, size, what was quantized or pruned, per-class deviation and the layer-wise
-    quantization diagnosis, as one self-contained page."""
-    from mlflow_di.reporting import HtmlReport
-
-    outcome = outcome or Outcome(result)
-    html = HtmlReport(f"{result.method} export of {model_uri}", subtitle=f"registered as {name}")
-    percent = ("source_accuracy", "compressed_accuracy", "accuracy_drop", "sparsity", "max_class_accuracy_drop",
-               "before_keep_float.compressed_accuracy", "before_keep_float.accuracy_drop",
-               "before_keep_float.max_class_accuracy_drop")
-    _runtime_section(html, metrics, outcome)  # first: every figure below was computed there
-    html.section("Metrics").metrics({k: v for k, v in metrics.items() if not k.startswith("class_accuracy_drop.")},
-                                    percent_keys=[k for k in percent if k in metrics])
-    if outcome.search is not None:
-        _search_section(html, outcome.search, result.params)
-    if outcome.before is not None:
-        _before_after_section(html, metrics, outcome)
-    html.section("Parameters").code(json.dumps(result.params, indent=2, sort_keys=True))
-    if result.quantized_ops:
-        html.section("Quantized layers").table([{"layer": layer, "how": how} for layer, how in
-                                                result.quantized_ops["quantized_layers"].items()])
-    if deviation is not None:
-        _deviation_section(html, deviation)
-    if outcome.blame is not None:
-        _blame_section(html, outcome.blame)
-    if outcome.sensitivity is not None:
-        _sensitivity_section(html, outcome.sensitivity)
-    for diagnosis in outcome.diagnoses:
-        _diagnosis_section(html, diagnosis)
-    for note in outcome.notes:
-        html.section("Layer-wise diagnosis on the triggers").paragraph(note)
-    return html.render()
-
-
-def _runtime_section(html, metrics: dict, outcome: Outcome) -> None:
-    """Where the figures were measured, host vs reference semantics, and what the export buys on this host."""
-    if outcome.context is None:
-        return
-    html.section("Execution context and benefit on this host")
-    html.paragraph(f"Measured with {outcome.context.describe()}.")
-    if "reference.disagreements" in metrics:
-        html.paragraph(
-            "Host semantics: ONNX Runtime's default session, whose fused int8 kernels depend on the CPU. Reference "
-            "semantics: the same file with graph optimizations off, the QDQ graph computed as written (the same on "
-            f"every CPU). Disagreements with the source: {metrics['disagreements']} (host) vs "
-            f"{metrics['reference.disagreements']} (reference); {metrics['host_only_disagreements']} images differ "
-            f"only on this host, {metrics['reference_only_disagreements']} only under reference semantics.")
-        if outcome.semantics_line:
-            html.paragraph(f"WARNING: {outcome.semantics_line}.")
-    if outcome.portability:
-        html.paragraph(f"NOTE: {outcome.portability}.")
-    if outcome.benefit is not None:
-        benefit = outcome.benefit
-        html.paragraph(f"Latency: ONNX Runtime CPU session, {benefit.export.threads} thread, median of "
-                       f"{benefit.export.runs} runs after warm-up (b1 / b{benefit.export.batch}: milliseconds per call at "
-                       f"batch 1 / {benefit.export.batch}), random inputs; peak MiB: the peak resident memory of a "
-                       "process that loads only this model and runs it (ONNX Runtime included). Speedup: both models "
-                       "timed in turns in one process, the median ratio of the pairs and its 95% interval; slower or "
-                       f"faster only when the whole interval says so. {benefit.speed_line()}.")
-        html.table(benefit.rows())
-        if benefit.warning():
-            html.paragraph(benefit.warning())
-
-
-def _before_after_section(html, metrics: dict, outcome: Outcome) -> None:
-    how = ("chosen by the bounded search" if outcome.search is not None else
-           f"--auto-keep-float {len(outcome.kept_float)}: the layers with the lowest scores on the evaluation data"
-           if outcome.auto else "named with --keep-float")
-    kept = ", ".join(outcome.kept_float) or "none (the search changed the recipe instead)"
-    html.section("Layers kept in float").paragraph(f"Kept in float: {kept} ({how}). "
-                                                   "The fully quantized export was measured on the same data:")
-    rows = []
-    for label, prefix, size in (("all layers int8", "before_keep_float.", outcome.before.size_bytes),
-                                ("with layers in float", "", outcome.result.size_bytes)):
-        if f"{prefix}compressed_accuracy" in metrics:
-            rows.append({"export": label, "accuracy": f"{metrics[f'{prefix}compressed_accuracy']:.2%}",
-                         "disagreements": metrics[f"{prefix}disagreements"], "size KiB": round(size / 1024, 1)})
-        else:
-            rows.append({"export": label, "size KiB": round(size / 1024, 1)})
-    html.table(rows)
-
-
-def _search_section(html, search, params: dict) -> None:
-    """The bounded search: the bounds, every export it measured, its choice in both names, the held-out check."""
-    held_out = search.held_out
-    html.section("Bounded export")
-    kept = ", ".join(search.kept_float) or "none (every layer quantized)"
-    html.paragraph(f"Bounds: {search.bounds.describe()}, judged with {params.get('semantics', 'host')} semantics. "
-                   f"Recipe: {search.recipe} (tried: {', '.join(search.recipes_tried)}). Kept in float: {kept}. The "
-                   f"search measured {search.exports} exports on the evaluation data (recipes first, then each layer "
-                   f"alone in float, which ranks them: {', '.join(search.ranking)}), and verified its choice on "
-                   "held-out images:")
-    missed = search.held_out_failures
-    verdict = "meets the bounds" if not missed else "MISSES " + "; ".join(missed)
-    html.paragraph(f"Held out: {held_out.describe(upper_bound=True)} (the upper bound: of the disagreement rate, "
-                   f"one-sided Clopper-Pearson). The choice {verdict} there.")
-    html.table(search.rows())
-    if search.kept_float:
-        html.paragraph("To reproduce this export with ONNX Runtime's quantizer, exclude these nodes "
-                       "(PyTorch module -> ONNX node):")
-        html.table([{"module": module, "ONNX node": node}
-                    for module, node in zip(params["kept_float"], params["nodes_to_exclude"])])
-        settings = {key: params[key] for key in ("activations", "weights", "reduce_range", "per_channel",
-                                                 "calibration") if key in params}
-        html.code(f"quantize_static(..., nodes_to_exclude={params['nodes_to_exclude']!r})  # recipe: {settings}")
-
-
-def _blame_section(html, found) -> None:
-    from mlflow_di.compression.blame import WITHIN_USUAL
-    from mlflow_di.reporting.plots import bar_plot
-
-    html.section("Blame per trigger")
-    html.paragraph(
-        f"For each of the campaign's {len(found.triggers)} triggers, the first layer (in graph order) where the "
-        f"fully quantized export's activations part from the float model's by more than they usually do: more "
-        f"than the {found.quantile:.0%} quantile of that tensor's relative error on {found.usual_images} evaluation "
-        f"images. '{WITHIN_USUAL}': no tensor exceeded it. By chance alone, {found.false_alarm_rate:.1%} of the "
-        "evaluation images exceed some tensor's usual error: a layer's share well above that is a finding.")
-    counts = found.counts()
-    shares = {layer: count / len(found.triggers) for layer, count in counts.items()}
-    html.image(bar_plot(shares, "Triggers blamed on each layer", percent=True))
-    html.table(found.rows())
-
-
-def _sensitivity_section(html, found) -> None:
-    html.section("Layer sensitivity: weights vs activations, alone vs all but one")
-    html.paragraph(
-        f"Weight-only / activation-only: the model in PyTorch with only this layer's weights (int8 per channel) or "
-        f"only its input (int8 per tensor, calibrated range) rounded, on {found.simulated_images} evaluation images: "
-        "the logits' SQNR against the float model (dB, higher is better) and the images whose top-1 changes. "
-        f"Quantized alone / all but this one: ONNX Runtime exports quantizing only this layer, or every layer but "
-        f"this one, and their top-1 disagreements with the original on {found.images} images (every layer "
-        f"quantized: {found.all_int8_disagreements}). A layer whose 'all but' count is far below that is one to "
-        "keep in float; weight-only far below activation-only says its weights, not its input range, cost the most.")
-    html.table(found.rows())
-
-
-def _deviation_section(html, deviation) -> None:
-    import numpy as np
-
-    from mlflow_di.deviation import matrix_rows
-    from mlflow_di.reporting.plots import heatmap
-
-    matrix = deviation["matrix"]
-    html.section("Per-class deviation on the evaluation data")
-    html.paragraph("Rows: the source model's top-1 label; columns: the export's. The diagonal counts agreement; "
-                   "every other cell counts inputs the export moved from the row's class to the column's.")
-    html.table(matrix_rows(matrix))
-    off_diagonal = matrix.astype(float)
-    np.fill_diagonal(off_diagonal, np.nan)
-    if np.nansum(off_diagonal) > 0:
-        names = [str(i) for i in range(len(matrix))]
-        html.image(heatmap(off_diagonal, names, names, "Disagreements: source label (row) -> export label (column)",
-                           symmetric=False, colorbar_label="images"), "diagonal (agreement) greyed out")
-    html.paragraph("Accuracy per true class; a drop on a class with few images is noisy.")
-    html.table([c.to_row() for c in deviation["classes"]])
-
-
-def _diagnosis_section(html, diagnosis) -> None:
-    from mlflow_di.reporting.plots import bar_plot
-
-    what = "evaluation data" if diagnosis.data == "eval" else "fuzz triggers"
-    html.section(f"Layer-wise quantization diagnosis on the {what}")
-    html.paragraph(
-        f"SQNR in dB (higher is better, ~6 dB per bit) of the QDQ int8 model against the float model it was "
-        f"quantized from, on {diagnosis.images} images. sqnr_db: the float model's tensor vs the QDQ model's "
-        "(error accumulated up to there); qdq_sqnr_db: the QDQ model's tensor just before vs after its own "
-        "quantize/dequantize pair (blank where the quantizer folded a ReLU into that pair). A layer's score is "
-        "the lowest sqnr_db of the activations it produces; --auto-keep-float K keeps the K lowest in float.")
-    scores = diagnosis.layer_scores()
-    if scores:
-        worst = dict(list(scores.items())[:SQNR_PLOT_LAYERS])
-        html.image(bar_plot(worst, f"Layer score (lowest activation SQNR) on the {what}, worst first",
-                            percent=False, ylabel="SQNR dB"))
-    html.table(diagnosis.rows())
 
 
 def points_change(change: float) -> str:

@@ -97,9 +97,6 @@ class BoundaryWalk:
     ssim_weighting: float = 0.5
     name: str = "boundary"
 
-    #: the black-box runner refuses it: it needs the original's gradients
-    white_box = True
-
     def __post_init__(self):
         if not 0 <= self.ssim_weighting <= 2:
             raise UserError(f"the boundary walk's ssim_weighting is an exponent in [0, 2], got {self.ssim_weighting}")

@@ -49,14 +49,14 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.folder_lock import FolderLock
-from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Access
 from mlflow_di.fuzz.distributed import searches_share_the_models_gpu
 from mlflow_di.fuzz.fitness import labels_differ
 from mlflow_di.fuzz.lockstep import Lane, Lockstep
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, SeedRecord
 from mlflow_di.fuzz.seeds import SEED_BATCH, check_arguments, model_name, predict_checked, seed_fingerprint
 from mlflow_di.fuzz.store import CampaignStore, assemble_result
-from mlflow_di.fuzz.strategies import make_strategy
+from mlflow_di.fuzz.strategies import declaration_of, make_strategy
 from mlflow_di.progress import progress_bar as tqdm
 
 
@@ -106,9 +106,10 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     times do (unless a model's output for an image depends on the rest of its batch, as with ``batch``).
     """
     strategy = make_strategy(strategy)
-    if getattr(strategy, "white_box", False):
-        raise UserError(f"the {strategy.name} strategy needs a PyTorch model's gradients, which this lockstep of "
-                        f"black boxes does not have; run it with mlflow_di.fuzz.run (fuzz --strategy {strategy.name})")
+    declared = declaration_of(strategy)  # its declaration says how it sees the models; undeclared objects run here
+    if declared is not None and Access.WHITE_BOX in (declared.original, declared.compressed):
+        raise UserError(f"the {declared.name} strategy needs a PyTorch model's gradients, which this lockstep of "
+                        f"black boxes does not have; run it with mlflow_di.fuzz.run (fuzz --strategy {declared.name})")
     if not compressed:
         raise UserError("no compressed model given")
     if out_dirs is not None and len(out_dirs) != len(compressed):

@@ -110,9 +110,6 @@ class DeepXplore:
     blackout_count: int = 1
     name: str = "deepxplore"
 
-    #: the black-box runner refuses this strategy: it needs the models' gradients
-    white_box = True
-
     def __post_init__(self):
         object.__setattr__(self, "occlusion_at", _pair("occlusion position", self.occlusion_at, 0))
         object.__setattr__(self, "occlusion_size", _pair("occlusion size", self.occlusion_size, 1))
