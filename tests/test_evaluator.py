@@ -169,8 +169,8 @@ def test_not_named_not_run(mlflow_client, evaluation_rows, pixel_model_path):
     assert not [key for key in result.metrics if key.startswith("mlflow_di/")]
 
 
-def test_compressed_model_adds_deviation_metrics(mlflow_client, digits_model, evaluation_rows, tmp_path, monkeypatch):
-    """A 'compressed' copy with weights rounded to 1/8: fuzzing finds deviations and the counts add up."""
+def _rounded_copy(digits_model, tmp_path, monkeypatch):
+    """A 'compressed' copy of the digits CNN with weights rounded to 1/8 (a file), and the logged original's URI."""
     import copy
 
     import torch
@@ -185,9 +185,17 @@ def test_compressed_model_adds_deviation_metrics(mlflow_client, digits_model, ev
     with mlflow.start_run():
         info = mlflow.pytorch.log_model(digits_model.module, name="model", serialization_format="pickle",
                                         metadata={"mlflow_di": {"preprocessing": digits_model.preprocessing.to_dict()}})
+    return compressed, path, info.model_uri
+
+
+def test_compressed_model_adds_deviation_metrics(mlflow_client, digits_model, evaluation_rows, tmp_path, monkeypatch):
+    """A 'compressed' copy with weights rounded to 1/8: fuzzing finds deviations and the counts add up."""
+    import torch
+
+    compressed, path, model_uri = _rounded_copy(digits_model, tmp_path, monkeypatch)
     config = {**CONFIG, "compressed_model_uri": str(path), "fuzz_seeds": 12, "fuzz_max_queries": 300}
     with mlflow.start_run():
-        metrics = mlflow.models.evaluate(info.model_uri, evaluation_rows, targets="label", model_type="classifier",
+        metrics = mlflow.models.evaluate(model_uri, evaluation_rows, targets="label", model_type="classifier",
                                          evaluators=["mlflow_di"], evaluator_config={"mlflow_di": config}).metrics
     images = evaluation_rows.drop(columns="label").to_numpy().astype(np.uint8).reshape(-1, 8, 8, 1)[200:]
     with torch.no_grad():
@@ -199,6 +207,25 @@ def test_compressed_model_adds_deviation_metrics(mlflow_client, digits_model, ev
     assert metrics["mlflow_di/success_rate"] == pytest.approx(metrics["mlflow_di/triggers"] / fuzzed)
     assert metrics["mlflow_di/triggers"] >= 1
     assert 1 <= metrics["mlflow_di/mean_queries"] <= 300
+
+
+def test_the_strategys_declaration_decides_how_the_evaluator_sees_the_models(mlflow_client, digits_model,
+                                                                             evaluation_rows, tmp_path, monkeypatch):
+    """The evaluator fuzzes through mlflow_di.fuzz.run: the boundary walk gets the evaluated model white-box (its
+    gradients), a strategy that needs a white-box compressed model is one clear error."""
+    from mlflow.exceptions import MlflowException
+
+    _, path, model_uri = _rounded_copy(digits_model, tmp_path, monkeypatch)
+    config = {**CONFIG, "compressed_model_uri": str(path), "fuzz_seeds": 6, "fuzz_max_queries": 60}
+    with mlflow.start_run():
+        metrics = mlflow.models.evaluate(model_uri, evaluation_rows, targets="label", model_type="classifier",
+                                         evaluators=["mlflow_di"],
+                                         evaluator_config={"mlflow_di": {**config, "fuzz_strategy": "boundary"}}).metrics
+    assert metrics["mlflow_di/seeds"] == 6 and metrics["mlflow_di/triggers"] >= 1
+    with mlflow.start_run(), pytest.raises(MlflowException, match="needs a white-box compressed model"):
+        mlflow.models.evaluate(model_uri, evaluation_rows, targets="label", model_type="classifier",
+                               evaluators=["mlflow_di"],
+                               evaluator_config={"mlflow_di": {**config, "fuzz_strategy": "deepxplore"}})
 
 
 def test_bad_rows_are_one_clear_error(mlflow_client, evaluation_rows, pixel_model_path):

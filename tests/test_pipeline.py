@@ -117,7 +117,8 @@ def test_registry_names_are_checked_before_any_run(tmp_path, tracking_uri, capsy
     path.write_text(GATE + "compress: {methods: [int8-dynamic]}\nfuzz: {seed_data: digits, strategy: deepxplore}\n")
     assert main(["pipeline", "--policy", str(path), "--model-uri", "models:/absent/1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("mlflow-di: error: p.yaml: fuzz.strategy deepxplore needs PyTorch models") and "\n" not in err
+    assert err.startswith("mlflow-di: error: p.yaml: fuzz.strategy deepxplore needs PyTorch models on both sides")
+    assert "\n" not in err and "choose one of dflare" in err
 
 
 TINY = """

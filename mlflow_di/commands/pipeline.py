@@ -233,13 +233,24 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
                           ("robustness", "preprocessing")):
             if step in steps:
                 steps[step][key] = override
-    for step in ("fuzz", "realism"):
-        if steps.get(step, {}).get("strategy") == "deepxplore":
-            from mlflow_di.errors import UserError
-
-            raise UserError(f"{policy.source}: {step}.strategy deepxplore needs PyTorch models, and the pipeline "
-                            "fuzzes the model against its ONNX exports; choose dflare (or another black-box strategy)")
+    _check_strategies_take_exports(steps, policy.source)
     return steps
+
+
+def _check_strategies_take_exports(steps: dict, source: str) -> None:
+    """The pipeline fuzzes the model against its ONNX exports, as black boxes: a strategy whose declaration needs
+    a white-box compressed model cannot run there (one line before any step)."""
+    from mlflow_di.errors import UserError
+    from mlflow_di.fuzz.contract import Access
+    from mlflow_di.fuzz.strategies import declarations
+
+    white_box = {d.name for d in declarations() if d.compressed is Access.WHITE_BOX}
+    black_box = ", ".join(d.name for d in declarations() if d.compressed is Access.BLACK_BOX)
+    for step in ("fuzz", "realism"):
+        strategy = steps.get(step, {}).get("strategy")
+        if strategy in white_box:
+            raise UserError(f"{source}: {step}.strategy {strategy} needs PyTorch models on both sides, and the pipeline "
+                            f"fuzzes the model against its ONNX exports; choose one of {black_box}")
 
 
 def _registered_name(model_uri: str) -> str | None:

@@ -41,6 +41,7 @@ from mlflow.models.evaluation.base import EvaluationResult, ModelEvaluator
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
+from mlflow_di.fuzz.contract import DEFAULT_TIMEOUT
 from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.preprocessing import Preprocessing
 from mlflow_di.models.device import check_device_spec, resolve_device
@@ -66,7 +67,7 @@ class EvaluatorConfig:
     compressed_model_uri: str | None = None
     fuzz_seeds: int = 50
     fuzz_strategy: str = "dflare"
-    fuzz_timeout: float = 10.0  # seconds per seed
+    fuzz_timeout: float = DEFAULT_TIMEOUT  # CPU seconds per seed: a safety net, the budget is fuzz_max_queries
     fuzz_max_queries: int | None = 1000
     device: str = "auto"  # where the PyTorch model runs: auto (CUDA when available), cpu, cuda, cuda:N
     batch_size: int = 256  # images per forward pass; lower it if the GPU runs out of memory
@@ -201,16 +202,26 @@ def _analysis_split(data: ImageSet, config: EvaluatorConfig, preprocessing: Prep
 
 
 def _fuzz(torch_model: TorchModel, test: ImageSet, config: EvaluatorConfig) -> tuple[dict, str]:
-    """DFlare from the first scored images, plus top-1 disagreements on all of them."""
-    from mlflow_di.fuzz.campaign import run_campaign
+    """``fuzz_strategy``'s campaign (DFlare by default) from the first scored images, plus top-1 disagreements on
+    all of them. It runs through :func:`mlflow_di.fuzz.run`; the strategy's declaration says how it sees the
+    models (the evaluated model white-box for the boundary walk), and one that needs a white-box compressed
+    model is refused in one line."""
+    from mlflow_di.fuzz import run
+    from mlflow_di.fuzz.contract import Access, Campaign
+    from mlflow_di.fuzz.strategies import declaration
     from mlflow_di.models.loading import load_classifier
 
+    declared = declaration(config.fuzz_strategy)
+    if declared.compressed is Access.WHITE_BOX:
+        raise UserError(f"fuzz_strategy {declared.name} needs a white-box compressed model, and the evaluator "
+                        "queries compressed_model_uri as a black box; choose a black-box strategy such as dflare")
     original = torch_model.classifier()
     compressed = load_classifier(config.compressed_model_uri, device=config.device)
     disagreements = int(np.sum(original.predict(test.images) != compressed.predict(test.images)))
     seeds = test.subset(slice(0, config.fuzz_seeds), f"{test.name}[:{config.fuzz_seeds}]")
-    result = run_campaign(original, compressed, seeds, strategy=config.fuzz_strategy, timeout=config.fuzz_timeout,
-                          max_queries=config.fuzz_max_queries, seed=config.seed, progress=False)
+    searched = torch_model if declared.original is Access.WHITE_BOX else original
+    result = run(Campaign(searched, [compressed], declared.make(), seeds, timeout=config.fuzz_timeout,
+                          max_queries=config.fuzz_max_queries, seed=config.seed, progress=False), declared)[0]
     summary = result.summary
     from mlflow_di.fuzz.realism import DEFAULT_BUDGET, realism_summary
 
