@@ -13,7 +13,8 @@ The data has one row per image of raw pixel values (0..255, H*W*C columns in HWC
 labels come from ``targets``. IDC is fitted on ``train_data`` (a data spec such as
 ``mnist-train:DIR[0:5000]``) or, without it, on the first ``train_fraction`` of the evaluation rows,
 and scored on the rest. With ``compressed_model_uri``, the first ``fuzz_seeds`` scored images seed
-a DFlare campaign of the evaluated model against the compressed one.
+a ``fuzz_strategy`` campaign (DFlare by default, ``boundary`` for a search inside a realism budget) of
+the evaluated model against the compressed one, ``fuzz_max_queries`` per seed.
 
 The evaluator never runs uninvited: MLflow asks ``can_evaluate`` with only the model type and
 this evaluator's config (not whether it was named), so it runs for classifiers whose config
