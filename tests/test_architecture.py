@@ -225,6 +225,14 @@ def test_commands_parse_call_and_log_in_short_functions():
     assert [d.name for d in declarations() if re.search(rf"\b{re.escape(d.name)}\b", fuzz)] == []
 
 
+def test_no_function_in_the_package_is_over_70_lines():
+    """A function a reviewer reads on one screen (commands keep to 60, above)."""
+    long = [f"{path.relative_to(PACKAGE)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in sorted(PACKAGE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 70]
+    assert long == []
+
+
 def test_commands_ask_a_models_format_and_never_compare_its_name():
     """What a format can do lives on its :class:`ModelFormat` (graph, repairable, ...): a new format is one entry
     in FORMATS, not an edit in every command that branches on ``kind == "onnx"``."""

@@ -242,78 +242,97 @@ def search_float_layers(layers: list[str], measure: Callable, bounds: Bounds, re
     if not bounds.active:
         raise UserError("a bounded export needs a bound: pass --max-accuracy-drop, --max-disagreement-rate or "
                         "--max-realistic-success-rate")
-    layers = list(dict.fromkeys(layers))
-    recipes = list(dict.fromkeys(recipes)) or [None]
-    trials: list[Trial] = []
-    measured: dict[tuple, Trial] = {}
+    search = _Search(list(dict.fromkeys(layers)), measure, bounds, list(dict.fromkeys(recipes)) or [None], on_trial)
+    for recipe in search.recipes:
+        if search.trial((), recipe, "all int8").meets:
+            return search.record((), recipe)
+    tied = search.closest_recipes()
+    recipe = tied[0]
+    if len(search.layers) < 2:
+        raise UnreachableBounds(f"the fully quantized export{search.recipe_text()} misses {bounds.describe()} "
+                                f"({'; '.join(bounds.failures(search.closest(search.trials).search))}) and the model "
+                                f"has {len(search.layers)} quantizable layer, so none can stay in float",
+                                search.record((), recipe))
+    singles = {(layer, each): search.trial((layer,), each, "one in float") for each in tied for layer in search.layers}
+    meeting = [t for t in singles.values() if t.meets]
+    if meeting:
+        chosen = search.closest(meeting)
+        return search.record(chosen.kept_float, chosen.recipe, _ranked(bounds, search.layers, singles, chosen.recipe))
+    ranking = _ranked(bounds, search.layers, singles, recipe)
+    upper = search.all_but_one(ranking, recipe)
+    ranking = [name for name in ranking if name != upper] + [upper]
+    return search.bisect_then_eliminate(ranking, recipe)
 
-    def trial(kept, recipe, step: str) -> Trial:
+
+class _Search:
+    """The state of one :func:`search_float_layers`: every (recipe, layers kept in float) measured once, in order."""
+
+    def __init__(self, layers: list[str], measure: Callable, bounds: Bounds, recipes: list, on_trial):
+        self.layers, self.measure, self.bounds, self.recipes, self.on_trial = layers, measure, bounds, recipes, on_trial
+        self.trials: list[Trial] = []
+        self.measured: dict[tuple, Trial] = {}
+
+    def trial(self, kept, recipe, step: str) -> Trial:
         key = (recipe, frozenset(kept))
-        if key not in measured:
-            result = measure(tuple(kept), recipe)
-            measured[key] = Trial(list(kept), step, result, bounds.met_by(result), recipe)
-            trials.append(measured[key])
-            if on_trial is not None:
-                on_trial(measured[key])
-        return measured[key]
+        if key not in self.measured:
+            result = self.measure(tuple(kept), recipe)
+            self.measured[key] = Trial(list(kept), step, result, self.bounds.met_by(result), recipe)
+            self.trials.append(self.measured[key])
+            if self.on_trial is not None:
+                self.on_trial(self.measured[key])
+        return self.measured[key]
 
-    def record(kept, recipe, ranking=layers) -> BoundedSearch:
-        return BoundedSearch(bounds, list(ranking), trials, list(kept), recipe=recipe)
+    def record(self, kept, recipe, ranking=None) -> BoundedSearch:
+        return BoundedSearch(self.bounds, list(self.layers if ranking is None else ranking), self.trials, list(kept),
+                             recipe=recipe)
 
-    def closest(candidates: list[Trial]) -> Trial:
-        return min(candidates, key=lambda t: _shortfall(bounds, t.search))
+    def closest(self, candidates: list[Trial]) -> Trial:
+        return min(candidates, key=lambda t: _shortfall(self.bounds, t.search))
 
-    def recipe_text() -> str:
-        named = [r for r in recipes if r is not None]
+    def recipe_text(self) -> str:
+        named = [r for r in self.recipes if r is not None]
         return f" with recipe {', '.join(named)}" if len(named) == 1 else \
             f" with each recipe ({', '.join(named)})" if named else ""
 
-    for recipe in recipes:
-        if trial((), recipe, "all int8").meets:
-            return record((), recipe)
-    best = _shortfall(bounds, closest(trials).search)[0]
-    tied = [t.recipe for t in trials if _shortfall(bounds, t.search)[0] == best]  # equally far over: searched alike
-    tied.sort(key=lambda name: _shortfall(bounds, measured[name, frozenset()].search))
-    recipe = tied[0]
-    if len(layers) < 2:
-        raise UnreachableBounds(f"the fully quantized export{recipe_text()} misses {bounds.describe()} "
-                                f"({'; '.join(bounds.failures(closest(trials).search))}) and the model has "
-                                f"{len(layers)} quantizable layer, so none can stay in float", record((), recipe))
-    singles = {(layer, each): trial((layer,), each, "one in float") for each in tied for layer in layers}
-    meeting = [t for t in singles.values() if t.meets]
-    if meeting:
-        chosen = closest(meeting)
-        return record(chosen.kept_float, chosen.recipe, _ranked(bounds, layers, singles, chosen.recipe))
-    ranking = _ranked(bounds, layers, singles, recipe)
-    upper = None
-    for last in reversed(ranking):  # the least helpful layer first: the one most likely to be harmless in int8
-        if trial([name for name in ranking if name != last], recipe, "all but one").meets:
-            upper = last
-            break
-    if upper is None:
-        best = closest([t for t in trials if len(t.kept_float) == len(layers) - 1])
-        quantized = next(name for name in layers if name not in best.kept_float)
+    def closest_recipes(self) -> list:
+        """The recipes whose all-int8 export is equally far over the bounds as the closest one, nearest first."""
+        best = _shortfall(self.bounds, self.closest(self.trials).search)[0]
+        tied = [t.recipe for t in self.trials if _shortfall(self.bounds, t.search)[0] == best]  # searched alike
+        tied.sort(key=lambda name: _shortfall(self.bounds, self.measured[name, frozenset()].search))
+        return tied
+
+    def all_but_one(self, ranking: list[str], recipe) -> str:
+        """The least helpful layer whose export with every other layer in float meets the bounds (it can be
+        int8); :class:`UnreachableBounds` when none does."""
+        for last in reversed(ranking):  # the least helpful layer first: the one most likely to be harmless in int8
+            if self.trial([name for name in ranking if name != last], recipe, "all but one").meets:
+                return last
+        best = self.closest([t for t in self.trials if len(t.kept_float) == len(self.layers) - 1])
+        quantized = next(name for name in self.layers if name not in best.kept_float)
         raise UnreachableBounds(
-            f"no int8 export meets {bounds.describe()}: measured every layer quantized{recipe_text()}, then"
+            f"no int8 export meets {self.bounds.describe()}: measured every layer quantized{self.recipe_text()}, then"
             f"{f' with recipe {recipe}' if recipe else ''} each layer alone in float and each layer alone quantized; "
             f"the closest (only {quantized} quantized"
-            f"{f', recipe {best.recipe}' if best.recipe else ''}) has {'; '.join(bounds.failures(best.search))} on "
+            f"{f', recipe {best.recipe}' if best.recipe else ''}) has {'; '.join(self.bounds.failures(best.search))} on "
             "the search data; loosen the bound "
-            "or use another method", record(best.kept_float, recipe, ranking))
-    ranking = [name for name in ranking if name != upper] + [upper]
-    low, high = 1, len(ranking) - 1  # prefix lengths: low misses (one layer in float is not enough), high meets
-    while high - low > 1:
-        middle = (low + high) // 2
-        if trial(ranking[:middle], recipe, "bisection").meets:
-            high = middle
-        else:
-            low = middle
-    kept = list(ranking[:high])
-    for layer in reversed(kept[:]):  # least helpful first
-        candidate = [name for name in kept if name != layer]
-        if trial(candidate, recipe, "elimination").meets:
-            kept = candidate
-    return record(kept, recipe, ranking)
+            "or use another method", self.record(best.kept_float, recipe, ranking))
+
+    def bisect_then_eliminate(self, ranking: list[str], recipe) -> BoundedSearch:
+        """The shortest prefix of ``ranking`` kept in float that meets the bounds (bisection between one layer,
+        which misses, and all but the last, which meets), then each of its layers dropped where the bounds hold."""
+        low, high = 1, len(ranking) - 1  # prefix lengths: low misses (one layer in float is not enough), high meets
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.trial(ranking[:middle], recipe, "bisection").meets:
+                high = middle
+            else:
+                low = middle
+        kept = list(ranking[:high])
+        for layer in reversed(kept[:]):  # least helpful first
+            candidate = [name for name in kept if name != layer]
+            if self.trial(candidate, recipe, "elimination").meets:
+                kept = candidate
+        return self.record(kept, recipe, ranking)
 
 
 def rank_layers(diagnosis, layers: list[str]) -> list[str]:

@@ -118,20 +118,13 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     with contextlib.ExitStack() as locks:  # one process per campaign folder (see mlflow_di.folder_lock)
         for folder in out_dirs or ():
             locks.enter_context(FolderLock(folder, "the campaign folder"))
-        fingerprint = seed_fingerprint(seeds, progress)
-        lanes = []
-        for number, model in enumerate(compressed):
-            config = CampaignConfig(
-                strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
-                max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
-                seeds_sha256=fingerprint, image_shape=tuple(seeds.image_shape),
-                original=model_name(original, "original"), compressed=model_name(model, "compressed"))
-            store = CampaignStore(out_dirs[number]) if out_dirs is not None else None
-            done: dict[int, SeedRecord] = {}
-            if store is not None and resume:
-                store.check_resumable(config)
-                done = store.read_records(finished_only=True)
-            lanes.append(Lane(model, config, store, done))
+        settings = dict(strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
+                        max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
+                        seeds_sha256=seed_fingerprint(seeds, progress), image_shape=tuple(seeds.image_shape),
+                        original=model_name(original, "original"))
+        lanes = [_lane(model, CampaignConfig(**settings, compressed=model_name(model, "compressed")),
+                       out_dirs[number] if out_dirs is not None else None, resume)
+                 for number, model in enumerate(compressed)]
         _check_seeds(original, lanes, seeds, progress=progress)
         for lane in lanes:
             if lane.store is not None and not resume:
@@ -156,6 +149,16 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
                 lane.store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices)
             results.append(result)
         return results
+
+
+def _lane(model, config: CampaignConfig, out_dir, resume: bool) -> Lane:
+    """One export's lane: its campaign folder (None: nothing written) and, on resume, the seeds it finished."""
+    store = CampaignStore(out_dir) if out_dir is not None else None
+    done: dict[int, SeedRecord] = {}
+    if store is not None and resume:
+        store.check_resumable(config)
+        done = store.read_records(finished_only=True)
+    return Lane(model, config, store, done)
 
 
 def _check_seeds(original, lanes: list["Lane"], seeds: ImageSet, progress: bool = False) -> None:
