@@ -62,7 +62,7 @@ from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
 from mlflow_di.fuzz.realism import SSIM_RADIUS, SSIM_WINDOW, Constraint, distances, local_ssim, ssim_pixel_cost
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
-from mlflow_di.fuzz.store import CampaignStore, assemble_result
+from mlflow_di.fuzz.session import CampaignSession
 from mlflow_di.progress import BudgetProgress, budget_share
 
 #: the margin of the step's SSIM over the bound within which the step keeps off SSIM's downhill side
@@ -141,32 +141,35 @@ def run_boundary(original, compressed, seeds: ImageSet, strategy: BoundaryWalk |
     refuse_raw_resize(original, seeds, "the boundary walk")
     config = campaign_config(strategy, seeds, timeout, max_queries, seed, original.name,
                              getattr(compressed, "name", ""), progress)
-    store = CampaignStore(out_dir) if out_dir is not None else None
-    done: dict[int, SeedRecord] = {}
-    if store is not None and resume:
-        store.check_resumable(config)
-        done = store.read_records(finished_only=True)
-    elif store is not None:
-        store.create(config)
-    walker = _Walker(original, compressed, strategy, config)
+    with CampaignSession(config, out_dir, resume) as session:
+        walker = _Walker(original, compressed, strategy, config)
+        if len(seeds):
+            _answers(walker, np.asarray(seeds.images[:1]))  # models that cannot take the seeds: refused before writing
+        session.start()
+        records, images = _walk_seeds(walker, session, seeds, progress)
+        result = session.result(records, images, walker.stats)
+        session.save(result)
+    return result
+
+
+def _walk_seeds(walker: "_Walker", session: CampaignSession, seeds: ImageSet, progress: bool) -> tuple[dict, dict]:
+    """Every seed the session has not finished, one at a time; ({index: record}, {index: (trigger, seed)}) of
+    this run. Ctrl-C ends the walk: the seeds finished so far are kept."""
+    config, done = walker.config, session.done
     records: dict[int, SeedRecord] = {}
     images: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    bar = BudgetProgress(len(seeds), len(done), f"fuzz {strategy.name}", disable=not progress, sequential=True)
+    bar = BudgetProgress(len(seeds), len(done), f"fuzz {walker.strategy.name}", disable=not progress, sequential=True)
     bar.triggers = sum(r.success for r in done.values())
     # in a shuffled order (fixed by the campaign's seed; no seed's search depends on it), so that the
     # seeds finished so far are a fair sample for the progress estimate: data sets are often ordered
     # (on MNIST test [9000:9100] the last 50 seeds hold 22 of the 28 fruitless seeds under L-inf 32)
-    todo = np.random.default_rng(seed).permutation([i for i in range(len(seeds)) if i not in done])
+    todo = np.random.default_rng(config.seed).permutation([i for i in range(len(seeds)) if i not in done])
     try:
         for start in range(0, len(todo), SEED_BATCH):
             chunk = todo[start:start + SEED_BATCH].astype(np.int64)
             indices = np.sort(chunk)  # read in index order (a lazy set reads its files in order)
             batch = np.asarray(seeds.images[indices])
-            p_original = predict_checked(walker.original_classifier, batch, "original")
-            p_compressed = predict_checked(compressed, batch, "compressed")
-            if p_original.shape[1] != p_compressed.shape[1]:
-                raise UserError(f"the models disagree on the number of classes ({p_original.shape[1]}, "
-                                f"{p_compressed.shape[1]}); compare versions of one model")
+            p_original, p_compressed = _answers(walker, batch)
             for index in chunk:  # searched in the shuffled order
                 row = int(np.searchsorted(indices, index))
                 wall = time.perf_counter()  # the estimate of the time left is wall-clock; the budget is not
@@ -176,23 +179,26 @@ def run_boundary(original, compressed, seeds: ImageSet, strategy: BoundaryWalk |
                 records[record.index] = record
                 if trigger is not None:
                     images[record.index] = (trigger, batch[row])
-                if store is not None:
-                    store.append(record, trigger, batch[row])
-                bar.finish(budget_share(record.queries, record.seconds, max_queries, timeout), trigger is not None, wall)
+                session.append(record, trigger, batch[row])
+                bar.finish(budget_share(record.queries, record.seconds, config.max_queries, config.timeout),
+                           trigger is not None, wall)
                 bar.show()
     except KeyboardInterrupt:
         bar.write(f"interrupted: {len(records)} seeds finished in this run are saved; "
                   f"{len(todo) - len(records)} not finished")
     finally:
         bar.close()
-        if store is not None:
-            store.close()
-    merged = sorted({**done, **records}.values(), key=lambda r: r.index)
-    result = assemble_result(config, merged, store, complete=len(merged) == len(seeds), images=images)
-    result.run_stats = walker.stats
-    if store is not None:
-        store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices)
-    return result
+    return records, images
+
+
+def _answers(walker: "_Walker", images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both models' probabilities on ``images``, checked (finite, one row each, as many classes on both sides)."""
+    p_original = predict_checked(walker.original_classifier, images, "original")
+    p_compressed = predict_checked(walker.compressed, images, "compressed")
+    if p_original.shape[1] != p_compressed.shape[1]:
+        raise UserError(f"the models disagree on the number of classes ({p_original.shape[1]}, "
+                        f"{p_compressed.shape[1]}); compare versions of one model")
+    return p_original, p_compressed
 
 
 class _Budget:

@@ -48,14 +48,13 @@ import numpy as np
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.folder_lock import FolderLock
 from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Access
 from mlflow_di.fuzz.distributed import searches_share_the_models_gpu
 from mlflow_di.fuzz.fitness import labels_differ
 from mlflow_di.fuzz.lockstep import Lane, Lockstep
-from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, SeedRecord
+from mlflow_di.fuzz.results import CampaignConfig, CampaignResult
 from mlflow_di.fuzz.seeds import SEED_BATCH, check_arguments, model_name, predict_checked, seed_fingerprint
-from mlflow_di.fuzz.store import CampaignStore, assemble_result
+from mlflow_di.fuzz.session import CampaignSession
 from mlflow_di.fuzz.strategies import declaration_of, make_strategy
 from mlflow_di.progress import progress_bar as tqdm
 
@@ -115,50 +114,33 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     if out_dirs is not None and len(out_dirs) != len(compressed):
         raise UserError(f"{len(compressed)} compressed models but {len(out_dirs)} output folders")
     check_arguments(seeds, timeout, max_queries, batch, out_dirs, resume, strategy)
-    with contextlib.ExitStack() as locks:  # one process per campaign folder (see mlflow_di.folder_lock)
-        for folder in out_dirs or ():
-            locks.enter_context(FolderLock(folder, "the campaign folder"))
-        settings = dict(strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
-                        max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
-                        seeds_sha256=seed_fingerprint(seeds, progress), image_shape=tuple(seeds.image_shape),
-                        original=model_name(original, "original"))
-        lanes = [_lane(model, CampaignConfig(**settings, compressed=model_name(model, "compressed")),
-                       out_dirs[number] if out_dirs is not None else None, resume)
-                 for number, model in enumerate(compressed)]
+    settings = dict(strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
+                    max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
+                    image_shape=tuple(seeds.image_shape), original=model_name(original, "original"),
+                    seeds_sha256=seed_fingerprint(seeds, progress))
+    configs = [CampaignConfig(**settings, compressed=model_name(model, "compressed")) for model in compressed]
+    with contextlib.ExitStack() as stack:  # one session (folder, lock, resume) per export
+        sessions = [stack.enter_context(CampaignSession(config, out_dirs[number] if out_dirs is not None else None,
+                                                        resume)) for number, config in enumerate(configs)]
+        lanes = [Lane(model, session.config, session.store, session.done) for model, session in zip(compressed, sessions)]
         _check_seeds(original, lanes, seeds, progress=progress)
-        for lane in lanes:
-            if lane.store is not None and not resume:
-                lane.store.create(lane.config)
+        for session in sessions:
+            session.start()
         if overlap is None:
             overlap = overlaps_by_default(original, compressed, executor)
         runner = Lockstep(original, lanes, seeds, strategy, batch, overlap)
         try:
             runner.run(progress, executor)
         finally:
-            for lane in lanes:
-                if lane.store is not None:
-                    lane.store.close()
+            for session in sessions:
+                session.close()
         results = []
-        for lane in lanes:
-            records = sorted({**lane.done, **lane.records}.values(), key=lambda r: r.index)
-            result = assemble_result(lane.config, records, lane.store, complete=len(records) == len(seeds),
-                                     images=lane.images)
-            result.run_stats = lane.stats
+        for lane, session in zip(lanes, sessions):
+            result = session.result(lane.records, lane.images, lane.stats)
             result.run_stats.shared_original_inputs = runner.shared_original_inputs
-            if lane.store is not None:
-                lane.store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices)
+            session.save(result)
             results.append(result)
         return results
-
-
-def _lane(model, config: CampaignConfig, out_dir, resume: bool) -> Lane:
-    """One export's lane: its campaign folder (None: nothing written) and, on resume, the seeds it finished."""
-    store = CampaignStore(out_dir) if out_dir is not None else None
-    done: dict[int, SeedRecord] = {}
-    if store is not None and resume:
-        store.check_resumable(config)
-        done = store.read_records(finished_only=True)
-    return Lane(model, config, store, done)
 
 
 def _check_seeds(original, lanes: list["Lane"], seeds: ImageSet, progress: bool = False) -> None:

@@ -61,7 +61,7 @@ starts, is not counted); ``iterations`` times the climbs and ``max_queries`` (th
 it, and the stop is then ``max_queries``.
 
 The search runs seeds in lockstep (``batch`` at a time, one batched forward/backward per model
-and iteration), writes each finished seed to a :class:`~mlflow_di.fuzz.store.CampaignStore`
+and iteration), writes each finished seed through a :class:`~mlflow_di.fuzz.session.CampaignSession`
 (crash-safe, resumable) and returns the same :class:`~mlflow_di.fuzz.results.CampaignResult` as
 :func:`~mlflow_di.fuzz.campaign.run_campaign`, with ``neuron_coverage``: NC (threshold t) of every
 model over the seeds and the triggers, as the reference counts coverage. A seed's records do not
@@ -82,7 +82,7 @@ from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
-from mlflow_di.fuzz.store import CampaignStore, assemble_result
+from mlflow_di.fuzz.session import CampaignSession
 from mlflow_di.progress import BudgetProgress, budget_share, progress_bar as tqdm
 
 CONSTRAINTS = ("lighting", "occlusion", "blackout")
@@ -331,29 +331,19 @@ def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = 
         refuse_raw_resize(model, seeds, "DeepXplore")
     config = campaign_config(strategy, seeds, timeout, max_queries, seed, models[0].name,
                              ",".join(model.name for model in models[1:]), progress)
-    store = CampaignStore(out_dir) if out_dir is not None else None
-    done: dict[int, SeedRecord] = {}
-    if store is not None and resume:
-        store.check_resumable(config)
-        done = store.read_records(finished_only=True)
-    runner = _Runner(models, seeds, strategy, config, store, done, batch)
-    runner.check_seeds(progress)
-    if store is not None and not resume:
-        store.create(config)
-    try:
-        runner.run(progress)
-    finally:
-        if store is not None:
-            store.close()
-    records = sorted({**done, **runner.records}.values(), key=lambda r: r.index)
-    result = assemble_result(config, records, store, complete=len(records) == len(seeds), images=runner.images)
-    result.run_stats = runner.stats
-    batches = [seeds.images[start:start + SEED_BATCH] for start in range(0, len(seeds), SEED_BATCH)]
-    batches += [result.triggers[start:start + SEED_BATCH] for start in range(0, len(result.triggers), SEED_BATCH)]
-    result.neuron_coverage = coverage_by_role(models, neuron_coverage(models, batches, strategy.threshold))
-    if store is not None:
-        store.finish(result.summary, result.triggers, result.trigger_seeds, result.trigger_indices,
-                     neuron_coverage=result.neuron_coverage)
+    with CampaignSession(config, out_dir, resume) as session:
+        runner = _Runner(models, seeds, strategy, config, session, batch)
+        runner.check_seeds(progress)
+        session.start()
+        try:
+            runner.run(progress)
+        finally:
+            session.close()
+        result = session.result(runner.records, runner.images, runner.stats)
+        batches = [seeds.images[start:start + SEED_BATCH] for start in range(0, len(seeds), SEED_BATCH)]
+        batches += [result.triggers[start:start + SEED_BATCH] for start in range(0, len(result.triggers), SEED_BATCH)]
+        result.neuron_coverage = coverage_by_role(models, neuron_coverage(models, batches, strategy.threshold))
+        session.save(result)
     return result
 
 
@@ -373,9 +363,10 @@ def coverage_by_role(models: list, counts: list[tuple[int, int]]) -> dict[str, f
 class _Runner:
     """The lockstep loop: ``batch`` seeds at a time, one batched forward/backward per model and iteration."""
 
-    def __init__(self, models, seeds: ImageSet, strategy: DeepXplore, config: CampaignConfig, store, done, batch):
+    def __init__(self, models, seeds: ImageSet, strategy: DeepXplore, config: CampaignConfig,
+                 session: CampaignSession, batch: int):
         self.models, self.seeds, self.strategy, self.config = models, seeds, strategy, config
-        self.store, self.done, self.batch = store, done, batch
+        self.session, self.done, self.batch = session, session.done, batch
         self.classifiers = [model.classifier() for model in models]
         self.gradient_models = [float64_copy(model) for model in models]
         self.layers = [neuron_layers(model) for model in models]
@@ -570,8 +561,7 @@ class _Runner:
             seed_image = np.asarray(self.seeds.images[record.index])
         if trigger is not None:
             self.images[record.index] = (trigger, seed_image)
-        if self.store is not None:
-            self.store.append(record, trigger, seed_image)
+        self.session.append(record, trigger, seed_image)
         self._bar.finish(budget_share(record.queries, record.seconds, self.budget, self.config.timeout),
                          trigger is not None)
 
