@@ -33,7 +33,7 @@ from sklearn.metrics import silhouette_score  # noqa: E402
 
 from mlflow_di.data import load_images  # noqa: E402
 from mlflow_di.coverage.idc import ImportanceDrivenCoverage  # noqa: E402
-from mlflow_di.coverage.quantize import kmeans_1d, silhouette_1d  # noqa: E402
+from mlflow_di.coverage.clustering import kmeans_1d, silhouette_1d  # noqa: E402
 
 BEGIN, END = "<!-- bench_idc -->", "<!-- /bench_idc -->"
 PAPER_IDC_LENET5 = {6: 47.0, 8: 28.0, 10: 9.5}  # % (ICSE 2020, MNIST, penultimate layer, U_O)

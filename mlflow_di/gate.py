@@ -2,7 +2,7 @@
 
 Pure logic, no MLflow: :mod:`mlflow_di.mlflow_edge.recorded` finds the measurements in the tracking
 store and :mod:`mlflow_di.commands.gate` prints, tags and promotes. Each check is one record
-(:class:`Criterion` in :data:`CRITERIA`, :class:`Relation` in :data:`RELATIONS`): the metric, the
+(:class:`CheckDeclaration` in :data:`CHECKS`, :class:`Relation` in :data:`RELATIONS`): the metric, the
 command whose runs record it, the threshold's name, range and help. The command's options, a
 policy's ``gate.thresholds`` and the reports are built from the records; :func:`register_check`
 adds one (``gate --threshold NAME=VALUE`` sets it).
@@ -76,7 +76,7 @@ def _in_range(kind: str, value: float) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class Criterion:
+class CheckDeclaration:
     """One gate check's record: the run metric it reads and which command's runs record it, whether
     it is read per compressed model, which way is better, its threshold (``--THRESHOLD-NAME`` on the
     command line, ``gate.thresholds.THRESHOLD_NAME`` in a policy) with the range it may take, and the
@@ -103,57 +103,57 @@ class Criterion:
         return "--" + self.threshold_name.replace("_", "-")
 
 
-CRITERIA: list[Criterion] = [
-    Criterion("idc", "coverage", "min_idc", greater_is_better=True, per_compressed=False,
+CHECKS: list[CheckDeclaration] = [
+    CheckDeclaration("idc", "coverage", "min_idc", greater_is_better=True, per_compressed=False,
               help="Fail if IDC (0..1) of the newest coverage run is lower."),
-    Criterion("success_rate", "fuzz", "max_success_rate", greater_is_better=False, per_compressed=True,
+    CheckDeclaration("success_rate", "fuzz", "max_success_rate", greater_is_better=False, per_compressed=True,
               help="Fail if the fuzzing success rate (0..1) against a compressed model is higher."),
-    Criterion("mean_queries", "fuzz", "min_mean_queries", greater_is_better=True, per_compressed=True,
+    CheckDeclaration("mean_queries", "fuzz", "min_mean_queries", greater_is_better=True, per_compressed=True,
               range="nonnegative", help="Fail if fuzzing needed fewer queries per deviating input on average."),
-    Criterion("accuracy_drop", "compress", "max_accuracy_drop", greater_is_better=False, per_compressed=True,
+    CheckDeclaration("accuracy_drop", "compress", "max_accuracy_drop", greater_is_better=False, per_compressed=True,
               help="Fail if compression lost more accuracy (source - compressed, 0..1)."),
-    Criterion("max_class_accuracy_drop", "compress", "max_class_accuracy_drop", greater_is_better=False,
+    CheckDeclaration("max_class_accuracy_drop", "compress", "max_class_accuracy_drop", greater_is_better=False,
               per_compressed=True,
               help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1)."),
-    Criterion("robustness_agreement_min", "robustness", "min_robustness_agreement", greater_is_better=True,
+    CheckDeclaration("robustness_agreement_min", "robustness", "min_robustness_agreement", greater_is_better=True,
               per_compressed=True,
               help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
                    "in the worst corruption and severity of the newest robustness run."),
-    Criterion("disagreement_rate", "compress", "max_disagreement_rate", greater_is_better=False, per_compressed=True,
+    CheckDeclaration("disagreement_rate", "compress", "max_disagreement_rate", greater_is_better=False, per_compressed=True,
               help="Fail if a compressed model's top-1 label differs from the original's on more of the evaluation "
                    "data (0..1) than this, as its compress run measured (accuracy can stay flat while answers flip)."),
     #: the share of fuzzed seeds that gave a trigger within the realism budget (fuzz's realism_* bounds)
-    Criterion("realistic_success_rate", "fuzz", "max_realistic_success_rate", greater_is_better=False,
+    CheckDeclaration("realistic_success_rate", "fuzz", "max_realistic_success_rate", greater_is_better=False,
               per_compressed=True,
               help="Fail if more of the fuzzed seeds (0..1) gave a trigger within the realism budget (SSIM >= 0.9 "
                    "to the seed where measurable, paper's and whole-image, L-inf <= 32 levels, or the campaign's own "
                    "--min-ssim/--max-linf): "
                    "deviations a person would call the same image."),
     #: the export's latency against its fp32 source's on the compress run's host (above 1: faster)
-    Criterion("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True, range="positive",
+    CheckDeclaration("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True, range="positive",
               hint=" (e.g. 1: no slower than the source)",
               help="Fail if an export runs measurably slower than this multiple of its fp32 source's speed (source "
                    "latency / export latency at batch 64, timed in pairs by its compress run: fails only when the "
                    "whole 95% interval is below); 1: never slower."),
 ]
-CRITERION = {c.metric: c for c in CRITERIA}
+CHECK_BY_METRIC = {c.metric: c for c in CHECKS}
 
 
-def register_check(criterion: Criterion) -> Criterion:
+def register_check(criterion: CheckDeclaration) -> CheckDeclaration:
     """Add a gate check: ``Thresholds``, ``gate --threshold NAME=VALUE``, a policy's ``gate.thresholds``
     and the reports know it from now on; the recorded runs of its ``command`` give its values
     (:mod:`mlflow_di.mlflow_edge.recorded`)."""
     if criterion.range not in RANGES:
         raise UserError(f"a check's range is one of {', '.join(RANGES)}, got {criterion.range!r}")
-    CRITERIA[:] = [c for c in CRITERIA if c.metric != criterion.metric] + [criterion]
-    CRITERION[criterion.metric] = criterion
+    CHECKS[:] = [c for c in CHECKS if c.metric != criterion.metric] + [criterion]
+    CHECK_BY_METRIC[criterion.metric] = criterion
     return criterion
 
 
 def unregister_check(metric: str) -> None:
     """Forget a registered check (tests add toy ones)."""
-    CRITERIA[:] = [c for c in CRITERIA if c.metric != metric]
-    CRITERION.pop(metric, None)
+    CHECKS[:] = [c for c in CHECKS if c.metric != metric]
+    CHECK_BY_METRIC.pop(metric, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,14 +211,14 @@ _ALWAYS_WRITTEN = ("min_idc", "max_success_rate", "min_mean_queries", "max_accur
 
 
 def threshold_records() -> dict:
-    """{threshold name: its Criterion or Relation}, every check's and relation's."""
-    return {**{c.threshold_name: c for c in CRITERIA}, **{r.threshold_name: r for r in RELATIONS}}
+    """{threshold name: its CheckDeclaration or Relation}, every check's and relation's."""
+    return {**{c.threshold_name: c for c in CHECKS}, **{r.threshold_name: r for r in RELATIONS}}
 
 
 @dataclasses.dataclass(init=False)
 class Thresholds(JsonRoundTrip):
     """The limits a model version must meet, by threshold name (``min_idc=0.5``); None = not checked.
-    Names and ranges come from the check records (:data:`CRITERIA`, :data:`RELATIONS`)."""
+    Names and ranges come from the check records (:data:`CHECKS`, :data:`RELATIONS`)."""
 
     values: dict
 
@@ -257,13 +257,13 @@ class Thresholds(JsonRoundTrip):
         """Raise a UserError when no threshold is set (a gate that checks nothing must not pass)."""
         if not self.given() and not self.relative():
             raise UserError("no threshold given; pass at least one of "
-                            + ", ".join(c.option for c in CRITERIA)
+                            + ", ".join(c.option for c in CHECKS)
                             + " (or, with --baseline, " + ", ".join(r.option for r in RELATIONS) + ")")
         return self
 
-    def given(self) -> list[tuple[Criterion, float]]:
-        """The criteria with a threshold, in the order of :data:`CRITERIA`."""
-        return [(c, self.values[c.threshold_name]) for c in CRITERIA if c.threshold_name in self.values]
+    def given(self) -> list[tuple[CheckDeclaration, float]]:
+        """The criteria with a threshold, in the order of :data:`CHECKS`."""
+        return [(c, self.values[c.threshold_name]) for c in CHECKS if c.threshold_name in self.values]
 
     def require_baseline(self, given: bool) -> "Thresholds":
         """Raise a UserError unless relative thresholds and a baseline come together."""
@@ -482,7 +482,7 @@ class Verdict(JsonRoundTrip):
         values = [m.value for m in self.measurements if m.metric == metric and m.found]
         if not values:
             return None
-        return min(values) if CRITERION[metric].greater_is_better else max(values)
+        return min(values) if CHECK_BY_METRIC[metric].greater_is_better else max(values)
 
     def worst_change(self, relation: str) -> Check | None:
         """The relative check of ``relation`` (e.g. ``idc_drop``) with the least favourable change, None if none."""
@@ -554,19 +554,19 @@ def decide(model_uri: str, thresholds: Thresholds, measurements: list[Measuremen
         checks.extend(_check(criterion, threshold, m) for m in _relevant(criterion, measurements, model_uri))
     for relation, threshold in thresholds.relative():
         checks.extend(_relative_check(relation, threshold, m, baseline)
-                      for m in _relevant(CRITERION[relation.metric], measurements, model_uri))
+                      for m in _relevant(CHECK_BY_METRIC[relation.metric], measurements, model_uri))
     if baseline is None:
         return Verdict(model_uri, thresholds, checks, list(measurements))
     return Verdict(model_uri, thresholds, checks, list(measurements), baseline.uri, list(baseline.measurements))
 
 
-def _relevant(criterion: Criterion, measurements: list[Measurement], model_uri: str) -> list[Measurement]:
+def _relevant(criterion: CheckDeclaration, measurements: list[Measurement], model_uri: str) -> list[Measurement]:
     """The measurements of ``criterion``, or one missing measurement saying what to run."""
     relevant = [m for m in measurements if m.metric == criterion.metric]
     return relevant or [Measurement(criterion.metric, None, missing=missing_message(criterion, model_uri))]
 
 
-def _check(criterion: Criterion, threshold: float, measurement: Measurement) -> Check:
+def _check(criterion: CheckDeclaration, threshold: float, measurement: Measurement) -> Check:
     value = measurement.value
     if measurement.found:
         # a figure with a spread fails only when its whole interval is beyond the threshold
@@ -601,7 +601,7 @@ def _relative_check(relation: Relation, threshold: float, measurement: Measureme
         check.baseline, check.baseline_model, check.baseline_run_id = (counterpart.value, counterpart.compressed
                                                                        or baseline.uri, counterpart.run_id)
     if not measurement.found:
-        check.message = measurement.missing or missing_message(CRITERION[relation.metric], "the model")
+        check.message = measurement.missing or missing_message(CHECK_BY_METRIC[relation.metric], "the model")
     elif measurement.bound:
         check.measured, check.message = None, f"only a {measurement.bound} bound, not compared: {measurement.note}"
     elif problem:
@@ -616,7 +616,7 @@ def pair(measurement: Measurement, baseline: Baseline) -> tuple[Measurement | No
     """The baseline's measurement to compare ``measurement`` with, and what is wrong when there is none
     with a value: the same metric, of the export made by the same method (any export when the
     baseline is itself one); of several, the newest registered version."""
-    criterion = CRITERION[measurement.metric]
+    criterion = CHECK_BY_METRIC[measurement.metric]
     same = [m for m in baseline.measurements if m.metric == measurement.metric]
     if measurement.compressed is not None and not baseline.is_export:
         if measurement.method is None:
@@ -639,7 +639,7 @@ def _version_number(uri: str | None) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def missing_message(criterion: Criterion, model_uri: str, compressed: str | None = None) -> str:
+def missing_message(criterion: CheckDeclaration, model_uri: str, compressed: str | None = None) -> str:
     """What to run to record ``criterion`` for ``model_uri`` (and ``compressed``)."""
     if criterion.command == "coverage":
         return (f"no coverage run recorded for {model_uri}; "

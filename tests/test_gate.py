@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CRITERION, Measurement, Thresholds, Verdict, decide
+from mlflow_di.gate import CHECK_BY_METRIC, Measurement, Thresholds, Verdict, decide
 
 from mlflow_server import PASSING, record_history, record_run, register_version, run_gate
 
@@ -83,7 +83,7 @@ def test_checks_agree_with_mlflow_metric_threshold():
     import mlflow
 
     values = [0.0, 0.25, 0.5, 0.5000001, 0.75, 1.0]
-    for (metric, criterion), threshold, value in itertools.product(CRITERION.items(), values, values):
+    for (metric, criterion), threshold, value in itertools.product(CHECK_BY_METRIC.items(), values, values):
         if criterion.threshold_name == "min_speedup" and threshold == 0:
             continue  # a speedup threshold must be above 0
         check = decide(URI, Thresholds(**{criterion.threshold_name: threshold}),
@@ -502,10 +502,10 @@ def test_a_gate_check_is_one_record(registered_cnn, capsys):
     """A toy check, NC of the newest coverage run, registered as one record: the gate reads it from the
     coverage runs, `--threshold` sets it, and it passes, fails and is shown like the built-in ones."""
     from mlflow_di.cli import main
-    from mlflow_di.gate import Criterion, register_check, unregister_check
+    from mlflow_di.gate import CheckDeclaration, register_check, unregister_check
     from mlflow_di.policy import _thresholds
 
-    register_check(Criterion("nc", "coverage", "min_nc", greater_is_better=True, per_compressed=False,
+    register_check(CheckDeclaration("nc", "coverage", "min_nc", greater_is_better=True, per_compressed=False,
                              help="Fail if NC of the newest coverage run is lower."))
     try:
         assert main(["coverage", "--model-uri", registered_cnn, "--train-data", "digits[0:200]",

@@ -4,7 +4,7 @@ The repository DeepImportance/deepimportance_code_release kept, in its history (
 91cb0a2, "Add experiment files"), the relevance sums of its LRP (``experiments/*_totalR_<class>_relevances.h5``)
 and the per-class centroids of its Table 3 runs (``experiments/<model>_<class>_<layer>_<m>_silhouette_quantization.h5``).
 This script compares them with :mod:`benchmarks.reproduce.reference_lrp` and the reference
-clustering (:func:`mlflow_di.coverage.quantize.choose_clusters` with ``reference_quirks``) on the
+clustering (:func:`mlflow_di.coverage.clustering.choose_clusters` with ``reference_quirks``) on the
 same models and the MNIST training split, and writes a section of REPRODUCTION.md:
 
     python -m benchmarks.reproduce.check_reference --repo PATH_TO_A_CLONE [--shared ../shared] [--write]

@@ -29,7 +29,7 @@ import torch
 from mlflow_di.coverage.activations import PreprocessedImages, collect_activations, default_layer
 from mlflow_di.coverage.idc import ImportanceDrivenCoverage
 from mlflow_di.coverage.per_class import PerClassCoverage
-from mlflow_di.coverage.quantize import choose_clusters, nearest_centroid
+from mlflow_di.coverage.clustering import choose_clusters, nearest_centroid
 
 from benchmarks.reproduce.config import Config
 from benchmarks.reproduce.idc_rq2 import noisy_sets

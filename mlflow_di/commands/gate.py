@@ -23,11 +23,11 @@ from mlflow_di.commands.options import (AliasName, FiniteFloat, Fraction, NamedN
 def threshold_options(relative: bool):
     """One option per gate check's threshold (``relative``: the relations to a baseline), built from the
     check records of :mod:`mlflow_di.gate`: name, range and help."""
-    from mlflow_di.gate import CRITERIA, RELATIONS
+    from mlflow_di.gate import CHECKS, RELATIONS
 
     types = {"fraction": Fraction, "positive": lambda: FiniteFloat(0, min_open=True), "nonnegative": lambda: FiniteFloat(0)}
     return stacked([click.option(record.option, type=types[record.range](), default=None, help=record.help)
-                    for record in (RELATIONS if relative else CRITERIA)])
+                    for record in (RELATIONS if relative else CHECKS)])
 
 
 @click.command("gate")
@@ -215,7 +215,7 @@ def _write_ci_reports(verdict, checked_at: str, run_id: str, junit_xml: str | No
 
 
 def _log_verdict(log, verdict, compressed, promote_alias: str | None, notes: tuple[str, ...]) -> tuple[dict, str]:
-    from mlflow_di.gate import CRITERION, RELATION
+    from mlflow_di.gate import CHECK_BY_METRIC, RELATION
 
     params = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
     params["compressed"] = ",".join(compressed) or "all recorded"
@@ -225,7 +225,7 @@ def _log_verdict(log, verdict, compressed, promote_alias: str | None, notes: tup
         params["promote_alias"] = promote_alias
     log.params(params)
     metrics = {"passed": float(verdict.passed), "checks": len(verdict.checks), "failed_checks": len(verdict.failures)}
-    for metric in CRITERION:
+    for metric in CHECK_BY_METRIC:
         value = verdict.worst(metric)
         if value is not None and value != float("inf"):
             metrics[metric] = value

@@ -36,7 +36,7 @@ from mlflow_di.coverage.activations import (
 )
 from mlflow_di.coverage.base import check_fitted, images_of, parse_saved, stamped
 from mlflow_di.coverage.partials import exact_column_sums
-from mlflow_di.coverage.quantize import check_candidates, choose_clusters, nearest_centroid
+from mlflow_di.coverage.clustering import check_candidates, choose_clusters, nearest_centroid
 from mlflow_di.coverage.relevance import RULES, LayerRelevance, layer_relevance
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError

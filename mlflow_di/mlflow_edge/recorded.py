@@ -29,7 +29,7 @@ import json
 import math
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CRITERIA, CRITERION, PINNED, RULE, Baseline, Evidence, Measurement, missing_message
+from mlflow_di.gate import CHECKS, CHECK_BY_METRIC, PINNED, RULE, Baseline, Evidence, Measurement, missing_message
 from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, previous_version, registry_ref,
                                             resolve_if_set, resolve_version, version_model_id, version_uri)
 
@@ -254,7 +254,7 @@ def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None
     coverage run that logged it."""
     found = []
     rule = PINNED if _pinned.get() is not None else "the newest coverage run of the version"
-    for criterion in (c for c in CRITERIA if c.command == "coverage"):
+    for criterion in (c for c in CHECKS if c.command == "coverage"):
         runs = recorded_runs("coverage", subject_tags, criterion.metric, client, model_id)
         if not runs:
             found.append(Measurement(criterion.metric, None, missing=missing_message(criterion, subject_uri)))
@@ -391,7 +391,7 @@ def _incomplete_note(metrics: dict, run_id: str) -> str:
 def _success_measurements(subject_uri: str, target: _CompressedTarget, run, any_recorded: bool,
                           rule: str) -> list[Measurement]:
     if run is None:
-        message = missing_message(CRITERION["success_rate"], subject_uri, target.key)
+        message = missing_message(CHECK_BY_METRIC["success_rate"], subject_uri, target.key)
         if any_recorded:
             message += (" (only campaigns held to --max-linf/--min-ssim were recorded; these checks read "
                         "unconstrained ones)")
@@ -485,7 +485,7 @@ def _producing_run(target: _CompressedTarget, client):
 
 def compress_metrics() -> list[str]:
     """The checks read from the compress run that made an export (their records' ``command``)."""
-    return [c.metric for c in CRITERIA if c.command == "compress"]
+    return [c.metric for c in CHECKS if c.command == "compress"]
 #: the compress metrics that depend on which answers are judged (compress logs ``reference.NAME`` beside them)
 SEMANTIC_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_rate")
 REFERENCE_SUFFIX = " (reference semantics)"
@@ -525,7 +525,7 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     """accuracy_drop, max_class_accuracy_drop, disagreement_rate and speedup from the compress (or repair)
     run that produced the compressed version; ``semantics`` (host, reference or both) picks which answers
     the first three are read for (reference ones name the export with :data:`REFERENCE_SUFFIX`)."""
-    missing = missing_message(CRITERION["accuracy_drop"], subject_uri, target.key)
+    missing = missing_message(CHECK_BY_METRIC["accuracy_drop"], subject_uri, target.key)
     run = _producing_run(target, client)
     if run is None:
         return [Measurement(metric, None, target.key, missing=missing) for metric in compress_metrics()]
@@ -619,7 +619,7 @@ def _semantics_note(metrics: dict, tags: dict) -> str:
 
 
 #: The run metric the gate's robustness criterion reads (``.SLUG`` per compressed model).
-ROBUSTNESS_METRIC = CRITERION["robustness_agreement_min"].metric
+ROBUSTNESS_METRIC = CHECK_BY_METRIC["robustness_agreement_min"].metric
 
 
 def _robustness_slugs(run) -> dict:
@@ -642,7 +642,7 @@ def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Meas
             return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id, data=data, evidence=Evidence(
                 run.info.run_id, "robustness", "corrupted", data, context=context_line(run.data.tags), rule=rule))
     return Measurement(ROBUSTNESS_METRIC, None, target.key,
-                       missing=missing_message(CRITERION[ROBUSTNESS_METRIC], subject_uri, target.key))
+                       missing=missing_message(CHECK_BY_METRIC[ROBUSTNESS_METRIC], subject_uri, target.key))
 
 
 def latest_run(option: str, command: str, metric: str, tags: dict, about: str) -> str:

@@ -7,7 +7,7 @@
     repaired = softmax(logits)
 
 With ``w2 = 0, b2 = 0`` the head is the identity (its argmax is the model's own), so it starts from
-"change nothing" and learns only corrections. It is trained by :mod:`mlflow_di.repair.head`
+"change nothing" and learns only corrections. It is trained by :mod:`mlflow_di.repair.training`
 and turned into ONNX nodes by :mod:`mlflow_di.repair.onnx_graph`; its forward pass lives here,
 in NumPy, so that loading a repaired model (:mod:`mlflow_di.models.loading`) needs no engine.
 

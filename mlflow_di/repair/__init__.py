@@ -9,7 +9,7 @@ an ONNX export, so the repaired model stays one ONNX file). Nothing here knows M
 from mlflow_di.repair.dataset import RepairImages, RepairSet, collect_images, label_images
 from mlflow_di.repair.drepair import RepairResult, repair, training_set
 from mlflow_di.repair.evaluate import CleanAccuracy, CrossValidation, RepairCounts, cross_validate, seed_folds
-from mlflow_di.repair.head import HeadSettings, train_head
+from mlflow_di.repair.training import HeadSettings, train_head
 
 __all__ = ["RepairImages", "RepairSet", "collect_images", "label_images", "RepairResult", "repair", "training_set",
            "CleanAccuracy", "CrossValidation", "RepairCounts", "cross_validate", "seed_folds", "HeadSettings", "train_head"]

@@ -7,7 +7,7 @@ from mlflow_di.errors import UserError
 from mlflow_di.models.head import ProbabilityHead
 from mlflow_di.repair.dataset import RepairSet, collect_images, label_images
 from mlflow_di.repair.evaluate import CleanAccuracy, CrossValidation, clean_accuracy, cross_validate
-from mlflow_di.repair.head import HeadSettings, train_head
+from mlflow_di.repair.training import HeadSettings, train_head
 from mlflow_di.results_json import JsonRoundTrip
 
 

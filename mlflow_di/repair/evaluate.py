@@ -20,7 +20,7 @@ import numpy as np
 from mlflow_di.errors import UserError
 from mlflow_di.models.head import ProbabilityHead
 from mlflow_di.repair.dataset import KINDS, RepairSet
-from mlflow_di.repair.head import HeadSettings, train_head
+from mlflow_di.repair.training import HeadSettings, train_head
 from mlflow_di.results_json import JsonRoundTrip
 
 

@@ -6,7 +6,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_score
 
 from mlflow_di.errors import UserError
-from mlflow_di.coverage.quantize import (
+from mlflow_di.coverage.clustering import (
     SINGLE_CLUSTER_SILHOUETTE,
     choose_clusters,
     kmeans_1d,
