@@ -115,7 +115,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     resolved = resolve(ref)
     source = load_torch_model(resolved, preprocessing)
     graph = str(resolved.path) if resolved.format.graph else None
-    keep_float = _kept_float(source, keep_float, auto_keep_float)
+    keep_float = _kept_float(source, methods, keep_float, auto_keep_float)
     from mlflow_di.compression.recipes import recipe as int8_recipe
 
     selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds,
@@ -165,20 +165,35 @@ def _registered(outcomes: list) -> list[str]:
 def _check_options(methods, calib_data, register_as, keep_float, auto_keep_float, triggers, sensitivity,
                    diagnosis_images) -> None:
     """One-line UserErrors for options that do not go together."""
+    from mlflow_di.compression.methods import method_declaration
     from mlflow_di.errors import UserError
 
-    if "int8-static" in methods and not calib_data:
-        raise UserError("int8-static needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
+    calibrated = [method for method in methods if method_declaration(method).needs_calibration]
+    if calibrated and not calib_data:
+        raise UserError(f"{calibrated[0]} needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
     if register_as and len(methods) > 1:
         raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
-    if (keep_float or auto_keep_float or triggers or sensitivity) and "int8-static" not in methods:
-        raise UserError("--keep-float, --auto-keep-float, --triggers and --sensitivity apply to int8-static only; "
-                        f"add it to --method (got {','.join(methods)})")
+    if (keep_float or auto_keep_float or triggers or sensitivity) and not _selective(methods):
+        raise UserError(f"--keep-float, --auto-keep-float, --triggers and --sensitivity apply to {_selective_names()} "
+                        f"only; add it to --method (got {','.join(methods)})")
     if auto_keep_float and not diagnosis_images:
         raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
 
 
-def _kept_float(source, keep_float, auto_keep_float):
+def _selective(methods) -> list[str]:
+    """The methods of ``methods`` that can keep layers in float (int8-static: --keep-float, bounds, diagnosis)."""
+    from mlflow_di.compression.methods import method_declaration
+
+    return [method for method in methods if method_declaration(method).selective]
+
+
+def _selective_names() -> str:
+    from mlflow_di.compression.methods import methods_that
+
+    return " or ".join(methods_that("selective"))
+
+
+def _kept_float(source, methods, keep_float, auto_keep_float):
     """--keep-float's layers (``all``: every prunable layer), checked against the model."""
     from mlflow_di.compression import check_keep_float
 
@@ -186,7 +201,7 @@ def _kept_float(source, keep_float, auto_keep_float):
         from mlflow_di.compression.prune import prunable_layers
 
         keep_float = [name for name, _ in prunable_layers(source.module)]
-    check_keep_float(source.module, "int8-static", keep_float or (), auto_keep_float)
+    check_keep_float(source.module, (_selective(methods) or methods)[0], keep_float or (), auto_keep_float)
     return keep_float
 
 
@@ -304,9 +319,9 @@ def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_suc
             raise UserError("--holdout-data verifies a bounded export; add --max-accuracy-drop, --max-disagreement-rate "
                             "or --max-realistic-success-rate")
         return None
-    if "int8-static" not in methods:
+    if not _selective(methods):
         raise UserError("--max-accuracy-drop, --max-disagreement-rate and --max-realistic-success-rate choose which "
-                        f"layers int8-static keeps in float; add int8-static to --method (got {','.join(methods)})")
+                        f"layers {_selective_names()} keeps in float; add it to --method (got {','.join(methods)})")
     if keep_float or auto_keep_float:
         raise UserError("a bounded export chooses the layers kept in float itself; drop --keep-float/--auto-keep-float")
     if not diagnosis_images:
@@ -350,6 +365,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     URI, ""), or (None, why) for a bounded export that misses a bound on its held-out data: such an export
     is never registered (its file and figures stay in the run's artifacts)."""
     import mlflow_di
+    from mlflow_di.compression.methods import method_declaration
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.reporting.compression_report import compression_report
@@ -358,8 +374,9 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
         tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags, **(evidence or {})}
         with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:
-            log.inputs((dataset, context) for context, dataset in (inputs or {}).items()  # calibration: int8-static
-                       if context != "calibration" or method == "int8-static")
+            calibrated = method_declaration(method).needs_calibration
+            log.inputs((dataset, context) for context, dataset in (inputs or {}).items()
+                       if context != "calibration" or calibrated)
             outcome = _export_keeping_search(log, source, method, calib, evaluation, amount, pathlib.Path(scratch),
                                              selection)
             result = outcome.result
@@ -368,11 +385,10 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
             outcome.context = compressed.execution_context
             log.tags(outcome.context.tags())
-            if method == "int8-static":
-                from mlflow_di.compression.recipes import RECIPES, portability_note
+            from mlflow_di.compression.recipes import RECIPES, portability_note
 
-                chosen = RECIPES.get(result.params.get("recipe"))
-                outcome.portability = portability_note(chosen, outcome.context.u8s8_saturates) if chosen else ""
+            chosen = RECIPES.get(result.params.get("recipe"))  # an int8 recipe: does it saturate on this CPU?
+            outcome.portability = portability_note(chosen, outcome.context.u8s8_saturates) if chosen else ""
             metrics, deviation = _export_metrics(source, original, compressed, evaluation, method, name, outcome,
                                                  selection, pathlib.Path(scratch), device)
             log.json(result.to_dict(), "compress/result.json")
@@ -418,10 +434,15 @@ def _miss_line(method: str, search, held_out_data: str, run_id: str) -> str:
 def _method_params(method: str, amount, calib, outcome: "Outcome", selection: "Selection") -> dict:
     """The run's params of one method: pruning's amount; int8-static's calibration, float layers,
     bounds and semantics."""
-    params = {"amount": amount} if method.startswith("prune") else {}
-    if method != "int8-static":
+    from mlflow_di.compression.methods import method_declaration
+
+    declared = method_declaration(method)
+    params = {"amount": amount} if declared.prunes else {}
+    if declared.needs_calibration:
+        params["calib_data"] = calib.name
+    if not declared.selective:
         return params
-    params.update(calib_data=calib.name, keep_float=",".join(outcome.kept_float),
+    params.update(keep_float=",".join(outcome.kept_float),
                   auto_keep_float=selection.auto_keep_float, diagnosis_images=selection.diagnosis_images)
     if selection.triggers:
         params["triggers"] = selection.triggers
@@ -439,11 +460,12 @@ def _export_metrics(source, original, compressed, evaluation, method: str, name:
     """(every metric of one export: deviation from the source, reference semantics for int8, size, what it
     buys, sparsity, the all-int8 export it was compared with, the bounded search; the deviation tables)."""
     from mlflow_di.compression.evaluation import compare_outputs, gzip_size, semantics_comparison
+    from mlflow_di.compression.methods import method_declaration
     from mlflow_di.models.classifier import OnnxClassifier
 
     result = outcome.result
     metrics, deviation = compare_outputs(original, compressed, evaluation)
-    if method.startswith("int8") and deviation is not None:
+    if method_declaration(method).integer and deviation is not None:
         reference, outcome.semantics_line = semantics_comparison(original, result.path, evaluation, deviation, device,
                                                                  outcome.context)
         metrics.update(reference)
@@ -477,11 +499,12 @@ HELD_OUT_FIGURES = ("source_accuracy", "compressed_accuracy", "accuracy_drop", "
 def _held_out_metrics(held_out: HeldOut, compressed, method: str, path, device) -> dict:
     """The export's deviation figures on the held-out data, host semantics and (int8) reference semantics."""
     from mlflow_di.compression.evaluation import compare_outputs
+    from mlflow_di.compression.methods import method_declaration
     from mlflow_di.models.classifier import OnnxClassifier
 
     figures, _ = compare_outputs(held_out.probabilities, compressed, held_out.images)
     metrics = {f"held_out.{key}": figures[key] for key in HELD_OUT_FIGURES if key in figures}
-    if method.startswith("int8"):
+    if method_declaration(method).integer:
         reference = OnnxClassifier(path, name="reference semantics", device=device, semantics="reference")
         figures, _ = compare_outputs(held_out.probabilities, reference, held_out.images)
         metrics.update({f"held_out.reference.{key}": figures[key] for key in HELD_OUT_FIGURES[2:6] if key in figures})
@@ -520,14 +543,14 @@ def _search_metrics(search) -> dict:
 def _export(source, method, calib, evaluation, amount, scratch, selection: Selection) -> Outcome:
     """Compress; for int8-static also diagnose layer by layer and, when asked, re-export with layers in float."""
     from mlflow_di.compression import compress
-    from mlflow_di.compression.methods import calibration_inputs
+    from mlflow_di.compression.methods import calibration_inputs, method_declaration
     from mlflow_di.compression.quant_debug import diagnose
 
     calib_images = calib.images if calib is not None else None
     result = compress(source.module, source.preprocessing, method, scratch / "all", calib_inputs=calib_images,
                       amount=amount, graph=selection.graph, recipe=selection.recipe)
     outcome = Outcome(result)
-    if method != "int8-static" or not selection.diagnosis_images:
+    if not method_declaration(method).selective or not selection.diagnosis_images:
         return outcome
     preprocessing = source.preprocessing
     if evaluation is not None:
@@ -660,11 +683,14 @@ def points_change(change: float) -> str:
 
 def size_notes(method: str, result, metrics: dict) -> list[str]:
     """Why a compressed file can be no smaller than its source, said where it happens."""
+    from mlflow_di.compression.methods import method_declaration
+
     notes = []
-    if method.startswith("prune"):
+    declared = method_declaration(method)
+    if declared.prunes:
         notes.append(f"gzipped {metrics['compressed_gzip_bytes'] / 1024:.1f} KiB: ONNX stores pruned weights dense, "
                      "so pruning saves space once the file is compressed (or with a sparse runtime), not on disk")
-    elif method.startswith("int8") and result.size_bytes >= result.source_size_bytes:
+    elif declared.integer and result.size_bytes >= result.source_size_bytes:
         notes.append("the int8 file is not smaller: in a model this small, the added Quantize/DequantizeLinear "
                      "nodes and their scales outweigh the 4x smaller weights")
     return notes

@@ -7,6 +7,11 @@
 ``prune-l1``           global unstructured L1 magnitude pruning of Conv/Linear weights, then export
 ``prune-structured``   L1 output-channel pruning (all but the logit layer), then export
 =====================  ==================================================================
+
+Each method is a :class:`MethodDeclaration`: what it needs and what it is (calibration data, integer
+kernels, a pruning amount, layers it can keep in float) and its ``export`` function. ``mlflow-di
+compress`` asks the declaration and names no method; :func:`register_method` adds one (a module and its
+declaration, no edit in ``commands/``).
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import pathlib
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
+from typing import Callable
 
 import numpy as np
 import torch
@@ -36,8 +43,91 @@ from mlflow_di.results_json import JsonRoundTrip
 from mlflow_di.data import LazyImages
 from mlflow_di.models.preprocessing import ModelInputs, Preprocessing
 
-METHODS = ("fp32", "int8-static", "int8-dynamic", "prune-l1", "prune-structured")
 PRUNE_L1_SCOPE = "global"
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodDeclaration:
+    """One compression method's contract.
+
+    ``export(job)`` does the work: ``job`` is a :class:`MethodJob` (the module, its preprocessing, the
+    output path, the calibration inputs, the pruning amount, the opset, the layers to keep in float, an
+    ONNX original's graph, an earlier fp32 export, the recipe); it returns the
+    :class:`CompressionResult` fields it determines (``params``, ``exporter``, and where they apply
+    ``sparsity``, ``quantized_ops``, ``float_path``). ``needs_calibration``: refused without calibration
+    data. ``integer``: runs integer kernels (its figures are also measured under reference semantics,
+    the QDQ graph as written, and its portability across CPUs is stated). ``prunes``: takes ``--amount``.
+    ``selective``: can keep layers in float (``--keep-float``, the layer-wise diagnosis, the bounded
+    search and its recipes).
+    """
+
+    name: str
+    summary: str
+    export: Callable[["MethodJob"], dict]
+    needs_calibration: bool = False
+    integer: bool = False
+    prunes: bool = False
+    selective: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodJob:
+    """What one method is asked to do (see :class:`MethodDeclaration`)."""
+
+    module: nn.Module
+    preprocessing: Preprocessing
+    method: str
+    path: pathlib.Path
+    calib: object = None
+    amount: float = 0.3
+    opset: int | None = None
+    keep_float: tuple = ()
+    graph: object = None
+    exported: OnnxExport | None = None
+    recipe: object = None
+
+
+_DECLARATIONS: dict[str, MethodDeclaration] = {}
+
+
+class _Methods(Mapping):
+    """{name: declaration} of every declared method, live: registering one adds its name to ``--method``."""
+
+    def __getitem__(self, name: str) -> MethodDeclaration:
+        return _DECLARATIONS[name]
+
+    def __iter__(self):
+        return iter(_DECLARATIONS)
+
+    def __len__(self) -> int:
+        return len(_DECLARATIONS)
+
+
+#: name -> :class:`MethodDeclaration` of every declared method (iterating gives the names)
+METHODS = _Methods()
+
+
+def register_method(declaration: MethodDeclaration) -> MethodDeclaration:
+    """Declare a compression method: ``compress``, ``mlflow-di compress --method NAME`` and policies know it."""
+    if not isinstance(declaration, MethodDeclaration):
+        raise UserError(f"register_method takes a MethodDeclaration, got {type(declaration).__name__}")
+    _DECLARATIONS[declaration.name] = declaration
+    return declaration
+
+
+def unregister_method(name: str) -> None:
+    """Forget a method declared with :func:`register_method` (tests)."""
+    _DECLARATIONS.pop(name, None)
+
+
+def method_declaration(method: str) -> MethodDeclaration:
+    """The declaration of ``method``; a UserError listing the known methods otherwise."""
+    return _DECLARATIONS[check_method(method)]
+
+
+def methods_that(what: str) -> list[str]:
+    """The declared methods with the flag ``what`` (``needs_calibration``, ``integer``, ``prunes``, ``selective``)."""
+    return [name for name, declared in _DECLARATIONS.items() if getattr(declared, what)]
 
 
 @dataclasses.dataclass
@@ -86,8 +176,9 @@ def check_keep_float(module: nn.Module, method: str, keep_float=(), auto_keep_fl
     method and the model, and leave at least one layer quantized."""
     if not keep_float and not auto_keep_float:
         return
-    if method != "int8-static":
-        raise UserError(f"--keep-float and --auto-keep-float apply to int8-static only, not {method}")
+    if not method_declaration(method).selective:
+        raise UserError(f"--keep-float and --auto-keep-float apply to {', '.join(methods_that('selective'))} only, "
+                        f"not {method}")
     if keep_float and auto_keep_float:
         raise UserError("pass either --keep-float LAYER,... or --auto-keep-float K, not both")
     layers = [name for name, _ in prunable_layers(module)]
@@ -140,20 +231,20 @@ def compress(
     (a search that quantizes one model many times exports it once). ``recipe`` (int8-static): a
     :class:`~mlflow_di.compression.recipes.Recipe` (None: the default, which does not saturate on any CPU).
     """
-    check_method(method)
-    if keep_float and method != "int8-static":
-        raise UserError(f"--keep-float applies to int8-static only, not {method}")
+    declared = method_declaration(method)
+    if keep_float and not declared.selective:
+        raise UserError(f"--keep-float applies to {', '.join(methods_that('selective'))} only, not {method}")
     if not isinstance(module, nn.Module):
         raise UserError(f"compression needs a PyTorch nn.Module, got {type(module).__name__}")
     calib = calibration_inputs(calib_inputs, preprocessing)
-    if method == "int8-static":
+    if declared.needs_calibration:
         require_calibration_inputs(calib)
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{method}.onnx"
     start = time.perf_counter()
-    fields = _run_method(module, preprocessing, method, path, calib, amount, opset, list(keep_float), graph, exported,
-                         recipe)
+    fields = declared.export(MethodJob(module, preprocessing, method, path, calib, amount, opset, tuple(keep_float),
+                                       graph, exported, recipe))
     seconds = time.perf_counter() - start
     set_metadata(path, compression_metadata(method, fields["params"]))
     return CompressionResult(
@@ -175,33 +266,38 @@ def float_export(module, preprocessing: Preprocessing, out, opset=None, graph=No
     return export_onnx(module, preprocessing, out, opset)
 
 
-def _run_method(module, preprocessing, method, path, calib, amount, opset, keep_float, graph=None,
-                exported=None, recipe=None) -> dict:
-    """Do the work of one method; returns the CompressionResult fields it determines."""
-    if method == "fp32":
-        export = float_export(module, preprocessing, path, opset, graph, exported)
-        return {"params": _export_params(export), "exporter": export.exporter}
-    if method in ("prune-l1", "prune-structured"):
-        return _pruned_export(module, preprocessing, method, path, amount, opset)
+def _fp32(job: MethodJob) -> dict:
+    export = float_export(job.module, job.preprocessing, job.path, job.opset, job.graph, job.exported)
+    return {"params": _export_params(export), "exporter": export.exporter}
+
+
+def _int8(job: MethodJob, quantize: Callable[[pathlib.Path, MethodJob], tuple[dict, dict]]) -> dict:
+    """An int8 method: the fp32 graph it starts from (an export, or an ONNX original's own graph), ``quantize``d
+    (-> its params and extra result fields), each Conv/Linear checked to be quantized unless kept in float."""
     with tempfile.TemporaryDirectory(prefix="mlflow-di-fp32-") as work:
         fp32_path = pathlib.Path(work) / "fp32.onnx"
-        export = float_export(module, preprocessing, fp32_path, opset, graph, exported)
-        extra = {}
-        if method == "int8-static":
-            float_path = path.with_name(f"{method}.float.onnx")
-            recipe = recipe or default_recipe()
-            quantize_int8_static(fp32_path, path, calib, recipe=recipe, float_out=float_path, keep_float=keep_float)
-            params = {"format": "QDQ", **recipe.params(), "calibration_samples": int(len(calib))}
-            if keep_float:  # both names: PyTorch modules, and the ONNX nodes ORT's nodes_to_exclude takes
-                params["kept_float"] = keep_float
-                params["nodes_to_exclude"] = excluded_nodes(float_path, keep_float)
-            extra["float_path"] = str(float_path)
-        else:
-            quantize_int8_dynamic(fp32_path, path, per_channel=True)
-            params = {"per_channel": True, "weights": "int8", "activations": "dynamic uint8"}
+        export = float_export(job.module, job.preprocessing, fp32_path, job.opset, job.graph, job.exported)
+        params, extra = quantize(fp32_path, job)
     params.update(_export_params(export))
     return {"params": params, "exporter": export.exporter, **extra,
-            "quantized_ops": assert_linear_layers_quantized(path, kept_float=keep_float)}
+            "quantized_ops": assert_linear_layers_quantized(job.path, kept_float=list(job.keep_float))}
+
+
+def _static(fp32_path: pathlib.Path, job: MethodJob) -> tuple[dict, dict]:
+    float_path = job.path.with_name(f"{job.method}.float.onnx")
+    recipe = job.recipe or default_recipe()
+    keep_float = list(job.keep_float)
+    quantize_int8_static(fp32_path, job.path, job.calib, recipe=recipe, float_out=float_path, keep_float=keep_float)
+    params = {"format": "QDQ", **recipe.params(), "calibration_samples": int(len(job.calib))}
+    if keep_float:  # both names: PyTorch modules, and the ONNX nodes ORT's nodes_to_exclude takes
+        params["kept_float"] = keep_float
+        params["nodes_to_exclude"] = excluded_nodes(float_path, keep_float)
+    return params, {"float_path": str(float_path)}
+
+
+def _dynamic(fp32_path: pathlib.Path, job: MethodJob) -> tuple[dict, dict]:
+    quantize_int8_dynamic(fp32_path, job.path, per_channel=True)
+    return {"per_channel": True, "weights": "int8", "activations": "dynamic uint8"}, {}
 
 
 def _original_graph(graph, preprocessing: Preprocessing, out, layer_names: dict | None = None) -> OnnxExport:
@@ -245,14 +341,34 @@ def _export_params(export) -> dict:
     return params
 
 
-def _pruned_export(module, preprocessing, method, path, amount, opset) -> dict:
-    if method == "prune-l1":
-        pruned = prune_l1(module, amount, scope=PRUNE_L1_SCOPE)
-        params = {"amount": float(amount), "scope": PRUNE_L1_SCOPE, "norm": "L1", "structure": "unstructured"}
-    else:
-        pruned = prune_structured(module, amount)
-        params = {"amount": float(amount), "norm": "L1", "structure": "output channels",
-                  "kept_layer": prunable_layers(module)[-1][0]}
-    export = export_onnx(pruned.module, preprocessing, path, opset)
+def _prune_l1(job: MethodJob) -> dict:
+    pruned = prune_l1(job.module, job.amount, scope=PRUNE_L1_SCOPE)
+    params = {"amount": float(job.amount), "scope": PRUNE_L1_SCOPE, "norm": "L1", "structure": "unstructured"}
+    return _pruned_export(job, pruned, params)
+
+
+def _prune_structured(job: MethodJob) -> dict:
+    pruned = prune_structured(job.module, job.amount)
+    params = {"amount": float(job.amount), "norm": "L1", "structure": "output channels",
+              "kept_layer": prunable_layers(job.module)[-1][0]}
+    return _pruned_export(job, pruned, params)
+
+
+def _pruned_export(job: MethodJob, pruned, params: dict) -> dict:
+    export = export_onnx(pruned.module, job.preprocessing, job.path, job.opset)
     params.update(_export_params(export))
     return {"params": params, "exporter": export.exporter, "sparsity": pruned.sparsity}
+
+
+for _declared in (
+    MethodDeclaration("fp32", "plain ONNX export (the reference the others are compared with)", _fp32),
+    MethodDeclaration("int8-static", "ONNX Runtime static QDQ 8-bit, calibrated activations (a recipe)",
+                      lambda job: _int8(job, _static), needs_calibration=True, integer=True, selective=True),
+    MethodDeclaration("int8-dynamic", "ONNX Runtime dynamic int8 (int8 weights, run-time activation ranges)",
+                      lambda job: _int8(job, _dynamic), integer=True),
+    MethodDeclaration("prune-l1", "global unstructured L1 magnitude pruning of Conv/Linear weights", _prune_l1,
+                      prunes=True),
+    MethodDeclaration("prune-structured", "L1 output-channel pruning (all but the logit layer)", _prune_structured,
+                      prunes=True),
+):
+    register_method(_declared)
