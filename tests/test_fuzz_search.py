@@ -6,6 +6,7 @@ import mlflow_di  # noqa: F401
 import numpy as np
 import pytest
 
+from mlflow_di.errors import UserError
 from mlflow_di.fuzz import DFlare, DiffChaser
 from mlflow_di.fuzz.dflare import DFlareSearch
 from mlflow_di.fuzz.diffchaser import PixelNoise
@@ -109,7 +110,7 @@ def test_reference_acceptance_judges_an_unchanged_image_by_the_models():
 
 
 def test_unknown_acceptance_is_refused():
-    with pytest.raises(ValueError, match="acceptance"):
+    with pytest.raises(UserError, match="acceptance"):
         DFlare(acceptance="greedy")
 
 

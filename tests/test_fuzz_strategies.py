@@ -10,6 +10,7 @@ import mlflow_di  # noqa: F401
 import numpy as np
 import pytest
 
+from mlflow_di.errors import UserError
 from mlflow_di.fuzz import DFlare, run_campaign
 from mlflow_di.fuzz.device_mutations import with_operators_on
 from mlflow_di.fuzz import dflare as dflare_module
@@ -59,7 +60,7 @@ def test_registry_names_and_what_they_are():
 
 def test_bad_settings_are_refused():
     for bad in (dict(fitness="loss"), dict(restart=-1), dict(escalate=-2)):
-        with pytest.raises(ValueError):
+        with pytest.raises(UserError):
             DFlare(**bad)
 
 

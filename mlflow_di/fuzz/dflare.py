@@ -68,6 +68,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mlflow_di.errors import UserError
 from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
                                     LIST_SCORING_MAX_CLASSES, NoveltyMemory, dflare_fitness, labels_differ,
                                     log_margin_list, log_margin_row, probability_pair, top1_gap)
@@ -149,13 +150,13 @@ class DFlare:
 
     def __post_init__(self):
         if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+            raise UserError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if self.acceptance not in ACCEPTANCES:
-            raise ValueError(f"acceptance must be one of {ACCEPTANCES}, got {self.acceptance!r}")
+            raise UserError(f"acceptance must be one of {ACCEPTANCES}, got {self.acceptance!r}")
         if self.fitness not in FITNESSES:
-            raise ValueError(f"fitness must be one of {FITNESSES}, got {self.fitness!r}")
+            raise UserError(f"fitness must be one of {FITNESSES}, got {self.fitness!r}")
         if self.restart < 0 or self.escalate < 0:
-            raise ValueError(f"restart and escalate must be >= 0, got {self.restart} and {self.escalate}")
+            raise UserError(f"restart and escalate must be >= 0, got {self.restart} and {self.escalate}")
         operator_names(self.operators)
 
     def options(self) -> dict:

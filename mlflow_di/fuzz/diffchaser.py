@@ -46,6 +46,7 @@ import dataclasses
 
 import numpy as np
 
+from mlflow_di.errors import UserError
 from mlflow_di.fuzz.fitness import GAP_RESOLUTION_DIGITS, labels_differ
 from mlflow_di.fuzz.search import Search
 
@@ -65,11 +66,11 @@ class PixelNoise:
 
     def __post_init__(self):
         if not 0.0 < self.rate <= 1.0:
-            raise ValueError(f"mutation rate must be in (0, 1], got {self.rate}")
+            raise UserError(f"mutation rate must be in (0, 1], got {self.rate}")
         if self.step < 1:
-            raise ValueError(f"mutation step must be at least 1 pixel level, got {self.step}")
+            raise UserError(f"mutation step must be at least 1 pixel level, got {self.step}")
         if self.linf_bound is not None and self.linf_bound < 1:
-            raise ValueError(f"linf_bound must be at least 1 pixel level (or None), got {self.linf_bound}")
+            raise UserError(f"linf_bound must be at least 1 pixel level (or None), got {self.linf_bound}")
 
     def limits(self, seed_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Lowest and highest value each pixel may take (int16, the seed's shape)."""
@@ -104,11 +105,11 @@ class DiffChaser:
 
     def __post_init__(self):
         if self.population_size < 2:
-            raise ValueError("DiffChaser needs a population of at least 2")
+            raise UserError("DiffChaser needs a population of at least 2")
         if self.tournament_size < 1:
-            raise ValueError("tournament_size must be at least 1")
+            raise UserError("tournament_size must be at least 1")
         if self.k < 1:
-            raise ValueError("k must be at least 1")
+            raise UserError("k must be at least 1")
 
     def options(self) -> dict:
         """The settings that change results, for the campaign's config record."""
