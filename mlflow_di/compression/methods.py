@@ -21,7 +21,6 @@ import pathlib
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
 from typing import Callable
 
 import numpy as np
@@ -39,6 +38,7 @@ from mlflow_di.compression.quantize import (
     require_calibration_inputs,
 )
 from mlflow_di.errors import UserError
+from mlflow_di.registry import Registry
 from mlflow_di.results_json import JsonRoundTrip
 from mlflow_di.data import LazyImages
 from mlflow_di.models.preprocessing import ModelInputs, Preprocessing
@@ -87,47 +87,29 @@ class MethodJob:
     recipe: object = None
 
 
-_DECLARATIONS: dict[str, MethodDeclaration] = {}
-
-
-class _Methods(Mapping):
-    """{name: declaration} of every declared method, live: registering one adds its name to ``--method``."""
-
-    def __getitem__(self, name: str) -> MethodDeclaration:
-        return _DECLARATIONS[name]
-
-    def __iter__(self):
-        return iter(_DECLARATIONS)
-
-    def __len__(self) -> int:
-        return len(_DECLARATIONS)
-
-
-#: name -> :class:`MethodDeclaration` of every declared method (iterating gives the names)
-METHODS = _Methods()
+#: name -> :class:`MethodDeclaration` of every declared method (iterating gives the names), live: registering
+#: one adds its name to ``--method``
+METHODS = Registry("compression method", MethodDeclaration)
 
 
 def register_method(declaration: MethodDeclaration) -> MethodDeclaration:
     """Declare a compression method: ``compress``, ``mlflow-di compress --method NAME`` and policies know it."""
-    if not isinstance(declaration, MethodDeclaration):
-        raise UserError(f"register_method takes a MethodDeclaration, got {type(declaration).__name__}")
-    _DECLARATIONS[declaration.name] = declaration
-    return declaration
+    return METHODS.register(declaration)
 
 
 def unregister_method(name: str) -> None:
     """Forget a method declared with :func:`register_method` (tests)."""
-    _DECLARATIONS.pop(name, None)
+    METHODS.unregister(name)
 
 
 def method_declaration(method: str) -> MethodDeclaration:
     """The declaration of ``method``; a UserError listing the known methods otherwise."""
-    return _DECLARATIONS[check_method(method)]
+    return METHODS.require(method, advice="known")
 
 
 def methods_that(what: str) -> list[str]:
     """The declared methods with the flag ``what`` (``needs_calibration``, ``integer``, ``prunes``, ``selective``)."""
-    return [name for name, declared in _DECLARATIONS.items() if getattr(declared, what)]
+    return [name for name, declared in METHODS.items() if getattr(declared, what)]
 
 
 @dataclasses.dataclass
@@ -166,9 +148,7 @@ def torch_model_size_bytes(module: nn.Module) -> int:
 
 def check_method(method: str) -> str:
     """``method`` if it is known, else a UserError listing the known methods."""
-    if method not in METHODS:
-        raise UserError(f"unknown compression method '{method}'; known: {', '.join(METHODS)}")
-    return method
+    return METHODS.require(method, advice="known").name
 
 
 def check_keep_float(module: nn.Module, method: str, keep_float=(), auto_keep_float: int = 0) -> None:

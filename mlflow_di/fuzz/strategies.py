@@ -21,10 +21,9 @@ a ``--strategy`` of the command line.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.contract import BUDGETS, Access, Declaration, OptionSpec
+from mlflow_di.registry import Registry
 
 #: the strategy ``mlflow-di fuzz`` runs when none is named
 DEFAULT = "dflare"
@@ -84,7 +83,8 @@ DEEPXPLORE_OPTIONS = (
     OptionSpec("blackout_count", "Blackout: rectangles a step (default 1).", "int", low=1, metavar="N"),
 )
 
-_DECLARATIONS: dict[str, Declaration] = {d.name: d for d in (
+_DECLARATIONS = Registry("fuzzing strategy", Declaration)
+for _declared in (
     _lockstep("dflare", "the original's log-probability margin", _dflare()),
     _lockstep("dflare-d", "no novelty", _dflare(name="dflare-d", novelty=False)),
     _lockstep("dflare-r", "random operator", _dflare(name="dflare-r", selection="uniform")),
@@ -105,38 +105,23 @@ _DECLARATIONS: dict[str, Declaration] = {d.name: d for d in (
                                  "strategy such as dflare",
                 budget_advice="deepxplore keeps its inputs realistic with --dx-constraint lighting|occlusion|blackout",
                 label=lambda strategy: f"deepxplore-{strategy.constraint}"),
-)}
+):
+    _DECLARATIONS.register(_declared)
 
 
-class _Factories(Mapping):
-    """{name: a factory of the strategy object with its defaults}, over the declarations (the names
-    ``--strategy`` accepts): registering a declaration adds its name here."""
-
-    def __getitem__(self, name):
-        return _DECLARATIONS[name].make
-
-    def __iter__(self):
-        return iter(_DECLARATIONS)
-
-    def __len__(self):
-        return len(_DECLARATIONS)
-
-
-#: name -> factory of a strategy object with its defaults, for every declared strategy
-STRATEGIES = _Factories()
+#: name -> factory of a strategy object with its defaults, for every declared strategy (the names
+#: ``--strategy`` accepts: registering a declaration adds its name here)
+STRATEGIES = _DECLARATIONS.view(lambda declared: declared.make)
 
 
 def register(declaration: Declaration) -> Declaration:
     """Declare a strategy: ``run``, ``mlflow-di fuzz --strategy NAME`` and its help know it from now on."""
-    if not isinstance(declaration, Declaration):
-        raise TypeError(f"register() takes a Declaration, got {type(declaration).__name__}")
-    _DECLARATIONS[declaration.name] = declaration
-    return declaration
+    return _DECLARATIONS.register(declaration)
 
 
 def unregister(name: str) -> None:
     """Forget a declared strategy (tests declare toy ones)."""
-    _DECLARATIONS.pop(name, None)
+    _DECLARATIONS.unregister(name)
 
 
 def declarations() -> list[Declaration]:
@@ -148,9 +133,7 @@ def declaration(name) -> Declaration:
     """The declaration of a strategy name; a one-line UserError listing the known ones otherwise."""
     if isinstance(name, Declaration):
         return name
-    if name not in _DECLARATIONS:
-        raise UserError(f"unknown fuzzing strategy '{name}'; choose one of: {', '.join(_DECLARATIONS)}")
-    return _DECLARATIONS[name]
+    return _DECLARATIONS.require(name)
 
 
 def declaration_of(strategy: object) -> Declaration | None:
