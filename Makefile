@@ -60,7 +60,7 @@ emulator:
 	else echo "qemu-user not installed (needs root + apt-get): the emulated-CPU test will be skipped"; fi
 
 test: install-dev lint browser emulator docs
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # ruff (config in pyproject.toml): undefined and unused names, bare excepts, lines over 130 characters.
 lint: install-dev
