@@ -122,7 +122,7 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     with contextlib.ExitStack() as stack:  # one session (folder, lock, resume) per export
         sessions = [stack.enter_context(CampaignSession(config, out_dirs[number] if out_dirs is not None else None,
                                                         resume)) for number, config in enumerate(configs)]
-        lanes = [Lane(model, session.config, session.store, session.done) for model, session in zip(compressed, sessions)]
+        lanes = [Lane(model, session) for model, session in zip(compressed, sessions)]
         _check_seeds(original, lanes, seeds, progress=progress)
         for session in sessions:
             session.start()

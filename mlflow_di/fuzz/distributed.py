@@ -136,6 +136,7 @@ class _Worker:
         import ray
 
         from mlflow_di.fuzz.lockstep import Lane, Lockstep
+        from mlflow_di.fuzz.session import CampaignSession
         from mlflow_di.models.shipping import unship
 
         began = time.perf_counter()
@@ -145,7 +146,7 @@ class _Worker:
         seeds = _SeedView(payload["images"], payload["labels"], self.image_shape)
         lanes = []
         for number, (config, todo, p_original, p_compressed) in enumerate(payload["lanes"]):
-            lane = Lane(self.compressed[number], config, None, {})
+            lane = Lane(self.compressed[number], CampaignSession(config))  # no folder: the driver writes the seeds
             lane.todo, lane.p_original, lane.p_compressed = todo, p_original, p_compressed
             lanes.append(lane)
         runner = Lockstep(self.original, lanes, seeds, self.strategy, self.batch, self.overlap)

@@ -24,10 +24,10 @@ from mlflow_di.data import ImageSet
 from mlflow_di.fuzz.charge import model_clock, search_clock
 from mlflow_di.fuzz.fitness import labels_differ, top1_labels
 from mlflow_di.fuzz.realism import distances
-from mlflow_di.fuzz.results import CampaignConfig, RunStats, SeedRecord, Stop
+from mlflow_di.fuzz.results import RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.seeds import top1
-from mlflow_di.fuzz.store import CampaignStore
+from mlflow_di.fuzz.session import CampaignSession
 from mlflow_di.models.device import use_own_cuda_streams
 from mlflow_di.progress import BudgetProgress, budget_share
 
@@ -45,10 +45,11 @@ class _Active:
 
 
 class Lane:
-    """One campaign of a lockstep run: its compressed model, settings, folder, seeds and results."""
+    """One campaign of a lockstep run: its compressed model, its session (settings, folder, the seeds a previous
+    run finished), and this run's seeds and results."""
 
-    def __init__(self, compressed, config: CampaignConfig, store: CampaignStore | None, done: dict[int, SeedRecord]):
-        self.compressed, self.config, self.store, self.done = compressed, config, store, done
+    def __init__(self, compressed, session: CampaignSession):
+        self.compressed, self.session, self.config, self.done = compressed, session, session.config, session.done
         self.records: dict[int, SeedRecord] = {}
         self.images: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.stats = RunStats()
@@ -342,8 +343,7 @@ class Lockstep:
         lane.records[record.index] = record
         if trigger is not None:
             lane.images[record.index] = (trigger, seed_image)
-        if lane.store is not None:
-            lane.store.append(record, trigger, seed_image)
+        lane.session.append(record, trigger, seed_image)
         self._progress.finish(budget_share(record.queries, record.seconds, lane.config.max_queries,
                                            lane.config.timeout), trigger is not None)
         self._refresh_progress()
@@ -369,8 +369,7 @@ MAX_SPECULATION = 16
 def _charge(active: list, counts: list[int], seconds: float) -> None:
     """Charge the searches of one lane ``seconds`` of their own work, in proportion to the inputs each handled (at
     least one share each). One clock reading per lane and turn, not per search: a thread's CPU clock is a system
-    call (about 1 µs idle here, tens of µs on a busy VM), which a search of 64 seeds at 224 px had paid 128 times
-    per iteration, more than the searches' own work (benchmarks/RESULTS.md, bench_scale --floor-only)."""
+    call, which 64 searches had paid twice each per iteration (benchmarks/RESULTS.md, bench_scale --floor-only)."""
     weights = [max(1, count) for count in counts]
     total = sum(weights)
     for a, weight in zip(active, weights):

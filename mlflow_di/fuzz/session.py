@@ -37,7 +37,8 @@ class CampaignSession:
                 self.store.check_resumable(self.config)
                 self.done = self.store.read_records(finished_only=True)
         except BaseException:
-            self._lock and self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
             raise
         return self
 
