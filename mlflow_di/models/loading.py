@@ -169,7 +169,7 @@ def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None, 
 
 
 def _load_classifier(source: ModelSource, preprocessing, device) -> Classifier:
-    fmt = FORMATS[source.kind]
+    fmt = source.format
     if fmt.open_black_box is None:  # a PyTorch module: it runs as itself
         return load_torch_model(source, preprocessing, device).classifier()
     classifier = fmt.open_black_box(source, device)
