@@ -83,7 +83,8 @@ class FuzzPolicy:
     num_seeds: int = _kind("positive integer", 500)
     timeout: float = _kind("positive number", 600.0)
     max_queries: int = _kind("positive integer", 2000)
-    strategy: str = _kind("text", "dflare")
+    #: None: the fuzz command's default strategy (mlflow_di.fuzz.strategies.DEFAULT)
+    strategy: str | None = _kind("text", None)
     #: the realism budget the search keeps to (fuzz --max-linf / --min-ssim; dflare strategies and boundary)
     max_linf: int | None = _kind("positive integer", None)
     min_ssim: float | None = _kind("fraction", None)
@@ -99,10 +100,11 @@ class RealismPolicy(FuzzPolicy):
     judges (a campaign that did not search inside the budget cannot show that no realistic deviation
     exists). The budget is the gate's (``gate.realism_budget``, default L-inf <= 32 and SSIM >= 0.9, SSIM
     left out on images too small for it) unless ``max_linf``/``min_ssim`` name one here; by default the
-    boundary walk searches it, on 100 seeds."""
+    declared realism strategy (:data:`mlflow_di.fuzz.strategies.REALISM`, the boundary walk) searches it,
+    on 100 seeds."""
 
     num_seeds: int = _kind("positive integer", 100)
-    strategy: str = _kind("text", "boundary")
+    strategy: str | None = _kind("text", None)
 
 
 @dataclasses.dataclass(frozen=True)

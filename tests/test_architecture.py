@@ -225,6 +225,39 @@ def test_commands_parse_call_and_log_in_short_functions():
     assert [d.name for d in declarations() if re.search(rf"\b{re.escape(d.name)}\b", fuzz)] == []
 
 
+def _code_strings(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, text) of every string literal in ``path`` that is code, not a docstring."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_no_strategy_is_named_outside_its_engine_and_declarations():
+    """The commands, the policy and the MLflow edge read a strategy's declaration (and the declared defaults,
+    ``strategies.DEFAULT`` and ``REALISM``): a new strategy needs no edit there, and none of them picks one by name
+    (a literal that is a strategy's name, or ``--strategy NAME`` in a message). Prose may still say "the boundary walk"."""
+    from mlflow_di.fuzz.strategies import declarations
+
+    names = {d.name for d in declarations()}
+    named = [f"{path.relative_to(PACKAGE)}:{line} {text[:50]!r}"
+             for path in [*modules("commands"), PACKAGE / "policy.py", *modules("mlflow_edge")]
+             for line, text in _code_strings(path)
+             if text.strip().lower() in names or set(re.findall(r"--strategy[ =]([a-z0-9-]+)", text.lower())) & names]
+    assert named == []
+
+
+def test_the_strategy_contract_is_typed_not_probed():
+    """Strategies are :class:`~mlflow_di.fuzz.contract.Strategy` protocols and their declarations say what they
+    offer: nothing in the fuzz engine or the commands probes an object with ``hasattr``."""
+    probing = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in modules("fuzz", "commands")
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"]
+    assert probing == []
+
+
 def test_no_function_in_the_package_is_over_70_lines():
     """A function a reviewer reads on one screen (commands keep to 60, above)."""
     long = [f"{path.relative_to(PACKAGE)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"

@@ -75,6 +75,7 @@ def _step(title: str) -> None:
 def _pipeline(ctx: click.Context, model_uri: str, fuzz_seeds: int, seed: int) -> int:
     """Steps 2-6 through the real commands; returns the gate's exit code (0 pass, 1 fail)."""
     from mlflow_di.commands import compress, coverage, fuzz, gate
+    from mlflow_di.fuzz import strategies
     from mlflow_di.fuzz.realism import parse_budget
 
     _step(f"2/6 compress: {', '.join(DEMO_METHODS)}")
@@ -89,7 +90,7 @@ def _pipeline(ctx: click.Context, model_uri: str, fuzz_seeds: int, seed: int) ->
     budget = parse_budget(REALISM_BUDGET)
     _step(f"5/6 realism: the boundary walk inside {budget.describe()}")
     ctx.invoke(fuzz.command, original=model_uri, compressed=tuple(exports), seed_data=TEST_SPEC,
-               num_seeds=min(REALISM_SEEDS, fuzz_seeds), max_queries=REALISM_QUERIES, strategy="boundary",
+               num_seeds=min(REALISM_SEEDS, fuzz_seeds), max_queries=REALISM_QUERIES, strategy=strategies.REALISM,
                max_linf=budget.max_linf, seed=seed)
     _step("6/6 quality gate: " + ", ".join(f"{key.replace('_', '-')} {value:g}" for key, value in GATE.items())
           + f" inside {budget.describe()}")

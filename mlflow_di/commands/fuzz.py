@@ -17,6 +17,7 @@ import json
 import pathlib
 import re
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,7 +25,11 @@ from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, LazyChoice, Se
                                         declared_options, device_option, json_out_option, ray_options, seed_option,
                                         write_json_out)
 from mlflow_di.fuzz import strategies as declared
-from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Access, Declaration, Strategy
+
+if TYPE_CHECKING:
+    from mlflow_di.data import ImageSet
+    from mlflow_di.models.reference import ModelRef
 
 CAMPAIGNS = pathlib.Path("mlflow-di-campaigns")
 
@@ -104,58 +109,42 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     seed_data = seed_data or click.get_current_context().meta.get("--seed-data")  # or its old name, --seeds
     if not seed_data:
         raise click.UsageError("Missing option '--seed-data'.")
-    plan = _plan(strategy, list(compressed), max_linf, min_ssim, own_options, overlap,
-                 (workers, ray_address, cpus_per_worker, gpus_per_worker))
-    _load(plan, original, (preprocessing_original, preprocessing_compressed), device, semantics, overlap)
-    _seeds(plan, seed_data, num_seeds)
-    _folders(plan, original, out_dir, seed, resume)
-    tags, params = _run_record(plan, original, seed_data, (num_seeds, timeout, max_queries, max_linf, min_ssim, batch,
-                                                           seed, resume, workers, ray_address, semantics))
+    choice = _choose(strategy, tuple(compressed), max_linf, min_ssim, own_options, overlap,
+                     (workers, ray_address, cpus_per_worker, gpus_per_worker))
+    models = _load(choice, original, (preprocessing_original, preprocessing_compressed), device, semantics, overlap)
+    plan = _Plan(choice, models, _seeds(choice, models, seed_data, num_seeds),
+                 _folders(choice, original, out_dir, seed, resume))
+    record = _run_record(plan, original, seed_data, (num_seeds, timeout, max_queries, max_linf, min_ssim, batch,
+                                                     seed, resume, workers, ray_address, semantics))
     from mlflow_di.fuzz.contract import Campaign
     from mlflow_di.fuzz.runners import run
     from mlflow_di.mlflow_edge import runs
     from mlflow_di.models.device import out_of_memory_as_user_error
 
-    run_name = f"fuzz {plan.original_ref.short} vs {', '.join(ref.short for ref in plan.compressed_refs)}"
-    with runs.tracked_run(run_name, tags=tags) as log:
-        log.params({**params, "compressed": ",".join(plan.compressed), "out_dir": str(plan.folder),
-                    "compressed_runs_on": ",".join(m.provider for m in plan.compressed_classifiers)})
+    run_name = f"fuzz {models.original_ref.short} vs {', '.join(ref.short for ref in models.compressed_refs)}"
+    with runs.tracked_run(run_name, tags=record.tags) as log:
+        log.params({**record.params, "compressed": ",".join(choice.compressed), "out_dir": str(plan.folders.folder),
+                    "compressed_runs_on": ",".join(m.provider for m in models.compressed_classifiers)})
         _announce(plan, batch, ray_address, workers)
         with out_of_memory_as_user_error("fuzzing", batch):
             results = run(Campaign(
-                plan.original, plan.compressed_models, plan.search, plan.seeds, timeout, max_queries, batch, seed,
-                plan.folders, resume, plan.executor, plan.overlapping), plan.declaration)
-        summaries = _log_results(log, plan, original, seed_data, num_seeds, tags, params, results)
+                models.original, list(models.compressed), models.search, plan.seeds.seeds, timeout, max_queries, batch,
+                seed, list(plan.folders.exports), resume, choice.executor, models.overlapping), choice.declaration)
+        summaries, comparison = _log_results(log, plan, record, original, seed_data, num_seeds, results)
         if not all(result.complete for result in results):  # the run ends KILLED; everything found is logged and on disk
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
-    write_json_out(summaries[0] if not plan.several else {"campaigns": dict(zip(plan.compressed, summaries)),
-                                                          **plan.comparison["metrics"]}, json_out)
+    write_json_out(summaries[0] if not choice.several else {"campaigns": dict(zip(choice.compressed, summaries)),
+                                                            **comparison["metrics"]}, json_out)
 
 
-@dataclasses.dataclass
-class _Plan:
-    """What the command decided before the run starts: the strategy and how it runs, the models as it
-    needs them, the seeds and the campaign folders."""
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """What the options chose: the declared strategy, configured, the exports and where the searches run."""
 
-    declaration: object
-    search: object
-    compressed: list
-    executor: object
-    original_ref: object = None
-    compressed_refs: list = dataclasses.field(default_factory=list)
-    original: object = None  # as the strategy needs it (black-box classifier or white-box TorchModel)
-    compressed_models: list = dataclasses.field(default_factory=list)
-    original_classifier: object = None  # black-box views, for logging and the comparison
-    compressed_classifiers: list = dataclasses.field(default_factory=list)
-    overlapping: bool = False
-    mutations_on: object = None
-    seeds: object = None
-    raw_seeds: object = None
-    folder: pathlib.Path | None = None
-    folders: list = dataclasses.field(default_factory=list)
-    comparison: dict = dataclasses.field(default_factory=dict)
-    compressed_tags: list = dataclasses.field(default_factory=list)
-    model_ids: list = dataclasses.field(default_factory=list)
+    declaration: Declaration
+    search: Strategy
+    compressed: tuple[str, ...]
+    executor: object  # a Ray executor, None: this process
 
     @property
     def several(self) -> bool:
@@ -163,7 +152,58 @@ class _Plan:
         return len(self.compressed) > 1 and not self.declaration.joint
 
 
-def _plan(strategy: str, compressed: list, max_linf, min_ssim, own_options: dict, overlap, ray: tuple) -> _Plan:
+@dataclasses.dataclass(frozen=True)
+class _Models:
+    """Every model as the strategy needs it, their black-box views, and where the mutations and calls run."""
+
+    original_ref: ModelRef
+    compressed_refs: tuple[ModelRef, ...]
+    original: object  # a black-box classifier or a white-box TorchModel, as the declaration says
+    compressed: tuple
+    original_classifier: object  # black-box views, for logging and the comparison
+    compressed_classifiers: tuple
+    search: Strategy  # the chosen strategy, its operators on the mutation device
+    mutations_on: object  # None: the CPU
+    overlapping: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seeds:
+    """The seeds as the original prepares them, and as the data spec loads them (the run's dataset)."""
+
+    seeds: ImageSet
+    raw: ImageSet
+
+
+@dataclasses.dataclass(frozen=True)
+class _Folders:
+    """The campaign folder and each export's campaign folder (the folder itself for one campaign)."""
+
+    folder: pathlib.Path
+    exports: tuple[pathlib.Path, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What the command decided before the run starts, step by step."""
+
+    choice: _Choice
+    models: _Models
+    seeds: _Seeds
+    folders: _Folders
+
+
+@dataclasses.dataclass(frozen=True)
+class _Record:
+    """The run's tags and params, and per export the tags and LoggedModel the metrics go to."""
+
+    tags: dict
+    params: dict
+    compressed_tags: tuple[dict, ...]
+    model_ids: tuple
+
+
+def _choose(strategy: str, compressed: tuple, max_linf, min_ssim, own_options: dict, overlap, ray: tuple) -> _Choice:
     """The declared strategy configured with the budget and its own options; what it refuses, in one line."""
     from mlflow_di.errors import UserError
 
@@ -180,7 +220,7 @@ def _plan(strategy: str, compressed: list, max_linf, min_ssim, own_options: dict
                                    {name[len(prefix):]: value for name, value in own_options.items()
                                     if name.startswith(prefix)})
     declaration.refuse(overlap=overlap, workers=ray[0])
-    return _Plan(declaration, search, compressed, _executor(*ray))
+    return _Choice(declaration, search, compressed, _executor(*ray))
 
 
 def _executor(workers: int, address: str, cpus: float, gpus: float):
@@ -197,41 +237,42 @@ def _executor(workers: int, address: str, cpus: float, gpus: float):
     return RayExecutor(workers=workers, address=address, cpus_per_worker=cpus, gpus_per_worker=gpus)
 
 
-def _load(plan: _Plan, original: str, preprocessing: tuple, device, semantics: str, overlap) -> None:
+def _load(choice: _Choice, original: str, preprocessing: tuple, device, semantics: str, overlap) -> _Models:
     """Every model as the strategy's declaration needs it, and where its mutations and calls run."""
     from mlflow_di.fuzz.campaign import overlaps_by_default
-    from mlflow_di.fuzz.contract import Access
     from mlflow_di.fuzz.device_mutations import mutation_device, with_operators_on
     from mlflow_di.models.reference import ModelRef
 
-    declaration = plan.declaration
-    plan.original_ref = ModelRef.parse(original)
-    plan.compressed_refs = [ModelRef.parse(uri) for uri in plan.compressed]
-    plan.original = _model(plan.original_ref, preprocessing[0], device, declaration.original, declaration, "--original")
-    plan.compressed_models = [_model(ref, preprocessing[1], device, declaration.compressed, declaration, "--compressed")
-                              for ref in plan.compressed_refs]
+    declaration = choice.declaration
+    original_ref = ModelRef.parse(original)
+    compressed_refs = tuple(ModelRef.parse(uri) for uri in choice.compressed)
+    original_model = _model(original_ref, preprocessing[0], device, declaration.original, declaration, "--original")
+    compressed = tuple(_model(ref, preprocessing[1], device, declaration.compressed, declaration, "--compressed")
+                       for ref in compressed_refs)
     if semantics == "reference" and declaration.compressed is Access.BLACK_BOX:
-        plan.compressed_models = [_reference_twin(model, plan.executor) for model in plan.compressed_models]
-    plan.original_classifier = _black_box(plan.original)
-    plan.compressed_classifiers = [_black_box(model) for model in plan.compressed_models]
+        compressed = tuple(_reference_twin(model, choice.executor) for model in compressed)
+    original_classifier = _black_box(original_model, declaration.original)
+    compressed_classifiers = tuple(_black_box(model, declaration.compressed) for model in compressed)
+    search, mutations_on, overlapping = choice.search, None, False
     if declaration.device_mutations:  # the noise operators on a CUDA original's GPU
-        plan.mutations_on = mutation_device(plan.original_classifier, plan.executor)
-        plan.search = with_operators_on(plan.search, plan.mutations_on)
+        mutations_on = mutation_device(original_classifier, choice.executor)
+        search = with_operators_on(search, mutations_on)
     if declaration.overlap:
-        plan.overlapping = overlap if overlap is not None else overlaps_by_default(
-            plan.original_classifier, plan.compressed_classifiers, plan.executor)
+        overlapping = overlap if overlap is not None else overlaps_by_default(
+            original_classifier, compressed_classifiers, choice.executor)
+    return _Models(original_ref, compressed_refs, original_model, compressed, original_classifier,
+                   compressed_classifiers, search, mutations_on, overlapping)
 
 
-def _black_box(model):
-    """A model's black-box classifier (a white-box TorchModel's own, or the model itself)."""
-    return model.classifier() if hasattr(model, "classifier") and callable(model.classifier) else model
+def _black_box(model, access: Access):
+    """A model's black-box classifier: a white-box TorchModel's own, or the (black-box) model itself."""
+    return model.classifier() if access is Access.WHITE_BOX else model
 
 
 def _model(ref, preprocessing, device, access, declaration, role: str):
     """One model as ``access`` says: a black-box classifier of any format, or a white-box TorchModel (a
     one-line UserError, with the declaration's advice, for a model that has no PyTorch view)."""
     from mlflow_di.errors import UserError
-    from mlflow_di.fuzz.contract import Access
     from mlflow_di.models.loading import load_classifier, load_torch_model, resolve
 
     if access is Access.BLACK_BOX:
@@ -250,76 +291,73 @@ def _model(ref, preprocessing, device, access, declaration, role: str):
                         f"{declaration.white_box_advice}") from None
 
 
-def _seeds(plan: _Plan, seed_data: str, num_seeds: int) -> None:
+def _seeds(choice: _Choice, models: _Models, seed_data: str, num_seeds: int) -> _Seeds:
     """The first ``num_seeds`` seed images, prepared as the original's raw-image step says, checked
-    against every model and the strategy's budget before any run starts."""
+    against every model and the strategy before any run starts."""
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
 
     raw_seeds = load_images(seed_data)
-    seeds = plan.original_classifier.preprocessing.prepare(raw_seeds)  # lazy: resized per batch if the model says so
-    plan.seeds = seeds.subset(slice(0, num_seeds), f"{seeds.name} (first {min(num_seeds, len(seeds))})")
-    plan.raw_seeds = raw_seeds.subset(slice(0, num_seeds))
-    for role, model in [("original", plan.original_classifier)] + [
-            (f"compressed {uri}", m) for uri, m in zip(plan.compressed, plan.compressed_classifiers)]:
+    prepared = models.original_classifier.preprocessing.prepare(raw_seeds)  # lazy: resized per batch if the model says so
+    seeds = prepared.subset(slice(0, num_seeds), f"{prepared.name} (first {min(num_seeds, len(prepared))})")
+    for role, model in [("original", models.original_classifier)] + [
+            (f"compressed {uri}", m) for uri, m in zip(choice.compressed, models.compressed_classifiers)]:
         try:  # fail before any run starts when the seeds do not fit a model
-            model.preprocessing.check_images(plan.seeds.images[:1])
+            model.preprocessing.check_images(seeds.images[:1])
         except UserError as exc:
             raise UserError(f"{role} model: {exc}") from None
-    constraint = plan.declaration.constraint_of(plan.search)
-    if constraint:
-        plan.search.constraint.check_seed(plan.seeds.images[0])
-    if hasattr(plan.search, "check_image_shape"):  # a strategy's own check of the seeds' size
-        plan.search.check_image_shape(plan.seeds.image_shape)
+    choice.declaration.check_seeds(choice.search, seeds.images[0], seeds.image_shape)
+    return _Seeds(seeds, raw_seeds.subset(slice(0, num_seeds)))
 
 
-def _folders(plan: _Plan, original: str, out_dir, seed: int, resume: bool) -> None:
+def _folders(choice: _Choice, original: str, out_dir, seed: int, resume: bool) -> _Folders:
     """The campaign folder (and one sub-folder per export in separate campaigns), locked until the command ends."""
     from mlflow_di.errors import UserError
     from mlflow_di.folder_lock import FolderLock
 
-    label = plan.declaration.folder_label(plan.search)
-    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, ",".join(plan.compressed), label, seed,
+    label = choice.declaration.folder_label(choice.search)
+    folder = pathlib.Path(out_dir) if out_dir else default_out_dir(original, ",".join(choice.compressed), label, seed,
                                                                    resume)
     if folder.exists() and any(folder.iterdir()) and not resume:
         raise UserError(f"'{folder}' already holds a campaign; pass --resume to continue it, or --out-dir for a new one")
     # held until the command ends: a second process must not close this one's run as orphaned or append its seeds
     click.get_current_context().call_on_close(FolderLock(
         folder, "the campaign folder", advice="wait for it to finish (or stop it), or pass another --out-dir").acquire().release)
-    plan.folder = folder
-    plan.folders = [export_folder(folder, number, uri, resume) for number, uri in enumerate(plan.compressed)] \
-        if plan.several else [folder]
+    exports = tuple(export_folder(folder, number, uri, resume) for number, uri in enumerate(choice.compressed)) \
+        if choice.several else (folder,)
+    return _Folders(folder, exports)
 
 
-def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> tuple[dict, dict]:
+def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> _Record:
     """The run's tags (the models fuzzed, the campaign folder, the budget searched inside) and params."""
     from mlflow_di.fuzz.realism import SSIM_RADIUS
     from mlflow_di.mlflow_edge import registry, runs
 
+    choice, models = plan.choice, plan.models
     num_seeds, timeout, max_queries, max_linf, min_ssim, batch, seed, resume, workers, ray_address, semantics = settings
-    campaign_tag = {"mlflow_di.campaign": str(plan.folder.resolve())}
+    campaign_tag = {"mlflow_di.campaign": str(plan.folders.folder.resolve())}
     if resume:
         closed = runs.close_orphaned_runs(campaign_tag, "a later --resume of the same campaign")
         if closed:
             click.echo(f"closed {len(closed)} run(s) of this campaign left RUNNING by a killed process (now KILLED)")
     tags = {"mlflow_di.command": "fuzz", **campaign_tag, **registry.model_version_tags(original)}
-    constraint = plan.declaration.constraint_of(plan.search)
+    constraint = choice.declaration.constraint_of(choice.search)
     if constraint:  # the gate's realism check reads such campaigns, its other fuzz checks the others
         tags["mlflow_di.fuzz_constraint"] = json.dumps(constraint, sort_keys=True)
     # where SSIM has no window to measure with, a budget cannot bound it (the gate asks for L-inf alone)
-    tags["mlflow_di.fuzz_ssim_measurable"] = str(min(plan.seeds.image_shape[:2]) > 2 * SSIM_RADIUS).lower()
+    tags["mlflow_di.fuzz_ssim_measurable"] = str(min(plan.seeds.seeds.image_shape[:2]) > 2 * SSIM_RADIUS).lower()
     # resolved now, before hours of fuzzing: the versions fuzzed, whatever an alias points at later
-    plan.compressed_tags = [registry.compressed_model_tags(uri) for uri in plan.compressed]
-    if len(plan.compressed) == 1:
-        tags.update(plan.compressed_tags[0])
-    plan.model_ids = [registry.logged_model_id(uri) for uri in plan.compressed]  # the models the gate judges
-    params = {"original": original, "seed_data": seed_data, "num_seeds": len(plan.seeds), "timeout": timeout,
-              "max_queries": max_queries, "strategy": plan.declaration.name, "max_linf": max_linf,
+    compressed_tags = tuple(registry.compressed_model_tags(uri) for uri in choice.compressed)
+    if len(choice.compressed) == 1:
+        tags.update(compressed_tags[0])
+    model_ids = tuple(registry.logged_model_id(uri) for uri in choice.compressed)  # the models the gate judges
+    params = {"original": original, "seed_data": seed_data, "num_seeds": len(plan.seeds.seeds), "timeout": timeout,
+              "max_queries": max_queries, "strategy": choice.declaration.name, "max_linf": max_linf,
               "min_ssim": min_ssim, "batch": batch, "seed": seed, "resume": resume,
-              "original_runs_on": plan.original_classifier.provider, "workers": workers,
-              **({"ray_address": ray_address} if workers else {}), "mutations_on": str(plan.mutations_on or "cpu"),
-              "overlap": plan.overlapping, "semantics": semantics, **plan.declaration.own_options(plan.search)}
-    return tags, params
+              "original_runs_on": models.original_classifier.provider, "workers": workers,
+              **({"ray_address": ray_address} if workers else {}), "mutations_on": str(models.mutations_on or "cpu"),
+              "overlap": models.overlapping, "semantics": semantics, **choice.declaration.own_options(choice.search)}
+    return _Record(tags, params, compressed_tags, model_ids)
 
 
 def _announce(plan: _Plan, batch: int, ray_address: str, workers: int) -> None:
@@ -327,58 +365,61 @@ def _announce(plan: _Plan, batch: int, ray_address: str, workers: int) -> None:
     from mlflow_di.fuzz.lockstep import seeds_in_flight
     from mlflow_di.reporting.fuzz_report import plural
 
-    click.echo(f"fuzzing {plural(len(plan.seeds), 'seed')} with {plan.declaration.name}"
-               + (f" against {len(plan.compressed)} compressed models" if plan.several else "")
-               + f"; campaign folder {plan.folder}")
-    click.echo(f"original runs on {plan.original_classifier.provider}, compressed on "
-               f"{', '.join(sorted({m.provider for m in plan.compressed_classifiers}))}")
-    if plan.mutations_on is not None:
-        where = " (each Ray worker's own GPU)" if plan.executor is not None else ""
-        click.echo(f"noise and median-blur mutations run on {plan.mutations_on}{where}")
-    if plan.overlapping:
+    choice, models = plan.choice, plan.models
+    click.echo(f"fuzzing {plural(len(plan.seeds.seeds), 'seed')} with {choice.declaration.name}"
+               + (f" against {len(choice.compressed)} compressed models" if choice.several else "")
+               + f"; campaign folder {plan.folders.folder}")
+    click.echo(f"original runs on {models.original_classifier.provider}, compressed on "
+               f"{', '.join(sorted({m.provider for m in models.compressed_classifiers}))}")
+    if models.mutations_on is not None:
+        where = " (each Ray worker's own GPU)" if choice.executor is not None else ""
+        click.echo(f"noise and median-blur mutations run on {models.mutations_on}{where}")
+    if models.overlapping:
         click.echo(f"the models' calls overlap the searches: two shifts of up to {batch} seeds"
-                   + (" in each Ray worker" if plan.executor is not None else "") + " (--no-overlap: one)")
-    if plan.executor is not None:
+                   + (" in each Ray worker" if choice.executor is not None else "") + " (--no-overlap: one)")
+    if choice.executor is not None:
         click.echo(f"searching on {plural(workers, 'Ray worker')} ({ray_address}), chunks of "
-                   f"{seeds_in_flight(batch, plan.overlapping)} seeds; this process writes the campaign folder")
+                   f"{seeds_in_flight(batch, models.overlapping)} seeds; this process writes the campaign folder")
 
 
-def _log_results(log, plan: _Plan, original: str, seed_data: str, num_seeds: int, tags: dict, params: dict,
-                 results: list) -> list[dict]:
-    """Every campaign's summary, logged (one child run per export when several) and printed."""
+def _log_results(log, plan: _Plan, record: _Record, original: str, seed_data: str, num_seeds: int,
+                 results: list) -> tuple[list[dict], dict]:
+    """Every campaign's summary, logged (one child run per export when several) and printed; and, for
+    several exports, their comparison (empty otherwise)."""
     from mlflow_di.mlflow_edge import datasets, runs
     from mlflow_di.models.execution import context_tags
     from mlflow_di.reporting.fuzz_report import summarize
 
-    summaries = [{**summarize(result), **_host_only(plan.original_classifier, model, result)}
-                 for model, result in zip(plan.compressed_classifiers, results)]
+    choice, models = plan.choice, plan.models
+    summaries = [{**summarize(result), **_host_only(models.original_classifier, model, result)}
+                 for model, result in zip(models.compressed_classifiers, results)]
     # the seeds as the spec loads them; the campaign's fingerprint is theirs unless the original resized them
-    known = None if plan.original_classifier.preprocessing.has_raw_step else results[0].config.seeds_sha256
-    lineage = datasets.spec_dataset(plan.raw_seeds, seed_data, first=num_seeds, sha256=known)
+    known = None if models.original_classifier.preprocessing.has_raw_step else results[0].config.seeds_sha256
+    lineage = datasets.spec_dataset(plan.seeds.raw, seed_data, first=num_seeds, sha256=known)
     log.input(lineage, "seeds")
-    if not plan.several:
-        log.tags(context_tags(plan.compressed_classifiers))
-        _log_campaign(log, results[0], plan.folder, original, ", ".join(plan.compressed), summaries[0],
-                      plan.model_ids[0] if len(plan.compressed) == 1 else None, lineage)
-        _print_summary(results[0], summaries[0], plan.folder)
-        return summaries
+    if not choice.several:
+        log.tags(context_tags(models.compressed_classifiers))
+        _log_campaign(log, results[0], plan.folders.folder, original, ", ".join(choice.compressed), summaries[0],
+                      record.model_ids[0] if len(choice.compressed) == 1 else None, lineage)
+        _print_summary(results[0], summaries[0], plan.folders.folder)
+        return summaries, {}
     for uri, ref, model, result, summary, sub, own_tags, model_id in zip(
-            plan.compressed, plan.compressed_refs, plan.compressed_classifiers, results, summaries, plan.folders,
-            plan.compressed_tags, plan.model_ids):
-        with runs.tracked_run(f"fuzz {plan.original_ref.short} vs {ref.short}", tags={**tags, **own_tags},
+            choice.compressed, models.compressed_refs, models.compressed_classifiers, results, summaries,
+            plan.folders.exports, record.compressed_tags, record.model_ids):
+        with runs.tracked_run(f"fuzz {models.original_ref.short} vs {ref.short}", tags={**record.tags, **own_tags},
                               status="FINISHED" if result.complete else "KILLED") as child:  # nested
-            child.params({**params, "compressed": uri, "out_dir": str(sub), "compressed_runs_on": model.provider})
+            child.params({**record.params, "compressed": uri, "out_dir": str(sub), "compressed_runs_on": model.provider})
             child.tags(context_tags([model]))
             child.input(lineage, "seeds")
             _log_campaign(child, result, sub, original, uri, summary, model_id, lineage)
         click.echo(f"{uri}:")
         _print_summary(result, summary, sub)
-    plan.comparison = _compare_exports(plan.original_classifier, plan.compressed, plan.compressed_classifiers, results,
-                                       summaries)
-    log.metrics(plan.comparison["metrics"])
-    _log_comparison(log, original, plan.compressed, results, summaries, plan.comparison)
-    _print_sharing(plan.comparison)
-    return summaries
+    comparison = _compare_exports(models.original_classifier, list(choice.compressed),
+                                  list(models.compressed_classifiers), results, summaries)
+    log.metrics(comparison["metrics"])
+    _log_comparison(log, original, list(choice.compressed), results, summaries, comparison)
+    _print_sharing(comparison)
+    return summaries, comparison
 
 
 def _reference_twin(model, executor):

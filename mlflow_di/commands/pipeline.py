@@ -233,6 +233,11 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
                           ("robustness", "preprocessing")):
             if step in steps:
                 steps[step][key] = override
+    from mlflow_di.fuzz import strategies
+
+    for step, default in (("fuzz", strategies.DEFAULT), ("realism", strategies.REALISM)):
+        if step in steps:  # the policy left it out: the declared default
+            steps[step].setdefault("strategy", default)
     _check_strategies_take_exports(steps, policy.source)
     return steps
 
@@ -284,7 +289,7 @@ def _describe(step: str, arguments: dict, state: dict) -> str:
     if step == "coverage":
         return ", ".join(arguments.get("criteria") or ("IDC and the classic criteria",))
     if step in ("fuzz", "realism"):
-        return f"{arguments.get('strategy', 'dflare')} against {', '.join(_exports(state)) or 'no export'}"
+        return f"{arguments['strategy']} against {', '.join(_exports(state)) or 'no export'}"
     if step == "robustness":
         return f"on {arguments['data']}"
     return ", ".join(f"{key.replace('_', '-')} {value:g}" for key, value in arguments.items() if isinstance(value, float))

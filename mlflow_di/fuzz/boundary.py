@@ -58,7 +58,7 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.charge import process_seconds
-from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Campaign
 from mlflow_di.fuzz.realism import SSIM_RADIUS, SSIM_WINDOW, Constraint, distances, local_ssim, ssim_pixel_cost
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
@@ -136,17 +136,32 @@ def run_boundary(original, compressed, seeds: ImageSet, strategy: BoundaryWalk |
     any classifier with ``predict_proba`` (ONNX, TFLite, PyTorch). Budgets, ``out_dir``/``resume``
     and the result are those of :func:`~mlflow_di.fuzz.campaign.run_campaign`.
     """
-    strategy = strategy or BoundaryWalk()
-    check_arguments(seeds, timeout, max_queries, 1, None if out_dir is None else [out_dir], resume, strategy)
+    return walk(Campaign(original, [compressed], strategy or BoundaryWalk(), seeds, timeout, max_queries, seed=seed,
+                         out_dirs=None if out_dir is None else [out_dir], resume=resume, progress=progress))[0]
+
+
+def walk(campaign: Campaign) -> list[CampaignResult]:
+    """The boundary runner: ``campaign``'s original (white-box) walks each seed against each export, one
+    campaign per export (what :func:`run_boundary` describes for one)."""
+    if not isinstance(campaign.strategy, BoundaryWalk):
+        raise UserError(f"the boundary runner walks with a BoundaryWalk, not {campaign.strategy.name!r}")
+    return [_walk_one(campaign, model, folder) for model, folder in zip(campaign.compressed, campaign.folders())]
+
+
+def _walk_one(campaign: Campaign, compressed, out_dir) -> CampaignResult:
+    """One export's campaign: its session, the seeds walked one at a time, the result saved."""
+    original, seeds, strategy = campaign.original, campaign.seeds, campaign.strategy
+    check_arguments(seeds, campaign.timeout, campaign.max_queries, 1, None if out_dir is None else [out_dir],
+                    campaign.resume, strategy)
     refuse_raw_resize(original, seeds, "the boundary walk")
-    config = campaign_config(strategy, seeds, timeout, max_queries, seed, original.name,
-                             getattr(compressed, "name", ""), progress)
-    with CampaignSession(config, out_dir, resume) as session:
+    config = campaign_config(strategy, seeds, campaign.timeout, campaign.max_queries, campaign.seed, original.name,
+                             getattr(compressed, "name", ""), campaign.progress)
+    with CampaignSession(config, out_dir, campaign.resume) as session:
         walker = _Walker(original, compressed, strategy, config)
         if len(seeds):
             _answers(walker, np.asarray(seeds.images[:1]))  # models that cannot take the seeds: refused before writing
         session.start()
-        records, images = _walk_seeds(walker, session, seeds, progress)
+        records, images = _walk_seeds(walker, session, seeds, campaign.progress)
         result = session.result(records, images, walker.stats)
         session.save(result)
     return result

@@ -48,7 +48,7 @@ import numpy as np
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Access
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Access, Campaign, SearchStrategy
 from mlflow_di.fuzz.distributed import searches_share_the_models_gpu
 from mlflow_di.fuzz.fitness import labels_differ
 from mlflow_di.fuzz.lockstep import Lane, Lockstep
@@ -104,33 +104,45 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     :func:`~mlflow_di.fuzz.device_mutations.mutation_device` is). Per-seed records do not change, only
     times do (unless a model's output for an image depends on the rest of its batch, as with ``batch``).
     """
-    strategy = make_strategy(strategy)
+    return lockstep(Campaign(original, list(compressed), make_strategy(strategy), seeds, timeout, max_queries, batch,
+                             seed, out_dirs, resume, executor, overlap, progress))
+
+
+def lockstep(campaign: Campaign) -> list[CampaignResult]:
+    """The lockstep runner: ``campaign``'s black-box search on every export, the original's calls shared
+    (what :func:`run_campaigns` describes); one result per export."""
+    original, compressed, strategy, seeds = campaign.original, campaign.compressed, campaign.strategy, campaign.seeds
     declared = declaration_of(strategy)  # its declaration says how it sees the models; undeclared objects run here
     if declared is not None and Access.WHITE_BOX in (declared.original, declared.compressed):
         raise UserError(f"the {declared.name} strategy needs a PyTorch model's gradients, which this lockstep of "
                         f"black boxes does not have; run it with mlflow_di.fuzz.run (fuzz --strategy {declared.name})")
+    if not isinstance(strategy, SearchStrategy):
+        raise UserError(f"{type(strategy).__name__} has no start(seed_image, p_original, p_compressed, rng); the "
+                        "lockstep runs black-box strategies that start one search per seed")
     if not compressed:
         raise UserError("no compressed model given")
+    out_dirs = campaign.out_dirs
     if out_dirs is not None and len(out_dirs) != len(compressed):
         raise UserError(f"{len(compressed)} compressed models but {len(out_dirs)} output folders")
-    check_arguments(seeds, timeout, max_queries, batch, out_dirs, resume, strategy)
-    settings = dict(strategy=strategy.name, strategy_options=strategy.options(), timeout=float(timeout),
-                    max_queries=max_queries, seed=int(seed), data=seeds.name, seed_count=len(seeds),
+    check_arguments(seeds, campaign.timeout, campaign.max_queries, campaign.batch, out_dirs, campaign.resume, strategy)
+    settings = dict(strategy=strategy.name, strategy_options=strategy.options(), timeout=float(campaign.timeout),
+                    max_queries=campaign.max_queries, seed=int(campaign.seed), data=seeds.name, seed_count=len(seeds),
                     image_shape=tuple(seeds.image_shape), original=model_name(original, "original"),
-                    seeds_sha256=seed_fingerprint(seeds, progress))
+                    seeds_sha256=seed_fingerprint(seeds, campaign.progress))
     configs = [CampaignConfig(**settings, compressed=model_name(model, "compressed")) for model in compressed]
     with contextlib.ExitStack() as stack:  # one session (folder, lock, resume) per export
-        sessions = [stack.enter_context(CampaignSession(config, out_dirs[number] if out_dirs is not None else None,
-                                                        resume)) for number, config in enumerate(configs)]
+        sessions = [stack.enter_context(CampaignSession(config, folder, campaign.resume))
+                    for config, folder in zip(configs, campaign.folders())]
         lanes = [Lane(model, session) for model, session in zip(compressed, sessions)]
-        _check_seeds(original, lanes, seeds, progress=progress)
+        _check_seeds(original, lanes, seeds, progress=campaign.progress)
         for session in sessions:
             session.start()
+        overlap = campaign.overlap
         if overlap is None:
-            overlap = overlaps_by_default(original, compressed, executor)
-        runner = Lockstep(original, lanes, seeds, strategy, batch, overlap)
+            overlap = overlaps_by_default(original, compressed, campaign.executor)
+        runner = Lockstep(original, lanes, seeds, strategy, campaign.batch, overlap)
         try:
-            runner.run(progress, executor)
+            runner.run(campaign.progress, campaign.executor)
         finally:
             for session in sessions:
                 session.close()

@@ -26,9 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from mlflow_di.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mlflow_di.data import ImageSet
+    from mlflow_di.fuzz.search import Search
 
 #: The realism budgets a strategy may search inside (fields of :class:`~mlflow_di.fuzz.realism.Constraint`).
 BUDGETS = ("max_linf", "min_ssim")
@@ -75,16 +81,38 @@ class OptionSpec:
     metavar: str | None = None
 
 
-@dataclasses.dataclass
+@runtime_checkable
+class Strategy(Protocol):
+    """What every strategy object offers the house: the ``name`` its declaration is registered under,
+    and ``options()``, the settings that change its results as JSON values (what a campaign's config
+    records and ``resume`` compares). A strategy is a frozen dataclass: :func:`~mlflow_di.fuzz.strategies.configure`
+    sets its budget and own options with :func:`dataclasses.replace`."""
+
+    name: str
+
+    def options(self) -> dict: ...
+
+
+@runtime_checkable
+class SearchStrategy(Strategy, Protocol):
+    """A black-box strategy the lockstep runner drives: one :class:`~mlflow_di.fuzz.search.Search` per
+    seed, given the seed, both models' probabilities on it and the seed's own generator."""
+
+    def start(self, seed_image: "np.ndarray", p_original: "np.ndarray", p_compressed: "np.ndarray",
+              rng: "np.random.Generator") -> "Search": ...
+
+
+@dataclasses.dataclass(frozen=True)
 class Campaign:
     """What one call asks a strategy to run: the models loaded as its declaration needs them (a
     black-box classifier, or a white-box ``TorchModel``), the configured strategy object, the seeds,
-    the budgets per seed, and one campaign folder per export (one for a joint campaign)."""
+    the budgets per seed, and one campaign folder per export (one for a joint campaign). Every runner
+    takes this record (:mod:`mlflow_di.fuzz.runners`)."""
 
     original: object
     compressed: list
-    strategy: object
-    seeds: object  # ImageSet
+    strategy: Strategy
+    seeds: "ImageSet"
     timeout: float = DEFAULT_TIMEOUT
     max_queries: int | None = DEFAULT_MAX_QUERIES
     batch: int = 64
@@ -92,8 +120,13 @@ class Campaign:
     out_dirs: list | None = None  # None: no campaign folder (nothing written, nothing to resume)
     resume: bool = False
     executor: object = None  # a Ray executor (distributed strategies), None: this process
-    overlap: bool = False
+    #: run one shift's model calls beside the other's searches; None: decided from where the models run
+    overlap: bool | None = None
     progress: bool = True
+
+    def folders(self) -> list:
+        """One campaign folder (or None: nothing written) per export."""
+        return list(self.out_dirs) if self.out_dirs is not None else [None] * len(self.compressed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +137,7 @@ class Declaration:
     #: a phrase for ``--strategy``'s help, e.g. "walks a PyTorch original to its decision boundary"
     summary: str
     #: a fresh strategy object with its defaults
-    make: Callable[[], object]
+    make: Callable[[], Strategy]
     #: ``run(campaign) -> [CampaignResult, ...]``, or the name of a built-in runner (``lockstep``,
     #: ``boundary``, ``deepxplore``: :mod:`mlflow_di.fuzz.runners`)
     run: Callable[[Campaign], list] | str
@@ -125,7 +158,10 @@ class Declaration:
     #: what to do instead of --max-linf/--min-ssim when it has no realism budget
     budget_advice: str = ""
     #: the campaign folder's label for a configured strategy object (default: name and budget)
-    label: Callable[[object], str] | None = None
+    label: Callable[[Strategy], str] | None = None
+    #: ``check(strategy, image_shape)``: a one-line UserError for seeds its settings cannot search
+    #: (besides the realism budget's own check), e.g. DeepXplore's occlusion outside the image
+    seed_check: Callable[[Strategy, tuple], None] | None = None
 
     def refuse(self, overlap: bool | None = None, workers: int = 0) -> None:
         """One-line UserErrors for what this strategy does not offer: ``--overlap``, ``--workers``."""
@@ -136,7 +172,15 @@ class Declaration:
             raise UserError(f"--workers runs the black-box strategies on Ray; {self.name} runs in this process "
                             "(drop --workers, or use --device cuda for speed)")
 
-    def folder_label(self, strategy: object) -> str:
+    def check_seeds(self, strategy: Strategy, first_seed: "np.ndarray", image_shape: tuple) -> None:
+        """One-line UserErrors, before any run starts, for seeds the configured ``strategy`` cannot
+        search: a first seed outside its realism budget's reach, or its own ``seed_check``."""
+        if self.constraint_of(strategy):
+            strategy.constraint.check_seed(first_seed)
+        if self.seed_check is not None:
+            self.seed_check(strategy, tuple(image_shape))
+
+    def folder_label(self, strategy: Strategy) -> str:
         """The campaign folder's label: the name and the budget searched inside (or the declared ``label``)."""
         if self.label is not None:
             return self.label(strategy)
@@ -144,17 +188,17 @@ class Declaration:
         return self.name + "".join(f"-{key.replace('_', '')}{value}" for key, value in constraint.items()
                                    if value is not None)
 
-    def constraint_of(self, strategy: object) -> dict | None:
+    def constraint_of(self, strategy: Strategy) -> dict | None:
         """The realism budget a configured strategy searches inside ({max_linf, min_ssim}), None without one."""
         return options_of(strategy).get("constraint") if self.budgets else None
 
-    def own_options(self, strategy: object) -> dict:
+    def own_options(self, strategy: Strategy) -> dict:
         """{``PREFIX_FIELD``: value} of its own options, as a run records them (empty without a prefix)."""
         if not self.option_prefix:
             return {}
         return {f"{self.option_prefix}_{key}": value for key, value in options_of(strategy).items()}
 
 
-def options_of(strategy: object) -> dict:
+def options_of(strategy: Strategy) -> dict:
     """A strategy object's ``options()`` (what its campaign records)."""
-    return strategy.options() if hasattr(strategy, "options") else {}
+    return strategy.options()

@@ -78,7 +78,7 @@ from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz._random import draw_index
 from mlflow_di.fuzz.charge import process_seconds
-from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT
+from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Campaign
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
@@ -304,6 +304,9 @@ class _Seed:
         return self.climbs[self.climb][1]
 
 
+_TWO_MODELS = "DeepXplore needs at least two models (an original and one or more others)"
+
+
 def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = None, timeout: float = DEFAULT_TIMEOUT,
                    max_queries: int | None = DEFAULT_MAX_QUERIES, batch: int = 64, seed: int = 0, out_dir=None,
                    resume: bool = False, progress: bool = True) -> CampaignResult:
@@ -314,29 +317,41 @@ def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = 
     ``out_dir``/``resume`` and the result are those of :func:`~mlflow_di.fuzz.campaign.run_campaign`;
     the result also has ``neuron_coverage`` (see the module docstring).
     """
+    if len(models) < 2:
+        raise UserError(_TWO_MODELS)
+    return explore(Campaign(models[0], list(models[1:]), strategy or DeepXplore(), seeds, timeout, max_queries, batch,
+                            seed, None if out_dir is None else [out_dir], resume, progress=progress))[0]
+
+
+def explore(campaign: Campaign) -> list[CampaignResult]:
+    """The DeepXplore runner: one joint campaign over ``campaign``'s original and every other model (all
+    white-box), in its one folder (what :func:`run_deepxplore` describes)."""
     from mlflow_di.models.torch_model import TorchModel
 
-    strategy = strategy or DeepXplore()
+    strategy, seeds = campaign.strategy, campaign.seeds
+    models = [campaign.original, *campaign.compressed]
     if not isinstance(strategy, DeepXplore):
-        raise UserError(f"run_deepxplore runs the DeepXplore strategy, not {getattr(strategy, 'name', strategy)!r}")
-    if len(models) < 2:
-        raise UserError("DeepXplore needs at least two models (an original and one or more others)")
+        raise UserError(f"the deepxplore runner runs the DeepXplore strategy, not {getattr(strategy, 'name', strategy)!r}")
+    if not campaign.compressed:
+        raise UserError(_TWO_MODELS)
     not_torch = [getattr(m, "name", type(m).__name__) for m in models if not isinstance(m, TorchModel)]
     if not_torch:
         raise UserError(f"DeepXplore needs white-box PyTorch models; '{not_torch[0]}' is not one")
-    check_arguments(seeds, timeout, max_queries, batch, None if out_dir is None else [out_dir], resume)
+    out_dir = (campaign.out_dirs or [None])[0]
+    check_arguments(seeds, campaign.timeout, campaign.max_queries, campaign.batch,
+                    None if out_dir is None else [out_dir], campaign.resume)
     strategy.check_image_shape(seeds.image_shape)
     for model in models:
         model.preprocessing.check_images(seeds.images[:1])
         refuse_raw_resize(model, seeds, "DeepXplore")
-    config = campaign_config(strategy, seeds, timeout, max_queries, seed, models[0].name,
-                             ",".join(model.name for model in models[1:]), progress)
-    with CampaignSession(config, out_dir, resume) as session:
-        runner = _Runner(models, seeds, strategy, config, session, batch)
-        runner.check_seeds(progress)
+    config = campaign_config(strategy, seeds, campaign.timeout, campaign.max_queries, campaign.seed, models[0].name,
+                             ",".join(model.name for model in models[1:]), campaign.progress)
+    with CampaignSession(config, out_dir, campaign.resume) as session:
+        runner = _Runner(models, seeds, strategy, config, session, campaign.batch)
+        runner.check_seeds(campaign.progress)
         session.start()
         try:
-            runner.run(progress)
+            runner.run(campaign.progress)
         finally:
             session.close()
         result = session.result(runner.records, runner.images, runner.stats)
@@ -344,7 +359,7 @@ def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = 
         batches += [result.triggers[start:start + SEED_BATCH] for start in range(0, len(result.triggers), SEED_BATCH)]
         result.neuron_coverage = coverage_by_role(models, neuron_coverage(models, batches, strategy.threshold))
         session.save(result)
-    return result
+    return [result]
 
 
 def roles(count: int) -> list[str]:

@@ -22,7 +22,7 @@ the other kind of operators.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -147,9 +147,17 @@ def mutation_device(original, executor=None):
     return device if searches_share_the_models_gpu(executor) else None
 
 
+@runtime_checkable
+class OperatorStrategy(Protocol):
+    """A strategy that mutates with a tuple of :class:`~mlflow_di.fuzz.mutations.Operator` (DFlare and
+    its variants): the one kind whose operators can move to a device."""
+
+    operators: tuple
+
+
 def with_operators_on(strategy, device):
-    """``strategy`` with its operators moved by :func:`on_device` (strategies without DFlare's
-    ``operators``, and a None device, are returned unchanged)."""
-    if device is None or not hasattr(strategy, "operators"):
+    """``strategy`` with its operators moved by :func:`on_device` (a strategy that has no
+    :class:`OperatorStrategy` operators, and a None device, are returned unchanged)."""
+    if device is None or not isinstance(strategy, OperatorStrategy):
         return strategy
     return dataclasses.replace(strategy, operators=on_device(strategy.operators, device))

@@ -13,8 +13,8 @@ These and DiffChaser are black-box searches run by the lockstep runner
 (:func:`~mlflow_di.fuzz.boundary.run_boundary`). ``deepxplore`` (Pei et al.) is white-box: one
 campaign over every model's gradients (:func:`~mlflow_di.fuzz.deepxplore.run_deepxplore`).
 
-A lockstep strategy is any object with ``name``, ``options() -> dict`` and
-``start(seed_image, p_original, p_compressed, rng) -> Search``; pass one directly to
+A lockstep strategy is any :class:`~mlflow_di.fuzz.contract.SearchStrategy` (``name``, ``options() -> dict``
+and ``start(seed_image, p_original, p_compressed, rng) -> Search``); pass one directly to
 :func:`~mlflow_di.fuzz.campaign.run_campaign` for non-default settings, e.g.
 ``DFlare(fitness='gap', acceptance='reference')``, or :func:`register` a declaration for it to be
 a ``--strategy`` of the command line.
@@ -22,11 +22,14 @@ a ``--strategy`` of the command line.
 from __future__ import annotations
 
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.contract import BUDGETS, Access, Declaration, OptionSpec
+from mlflow_di.fuzz.contract import BUDGETS, Access, Declaration, OptionSpec, Strategy
 from mlflow_di.registry import Registry
 
 #: the strategy ``mlflow-di fuzz`` runs when none is named
 DEFAULT = "dflare"
+#: the strategy a realism campaign runs when none is named (the pipeline's realism step, the demo, the
+#: gate's advice): it searches inside the realism budget, where DFlare's mutants rarely stay
+REALISM = "boundary"
 
 
 def _dflare(**settings):
@@ -92,7 +95,7 @@ for _declared in (
     _lockstep("dflare-paper-d", "no novelty", _dflare(name="dflare-paper-d", fitness="gap", novelty=False)),
     _lockstep("dflare-paper-r", "random operator", _dflare(name="dflare-paper-r", fitness="gap", selection="uniform")),
     Declaration("diffchaser", "genetic", _diffchaser, "lockstep", budgets=(), distributed=True, overlap=True,
-                device_mutations=True, budget_advice="pick --strategy dflare (or a dflare variant)"),
+                budget_advice="pick --strategy dflare (or a dflare variant)"),
     Declaration("boundary", "realistic triggers in few queries: a PyTorch original's gradients, inside the budget",
                 _boundary, "boundary", original=Access.WHITE_BOX,
                 white_box_advice="give the PyTorch model the export was made from as --original, or pick a black-box "
@@ -104,7 +107,8 @@ for _declared in (
                                  "an int8 one: mlflow_di.compression.fake_quant.fake_quantize) or pick a black-box "
                                  "strategy such as dflare",
                 budget_advice="deepxplore keeps its inputs realistic with --dx-constraint lighting|occlusion|blackout",
-                label=lambda strategy: f"deepxplore-{strategy.constraint}"),
+                label=lambda strategy: f"deepxplore-{strategy.constraint}",
+                seed_check=lambda strategy, shape: strategy.check_image_shape(shape)),
 ):
     _DECLARATIONS.register(_declared)
 
@@ -136,19 +140,19 @@ def declaration(name) -> Declaration:
     return _DECLARATIONS.require(name)
 
 
-def declaration_of(strategy: object) -> Declaration | None:
+def declaration_of(strategy: Strategy) -> Declaration | None:
     """The declaration a strategy object was made from (by its name), None for an undeclared object."""
-    return _DECLARATIONS.get(getattr(strategy, "name", None))
+    return _DECLARATIONS.get(strategy.name) if isinstance(strategy, Strategy) else None
 
 
-def make_strategy(strategy) -> object:
+def make_strategy(strategy: Strategy | str) -> Strategy:
     """A strategy object from a declared name (objects are passed through)."""
     if not isinstance(strategy, str):
         return strategy
     return declaration(strategy).make()
 
 
-def configure(declared: Declaration, constraint: dict | None = None, options: dict | None = None) -> object:
+def configure(declared: Declaration, constraint: dict | None = None, options: dict | None = None) -> Strategy:
     """The strategy object of ``declared`` with a realism ``constraint`` ({max_linf, min_ssim}, None
     values unset) and its own ``options`` ({field: value}, None values unset); a one-line UserError
     for a budget it does not search inside."""

@@ -42,6 +42,7 @@ from mlflow.models.evaluation.base import EvaluationResult, ModelEvaluator
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
+from mlflow_di.fuzz import strategies
 from mlflow_di.fuzz.contract import DEFAULT_TIMEOUT
 from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.preprocessing import Preprocessing
@@ -67,7 +68,7 @@ class EvaluatorConfig:
     seed: int = 0
     compressed_model_uri: str | None = None
     fuzz_seeds: int = 50
-    fuzz_strategy: str = "dflare"
+    fuzz_strategy: str = strategies.DEFAULT
     fuzz_timeout: float = DEFAULT_TIMEOUT  # CPU seconds per seed: a safety net, the budget is fuzz_max_queries
     fuzz_max_queries: int | None = 1000
     device: str = "auto"  # where the PyTorch model runs: auto (CUDA when available), cpu, cuda, cuda:N
@@ -209,13 +210,14 @@ def _fuzz(torch_model: TorchModel, test: ImageSet, config: EvaluatorConfig) -> t
     model is refused in one line."""
     from mlflow_di.fuzz import run
     from mlflow_di.fuzz.contract import Access, Campaign
-    from mlflow_di.fuzz.strategies import declaration
+    from mlflow_di.fuzz.strategies import declaration, declarations
     from mlflow_di.models.loading import load_classifier
 
     declared = declaration(config.fuzz_strategy)
     if declared.compressed is Access.WHITE_BOX:
         raise UserError(f"fuzz_strategy {declared.name} needs a white-box compressed model, and the evaluator "
-                        "queries compressed_model_uri as a black box; choose a black-box strategy such as dflare")
+                        "queries compressed_model_uri as a black box; choose a black-box strategy: "
+                        + ", ".join(d.name for d in declarations() if d.compressed is Access.BLACK_BOX))
     original = torch_model.classifier()
     compressed = load_classifier(config.compressed_model_uri, device=config.device)
     disagreements = int(np.sum(original.predict(test.images) != compressed.predict(test.images)))

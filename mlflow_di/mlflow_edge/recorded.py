@@ -29,6 +29,7 @@ import json
 import math
 
 from mlflow_di.errors import UserError
+from mlflow_di.fuzz.strategies import REALISM
 from mlflow_di.gate import CHECKS, CHECK_BY_METRIC, PINNED, RULE, Baseline, Evidence, Measurement, missing_message
 from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, previous_version, registry_ref,
                                             resolve_if_set, resolve_version, version_model_id, version_uri)
@@ -423,7 +424,7 @@ def _realism_measurement(subject_uri: str, target: _CompressedTarget, run, found
         measurable = all(r.data.tags.get(SSIM_MEASURABLE_TAG, "true") != "false" for r in found)
         message = (f"no fuzz campaign against {target.key} searched inside a realism budget at least as strict as "
                    f"{budget.describe()}; run `mlflow-di fuzz --original {subject_uri} --compressed {target.key} "
-                   f"--seed-data {seed_data} --strategy boundary {budget.options_text(measurable)}` first")
+                   f"--seed-data {seed_data} --strategy {REALISM} {budget.options_text(measurable)}` first")
         context = _unjudged_realism(found)
         return Measurement(metric, None, target.key, missing=message + (f" ({context})" if context else ""))
     metrics, run_id = run.data.metrics, run.info.run_id
