@@ -64,6 +64,7 @@ import dataclasses
 import math
 
 from mlflow_di.errors import UserError
+from mlflow_di.registry import Registry
 from mlflow_di.results_json import JsonRoundTrip
 
 
@@ -103,7 +104,9 @@ class CheckDeclaration:
         return "--" + self.threshold_name.replace("_", "-")
 
 
-CHECKS: list[CheckDeclaration] = [
+#: Every gate check, by its metric, in the order the gate and its reports list them (a live registry:
+#: :func:`register_check` adds one).
+CHECKS = Registry("gate check", CheckDeclaration, key="metric", builtins=[
     CheckDeclaration("idc", "coverage", "min_idc", greater_is_better=True, per_compressed=False,
               help="Fail if IDC (0..1) of the newest coverage run is lower."),
     CheckDeclaration("success_rate", "fuzz", "max_success_rate", greater_is_better=False, per_compressed=True,
@@ -135,8 +138,7 @@ CHECKS: list[CheckDeclaration] = [
               help="Fail if an export runs measurably slower than this multiple of its fp32 source's speed (source "
                    "latency / export latency at batch 64, timed in pairs by its compress run: fails only when the "
                    "whole 95% interval is below); 1: never slower."),
-]
-CHECK_BY_METRIC = {c.metric: c for c in CHECKS}
+])
 
 
 def register_check(criterion: CheckDeclaration) -> CheckDeclaration:
@@ -145,15 +147,12 @@ def register_check(criterion: CheckDeclaration) -> CheckDeclaration:
     (:mod:`mlflow_di.mlflow_edge.recorded`)."""
     if criterion.range not in RANGES:
         raise UserError(f"a check's range is one of {', '.join(RANGES)}, got {criterion.range!r}")
-    CHECKS[:] = [c for c in CHECKS if c.metric != criterion.metric] + [criterion]
-    CHECK_BY_METRIC[criterion.metric] = criterion
-    return criterion
+    return CHECKS.register(criterion)
 
 
 def unregister_check(metric: str) -> None:
     """Forget a registered check (tests add toy ones)."""
-    CHECKS[:] = [c for c in CHECKS if c.metric != metric]
-    CHECK_BY_METRIC.pop(metric, None)
+    CHECKS.unregister(metric)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +211,7 @@ _ALWAYS_WRITTEN = ("min_idc", "max_success_rate", "min_mean_queries", "max_accur
 
 def threshold_records() -> dict:
     """{threshold name: its CheckDeclaration or Relation}, every check's and relation's."""
-    return {**{c.threshold_name: c for c in CHECKS}, **{r.threshold_name: r for r in RELATIONS}}
+    return {**{c.threshold_name: c for c in CHECKS.values()}, **{r.threshold_name: r for r in RELATIONS}}
 
 
 @dataclasses.dataclass(init=False)
@@ -257,13 +256,13 @@ class Thresholds(JsonRoundTrip):
         """Raise a UserError when no threshold is set (a gate that checks nothing must not pass)."""
         if not self.given() and not self.relative():
             raise UserError("no threshold given; pass at least one of "
-                            + ", ".join(c.option for c in CHECKS)
+                            + ", ".join(c.option for c in CHECKS.values())
                             + " (or, with --baseline, " + ", ".join(r.option for r in RELATIONS) + ")")
         return self
 
     def given(self) -> list[tuple[CheckDeclaration, float]]:
         """The criteria with a threshold, in the order of :data:`CHECKS`."""
-        return [(c, self.values[c.threshold_name]) for c in CHECKS if c.threshold_name in self.values]
+        return [(c, self.values[c.threshold_name]) for c in CHECKS.values() if c.threshold_name in self.values]
 
     def require_baseline(self, given: bool) -> "Thresholds":
         """Raise a UserError unless relative thresholds and a baseline come together."""
@@ -482,7 +481,7 @@ class Verdict(JsonRoundTrip):
         values = [m.value for m in self.measurements if m.metric == metric and m.found]
         if not values:
             return None
-        return min(values) if CHECK_BY_METRIC[metric].greater_is_better else max(values)
+        return min(values) if CHECKS[metric].greater_is_better else max(values)
 
     def worst_change(self, relation: str) -> Check | None:
         """The relative check of ``relation`` (e.g. ``idc_drop``) with the least favourable change, None if none."""
@@ -554,7 +553,7 @@ def decide(model_uri: str, thresholds: Thresholds, measurements: list[Measuremen
         checks.extend(_check(criterion, threshold, m) for m in _relevant(criterion, measurements, model_uri))
     for relation, threshold in thresholds.relative():
         checks.extend(_relative_check(relation, threshold, m, baseline)
-                      for m in _relevant(CHECK_BY_METRIC[relation.metric], measurements, model_uri))
+                      for m in _relevant(CHECKS[relation.metric], measurements, model_uri))
     if baseline is None:
         return Verdict(model_uri, thresholds, checks, list(measurements))
     return Verdict(model_uri, thresholds, checks, list(measurements), baseline.uri, list(baseline.measurements))
@@ -601,7 +600,7 @@ def _relative_check(relation: Relation, threshold: float, measurement: Measureme
         check.baseline, check.baseline_model, check.baseline_run_id = (counterpart.value, counterpart.compressed
                                                                        or baseline.uri, counterpart.run_id)
     if not measurement.found:
-        check.message = measurement.missing or missing_message(CHECK_BY_METRIC[relation.metric], "the model")
+        check.message = measurement.missing or missing_message(CHECKS[relation.metric], "the model")
     elif measurement.bound:
         check.measured, check.message = None, f"only a {measurement.bound} bound, not compared: {measurement.note}"
     elif problem:
@@ -616,7 +615,7 @@ def pair(measurement: Measurement, baseline: Baseline) -> tuple[Measurement | No
     """The baseline's measurement to compare ``measurement`` with, and what is wrong when there is none
     with a value: the same metric, of the export made by the same method (any export when the
     baseline is itself one); of several, the newest registered version."""
-    criterion = CHECK_BY_METRIC[measurement.metric]
+    criterion = CHECKS[measurement.metric]
     same = [m for m in baseline.measurements if m.metric == measurement.metric]
     if measurement.compressed is not None and not baseline.is_export:
         if measurement.method is None:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from mlflow_di.gate import CHECK_BY_METRIC, Measurement, Thresholds, decide
+from mlflow_di.gate import CHECKS, Measurement, Thresholds, decide
 from mlflow_di.models.benefit import RESOLUTION, Benefit, Comparison, Speedup
 
 
@@ -53,4 +53,4 @@ def test_min_speedup_fails_only_when_the_whole_interval_is_below_it():
     assert straddling.checks[0].interval == (0.92, 1.03)
     assert not verdict(0.9, 0.85, 0.95).passed and verdict(0.9, 0.85, 0.95).outcome == "FAIL"
     assert verdict(1.2, 1.1, 1.3).passed and verdict(1.2, 1.1, 1.3).checks[0].message == ""
-    assert CHECK_BY_METRIC["speedup"].greater_is_better
+    assert CHECKS["speedup"].greater_is_better

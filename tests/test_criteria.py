@@ -486,8 +486,10 @@ def test_lenet5_gaussian_noise_never_lowers_a_criterion(shared_dir, mnist_spec):
 
 
 def test_a_criterion_is_one_record_the_estimator_the_passes_and_the_command_line_read(tracking_uri, tmp_path, capsys):
-    """A toy criterion (a neuron counts once some input makes it positive), registered as one record:
-    the estimator scores it, the streamed passes give the same figure, and `coverage --criteria` takes it."""
+    """A toy criterion with a setting (a neuron counts once some input lifts it above ``positive_margin``),
+    registered as one record: the estimator scores it with the setting's default or a given value, the
+    streamed passes and a saved estimator give the same figure, `coverage --criteria` and
+    `--criterion-setting` take it, and a value outside the declared range is refused on both sides."""
     from mlflow_di.cli import main
     from mlflow_di.coverage.criteria import Criterion, register_criterion, unregister_criterion
     from mlflow_di.coverage.partials import LocalPasses
@@ -496,9 +498,13 @@ def test_a_criterion_is_one_record_the_estimator_the_passes_and_the_command_line
     from mlflow_di.mlflow_edge import models as edge_models, runs
     from mlflow_di.models import zoo
     from mlflow_di.models.torch_model import TorchModel
+    from mlflow_di.settings import OptionSpec
 
-    register_criterion(Criterion("positive", "a neuron positive for some input", ("positive",),
-                                 score=lambda batch, _e: {"positive": (batch.values > 0).any(axis=0)}))
+    margin = OptionSpec("positive_margin", "How far above 0 a neuron must go.", "float", low=0, default=0.0)
+    register_criterion(Criterion("positive", "a neuron above positive_margin for some input", ("positive",),
+                                 settings=(margin,),
+                                 score=lambda batch, e: {"positive": (batch.values > e.setting("positive_margin"))
+                                                         .any(axis=0)}))
     try:
         model = TorchModel(zoo.build("digits-cnn", seed=0), zoo.architecture("digits-cnn").preprocessing, name="toy")
         train, test = load_images("digits[0:300]"), load_images("digits[300:400]")
@@ -507,16 +513,33 @@ def test_a_criterion_is_one_record_the_estimator_the_passes_and_the_command_line
         values, _ = classic.collect(model, test)
         side = np.hstack([values[layer] for layer in classic.layers_])
         assert report.coverage["positive"] == pytest.approx((side > 0).any(axis=0).mean())
-        suite = CoverageSuite(criteria="nc,positive", progress=False)
+        chosen = {"positive_margin": 0.5}
+        lifted = ClassicCoverage(criteria=("positive",), criterion_settings=chosen, progress=False).fit(model, train)
+        expected = (side > 0.5).any(axis=0).mean()
+        assert expected < report.coverage["positive"]
+        assert lifted.score(test).coverage["positive"] == pytest.approx(expected)
+        assert ClassicCoverage.load(lifted.save(tmp_path / "saved"), model).score(test).coverage["positive"] == \
+            pytest.approx(expected)
+        suite = CoverageSuite(criteria="nc,positive", criterion_settings=chosen, progress=False)
         local = suite.fit(model, train).score(test).metrics()
-        streamed = CoverageSuite(criteria="nc,positive", batch_size=37, progress=False).fit(
+        streamed = CoverageSuite(criteria="nc,positive", criterion_settings=chosen, batch_size=37, progress=False).fit(
             model, train, passes=LocalPasses()).score(test, passes=LocalPasses())
-        assert streamed.metrics()["positive"] == local["positive"] == report.coverage["positive"]
+        assert streamed.metrics()["positive"] == local["positive"] == pytest.approx(expected)
+        for bad, message in (({"positive_margin": -1.0}, "positive_margin must be at least 0"),
+                             ({"margin": 1.0}, "no chosen criterion has the setting margin")):
+            with pytest.raises(UserError, match=message):
+                ClassicCoverage(criteria=("positive",), criterion_settings=bad, progress=False).fit(model, train)
         with runs.tracked_run("train"):
             edge_models.log_torch_model(model, registered_model_name="toy")
         out = tmp_path / "coverage.json"
-        assert main(["coverage", "--model-uri", "models:/toy/1", "--train-data", "digits[0:300]", "--test-data",
-                     "digits[300:400]", "--criteria", "positive", "--json-out", str(out)]) == 0, capsys.readouterr().err
+        command = ["coverage", "--model-uri", "models:/toy/1", "--train-data", "digits[0:300]", "--test-data",
+                   "digits[300:400]", "--criteria", "positive", "--json-out", str(out)]
+        assert main(command) == 0, capsys.readouterr().err
         assert json.loads(out.read_text())["positive"] == pytest.approx(report.coverage["positive"])
+        assert main([*command, "--criterion-setting", "positive_margin=0.5"]) == 0, capsys.readouterr().err
+        assert json.loads(out.read_text())["positive"] == pytest.approx(expected)
+        capsys.readouterr()
+        assert main([*command, "--criterion-setting", "positive_margin=-1"]) == 2
+        assert "positive_margin must be at least 0" in capsys.readouterr().err
     finally:
         unregister_criterion("positive")

@@ -219,7 +219,7 @@ def test_the_black_box_runner_and_bad_settings_are_refused(trained, seeds):
     with pytest.raises(UserError, match="constraint"):
         DeepXplore(constraint="fog")
     for steps in ((-1.0,), (float("nan"),), (0.0,)):
-        with pytest.raises(UserError, match="positive number of 8-bit levels"):
+        with pytest.raises(UserError, match="each step of DeepXplore's finer_steps must be a positive number"):
             DeepXplore(finer_steps=steps)
 
 

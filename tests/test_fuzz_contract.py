@@ -98,3 +98,25 @@ def test_every_built_in_strategy_declares_what_it_needs():
     assert names["deepxplore"].joint and names["deepxplore"].option_prefix == "dx" and not names["deepxplore"].budgets
     assert all(d.distributed and d.overlap for d in declarations() if d.run == "lockstep")
     assert declaration("dflare").make().name == "dflare"
+
+
+#: a value outside each kind of setting's declared range, and one inside it, as Python and the command line give them
+_OUTSIDE = {"float": (-1.0, "-1"), "int": (0, "0"), "choice": ("fog", "fog"), "floats": ((-1.0,), "-1"),
+            "pair": ((-1, 5), "-1,5")}
+
+
+@pytest.mark.parametrize("spec", [s for s in declaration("deepxplore").options if s.kind != "flag"],
+                         ids=lambda s: s.field)
+def test_a_strategys_settings_are_checked_from_one_table(spec, capsys):
+    """DeepXplore's --dx-* options and the checks of a DeepXplore made in Python read one table: a value
+    outside a setting's declared range is refused on both sides, in one line."""
+    from mlflow_di.errors import UserError
+    from mlflow_di.fuzz.deepxplore import DeepXplore
+
+    python_value, typed = _OUTSIDE[spec.kind]
+    with pytest.raises(UserError, match=spec.field if spec.kind != "pair" else spec.what):
+        DeepXplore(**{spec.field: python_value})
+    flag = f"--dx-{spec.field.replace('_', '-')}"
+    assert main(["fuzz", "--original", "a.onnx", "--compressed", "b.onnx", "--seed-data", "digits",
+                 "--strategy", "deepxplore", flag, typed]) == 2
+    assert flag in capsys.readouterr().err

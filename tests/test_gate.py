@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CHECK_BY_METRIC, Measurement, Thresholds, Verdict, decide
+from mlflow_di.gate import CHECKS, Measurement, Thresholds, Verdict, decide
 
 from mlflow_server import PASSING, record_history, record_run, register_version, run_gate
 
@@ -83,7 +83,7 @@ def test_checks_agree_with_mlflow_metric_threshold():
     import mlflow
 
     values = [0.0, 0.25, 0.5, 0.5000001, 0.75, 1.0]
-    for (metric, criterion), threshold, value in itertools.product(CHECK_BY_METRIC.items(), values, values):
+    for (metric, criterion), threshold, value in itertools.product(CHECKS.items(), values, values):
         if criterion.threshold_name == "min_speedup" and threshold == 0:
             continue  # a speedup threshold must be above 0
         check = decide(URI, Thresholds(**{criterion.threshold_name: threshold}),
@@ -402,6 +402,34 @@ def test_realistic_success_rate_is_judged_and_noise_is_named(client, capsys):
     version = client.get_model_version("noisy", "1")
     assert version.tags["mlflow_di.realistic_success_rate"] == "0.4" and "noise-like" in version.description
     assert "boundary inside L-inf" in version.description
+
+
+def test_a_gate_check_on_a_fuzz_metric_is_one_record(client, capsys):
+    """A toy check on a fuzz metric the campaigns already log (median queries per trigger), registered as one
+    record: the gate reads it per export from the newest unconstrained campaign, names that run, passes and
+    fails it, and does not judge an incomplete campaign's figure."""
+    from mlflow_di.gate import CheckDeclaration, register_check, unregister_check
+
+    experiment = client.create_experiment("declared-fuzz-check")
+    model, export = register_version(client, "toy"), register_version(client, "toy-int8")
+    register_check(CheckDeclaration("median_queries", "fuzz", "min_median_queries", greater_is_better=True,
+                                    per_compressed=True, range="nonnegative",
+                                    help="Fail if fuzzing needed fewer queries per trigger (median)."))
+    try:
+        run_id = _fuzz_run(client, experiment, model, export, "dflare", {"success_rate": 0.3, "median_queries": 30})
+        code, out, _ = run_gate(capsys, "--model-uri", "models:/toy/1", "--threshold", "min_median_queries=20")
+        row = next(line.split() for line in out.splitlines() if line.startswith("median_queries"))
+        assert code == 0 and row == ["median_queries", "[models:/toy-int8/1]", "30", ">=", "20", "PASS"]
+        assert f"fuzz run {run_id[:8]} (dflare, no realism budget, complete)" in out  # the run behind the figure
+        code, out, _ = run_gate(capsys, "--model-uri", "models:/toy/1", "--threshold", "min_median_queries=50")
+        assert code == 1 and "failed: median_queries" in out
+        pruned = register_version(client, "toy-prune")  # searched only by a campaign the safety net cut short
+        _fuzz_run(client, experiment, model, pruned, "dflare", {"success_rate": 0.3, "median_queries": 90,
+                                                                 "timed_out_seeds": 4})
+        code, _, err = run_gate(capsys, "--model-uri", "models:/toy/1", "--threshold", "min_median_queries=20")
+        assert code == 2 and "could not judge" in err and "4 of 100 seeds stopped at the --timeout safety net" in err
+    finally:
+        unregister_check("median_queries")
 
 
 #: the tags of a boundary campaign that searched inside the default realism budget

@@ -16,7 +16,7 @@ import tempfile
 import click
 
 from mlflow_di.commands.options import (RAY_OPTIONS, ClusterCounts, CommaList, LayerNames, LazyChoice,
-                                        SectionedCommand, WritablePath, batch_size_option, device_option,
+                                        SectionedCommand, SettingAssignment, WritablePath, batch_size_option, device_option,
                                         json_out_option, preprocessing_option, ray_options, seed_option,
                                         write_json_out)
 
@@ -38,6 +38,9 @@ HEATMAP_INPUTS = 8
               default="epsilon", show_default=True, help="LRP rule (epsilon, z, zplus or alpha1beta0).")
 @click.option("--criteria", type=CommaList("mlflow_di.coverage.suite:KNOWN_CRITERIA", "criteria", "CRITERION"),
               default=None, help="Criteria to measure (default: IDC and every classic criterion).")
+@click.option("--criterion-setting", "criterion_settings", multiple=True, metavar="FIELD=VALUE",
+              type=SettingAssignment("mlflow_di.coverage.criteria:criterion_settings", "criterion setting"),
+              help="A registered criterion's own setting (repeat for several); its declaration gives the range.")
 @click.option("--all-inputs", is_flag=True, help="Analyse all training inputs, not only those the model classifies correctly.")
 @click.option("--reference-quirks", is_flag=True,
               help="Cluster as DeepImportance's code does (drop zeros, round centroids) instead of as the paper says.")
@@ -53,7 +56,7 @@ HEATMAP_INPUTS = 8
 @click.option("--trace-dir", type=WritablePath("dir"), default=None,
               help="With --workers: folder for the workers' Parquet trace files (per-input rows the driver reads "
                    "back); on a cluster of several machines, one every node shares (default: a temporary folder).")
-def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, rule, criteria, all_inputs,
+def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, rule, criteria, criterion_settings, all_inputs,
             reference_quirks, per_class, seed, json_out, preprocessing, device, batch_size, workers, ray_address,
             cpus_per_worker, gpus_per_worker, trace_dir) -> None:
     """Measure how well test data covers MODEL-URI's important neurons (IDC) and the classic criteria."""
@@ -78,7 +81,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         check_layers(model, subject_layers, top_m)
     suite = CoverageSuite(criteria, layers=subject_layers, top_m=top_m, clusters=clusters, rule=rule,
                           only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks,
-                          batch_size=batch_size)
+                          criterion_settings=dict(criterion_settings) or None, batch_size=batch_size)
     raw_train, raw_tests, train, tests = _data(model, train_data, test_data)
     tags = {"mlflow_di.command": "coverage", **registry.model_version_tags(model_uri)}
     model_id = registry.logged_model_id(model_uri)
@@ -90,7 +93,8 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
                     "rule": rule, "criteria": ",".join(parse_criteria(criteria)), "only_correct": not all_inputs,
                     "reference_quirks": reference_quirks, "per_class": per_class, "seed": seed,
                     "device": describe_device(model.device), "batch_size": batch_size,
-                    "workers": workers, **({"ray_address": ray_address} if workers else {})})
+                    "workers": workers, **({"ray_address": ray_address} if workers else {}),
+                    **{f"criterion_setting.{field}": value for field, value in criterion_settings}})
         where = (f"on {workers} Ray worker{'s' if workers > 1 else ''} ({ray_address})" if workers
                  else f"on {describe_device(model.device)}")
         click.echo(f"fitting on {train.name} ({len(train)} images) {where} ...")

@@ -27,7 +27,7 @@ def threshold_options(relative: bool):
 
     types = {"fraction": Fraction, "positive": lambda: FiniteFloat(0, min_open=True), "nonnegative": lambda: FiniteFloat(0)}
     return stacked([click.option(record.option, type=types[record.range](), default=None, help=record.help)
-                    for record in (RELATIONS if relative else CHECKS)])
+                    for record in (RELATIONS if relative else CHECKS.values())])
 
 
 @click.command("gate")
@@ -215,7 +215,7 @@ def _write_ci_reports(verdict, checked_at: str, run_id: str, junit_xml: str | No
 
 
 def _log_verdict(log, verdict, compressed, promote_alias: str | None, notes: tuple[str, ...]) -> tuple[dict, str]:
-    from mlflow_di.gate import CHECK_BY_METRIC, RELATION
+    from mlflow_di.gate import CHECKS, RELATION
 
     params = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
     params["compressed"] = ",".join(compressed) or "all recorded"
@@ -225,7 +225,7 @@ def _log_verdict(log, verdict, compressed, promote_alias: str | None, notes: tup
         params["promote_alias"] = promote_alias
     log.params(params)
     metrics = {"passed": float(verdict.passed), "checks": len(verdict.checks), "failed_checks": len(verdict.failures)}
-    for metric in CHECK_BY_METRIC:
+    for metric in CHECKS:
         value = verdict.worst(metric)
         if value is not None and value != float("inf"):
             metrics[metric] = value

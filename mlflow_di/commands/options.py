@@ -103,6 +103,36 @@ class LazyChoice(click.ParamType):
         self.fail(f"unknown {self.what} '{value}'; choose one of: {', '.join(self.choices)}", param, ctx)
 
 
+class SettingAssignment(click.ParamType):
+    """``FIELD=VALUE``: one of the settings a registry declares (``"module:FUNCTION"`` giving ``{field:
+    OptionSpec}``), its value parsed and checked by that one table (:meth:`~mlflow_di.settings.OptionSpec.parse`).
+    Returns ``(field, value)``."""
+
+    name = "FIELD=VALUE"
+
+    def __init__(self, settings: str, what: str):
+        self.settings, self.what = settings, what
+
+    def convert(self, value, param, ctx):
+        from mlflow_di.errors import UserError
+
+        if isinstance(value, tuple):
+            return value
+        field, sep, text = str(value).partition("=")
+        field = field.strip()
+        if not sep or not field:
+            self.fail(f"give a {self.what} as FIELD=VALUE, got {value!r}", param, ctx)
+        module, _, function = self.settings.partition(":")
+        specs = getattr(importlib.import_module(module), function)()
+        if field not in specs:
+            known = f"choose one of: {', '.join(specs)}" if specs else "no registered one declares a setting"
+            self.fail(f"unknown {self.what} '{field}'; {known}", param, ctx)
+        try:
+            return field, specs[field].parse(text, self.what)
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 class CommaList(click.ParamType):
     """Comma-separated names, each from a registry; returned as a tuple in the order given, without repeats."""
 

@@ -56,6 +56,8 @@ from mlflow_di.coverage.criteria_surprise import (
     bucket_cells,
 )
 from mlflow_di.errors import UserError
+from mlflow_di.registry import Registry
+from mlflow_di.settings import OptionSpec
 
 @dataclasses.dataclass(frozen=True)
 class Criterion:
@@ -79,6 +81,10 @@ class Criterion:
     timer: str = ""
     #: ``count(cells) -> (covered, total)`` from a :class:`CoveredCells` (default: its one field's cells)
     count: Callable | None = None
+    #: its own settings (a registered criterion's), each with its range and default: ``score`` reads one with
+    #: ``estimator.setting(field)``; ``ClassicCoverage(criterion_settings={field: value})`` and ``coverage
+    #: --criterion-setting FIELD=VALUE`` set it, checked against this table
+    settings: tuple[OptionSpec, ...] = ()
 
     def __post_init__(self):
         if self.count is None:
@@ -108,8 +114,8 @@ def _boundary(batch: Batch, _estimator) -> dict:
     return {"below": below, "above": above}
 
 
-#: Every classic criterion, in the order reports list them.
-CRITERION = {c.name: c for c in (
+#: Every classic criterion, in the order reports list them (a live registry: :func:`register_criterion` adds one).
+CRITERION = Registry("coverage criterion", Criterion, builtins=(
     Criterion("nc", "a neuron whose scaled output exceeds nc_threshold", ("nc",),
               score=lambda batch, e: {"nc": neuron_coverage_cells(batch.scaled, e.nc_threshold)}),
     Criterion("kmnc", "one of kmnc_sections sections of a neuron's training range", ("kmnc",), needs_bounds=True,
@@ -124,9 +130,9 @@ CRITERION = {c.name: c for c in (
               score=lambda batch, e: {"tknc": top_k_cells(batch.values, batch.layer_sizes, e.tknc_k)}),
     Criterion("lsc", "one of lsc_buckets buckets of likelihood surprise", ("lsc",), merge="per-input"),
     Criterion("dsc", "one of dsc_buckets buckets of distance surprise", ("dsc",), merge="per-input"),
-)}
+))
 #: The built-in criteria (the default of :class:`ClassicCoverage`); :func:`register_criterion` adds others.
-CRITERIA = tuple(CRITERION)
+CRITERIA = CRITERION.builtins
 _SURPRISE = {c.name for c in CRITERION.values() if c.surprise}
 
 
@@ -135,14 +141,23 @@ def register_criterion(criterion: Criterion) -> Criterion:
     ``mlflow-di coverage --criteria`` know it from now on (one record; see :class:`Criterion`)."""
     if not isinstance(criterion, Criterion) or criterion.score is None:
         raise UserError("register_criterion takes a Criterion whose score(batch, estimator) gives its cells")
-    CRITERION[criterion.name] = criterion
-    return criterion
+    return CRITERION.register(criterion)
 
 
 def unregister_criterion(name: str) -> None:
     """Forget a registered criterion (tests add toy ones); the built-ins stay."""
-    if name not in CRITERIA:
-        CRITERION.pop(name, None)
+    CRITERION.unregister(name)
+
+
+def criterion_settings(criteria=None) -> dict[str, OptionSpec]:
+    """``{field: OptionSpec}`` of the settings the registered ``criteria`` (default: every one) declare."""
+    chosen = CRITERION.values() if criteria is None else (CRITERION[name] for name in criteria if name in CRITERION)
+    return {spec.field: spec for criterion in chosen for spec in criterion.settings}
+
+
+def _owner(field: str, criteria) -> str:
+    """The name of the criterion among ``criteria`` that declares ``field``."""
+    return next(name for name in criteria if any(spec.field == field for spec in CRITERION[name].settings))
 
 
 def _bounded(criteria) -> bool:
@@ -325,6 +340,20 @@ class CriteriaReport:
         return cls.from_dict(json.loads(text))
 
 
+#: :class:`ClassicCoverage`'s settings with a range, checked at fit (one table; a registered criterion's own
+#: settings are its record's ``settings``)
+CLASSIC_SETTINGS = (
+    OptionSpec("nc_threshold", "NC's threshold on per-input min-max scaled outputs.", "float", low=0, high=1),
+    *(OptionSpec(field, help, "int", low=1) for field, help in (
+        ("kmnc_sections", "KMNC's sections per neuron."), ("tknc_k", "TKNC's top neurons per layer."),
+        ("lsc_buckets", "LSC's buckets."), ("dsc_buckets", "DSC's buckets."), ("batch_size", "Images per pass."))),
+    OptionSpec("lsc_lower", "LSC's lowest bucket edge.", "float"), OptionSpec("lsc_upper", "LSC's top edge.", "float"),
+    OptionSpec("dsc_lower", "DSC's lowest bucket edge.", "float"), OptionSpec("dsc_upper", "DSC's top edge.", "float"),
+    OptionSpec("surprise_bucket_rule", "How SA values map to LSC's and DSC's buckets.", "choice", choices=BUCKET_RULES),
+    OptionSpec("var_threshold", "LSA drops neurons with a lower in-class variance.", "float", low=0),
+)
+
+
 class ClassicCoverage(BaseEstimator):
     """NC, KMNC, NBC, SNAC, TKNC, LSC and DSC from one activation pass per data set.
 
@@ -365,6 +394,7 @@ class ClassicCoverage(BaseEstimator):
         surprise_bucket_rule: str = "fixed",
         sa_layers: Sequence[str] | None = None,
         var_threshold: float = VAR_THRESHOLD,
+        criterion_settings: Mapping | None = None,
         batch_size: int = 256,
         progress: bool = True,
     ):
@@ -382,6 +412,7 @@ class ClassicCoverage(BaseEstimator):
         self.surprise_bucket_rule = surprise_bucket_rule
         self.sa_layers = sa_layers
         self.var_threshold = var_threshold
+        self.criterion_settings = criterion_settings
         self.batch_size = batch_size
         self.progress = progress
 
@@ -400,9 +431,26 @@ class ClassicCoverage(BaseEstimator):
             "dsc_range": [float(self.dsc_lower), float(self.dsc_upper)],
             "surprise_bucket_rule": str(self.surprise_bucket_rule),
             "var_threshold": float(self.var_threshold),
+            "criterion_settings": self._own_settings(criteria),
             "layers": list(getattr(self, "layers_", self.layers or [])),
             "sa_layers": list(getattr(self, "sa_layers_", self.sa_layers or [])),
         }
+
+    def setting(self, field: str):
+        """A registered criterion's own setting: the value given in ``criterion_settings``, else its default."""
+        return self._own_settings(self._criteria())[field]
+
+    def _own_settings(self, criteria) -> dict:
+        """``{field: value}`` of every setting the chosen ``criteria`` declare, checked (defaults filled in); a
+        one-line UserError for a setting none of them declares."""
+        declared = criterion_settings(criteria)
+        given = dict(self.criterion_settings or {})
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            raise UserError(f"no chosen criterion has the setting {unknown[0]}"
+                            + (f"; theirs: {', '.join(declared)}" if declared else ""))
+        return {field: spec.check(given[field], f"criterion {_owner(field, criteria)}") if field in given
+                else spec.default for field, spec in declared.items()}
 
     def _criteria(self) -> tuple[str, ...]:
         criteria = (self.criteria,) if isinstance(self.criteria, str) else tuple(self.criteria)
@@ -412,17 +460,13 @@ class ClassicCoverage(BaseEstimator):
         return tuple(c for c in CRITERION if c in criteria)  # canonical order, no duplicates
 
     def _check_settings(self) -> None:
-        for name in ("kmnc_sections", "tknc_k", "lsc_buckets", "dsc_buckets", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise UserError(f"{name} must be a positive integer, got {value!r}")
+        for spec in CLASSIC_SETTINGS:
+            spec.check(getattr(self, spec.field), "ClassicCoverage")
         for name in ("lsc", "dsc"):
             lower, upper = getattr(self, f"{name}_lower"), getattr(self, f"{name}_upper")
             if not upper > lower:
                 raise UserError(f"{name}_upper must be greater than {name}_lower, got [{lower}, {upper}]")
-        if self.surprise_bucket_rule not in BUCKET_RULES:
-            raise UserError(f"unknown surprise_bucket_rule {self.surprise_bucket_rule!r}; "
-                            f"choose one of {', '.join(BUCKET_RULES)}")
+        self._own_settings(self._criteria())
 
     @property
     def reductions(self) -> dict:
@@ -625,6 +669,7 @@ class ClassicCoverage(BaseEstimator):
             dsc_buckets=meta["dsc_buckets"], dsc_lower=meta["dsc_range"][0], dsc_upper=meta["dsc_range"][1],
             surprise_bucket_rule=meta.get("surprise_bucket_rule", "fixed"),  # files saved before the rule existed
             sa_layers=meta["sa_layers"] or None, var_threshold=meta["var_threshold"],
+            criterion_settings=meta.get("criterion_settings") or None,  # files saved before criteria had settings
             batch_size=meta.get("batch_size", 256), progress=progress,
         )
         coverage.layers_, coverage.sa_layers_ = list(meta["layers"]), list(meta["sa_layers"])

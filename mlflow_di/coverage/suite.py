@@ -11,7 +11,7 @@ import dataclasses
 import json
 import pathlib
 import collections.abc
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from sklearn.base import BaseEstimator
@@ -95,8 +95,10 @@ class CoverageSuite(BaseEstimator):
     ``criteria``: any of :data:`ALL_CRITERIA` (a list or ``"idc,nc"``). ``layers``: the IDC
     layers, None (the default subject layer: last hidden layer before the logits), ``"all"``
     (every hidden layer; a layer narrower than ``top_m`` uses all its neurons) or a list of names.
-    The other arguments go to :class:`~mlflow_di.coverage.idc.ImportanceDrivenCoverage`;
-    ``batch_size`` and ``progress`` to :class:`~mlflow_di.coverage.criteria.ClassicCoverage` too.
+    ``criterion_settings``: registered criteria's own settings, ``{field: value}``, for
+    :class:`~mlflow_di.coverage.criteria.ClassicCoverage`. The other arguments go to
+    :class:`~mlflow_di.coverage.idc.ImportanceDrivenCoverage`; ``batch_size`` and ``progress`` to
+    ClassicCoverage too.
 
     Fitted attributes: ``criteria_`` (the checked criteria, canonical order), ``idc_``
     (a multi-layer ImportanceDrivenCoverage, or None without ``idc``), ``classic_``
@@ -107,7 +109,7 @@ class CoverageSuite(BaseEstimator):
     def __init__(self, criteria: str | Sequence[str] = ALL_CRITERIA, layers: str | Sequence[str] | None = None,
                  top_m: int = 6, clusters: Sequence[int] = (2, 3, 4), rule: str = "epsilon",
                  only_correct: bool = True, seed: int = 0, reference_quirks: bool = False,
-                 batch_size: int = 256, progress: bool = True):
+                 criterion_settings: Mapping | None = None, batch_size: int = 256, progress: bool = True):
         self.criteria = criteria
         self.layers = layers
         self.top_m = top_m
@@ -116,6 +118,7 @@ class CoverageSuite(BaseEstimator):
         self.only_correct = only_correct
         self.seed = seed
         self.reference_quirks = reference_quirks
+        self.criterion_settings = criterion_settings
         self.batch_size = batch_size
         self.progress = progress
 
@@ -144,7 +147,8 @@ class CoverageSuite(BaseEstimator):
             primary = default if default in idc.layers_ else idc.layers_[0]
         names = [c for c in criteria if c != "idc"]
         if names:
-            classic = ClassicCoverage(names, batch_size=self.batch_size, progress=self.progress).fit(model, images)
+            classic = ClassicCoverage(names, criterion_settings=self.criterion_settings, batch_size=self.batch_size,
+                                      progress=self.progress).fit(model, images)
         self.criteria_, self.idc_, self.classic_, self.primary_, self.model_ = criteria, idc, classic, primary, model
         return self
 
@@ -186,7 +190,8 @@ class CoverageSuite(BaseEstimator):
                 reference_quirks=self.reference_quirks, batch_size=self.batch_size, progress=self.progress)
         names = [c for c in criteria if c != "idc"]
         if names:
-            classic = ClassicCoverage(names, batch_size=self.batch_size, progress=self.progress)
+            classic = ClassicCoverage(names, criterion_settings=self.criterion_settings, batch_size=self.batch_size,
+                                      progress=self.progress)
             classic._check_settings()
             classic.resolve_layers(model.module)
         return criteria, idc, classic

@@ -29,6 +29,7 @@ import enum
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from mlflow_di.errors import UserError
+from mlflow_di.settings import OptionSpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,28 +58,6 @@ class Access(enum.Enum):
 
     BLACK_BOX = "black-box"  # predict_proba on raw images: PyTorch, ONNX, TFLite, Keras
     WHITE_BOX = "white-box"  # a TorchModel: named layers and gradients (PyTorch pt2/pickle, ONNX views, Keras)
-
-
-@dataclasses.dataclass(frozen=True)
-class OptionSpec:
-    """One of a strategy's own options: the strategy object's ``field``, on the command line
-    ``--PREFIX-FIELD`` (underscores as dashes). ``kind`` says what it takes, in click's spirit:
-    ``float`` (finite, within ``low``/``high``, ``open`` ends excluded), ``int`` (within ``low``/``high``),
-    ``choice`` (one of ``choices``), ``flag`` (``--PREFIX-FIELD/--PREFIX-no-FIELD``), ``floats`` (a
-    comma-separated list of positive numbers, e.g. ``example``) or ``pair`` (two integers of at least
-    ``low``, e.g. ``example``). ``what`` names the value in messages; the command line builds the
-    option from this (``commands/options.py: declared_option``), the engine never sees click."""
-
-    field: str
-    help: str
-    kind: str
-    low: float | None = None
-    high: float | None = None
-    open: tuple[bool, bool] = (False, False)
-    choices: tuple[str, ...] = ()
-    what: str = ""
-    example: str = ""
-    metavar: str | None = None
 
 
 @runtime_checkable

@@ -79,13 +79,13 @@ from mlflow_di.errors import UserError
 from mlflow_di.fuzz._random import draw_index
 from mlflow_di.fuzz.charge import process_seconds
 from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Campaign
+from mlflow_di.fuzz.deepxplore_options import DEEPXPLORE_OPTIONS
 from mlflow_di.fuzz.seeds import SEED_BATCH, campaign_config, check_arguments, predict_checked, refuse_raw_resize, top1
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.session import CampaignSession
 from mlflow_di.progress import BudgetProgress, budget_share, progress_bar as tqdm
 
-CONSTRAINTS = ("lighting", "occlusion", "blackout")
 #: the reference's ``normalize``: gradient / (root mean square + this)
 NORMALIZE_EPSILON = 1e-5
 
@@ -111,21 +111,8 @@ class DeepXplore:
     name: str = "deepxplore"
 
     def __post_init__(self):
-        object.__setattr__(self, "occlusion_at", _pair("occlusion position", self.occlusion_at, 0))
-        object.__setattr__(self, "occlusion_size", _pair("occlusion size", self.occlusion_size, 1))
-        object.__setattr__(self, "blackout_size", _pair("blackout size", self.blackout_size, 1))
-        if self.constraint not in CONSTRAINTS:
-            raise UserError(f"unknown DeepXplore constraint '{self.constraint}'; choose one of: {', '.join(CONSTRAINTS)}")
-        object.__setattr__(self, "finer_steps", tuple(float(step) for step in np.atleast_1d(self.finer_steps)))
-        if not all(step > 0 and np.isfinite(step) for step in (self.step, *self.finer_steps)):
-            raise UserError("every DeepXplore step must be a positive number of 8-bit levels, got "
-                            f"{', '.join(f'{step:g}' for step in (self.step, *self.finer_steps))}")
-        if self.lambda1 < 0 or self.lambda2 < 0:
-            raise UserError(f"DeepXplore's lambda1 and lambda2 must be at least 0, got {self.lambda1} and {self.lambda2}")
-        if not 0 <= self.threshold < 1:
-            raise UserError(f"the neuron coverage threshold is a scaled activation in [0, 1), got {self.threshold}")
-        if int(self.iterations) < 1 or int(self.blackout_count) < 1:
-            raise UserError("DeepXplore needs at least 1 gradient iteration and 1 blackout rectangle per step")
+        for spec in DEEPXPLORE_OPTIONS:  # the declared ranges, the same the command line's --dx-* options take
+            object.__setattr__(self, spec.field, spec.check(getattr(self, spec.field), "DeepXplore"))
 
     def climbs(self, first_target: int, models: int) -> list[tuple[float, int]]:
         """(step, target model) of each climb from the seed, in order: ``first_target`` (drawn per seed),
@@ -167,13 +154,6 @@ class DeepXplore:
                 allowed[row:row + rows, column:column + columns] = -1.0
                 names.append(f"blackout@{row},{column}")
         return allowed, names or ["blackout-none"]
-
-
-def _pair(what: str, value, least: int) -> tuple[int, int]:
-    values = tuple(np.atleast_1d(value).tolist())
-    if len(values) != 2 or any(isinstance(v, bool) or float(v) != int(v) or int(v) < least for v in values):
-        raise UserError(f"the {what} is two whole numbers of at least {least} (rows, columns), got {value}")
-    return int(values[0]), int(values[1])
 
 
 # ---------------------------------------------------------------------------------- white-box pass

@@ -30,7 +30,7 @@ import math
 
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.strategies import REALISM
-from mlflow_di.gate import CHECKS, CHECK_BY_METRIC, PINNED, RULE, Baseline, Evidence, Measurement, missing_message
+from mlflow_di.gate import CHECKS, PINNED, RULE, Baseline, Evidence, Measurement, missing_message
 from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, previous_version, registry_ref,
                                             resolve_if_set, resolve_version, version_model_id, version_uri)
 
@@ -255,7 +255,7 @@ def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None
     coverage run that logged it."""
     found = []
     rule = PINNED if _pinned.get() is not None else "the newest coverage run of the version"
-    for criterion in (c for c in CHECKS if c.command == "coverage"):
+    for criterion in (c for c in CHECKS.values() if c.command == "coverage"):
         runs = recorded_runs("coverage", subject_tags, criterion.metric, client, model_id)
         if not runs:
             found.append(Measurement(criterion.metric, None, missing=missing_message(criterion, subject_uri)))
@@ -375,7 +375,32 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
     plain = _chosen([run for run in found if FUZZ_CONSTRAINT_TAG not in run.data.tags])
     looked = _chosen([run for run in found if _searched_inside(run, budget)])
     return [*_success_measurements(subject_uri, target, plain, bool(found), rule),
-            _realism_measurement(subject_uri, target, looked, found, budget, rule)]
+            _realism_measurement(subject_uri, target, looked, found, budget, rule),
+            *_declared_fuzz_measurements(subject_uri, target, plain, rule)]
+
+
+#: the fuzz checks measured above; any other check declared on a fuzz metric is read by _declared_fuzz_measurements
+_BUILT_IN_FUZZ = ("success_rate", "mean_queries", "realistic_success_rate")
+
+
+def _declared_fuzz_measurements(subject_uri: str, target: _CompressedTarget, run, rule: str) -> list[Measurement]:
+    """Every other check declared on a fuzz metric (:func:`~mlflow_di.gate.register_check`), read from the same
+    unconstrained campaign as the success rate. An incomplete campaign's figure is not judged: which way its
+    seeds cut short would move a metric the gate does not know."""
+    found = []
+    for check in (c for c in CHECKS.values() if c.command == "fuzz" and c.metric not in _BUILT_IN_FUZZ):
+        if run is None:
+            found.append(Measurement(check.metric, None, target.key, missing=missing_message(check, subject_uri,
+                                                                                            target.key)))
+            continue
+        metrics, run_id = run.data.metrics, run.info.run_id
+        evidence, data = _fuzz_evidence(run, rule), data_param(run, "seed_data")
+        value = metrics.get(check.metric)
+        missing = _incomplete_note(metrics, run_id) or ("" if value is not None else
+                                                         f"fuzz run {run_id} recorded no {check.metric}")
+        found.append(Measurement(check.metric, None if missing else value, target.key, run_id, missing, data=data,
+                                 evidence=evidence))
+    return found
 
 
 def _incomplete_note(metrics: dict, run_id: str) -> str:
@@ -392,7 +417,7 @@ def _incomplete_note(metrics: dict, run_id: str) -> str:
 def _success_measurements(subject_uri: str, target: _CompressedTarget, run, any_recorded: bool,
                           rule: str) -> list[Measurement]:
     if run is None:
-        message = missing_message(CHECK_BY_METRIC["success_rate"], subject_uri, target.key)
+        message = missing_message(CHECKS["success_rate"], subject_uri, target.key)
         if any_recorded:
             message += (" (only campaigns held to --max-linf/--min-ssim were recorded; these checks read "
                         "unconstrained ones)")
@@ -486,7 +511,7 @@ def _producing_run(target: _CompressedTarget, client):
 
 def compress_metrics() -> list[str]:
     """The checks read from the compress run that made an export (their records' ``command``)."""
-    return [c.metric for c in CHECKS if c.command == "compress"]
+    return [c.metric for c in CHECKS.values() if c.command == "compress"]
 #: the compress metrics that depend on which answers are judged (compress logs ``reference.NAME`` beside them)
 SEMANTIC_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_rate")
 REFERENCE_SUFFIX = " (reference semantics)"
@@ -526,7 +551,7 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     """accuracy_drop, max_class_accuracy_drop, disagreement_rate and speedup from the compress (or repair)
     run that produced the compressed version; ``semantics`` (host, reference or both) picks which answers
     the first three are read for (reference ones name the export with :data:`REFERENCE_SUFFIX`)."""
-    missing = missing_message(CHECK_BY_METRIC["accuracy_drop"], subject_uri, target.key)
+    missing = missing_message(CHECKS["accuracy_drop"], subject_uri, target.key)
     run = _producing_run(target, client)
     if run is None:
         return [Measurement(metric, None, target.key, missing=missing) for metric in compress_metrics()]
@@ -620,7 +645,7 @@ def _semantics_note(metrics: dict, tags: dict) -> str:
 
 
 #: The run metric the gate's robustness criterion reads (``.SLUG`` per compressed model).
-ROBUSTNESS_METRIC = CHECK_BY_METRIC["robustness_agreement_min"].metric
+ROBUSTNESS_METRIC = CHECKS["robustness_agreement_min"].metric
 
 
 def _robustness_slugs(run) -> dict:
@@ -643,7 +668,7 @@ def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Meas
             return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id, data=data, evidence=Evidence(
                 run.info.run_id, "robustness", "corrupted", data, context=context_line(run.data.tags), rule=rule))
     return Measurement(ROBUSTNESS_METRIC, None, target.key,
-                       missing=missing_message(CHECK_BY_METRIC[ROBUSTNESS_METRIC], subject_uri, target.key))
+                       missing=missing_message(CHECKS[ROBUSTNESS_METRIC], subject_uri, target.key))
 
 
 def latest_run(option: str, command: str, metric: str, tags: dict, about: str) -> str:

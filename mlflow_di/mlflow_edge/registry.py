@@ -9,7 +9,7 @@ import json
 import math
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CHECK_BY_METRIC, RELATION
+from mlflow_di.gate import CHECKS, RELATION
 from mlflow_di.mlflow_edge.connection import first_line, permission_errors, tracking_uri
 from mlflow_di.models.reference import ModelRef, RefKind
 
@@ -189,7 +189,7 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
             # the runs whose values were judged: what to open to check the verdict
             f"{TAG_PREFIX}gate_evidence": ",".join(sorted({c.run_id for c in verdict.checks if c.run_id}))[:5000] or "-"}
     asked = {check.criterion for check in verdict.checks}
-    for metric in CHECK_BY_METRIC:
+    for metric in CHECKS:
         value = verdict.worst(metric) if metric in asked else None
         if value is not None:
             tags[f"{TAG_PREFIX}{metric}"] = format_value(value)
@@ -209,7 +209,7 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
 
 def stale_gate_tags(version, tags: dict) -> list[str]:
     """Keys of gate tags ``version`` carries from an earlier gate that ``tags`` (this gate's) lacks."""
-    ours = {f"{TAG_PREFIX}{name}" for name in (*CHECK_BY_METRIC, *(f"{c}_export" for c in CHECK_BY_METRIC), *RELATION,
+    ours = {f"{TAG_PREFIX}{name}" for name in (*CHECKS, *(f"{c}_export" for c in CHECKS), *RELATION,
                                                *(f"{r}_baseline" for r in RELATION), "gate_baseline",
                                                *RETIRED_GATE_TAGS)}
     return sorted(key for key in (version.tags or {}) if key in ours and key not in tags)
