@@ -41,6 +41,7 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     origin = "recorded" if set_preprocessing else (
         "the --preprocessing option" if preprocessing else _ORIGINS.get(source.preprocessing_from, _ORIGINS[None]))
     click.echo(f"model:          {uri}")
+    click.echo(f"format:         {source.format.title}")
     note = "" if white_box else " (black box)"
     if source.format.graph:  # runs on its runtime; coverage and the other white-box work use its torch view
         note = " (nodes listed below; white-box commands use its view as torch layers)"

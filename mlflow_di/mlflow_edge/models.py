@@ -73,18 +73,26 @@ def _inside(uri: str, local: pathlib.Path, relative) -> pathlib.Path:
 
 
 def _model_file(uri: str, local: pathlib.Path, model) -> DownloadedModel:
-    flavors = model.flavors
-    if "pytorch" in flavors:
-        data = _inside(uri, local, flavors["pytorch"].get("model_data", "data"))
-        if (data / "model.pth").exists():
-            return DownloadedModel("pytorch", data / "model.pth", model.metadata or {})
-        return DownloadedModel("pytorch-pt2", data / "model.pt2", model.metadata or {})
-    if "onnx" in flavors:
-        return DownloadedModel("onnx", _inside(uri, local, flavors["onnx"]["data"]), model.metadata or {})
-    if "python_function" in flavors and REPAIRED_BASE in ((model.metadata or {}).get("mlflow_di") or {}):
-        return DownloadedModel("repaired", local / "artifacts", model.metadata or {})
-    raise UserError(f"model '{uri}' has flavors {sorted(flavors)}; mlflow-di reads the pytorch and onnx flavors "
-                    "(log the model with mlflow.pytorch or mlflow.onnx)")
+    """The model file of the first format (in :data:`~mlflow_di.models.formats.FORMATS`' order) whose MLflow
+    flavor the model carries and whose file is there; a pyfunc that mlflow-di repair logged is the repaired format."""
+    from mlflow_di.models.formats import FORMATS
+
+    flavors, metadata = model.flavors, model.metadata or {}
+    expected = []
+    for fmt in (fmt for fmt in FORMATS.values() if fmt.flavor in flavors):
+        data = _inside(uri, local, flavors[fmt.flavor].get(fmt.flavor_data, "data"))
+        path = data / fmt.flavor_file if fmt.flavor_file else data
+        if path.exists():
+            return DownloadedModel(fmt.name, path, metadata)
+        expected.append(path.name)
+    if expected:
+        raise UserError(f"model '{uri}' names its data as {' or '.join(expected)}, which is not in the model's folder; "
+                        "log the model again")
+    if "python_function" in flavors and REPAIRED_BASE in (metadata.get("mlflow_di") or {}):
+        return DownloadedModel("repaired", local / "artifacts", metadata)
+    readable = sorted({fmt.flavor for fmt in FORMATS.values() if fmt.flavor})
+    raise UserError(f"model '{uri}' has flavors {sorted(flavors)}; mlflow-di reads the {' and '.join(readable)} "
+                    "flavors (log the model with mlflow.pytorch or mlflow.onnx)")
 
 
 def _signature_input(model) -> tuple[tuple | None, str | None]:

@@ -9,20 +9,26 @@ file when loaded (pickle): policies and the service load them only for models th
 refused unless trusted (:func:`mlflow_di.models.trust.may_run_hidden_code`).
 
 The openers take the local file and return the bare model (a module or a classifier); the
-loader adds preprocessing, device and origin, the same for every format.
+loader adds preprocessing, device and origin, the same for every format. A format also says how a
+user's file or MLflow model is recognised as it: its file ``suffixes`` and the MLflow ``flavor`` its
+logged models carry. :func:`register_format` adds one (a module and its entry, no edit elsewhere).
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
 import pickle
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from mlflow_di.errors import UserError
-from mlflow_di.models.classifier import Classifier, OnnxClassifier, TFLiteClassifier
 from mlflow_di.models.metadata import ModelMetadata
+from mlflow_di.registry import Registry
 
-__all__ = ["FORMATS", "ModelFormat", "format_of", "load_repaired"]
+if TYPE_CHECKING:
+    from mlflow_di.models.classifier import Classifier
+
+__all__ = ["FORMATS", "ModelFormat", "format_of", "format_of_file", "load_repaired", "register_format",
+           "unregister_format"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,11 @@ class ModelFormat:
     ``repairable``: repair can register a repaired version (graph formats as one graph, the others
     as a pyfunc of the model and its head). ``needs_architecture``: the file holds weights only, its
     reference names the architecture as well (``keras:ARCH:FILE``).
+
+    How it is recognised: ``suffixes``, the file names it has (lower case, e.g. ``.onnx``); ``flavor``,
+    the MLflow flavor its logged models carry, with ``flavor_data`` the flavor's key naming its data
+    and ``flavor_file`` the file inside that data folder (None: the data is the file). Formats that share
+    a flavor (PyTorch's pickle and pt2) are told apart by their file, in the order of :data:`FORMATS`.
     """
 
     name: str
@@ -55,6 +66,10 @@ class ModelFormat:
     lists_operators: bool = False
     repairable: bool = False
     needs_architecture: bool = False
+    suffixes: tuple[str, ...] = ()
+    flavor: str | None = None
+    flavor_data: str = "data"
+    flavor_file: str | None = None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -95,6 +110,7 @@ def _open_pt2(source):
 
 
 def _open_onnx_module(source):
+    from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.models.onnx_torch import onnx_to_torch
 
     module = onnx_to_torch(source.path, source.uri)  # its operators as torch layers, checked against ORT
@@ -109,10 +125,14 @@ def _open_keras(source):
 
 
 def _open_onnx(source, device) -> Classifier:
+    from mlflow_di.models.classifier import OnnxClassifier
+
     return OnnxClassifier(source.path, name=source.ref.display_name, device=device)
 
 
 def _open_tflite(source, device) -> Classifier:
+    from mlflow_di.models.classifier import TFLiteClassifier
+
     return TFLiteClassifier(source.path, name=source.ref.display_name)
 
 
@@ -120,28 +140,59 @@ def _open_repaired(source, device) -> Classifier:
     return load_repaired(source.path, source.metadata.to_mlflow(), source.ref.display_name, device)
 
 
-FORMATS: dict[str, ModelFormat] = {fmt.name: fmt for fmt in (
-    ModelFormat("pytorch-pt2", "PyTorch pt2 (torch.export)",
-                "mlflow.pytorch.log_model(model, name=..., input_example=x) (MLflow's default outside Databricks)",
-                white_box=True, runs_code=False, open_module=_open_pt2),
+#: Every model format by name, in the order an MLflow model's flavors are tried (a live registry).
+FORMATS = Registry("model format", ModelFormat, builtins=(
     ModelFormat("pytorch", "PyTorch pickle",
                 "mlflow.pytorch.log_model(..., serialization_format='pickle'), torch.save(model, 'm.pt')",
-                white_box=True, runs_code=True, open_module=_open_pickle),
+                white_box=True, runs_code=True, open_module=_open_pickle, suffixes=(".pt", ".pth", ".pkl"),
+                flavor="pytorch", flavor_data="model_data", flavor_file="model.pth"),
+    ModelFormat("pytorch-pt2", "PyTorch pt2 (torch.export)",
+                "mlflow.pytorch.log_model(model, name=..., input_example=x) (MLflow's default outside Databricks)",
+                white_box=True, runs_code=False, open_module=_open_pt2, flavor="pytorch", flavor_data="model_data",
+                flavor_file="model.pt2"),
     ModelFormat("onnx", "ONNX", "mlflow.onnx.log_model(onnx_model, name=...), a .onnx file, mlflow-di compress",
                 white_box=True, runs_code=False, open_module=_open_onnx_module, open_black_box=_open_onnx, graph=True,
-                repairable=True),
+                repairable=True, suffixes=(".onnx",), flavor="onnx"),
     ModelFormat("keras", "Keras HDF5 reference weights", "keras:ARCH:FILE.h5, mlflow-di import-keras",
                 white_box=True, runs_code=False, open_module=_open_keras, needs_architecture=True),
     ModelFormat("tflite", "TFLite / LiteRT", "a .tflite or .lite file", white_box=False, runs_code=False,
-                open_black_box=_open_tflite, lists_operators=True, repairable=True),
+                open_black_box=_open_tflite, lists_operators=True, repairable=True, suffixes=(".tflite", ".lite")),
     ModelFormat("repaired", "repaired model (pyfunc: compressed model + head)", "mlflow-di repair",
                 white_box=False, runs_code=False, open_black_box=_open_repaired),
-)}
+))
+
+
+def register_format(model_format: ModelFormat) -> ModelFormat:
+    """Add a model format: references to its files (by suffix) and MLflow models of its flavor open as it in
+    every command, which ask it what it can do."""
+    if model_format.open_module is None and model_format.open_black_box is None:
+        raise UserError(f"model format {model_format.name} needs open_module or open_black_box")
+    taken = {suffix: fmt.name for fmt in FORMATS.values() for suffix in fmt.suffixes if fmt.name != model_format.name}
+    clash = [suffix for suffix in model_format.suffixes if suffix in taken]
+    if clash:
+        raise UserError(f"model format {model_format.name}: {clash[0]} files are {taken[clash[0]]} models already")
+    return FORMATS.register(model_format)
+
+
+def unregister_format(name: str) -> None:
+    """Forget a registered format (tests add toy ones); the built-ins stay."""
+    FORMATS.unregister(name)
 
 
 def format_of(name: str) -> ModelFormat:
     """The :class:`ModelFormat` called ``name``."""
     return FORMATS[name]
+
+
+def format_of_file(path: pathlib.Path) -> ModelFormat | None:
+    """The format whose ``suffixes`` include ``path``'s (None: no format claims it)."""
+    suffix = pathlib.Path(path).suffix.lower()
+    return next((fmt for fmt in FORMATS.values() if suffix in fmt.suffixes), None)
+
+
+def file_suffixes() -> list[str]:
+    """Every suffix a model file may have, in the formats' order."""
+    return [suffix for fmt in FORMATS.values() for suffix in fmt.suffixes]
 
 
 def load_repaired(folder, metadata: dict, name: str | None = None, device=None) -> Classifier:
@@ -156,6 +207,8 @@ def load_repaired(folder, metadata: dict, name: str | None = None, device=None) 
     if not named or relative.is_absolute() or pathlib.PureWindowsPath(named).drive or ".." in relative.parts:
         raise UserError(f"the repaired model's metadata names its base file '{named}', which is not a path inside "
                         "the model folder; refusing to load it")
+    from mlflow_di.models.classifier import OnnxClassifier, TFLiteClassifier
+
     base_path = folder / relative
     if base_path.suffix == ".onnx":
         base = OnnxClassifier(base_path, block.preprocessing, name=base_path.name, device=device)

@@ -75,9 +75,6 @@ class ModelSource:
         return self.format.white_box
 
 
-_FILE_KINDS = {RefKind.ONNX: "onnx", RefKind.TFLITE: "tflite", RefKind.TORCH: "pytorch", RefKind.KERAS: "keras"}
-
-
 def resolve(uri: str | ModelRef | ModelSource) -> ModelSource:
     """Find out what ``uri`` points to, downloading MLflow artifacts when needed (a source is returned as it is)."""
     if isinstance(uri, ModelSource):
@@ -89,7 +86,7 @@ def resolve(uri: str | ModelRef | ModelSource) -> ModelSource:
         local = download_model(ref.uri)
         return _with_preprocessing(ModelSource(ref, local.kind, local.path, ModelMetadata.from_mlflow(local.metadata)),
                                    local)
-    return ModelSource(ref, _FILE_KINDS[ref.kind], ref.path)
+    return ModelSource(ref, ref.format, ref.path)
 
 
 def _with_preprocessing(source: ModelSource, local) -> ModelSource:

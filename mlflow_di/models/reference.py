@@ -4,8 +4,8 @@ Accepted forms:
 
 * MLflow: ``models:/NAME/VERSION``, ``models:/NAME@ALIAS``, ``runs:/RUN_ID/PATH``,
   ``mlflow-artifacts:/...``, or a local MLflow model folder (one with an ``MLmodel`` file);
-* files: ``.onnx`` (ONNX Runtime), ``.tflite`` / ``.lite`` (LiteRT), ``.pt`` / ``.pth`` / ``.pkl``
-  (a pickled ``nn.Module``);
+* files: whatever suffix a model format declares (:data:`mlflow_di.models.formats.FORMATS`): ``.onnx``
+  (ONNX Runtime), ``.tflite`` / ``.lite`` (LiteRT), ``.pt`` / ``.pth`` / ``.pkl`` (a pickled ``nn.Module``);
 * ``keras:ARCH:FILE.h5``: a Keras HDF5 reference model ported to PyTorch on load.
 
 Parsing needs no MLflow and no framework; :mod:`mlflow_di.models.loading` turns a reference
@@ -21,9 +21,7 @@ import re
 from mlflow_di.errors import UserError
 
 URI_HELP = ("models:/NAME/VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH, an MLflow model folder, "
-            "a .onnx/.tflite/.lite/.pt file or keras:ARCH:FILE.h5")
-TORCH_SUFFIXES = (".pt", ".pth", ".pkl")
-TFLITE_SUFFIXES = (".tflite", ".lite")
+            "a model file (.onnx, .tflite, .pt, ...) or keras:ARCH:FILE.h5")
 #: URI schemes that are loaded through MLflow.
 MLFLOW_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:/")
 _REGISTRY = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[^/]+))/?$")
@@ -34,16 +32,15 @@ class RefKind(str, enum.Enum):
 
     REGISTRY = "registry"  # models:/NAME/VERSION or models:/NAME@ALIAS
     MLFLOW = "mlflow"  # runs:/..., mlflow-artifacts:/..., models:/ forms other than the two above, a model folder
-    ONNX = "onnx"
-    TFLITE = "tflite"
-    TORCH = "torch"
+    FILE = "file"  # a model file; its ``format`` is the one its suffix names
     KERAS = "keras"
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelRef:
     """A parsed model reference. ``name``/``version``/``alias`` for registry versions; ``path`` for
-    files and Keras weights; ``arch`` for Keras."""
+    files and Keras weights; ``arch`` for Keras; ``format`` the name of the model format of a file or a
+    Keras reference (MLflow references learn theirs when downloaded)."""
 
     uri: str
     kind: RefKind
@@ -52,6 +49,7 @@ class ModelRef:
     alias: str | None = None
     path: pathlib.Path | None = None
     arch: str | None = None
+    format: str | None = None
 
     @classmethod
     def parse(cls, uri: str) -> "ModelRef":
@@ -65,20 +63,21 @@ class ModelRef:
             _, arch, file = (uri.split(":", 2) + ["", ""])[:3]
             if not arch or not file:
                 raise UserError(f"bad keras reference '{uri}'; write keras:ARCH:FILE.h5, e.g. keras:lenet5:LeNet5.h5")
-            return cls(uri, RefKind.KERAS, path=_existing_file(file), arch=arch)
+            return cls(uri, RefKind.KERAS, path=_existing_file(file), arch=arch, format="keras")
         registry = _REGISTRY.match(uri)
         if registry:
             return cls(uri, RefKind.REGISTRY, name=registry["name"], version=registry["version"],
                        alias=registry["alias"])
         if uri.startswith(MLFLOW_PREFIXES) or (pathlib.Path(uri) / "MLmodel").is_file():
             return cls(uri, RefKind.MLFLOW)
+        from mlflow_di.models.formats import file_suffixes, format_of_file
+
         path = _existing_file(uri)
-        suffix = path.suffix.lower()
-        for kind, suffixes in ((RefKind.ONNX, (".onnx",)), (RefKind.TFLITE, TFLITE_SUFFIXES),
-                               (RefKind.TORCH, TORCH_SUFFIXES)):
-            if suffix in suffixes:
-                return cls(uri, kind, path=path)
-        raise UserError(f"cannot tell what kind of model '{uri}' is from its suffix; give {URI_HELP}")
+        found = format_of_file(path)
+        if found is None:
+            raise UserError(f"cannot tell what kind of model '{uri}' is from its suffix ({', '.join(file_suffixes())} "
+                            f"are models); give {URI_HELP}")
+        return cls(uri, RefKind.FILE, path=path, format=found.name)
 
     @property
     def is_mlflow(self) -> bool:
