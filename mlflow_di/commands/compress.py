@@ -399,7 +399,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                 log.metrics(metrics, dataset=(inputs or {}).get("evaluation"))
                 log.tags({"mlflow_di.held_out": "missed"})
                 log.folder(_alone(result.path, pathlib.Path(scratch) / "unregistered"), "compress/export")
-                _print_summary(method, name, None, metrics, result, deviation, outcome)
+                _echo_summary(method, name, None, metrics, deviation, outcome)
                 return None, _miss_line(method, outcome.search, selection.held_out.images.name, log.run_id)
             lineage = {**lineage_base, "mlflow_di.method": method,
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
@@ -410,7 +410,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=(inputs or {}).get("evaluation"))
             version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
             registry.write_version_tags(version, lineage)
-        _print_summary(method, name, info.registered_model_version, metrics, result, deviation, outcome)
+        _echo_summary(method, name, info.registered_model_version, metrics, deviation, outcome)
     return f"models:/{name}/{info.registered_model_version}", ""
 
 
@@ -675,125 +675,10 @@ def _log_tables(log, deviation, outcome: Outcome) -> None:
         log.json(diagnosis.to_dict(), f"compress/diagnosis_{diagnosis.data}.json")
 
 
-def points_change(change: float) -> str:
-    """An accuracy change in words a reader cannot misread: ``0.06 points lower``, ``0.16 points higher``, ``no change``."""
-    points = round(abs(change) * 100, 2)
-    return "no change" if points == 0 else f"{points:.2f} points {'higher' if change > 0 else 'lower'}"
-
-
-def size_notes(method: str, result, metrics: dict) -> list[str]:
-    """Why a compressed file can be no smaller than its source, said where it happens."""
+def _echo_summary(method: str, name: str, version, metrics: dict, deviation, outcome: Outcome) -> None:
+    """The export's summary on the console (:func:`~mlflow_di.reporting.compression_console.summary_lines`)."""
     from mlflow_di.compression.methods import method_declaration
+    from mlflow_di.reporting.compression_console import summary_lines
 
-    notes = []
-    declared = method_declaration(method)
-    if declared.prunes:
-        notes.append(f"gzipped {metrics['compressed_gzip_bytes'] / 1024:.1f} KiB: ONNX stores pruned weights dense, "
-                     "so pruning saves space once the file is compressed (or with a sparse runtime), not on disk")
-    elif declared.integer and result.size_bytes >= result.source_size_bytes:
-        notes.append("the int8 file is not smaller: in a model this small, the added Quantize/DequantizeLinear "
-                     "nodes and their scales outweigh the 4x smaller weights")
-    return notes
-
-
-def _print_summary(method: str, name: str, version, metrics: dict, result, deviation=None,
-                   outcome: "Outcome | None" = None) -> None:
-    click.echo(f"{method:<17} -> " + (f"models:/{name}/{version}" if version is not None else
-                                      "not registered: it misses a bound on the held-out data"))
-    if "source_accuracy" in metrics:
-        click.echo(f"  accuracy {metrics['source_accuracy']:.2%} -> {metrics['compressed_accuracy']:.2%} "
-                   f"({points_change(-metrics['accuracy_drop'])}), top-1 differs on {metrics['disagreements']} "
-                   f"of {metrics['eval_images']} images")
-        click.echo(f"  flips: right->wrong {metrics['flips_right_to_wrong']:.2%}, wrong->right "
-                   f"{metrics['flips_wrong_to_right']:.2%}; KL(source || export) mean {metrics['kl_divergence']:.4f} "
-                   f"(max {metrics['kl_divergence_max']:.3f}); top-1/top-2 margin {metrics['margin_original']:.3f} -> "
-                   f"{metrics['margin_compressed']:.3f}")
-    click.echo(f"  size {result.source_size_bytes / 1024:.1f} KiB -> {result.size_bytes / 1024:.1f} KiB"
-               + (f", sparsity {result.sparsity:.1%}" if result.sparsity is not None else ""))
-    for line in size_notes(method, result, metrics):
-        click.echo(f"  {line}")
-    if result.quantized_ops:
-        quantized = result.quantized_ops["quantized_layers"]
-        click.echo("  quantized layers: "
-                   + "; ".join(f"{name.removesuffix('.weight')} ({how})" for name, how in quantized.items()))
-        if result.quantized_ops["float_layers"]:
-            click.echo(f"  left in float: {', '.join(result.quantized_ops['float_layers'])}")
-    if deviation is not None and deviation["worst"] is not None:
-        worst = deviation["worst"]
-        click.echo(f"  largest class accuracy drop: class {worst.label} {worst.original_accuracy:.2%} -> "
-                   f"{worst.compressed_accuracy:.2%} ({worst.images} images)")
-    _print_runtime(metrics, outcome or Outcome(result))
-    _print_diagnosis(metrics, outcome or Outcome(result))
-    if outcome is not None and outcome.search is not None:
-        _print_search(outcome.search, result.params)
-    if outcome is not None and outcome.sensitivity is not None:
-        _print_sensitivity(outcome.sensitivity)
-    if outcome is not None and outcome.blame is not None:
-        _print_blame(outcome.blame)
-
-
-def _print_runtime(metrics: dict, outcome: Outcome) -> None:
-    if outcome.context is None:
-        return
-    click.echo(f"  runtime: {outcome.context.describe()}")
-    if "reference.disagreements" in metrics:
-        click.echo(f"  host vs reference semantics: top-1 differs on {metrics['disagreements']} vs "
-                   f"{metrics['reference.disagreements']} images ({metrics['host_only_disagreements']} only on this host)")
-    if outcome.semantics_line:
-        click.echo(f"  WARNING: {outcome.semantics_line}")
-    if outcome.portability:
-        click.echo(f"  NOTE: {outcome.portability}")
-    if outcome.benefit is not None:
-        benefit = outcome.benefit
-        click.echo(f"  latency {benefit.source.latency_b1_ms:.3f} -> {benefit.export.latency_b1_ms:.3f} ms (batch 1), "
-                   f"{benefit.source.latency_batch_ms:.2f} -> {benefit.export.latency_batch_ms:.2f} ms (batch "
-                   f"{benefit.export.batch}); peak memory {benefit.source.peak_memory_mib:.1f} -> "
-                   f"{benefit.export.peak_memory_mib:.1f} MiB")
-        click.echo(f"  {benefit.speed_line()}")
-        if benefit.warning():
-            click.echo(f"  {benefit.warning()}")
-
-
-def _print_search(search, params: dict) -> None:
-    held_out = search.held_out
-    kept = ", ".join(f"{module} (ONNX node {node})" for module, node in
-                     zip(params.get("kept_float", []), params.get("nodes_to_exclude", []))) or "none"
-    click.echo(f"  bounded search ({search.bounds.describe()}, {params.get('semantics', 'host')} semantics): "
-               f"{search.exports} exports measured; recipe {search.recipe} (tried {', '.join(search.recipes_tried)}); "
-               f"kept in float: {kept}")
-    click.echo(f"  search data: {search.chosen.search.describe()}")
-    click.echo(f"  held out: {held_out.describe(upper_bound=True)}")
-    for missed in search.held_out_failures:
-        click.echo(f"  FAIL: the chosen export misses a bound on the held-out data: {missed}")
-
-
-def _print_blame(found) -> None:
-    total = len(found.triggers)
-    click.echo(f"  blame on {total} triggers: " + ", ".join(f"{layer} {count / total:.0%}"
-                                                           for layer, count in list(found.counts().items())[:4])
-               + f" (by chance, {found.false_alarm_rate:.0%} of evaluation images exceed some layer's usual error)")
-
-
-def _print_sensitivity(found) -> None:
-    helpful = sorted((row for row in found.layers if row.all_but_disagreements is not None),
-                     key=lambda row: (row.all_but_disagreements, row.layer))[:3]
-    click.echo(f"  sensitivity (every layer int8: {found.all_int8_disagreements} disagreements of {found.images}): "
-               + ", ".join(f"{row.layer} in float -> {row.all_but_disagreements}" for row in helpful))
-    click.echo("  weight-only / activation-only logits SQNR: "
-               + ", ".join(f"{row.layer} {row.weight_only_sqnr_db:.1f}/{row.activation_only_sqnr_db:.1f} dB"
-                           for row in found.layers))
-
-
-def _print_diagnosis(metrics: dict, outcome: Outcome) -> None:
-    for diagnosis in outcome.diagnoses:
-        worst = list(diagnosis.layer_scores().items())[:3]
-        click.echo(f"  lowest activation SQNR on {diagnosis.data} ({diagnosis.images} images): "
-                   + ", ".join(f"{layer} {score:.1f} dB" for layer, score in worst))
-    for note in outcome.notes:
-        click.echo(f"  {note}")
-    if outcome.before is not None:
-        click.echo(f"  kept in float: {', '.join(outcome.kept_float) or 'none (the search changed the recipe)'}")
-        if "before_keep_float.compressed_accuracy" in metrics:
-            click.echo(f"  all layers int8: accuracy {metrics['before_keep_float.compressed_accuracy']:.2%}, top-1 "
-                       f"differs on {metrics['before_keep_float.disagreements']} images, "
-                       f"size {outcome.before.size_bytes / 1024:.1f} KiB")
+    for line in summary_lines(method_declaration(method), name, version, metrics, outcome, deviation):
+        click.echo(line)
