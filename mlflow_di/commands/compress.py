@@ -404,7 +404,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             lineage = {**lineage_base, "mlflow_di.method": method,
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
                        "mlflow_di.version": mlflow_di.__version__, **outcome.context.tags(),
-                       **_benefit_tags(outcome.benefit)}
+                       **(outcome.benefit.tags() if outcome.benefit is not None else {})}
             info = models.log_onnx_model(result.path, compressed.preprocessing, name, lineage)
             # logged once the export is a LoggedModel, so they are its own metrics too (its page in the UI)
             log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=(inputs or {}).get("evaluation"))
@@ -626,21 +626,6 @@ def _benefit(source, result, selection: "Selection"):
         click.echo(f"  WARNING: no latency figures for the {result.method} export: {exc} (gate --min-speedup will "
                    "say it was not measured)")
         return None
-
-
-def _benefit_tags(comparison) -> dict:
-    """The benefit figures a registry version carries (none when it was not measured)."""
-    if comparison is None:
-        return {}
-    export = comparison.export
-    interval = comparison.paired_batch
-    return {"mlflow_di.benefit.speedup": f"{comparison.speedup:.3f}",
-            **({"mlflow_di.benefit.speedup_interval": f"{interval.low:.3f}-{interval.high:.3f}",
-                "mlflow_di.benefit.verdict": interval.verdict} if interval is not None else {}),
-            "mlflow_di.benefit.latency_b1_ms": f"{export.latency_b1_ms:.4f}",
-            f"mlflow_di.benefit.latency_b{export.batch}_ms": f"{export.latency_batch_ms:.4f}",
-            "mlflow_di.benefit.size_bytes": str(export.size_bytes),
-            "mlflow_di.benefit.peak_memory_mib": f"{export.peak_memory_mib:.1f}"}
 
 
 def _source_probabilities(source, evaluation, device):
