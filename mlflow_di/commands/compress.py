@@ -165,43 +165,30 @@ def _registered(outcomes: list) -> list[str]:
 def _check_options(methods, calib_data, register_as, keep_float, auto_keep_float, triggers, sensitivity,
                    diagnosis_images) -> None:
     """One-line UserErrors for options that do not go together."""
-    from mlflow_di.compression.methods import method_declaration
+    from mlflow_di.compression.methods import methods_that
     from mlflow_di.errors import UserError
 
-    calibrated = [method for method in methods if method_declaration(method).needs_calibration]
+    calibrated = methods_that("needs_calibration", methods)
     if calibrated and not calib_data:
         raise UserError(f"{calibrated[0]} needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
     if register_as and len(methods) > 1:
         raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
-    if (keep_float or auto_keep_float or triggers or sensitivity) and not _selective(methods):
-        raise UserError(f"--keep-float, --auto-keep-float, --triggers and --sensitivity apply to {_selective_names()} "
-                        f"only; add it to --method (got {','.join(methods)})")
+    if (keep_float or auto_keep_float or triggers or sensitivity) and not methods_that("selective", methods):
+        raise UserError("--keep-float, --auto-keep-float, --triggers and --sensitivity apply to "
+                        f"{' or '.join(methods_that('selective'))} only; add it to --method (got {','.join(methods)})")
     if auto_keep_float and not diagnosis_images:
         raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
 
 
-def _selective(methods) -> list[str]:
-    """The methods of ``methods`` that can keep layers in float (int8-static: --keep-float, bounds, diagnosis)."""
-    from mlflow_di.compression.methods import method_declaration
-
-    return [method for method in methods if method_declaration(method).selective]
-
-
-def _selective_names() -> str:
-    from mlflow_di.compression.methods import methods_that
-
-    return " or ".join(methods_that("selective"))
-
-
 def _kept_float(source, methods, keep_float, auto_keep_float):
     """--keep-float's layers (``all``: every prunable layer), checked against the model."""
-    from mlflow_di.compression import check_keep_float
+    from mlflow_di.compression.methods import check_keep_float, methods_that
 
     if keep_float == "all":
         from mlflow_di.compression.prune import prunable_layers
 
         keep_float = [name for name, _ in prunable_layers(source.module)]
-    check_keep_float(source.module, (_selective(methods) or methods)[0], keep_float or (), auto_keep_float)
+    check_keep_float(source.module, (methods_that("selective", methods) or methods)[0], keep_float or (), auto_keep_float)
     return keep_float
 
 
@@ -311,6 +298,7 @@ def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_suc
     """The bounds a bounded export must meet (None when none is asked for), or a UserError on a combination
     that cannot work."""
     from mlflow_di.compression.bounded import Bounds
+    from mlflow_di.compression.methods import methods_that
     from mlflow_di.errors import UserError
 
     bounds = Bounds(max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate)
@@ -319,9 +307,10 @@ def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_suc
             raise UserError("--holdout-data verifies a bounded export; add --max-accuracy-drop, --max-disagreement-rate "
                             "or --max-realistic-success-rate")
         return None
-    if not _selective(methods):
+    if not methods_that("selective", methods):
         raise UserError("--max-accuracy-drop, --max-disagreement-rate and --max-realistic-success-rate choose which "
-                        f"layers {_selective_names()} keeps in float; add it to --method (got {','.join(methods)})")
+                        f"layers {' or '.join(methods_that('selective'))} keeps in float; add it to --method (got "
+                        f"{','.join(methods)})")
     if keep_float or auto_keep_float:
         raise UserError("a bounded export chooses the layers kept in float itself; drop --keep-float/--auto-keep-float")
     if not diagnosis_images:
