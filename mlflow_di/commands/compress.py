@@ -26,7 +26,6 @@ import click
 
 from mlflow_di.commands.options import (CommaList, FiniteFloat, LayerNames, LazyChoice, device_option,
                                         preprocessing_option)
-from mlflow_di.mlflow_edge.recorded import EVIDENCE_DATA, EVIDENCE_HELD_OUT, EVIDENCE_ROLE, EVIDENCE_SHARED
 
 
 @click.command("compress")
@@ -103,6 +102,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
     from mlflow_di.data import load_images
     from mlflow_di.mlflow_edge import registry
+    from mlflow_di.mlflow_edge.evidence_tags import evidence_line, evidence_tags, searched_on
     from mlflow_di.models.loading import load_torch_model, resolve
     from mlflow_di.models.reference import ModelRef
 
@@ -130,8 +130,8 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     calib = prepare(raw_calib) if raw_calib is not None else None
     evaluation = prepare(raw_eval) if eval_data else calib
     inputs = _inputs(raw_calib, raw_eval)
-    evidence = _evidence(eval_data, raw_calib, raw_eval)
-    if evidence.get(EVIDENCE_ROLE, "held-out") != "held-out":
+    evidence = evidence_tags(eval_data, raw_calib, raw_eval)
+    if evidence_line(evidence):
         click.echo(f"NOTE: {evidence_line(evidence)}")
     source_tags = registry.model_version_tags(model_uri)
     lineage_base = {"mlflow_di.source_uri": model_uri,
@@ -142,7 +142,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
         selection.held_out = _held_out(source, holdout_data, inputs, device) if bounds is not None else None
         selection.splits = (_split(evaluation, original), selection.held_out.split if selection.held_out else None)
     if selection.held_out is not None:
-        evidence = _searched_on(evidence, selection.held_out)
+        evidence = searched_on(evidence, selection.held_out.images.name)
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
         selection.scratch = pathlib.Path(scratch)
         outcomes = [_compress_one(source, ref, method, calib, evaluation, amount,
@@ -212,34 +212,6 @@ def _held_out(source, holdout_data: str, inputs: dict, device) -> HeldOut:
     held_out = source.preprocessing.prepare(raw_held_out)
     probabilities = _source_probabilities(source, held_out, device)
     return HeldOut(held_out, probabilities, _split(held_out, probabilities))
-
-
-def _evidence(eval_data, raw_calib, raw_eval) -> dict:
-    """The provenance tags of the figures: which data, and whether it is held out, the calibration
-    set (no --eval-data, or evaluation images that are calibration images too) or a training split."""
-    from mlflow_di.data import is_training_split, shared_images
-
-    if raw_eval is None:
-        return {}
-    shared = len(raw_eval) if raw_eval is raw_calib else (shared_images(raw_calib, raw_eval) if raw_calib is not None
-                                                           else 0)
-    role = "calibration" if shared else "training" if is_training_split(eval_data or "") else "held-out"
-    return {EVIDENCE_DATA: raw_eval.name, EVIDENCE_ROLE: role, EVIDENCE_SHARED: str(shared)}
-
-
-def _searched_on(tags: dict, held_out: HeldOut) -> dict:
-    """The provenance tags when a bounded search chose the export on the evaluation data: its figures are the
-    search's (role ``search``, unless calibration images make them worse), the held-out data's are judged."""
-    role = tags.get(EVIDENCE_ROLE, "held-out")
-    return {**tags, EVIDENCE_HELD_OUT: held_out.images.name, EVIDENCE_ROLE: "search" if role == "held-out" else role}
-
-
-def evidence_line(tags: dict) -> str:
-    """One sentence on figures measured on calibration or training data (the gate does not judge them)."""
-    data, shared = tags[EVIDENCE_DATA], int(tags.get(EVIDENCE_SHARED, 0))
-    what = f"shares {shared} images with the calibration data" if shared else "is a training split"
-    return (f"accuracy and disagreement figures are measured on {data}, which {what}, not held-out data: the gate "
-            "does not judge them; pass --eval-data with images the export was neither calibrated nor trained on")
 
 
 def _symmetry(choice: str) -> bool | None:
@@ -350,9 +322,9 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                   selection: "Selection | None" = None, inputs: dict | None = None, original=None,
                   evidence: dict | None = None) -> tuple[str | None, str]:
     """One method's run and registered export; ``original``: the source's probabilities on ``evaluation``;
-    ``evidence``: the provenance tags of its figures (:func:`_evidence`). Returns (the registered version's
-    URI, ""), or (None, why) for a bounded export that misses a bound on its held-out data: such an export
-    is never registered (its file and figures stay in the run's artifacts)."""
+    ``evidence``: the provenance tags of its figures (:mod:`~mlflow_di.mlflow_edge.evidence_tags`). Returns
+    (the registered version's URI, ""), or (None, why) for a bounded export that misses a bound on its held-out
+    data: such an export is never registered (its file and figures stay in the run's artifacts)."""
     import mlflow_di
     from mlflow_di.compression.methods import method_declaration
     from mlflow_di.mlflow_edge import models, registry, runs
