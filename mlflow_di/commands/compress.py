@@ -17,16 +17,19 @@ layers in float that meets those bounds on the evaluation data, verifies it on `
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 import tempfile
+from typing import TYPE_CHECKING
 
 import click
 
 from mlflow_di.commands.options import (CommaList, FiniteFloat, LayerNames, LazyChoice, device_option,
                                         preprocessing_option)
-from mlflow_di.mlflow_edge.recorded import EVIDENCE_DATA, EVIDENCE_HELD_OUT, EVIDENCE_ROLE, EVIDENCE_SHARED
+
+if TYPE_CHECKING:
+    from mlflow_di.compression.export_record import SourceBenefit
+    from mlflow_di.compression.outcome import HeldOut, Outcome, Selection
 
 
 @click.command("compress")
@@ -101,8 +104,11 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
     are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
+    from mlflow_di.compression.export_record import SourceBenefit
+    from mlflow_di.compression.outcome import Selection, labelled_split, source_probabilities
     from mlflow_di.data import load_images
     from mlflow_di.mlflow_edge import registry
+    from mlflow_di.mlflow_edge.evidence_tags import evidence_line, evidence_tags, searched_on
     from mlflow_di.models.loading import load_torch_model, resolve
     from mlflow_di.models.reference import ModelRef
 
@@ -110,44 +116,39 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
                    diagnosis_images)
     bounds = _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate, holdout_data,
                      keep_float, auto_keep_float, diagnosis_images)
-    campaign = _load_triggers(triggers) if triggers else None
+    trigger_images = _trigger_images(triggers) if triggers else None
     ref = ModelRef.parse(model_uri)
     resolved = resolve(ref)
     source = load_torch_model(resolved, preprocessing)
     graph = str(resolved.path) if resolved.format.graph else None
     keep_float = _kept_float(source, methods, keep_float, auto_keep_float)
-    from mlflow_di.compression.recipes import recipe as int8_recipe
-
-    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, campaign, triggers, graph, bounds,
-                          sensitivity, fuzz_seeds, recipe=int8_recipe(
-                              recipe, calibration=calibration, per_channel=False if per_tensor else None,
-                              symmetric_activations=_symmetry(activation_symmetry),
-                              symmetric_weights=_symmetry(weight_symmetry)),
-                          semantics=semantics, benefit=benefit)
+    int8 = _recipe(recipe, calibration, per_tensor, activation_symmetry, weight_symmetry)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
     raw_eval = load_images(eval_data) if eval_data else raw_calib
     calib = prepare(raw_calib) if raw_calib is not None else None
     evaluation = prepare(raw_eval) if eval_data else calib
     inputs = _inputs(raw_calib, raw_eval)
-    evidence = _evidence(eval_data, raw_calib, raw_eval)
-    if evidence.get(EVIDENCE_ROLE, "held-out") != "held-out":
+    evidence = evidence_tags(eval_data, raw_calib, raw_eval)
+    if evidence_line(evidence):
         click.echo(f"NOTE: {evidence_line(evidence)}")
     source_tags = registry.model_version_tags(model_uri)
     lineage_base = {"mlflow_di.source_uri": model_uri,
                     "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
                     "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
-    original = _source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
-    if bounds is not None or sensitivity:
-        selection.held_out = _held_out(source, holdout_data, inputs, device) if bounds is not None else None
-        selection.splits = (_split(evaluation, original), selection.held_out.split if selection.held_out else None)
-    if selection.held_out is not None:
-        evidence = _searched_on(evidence, selection.held_out)
+    original = source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
+    held_out = _held_out(source, holdout_data, inputs, device) if bounds is not None else None
+    splits = (labelled_split(evaluation, original), held_out.split if held_out else None) \
+        if bounds is not None or sensitivity else ()
+    if held_out is not None:
+        evidence = searched_on(evidence, held_out.images.name)
+    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, trigger_images, triggers, graph,
+                          bounds, sensitivity, fuzz_seeds, splits, int8, semantics, benefit, held_out)
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
-        selection.scratch = pathlib.Path(scratch)
+        baseline = SourceBenefit(source, pathlib.Path(scratch), graph)
         outcomes = [_compress_one(source, ref, method, calib, evaluation, amount,
                                   register_as or f"{ref.base_name}-{method}", lineage_base, source_tags, device,
-                                  selection, inputs, original, evidence) for method in methods]
+                                  selection, inputs, original, evidence, baseline) for method in methods]
     return _registered(outcomes)
 
 
@@ -165,94 +166,39 @@ def _registered(outcomes: list) -> list[str]:
 def _check_options(methods, calib_data, register_as, keep_float, auto_keep_float, triggers, sensitivity,
                    diagnosis_images) -> None:
     """One-line UserErrors for options that do not go together."""
-    from mlflow_di.compression.methods import method_declaration
+    from mlflow_di.compression.methods import methods_that
     from mlflow_di.errors import UserError
 
-    calibrated = [method for method in methods if method_declaration(method).needs_calibration]
+    calibrated = methods_that("needs_calibration", methods)
     if calibrated and not calib_data:
         raise UserError(f"{calibrated[0]} needs calibration data: pass --calib-data SPEC (e.g. mnist-train:DIR[0:500])")
     if register_as and len(methods) > 1:
         raise UserError("--register-as names one model; with several methods leave it out (names are <source>-<method>)")
-    if (keep_float or auto_keep_float or triggers or sensitivity) and not _selective(methods):
-        raise UserError(f"--keep-float, --auto-keep-float, --triggers and --sensitivity apply to {_selective_names()} "
-                        f"only; add it to --method (got {','.join(methods)})")
+    if (keep_float or auto_keep_float or triggers or sensitivity) and not methods_that("selective", methods):
+        raise UserError("--keep-float, --auto-keep-float, --triggers and --sensitivity apply to "
+                        f"{' or '.join(methods_that('selective'))} only; add it to --method (got {','.join(methods)})")
     if auto_keep_float and not diagnosis_images:
         raise UserError("--auto-keep-float ranks layers by the diagnosis; leave --diagnosis-images above 0")
 
 
-def _selective(methods) -> list[str]:
-    """The methods of ``methods`` that can keep layers in float (int8-static: --keep-float, bounds, diagnosis)."""
-    from mlflow_di.compression.methods import method_declaration
-
-    return [method for method in methods if method_declaration(method).selective]
-
-
-def _selective_names() -> str:
-    from mlflow_di.compression.methods import methods_that
-
-    return " or ".join(methods_that("selective"))
-
-
 def _kept_float(source, methods, keep_float, auto_keep_float):
     """--keep-float's layers (``all``: every prunable layer), checked against the model."""
-    from mlflow_di.compression import check_keep_float
+    from mlflow_di.compression.methods import check_keep_float, methods_that
 
     if keep_float == "all":
         from mlflow_di.compression.prune import prunable_layers
 
         keep_float = [name for name, _ in prunable_layers(source.module)]
-    check_keep_float(source.module, (_selective(methods) or methods)[0], keep_float or (), auto_keep_float)
+    check_keep_float(source.module, (methods_that("selective", methods) or methods)[0], keep_float or (), auto_keep_float)
     return keep_float
 
 
-@dataclasses.dataclass(frozen=True)
-class HeldOut:
-    """The bounded search's held-out images (prepared), the source's probabilities on them, and the
-    :class:`~mlflow_di.compression.bounded.LabelledSplit` the search verifies its choice on."""
+def _recipe(name: str, calibration: str, per_tensor: bool, activation_symmetry: str, weight_symmetry: str):
+    """The int8 :class:`~mlflow_di.compression.recipes.Recipe` the options describe."""
+    from mlflow_di.compression.recipes import recipe
 
-    images: object
-    probabilities: object
-    split: object
-
-
-def _held_out(source, holdout_data: str, inputs: dict, device) -> HeldOut:
-    """The bounded search's held-out images with the source's answers (recorded as the run's held-out input)."""
-    from mlflow_di.data import load_images
-    from mlflow_di.mlflow_edge import datasets
-
-    raw_held_out = load_images(holdout_data)
-    inputs["held-out"] = datasets.spec_dataset(raw_held_out)
-    held_out = source.preprocessing.prepare(raw_held_out)
-    probabilities = _source_probabilities(source, held_out, device)
-    return HeldOut(held_out, probabilities, _split(held_out, probabilities))
-
-
-def _evidence(eval_data, raw_calib, raw_eval) -> dict:
-    """The provenance tags of the figures: which data, and whether it is held out, the calibration
-    set (no --eval-data, or evaluation images that are calibration images too) or a training split."""
-    from mlflow_di.data import is_training_split, shared_images
-
-    if raw_eval is None:
-        return {}
-    shared = len(raw_eval) if raw_eval is raw_calib else (shared_images(raw_calib, raw_eval) if raw_calib is not None
-                                                           else 0)
-    role = "calibration" if shared else "training" if is_training_split(eval_data or "") else "held-out"
-    return {EVIDENCE_DATA: raw_eval.name, EVIDENCE_ROLE: role, EVIDENCE_SHARED: str(shared)}
-
-
-def _searched_on(tags: dict, held_out: HeldOut) -> dict:
-    """The provenance tags when a bounded search chose the export on the evaluation data: its figures are the
-    search's (role ``search``, unless calibration images make them worse), the held-out data's are judged."""
-    role = tags.get(EVIDENCE_ROLE, "held-out")
-    return {**tags, EVIDENCE_HELD_OUT: held_out.images.name, EVIDENCE_ROLE: "search" if role == "held-out" else role}
-
-
-def evidence_line(tags: dict) -> str:
-    """One sentence on figures measured on calibration or training data (the gate does not judge them)."""
-    data, shared = tags[EVIDENCE_DATA], int(tags.get(EVIDENCE_SHARED, 0))
-    what = f"shares {shared} images with the calibration data" if shared else "is a training split"
-    return (f"accuracy and disagreement figures are measured on {data}, which {what}, not held-out data: the gate "
-            "does not judge them; pass --eval-data with images the export was neither calibrated nor trained on")
+    return recipe(name, calibration=calibration, per_channel=False if per_tensor else None,
+                  symmetric_activations=_symmetry(activation_symmetry), symmetric_weights=_symmetry(weight_symmetry))
 
 
 def _symmetry(choice: str) -> bool | None:
@@ -260,57 +206,12 @@ def _symmetry(choice: str) -> bool | None:
     return {"auto": None, "symmetric": True, "asymmetric": False}[choice]
 
 
-@dataclasses.dataclass
-class Selection:
-    """What int8-static does beyond quantizing everything: layers kept in float, the diagnosis and its data."""
-
-    keep_float: tuple[str, ...] = ()
-    auto_keep_float: int = 0
-    diagnosis_images: int = 256
-    campaign: object = None  # a loaded fuzz CampaignResult (--triggers)
-    triggers: str | None = None  # its folder
-    graph: str | None = None  # an ONNX original's file: quantization starts from it, not from its view
-    bounds: object = None  # compression.bounded.Bounds: search for the fewest float layers meeting them
-    sensitivity: bool = False  # the per-layer sensitivity split (compression.sensitivity)
-    fuzz_seeds: int = 50  # seeds per split fuzzed against each candidate for a realistic-success bound
-    splits: tuple = ()  # (evaluation, held-out) LabelledSplits: the bounded search's, the sensitivity's
-    recipe: object = None  # compression.recipes.Recipe of int8-static (None: the default)
-    semantics: str = "host"  # which answers a bound judges: host, reference or both
-    benefit: bool = True  # measure latency, size and memory of each export and its source
-    source_benefit: tuple | None = None  # (the source's fp32 ONNX file, its models.benefit.Benefit): once per command
-    scratch: pathlib.Path | None = None  # a folder that lasts the whole command (every method's scratch is its own)
-    held_out: HeldOut | None = None  # a bounded search's held-out data: the figures the gate judges
-
-    @property
-    def selective(self) -> bool:
-        return bool(self.keep_float or self.auto_keep_float)
-
-
-@dataclasses.dataclass
-class Outcome:
-    """What one method produced: the registered export, and for int8-static its diagnosis and the fully
-    quantized export it was compared with (``before``, when layers were kept in float)."""
-
-    result: object
-    diagnoses: list = dataclasses.field(default_factory=list)
-    before: object = None
-    kept_float: list = dataclasses.field(default_factory=list)
-    auto: bool = False
-    notes: list = dataclasses.field(default_factory=list)
-    search: object = None  # compression.bounded.BoundedSearch of a bounded export
-    sensitivity: object = None  # compression.sensitivity.Sensitivity
-    blame: object = None  # compression.blame.Blame of the --triggers campaign
-    context: object = None  # models.execution.ExecutionContext the export's figures were measured with
-    semantics_line: str = ""  # host vs reference semantics on the evaluation data, when they differ beyond noise
-    portability: str = ""  # when the export's recipe answers differently on x86 CPUs without VNNI
-    benefit: object = None  # models.benefit.Comparison: the export's latency, size and memory next to its source's
-
-
 def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate, holdout_data, keep_float,
             auto_keep_float, diagnosis_images):
     """The bounds a bounded export must meet (None when none is asked for), or a UserError on a combination
     that cannot work."""
     from mlflow_di.compression.bounded import Bounds
+    from mlflow_di.compression.methods import methods_that
     from mlflow_di.errors import UserError
 
     bounds = Bounds(max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate)
@@ -319,9 +220,10 @@ def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_suc
             raise UserError("--holdout-data verifies a bounded export; add --max-accuracy-drop, --max-disagreement-rate "
                             "or --max-realistic-success-rate")
         return None
-    if not _selective(methods):
+    if not methods_that("selective", methods):
         raise UserError("--max-accuracy-drop, --max-disagreement-rate and --max-realistic-success-rate choose which "
-                        f"layers {_selective_names()} keeps in float; add it to --method (got {','.join(methods)})")
+                        f"layers {' or '.join(methods_that('selective'))} keeps in float; add it to --method (got "
+                        f"{','.join(methods)})")
     if keep_float or auto_keep_float:
         raise UserError("a bounded export chooses the layers kept in float itself; drop --keep-float/--auto-keep-float")
     if not diagnosis_images:
@@ -332,17 +234,22 @@ def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_suc
     return bounds
 
 
-def _split(images, probabilities):
-    """A :class:`~mlflow_di.compression.bounded.LabelledSplit` of prepared images and the source's probabilities."""
-    from mlflow_di.compression.bounded import LabelledSplit
+def _held_out(source, holdout_data: str, inputs: dict, device) -> HeldOut:
+    """The bounded search's held-out images with the source's answers (recorded as the run's held-out input)."""
+    from mlflow_di.compression.outcome import HeldOut
+    from mlflow_di.data import load_images
+    from mlflow_di.mlflow_edge import datasets
 
-    return LabelledSplit(images.name, images.images, images.labels, probabilities.argmax(axis=1))
+    raw_held_out = load_images(holdout_data)
+    inputs["held-out"] = datasets.spec_dataset(raw_held_out)
+    return HeldOut.measure(source, source.preprocessing.prepare(raw_held_out), device)
 
 
-def _load_triggers(folder: str):
+def _trigger_images(folder: str):
+    """The triggers of the fuzz campaign in ``folder`` (--triggers)."""
     from mlflow_di.fuzz import load_campaign
 
-    return load_campaign(folder)
+    return load_campaign(folder).triggers
 
 
 def _inputs(raw_calib, raw_eval) -> dict:
@@ -358,59 +265,57 @@ def _inputs(raw_calib, raw_eval) -> dict:
 
 
 def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device,
-                  selection: "Selection | None" = None, inputs: dict | None = None, original=None,
-                  evidence: dict | None = None) -> tuple[str | None, str]:
+                  selection: Selection, inputs: dict, original, evidence: dict,
+                  baseline: SourceBenefit) -> tuple[str | None, str]:
     """One method's run and registered export; ``original``: the source's probabilities on ``evaluation``;
-    ``evidence``: the provenance tags of its figures (:func:`_evidence`). Returns (the registered version's
-    URI, ""), or (None, why) for a bounded export that misses a bound on its held-out data: such an export
-    is never registered (its file and figures stay in the run's artifacts)."""
+    ``evidence``: the provenance tags of its figures (:mod:`~mlflow_di.mlflow_edge.evidence_tags`);
+    ``baseline``: the source's side of the benefit. Returns (the registered version's URI, ""), or (None, why)
+    for a bounded export that misses a bound on its held-out data: such an export is never registered (its
+    file and figures stay in the run's artifacts)."""
     import mlflow_di
+    from mlflow_di.compression.export_record import export_metrics, export_params
     from mlflow_di.compression.methods import method_declaration
     from mlflow_di.mlflow_edge import models, registry, runs
     from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.reporting.compression_report import compression_report
 
-    selection = selection or Selection()
+    declared = method_declaration(method)
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
-        tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags, **(evidence or {})}
+        tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags, **evidence}
         with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:
-            calibrated = method_declaration(method).needs_calibration
-            log.inputs((dataset, context) for context, dataset in (inputs or {}).items()
-                       if context != "calibration" or calibrated)
+            log.inputs((dataset, context) for context, dataset in inputs.items()
+                       if context != "calibration" or declared.needs_calibration)
             outcome = _export_keeping_search(log, source, method, calib, evaluation, amount, pathlib.Path(scratch),
                                              selection)
             result = outcome.result
-            log.params({"model_uri": ref.uri, "method": method, **_method_params(method, amount, calib, outcome, selection),
+            log.params({"model_uri": ref.uri, "method": method,
+                        **export_params(declared, amount, calib, outcome, selection),
                         "eval_data": evaluation.name if evaluation is not None else "none"})
             compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
-            outcome.context = compressed.execution_context
-            log.tags(outcome.context.tags())
-            from mlflow_di.compression.recipes import RECIPES, portability_note
-
-            chosen = RECIPES.get(result.params.get("recipe"))  # an int8 recipe: does it saturate on this CPU?
-            outcome.portability = portability_note(chosen, outcome.context.u8s8_saturates) if chosen else ""
-            metrics, deviation = _export_metrics(source, original, compressed, evaluation, method, name, outcome,
-                                                 selection, pathlib.Path(scratch), device)
+            context = compressed.execution_context
+            log.tags(context.tags())
+            outcome = outcome.measured_with(context, _benefit(baseline, result) if selection.benefit else None)
+            metrics, deviation, outcome = export_metrics(method, name, original, compressed, evaluation, outcome,
+                                                         selection, device)
             log.json(result.to_dict(), "compress/result.json")
             _log_tables(log, deviation, outcome)
             log.text(compression_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
-            missed = outcome.search.held_out_failures if outcome.search is not None else []
-            if missed:
-                log.metrics(metrics, dataset=(inputs or {}).get("evaluation"))
+            if outcome.search is not None and outcome.search.held_out_failures:
+                log.metrics(metrics, dataset=inputs.get("evaluation"))
                 log.tags({"mlflow_di.held_out": "missed"})
                 log.folder(_alone(result.path, pathlib.Path(scratch) / "unregistered"), "compress/export")
-                _print_summary(method, name, None, metrics, result, deviation, outcome)
+                _echo_summary(declared, name, None, metrics, deviation, outcome)
                 return None, _miss_line(method, outcome.search, selection.held_out.images.name, log.run_id)
             lineage = {**lineage_base, "mlflow_di.method": method,
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
                        "mlflow_di.version": mlflow_di.__version__, **outcome.context.tags(),
-                       **_benefit_tags(outcome.benefit)}
+                       **(outcome.benefit.tags() if outcome.benefit is not None else {})}
             info = models.log_onnx_model(result.path, compressed.preprocessing, name, lineage)
             # logged once the export is a LoggedModel, so they are its own metrics too (its page in the UI)
-            log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=(inputs or {}).get("evaluation"))
+            log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=inputs.get("evaluation"))
             version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
             registry.write_version_tags(version, lineage)
-        _print_summary(method, name, info.registered_model_version, metrics, result, deviation, outcome)
+        _echo_summary(declared, name, info.registered_model_version, metrics, deviation, outcome)
     return f"models:/{name}/{info.registered_model_version}", ""
 
 
@@ -431,228 +336,35 @@ def _miss_line(method: str, search, held_out_data: str, run_id: str) -> str:
             "compress/export); loosen the bound, or give the search more data (--eval-data)")
 
 
-def _method_params(method: str, amount, calib, outcome: "Outcome", selection: "Selection") -> dict:
-    """The run's params of one method: pruning's amount; int8-static's calibration, float layers,
-    bounds and semantics."""
-    from mlflow_di.compression.methods import method_declaration
-
-    declared = method_declaration(method)
-    params = {"amount": amount} if declared.prunes else {}
-    if declared.needs_calibration:
-        params["calib_data"] = calib.name
-    if not declared.selective:
-        return params
-    params.update(keep_float=",".join(outcome.kept_float),
-                  auto_keep_float=selection.auto_keep_float, diagnosis_images=selection.diagnosis_images)
-    if selection.triggers:
-        params["triggers"] = selection.triggers
-    if selection.bounds is not None:
-        params.update({key: value for key, value in selection.bounds.to_dict().items() if value is not None},
-                      holdout_data=selection.splits[1].name)
-        if selection.bounds.max_realistic_success_rate is not None:
-            params["fuzz_seeds"] = selection.fuzz_seeds
-    params["semantics"] = selection.semantics
-    return params
-
-
-def _export_metrics(source, original, compressed, evaluation, method: str, name: str, outcome: "Outcome",
-                    selection: "Selection", scratch: pathlib.Path, device) -> tuple[dict, dict | None]:
-    """(every metric of one export: deviation from the source, reference semantics for int8, size, what it
-    buys, sparsity, the all-int8 export it was compared with, the bounded search; the deviation tables)."""
-    from mlflow_di.compression.evaluation import compare_outputs, gzip_size, semantics_comparison
-    from mlflow_di.compression.methods import method_declaration
-    from mlflow_di.models.classifier import OnnxClassifier
-
-    result = outcome.result
-    metrics, deviation = compare_outputs(original, compressed, evaluation)
-    if method_declaration(method).integer and deviation is not None:
-        reference, outcome.semantics_line = semantics_comparison(original, result.path, evaluation, deviation, device,
-                                                                 outcome.context)
-        metrics.update(reference)
-    metrics.update(source_size_bytes=result.source_size_bytes, compressed_size_bytes=result.size_bytes,
-                   compressed_gzip_bytes=gzip_size(result.path))
-    if selection.benefit:
-        outcome.benefit = _benefit(source, result, selection)
-        metrics.update(outcome.benefit.metrics() if outcome.benefit is not None else {})
-    if result.sparsity is not None:
-        metrics["sparsity"] = result.sparsity
-    if outcome.before is not None:
-        before = OnnxClassifier(outcome.before.path, name=f"{name} ({method}, all layers)", device=device)
-        before_metrics, _ = compare_outputs(original, before, evaluation)
-        before_metrics["compressed_size_bytes"] = outcome.before.size_bytes
-        metrics.update({f"before_keep_float.{key}": value for key, value in before_metrics.items()
-                        if key not in ("source_accuracy", "eval_images") and not key.startswith("class_accuracy_drop.")})
-        metrics["kept_float_layers"] = len(outcome.kept_float)
-    if outcome.search is not None:
-        metrics.update(_search_metrics(outcome.search))
-        if selection.held_out is not None:
-            metrics.update(_held_out_metrics(selection.held_out, compressed, method, result.path, device))
-    return metrics, deviation
-
-
-#: the figures measured again on a bounded export's held-out data (``held_out.NAME``, ``held_out.reference.NAME``):
-#: the search chose the export on the evaluation data, so the gate judges these
-HELD_OUT_FIGURES = ("source_accuracy", "compressed_accuracy", "accuracy_drop", "disagreements", "disagreement_rate",
-                    "max_class_accuracy_drop", "eval_images")
-
-
-def _held_out_metrics(held_out: HeldOut, compressed, method: str, path, device) -> dict:
-    """The export's deviation figures on the held-out data, host semantics and (int8) reference semantics."""
-    from mlflow_di.compression.evaluation import compare_outputs
-    from mlflow_di.compression.methods import method_declaration
-    from mlflow_di.models.classifier import OnnxClassifier
-
-    figures, _ = compare_outputs(held_out.probabilities, compressed, held_out.images)
-    metrics = {f"held_out.{key}": figures[key] for key in HELD_OUT_FIGURES if key in figures}
-    if method_declaration(method).integer:
-        reference = OnnxClassifier(path, name="reference semantics", device=device, semantics="reference")
-        figures, _ = compare_outputs(held_out.probabilities, reference, held_out.images)
-        metrics.update({f"held_out.reference.{key}": figures[key] for key in HELD_OUT_FIGURES[2:6] if key in figures})
-    return metrics
-
-
 def _export_keeping_search(log, source, method, calib, evaluation, amount, scratch, selection) -> Outcome:
-    """:func:`_export`; a bounded search that finds no export logs what it measured before it fails."""
+    """:func:`~mlflow_di.compression.outcome.export_outcome`; a bounded search that finds no export logs what
+    it measured before it fails."""
     from mlflow_di.compression.bounded import UnreachableBounds
+    from mlflow_di.compression.outcome import export_outcome
 
     try:
-        return _export(source, method, calib, evaluation, amount, scratch, selection)
+        return export_outcome(source, method, calib, evaluation, amount, scratch, selection)
     except UnreachableBounds as unreachable:
         _log_search(log, unreachable.search)
         raise
 
 
-def _log_search(log, search) -> None:
-    log.json(search.to_dict(), "compress/bounded_search.json")
-    log.table(search.rows(), "compress/bounded_search_table.json")
-
-
-def _search_metrics(search) -> dict:
-    """The bounded search's cost and its choice's held-out figures, as run metrics."""
-    held_out = search.held_out
-    return {"bounded.exports": search.exports, "bounded.kept_float_layers": len(search.kept_float),
-            "bounded.held_out_images": held_out.images, "bounded.held_out_disagreements": held_out.disagreements,
-            "bounded.held_out_disagreement_rate": held_out.disagreement_rate,
-            "bounded.held_out_disagreement_upper95": held_out.disagreement_upper_bound(),
-            "bounded.held_out_accuracy_drop": held_out.accuracy_drop,
-            "bounded.meets_held_out": int(not search.held_out_failures),
-            **({"bounded.held_out_realistic_success_rate": held_out.realistic_success_rate,
-                "bounded.held_out_fuzzed_seeds": held_out.fuzzed} if held_out.fuzzed else {})}
-
-
-def _export(source, method, calib, evaluation, amount, scratch, selection: Selection) -> Outcome:
-    """Compress; for int8-static also diagnose layer by layer and, when asked, re-export with layers in float."""
-    from mlflow_di.compression import compress
-    from mlflow_di.compression.methods import calibration_inputs, method_declaration
-    from mlflow_di.compression.quant_debug import diagnose
-
-    calib_images = calib.images if calib is not None else None
-    result = compress(source.module, source.preprocessing, method, scratch / "all", calib_inputs=calib_images,
-                      amount=amount, graph=selection.graph, recipe=selection.recipe)
-    outcome = Outcome(result)
-    if not method_declaration(method).selective or not selection.diagnosis_images:
-        return outcome
-    preprocessing = source.preprocessing
-    if evaluation is not None:
-        outcome.diagnoses.append(diagnose(result.float_path, result.path, calibration_inputs(evaluation.images,
-                                          preprocessing), "eval", selection.diagnosis_images))
-    if selection.campaign is not None:
-        triggers = selection.campaign.triggers
-        if len(triggers):
-            trigger_inputs = calibration_inputs(triggers, preprocessing)
-            outcome.diagnoses.append(diagnose(result.float_path, result.path, trigger_inputs, "triggers",
-                                              selection.diagnosis_images))
-            if evaluation is not None:
-                from mlflow_di.compression.blame import blame
-
-                outcome.blame = blame(result.float_path, result.path, calibration_inputs(evaluation.images, preprocessing),
-                                      trigger_inputs, max_images=selection.diagnosis_images)
-        else:
-            outcome.notes.append("the fuzz campaign given with --triggers holds no triggers (no deviating input "
-                                 "was found), so there is no trigger diagnosis")
-    if selection.sensitivity:
-        from mlflow_di.compression.prune import prunable_layers
-        from mlflow_di.compression.sensitivity import sensitivity
-
-        outcome.sensitivity = sensitivity(source.module, preprocessing, calib_images, selection.splits[0],
-                                          [name for name, _ in prunable_layers(source.module)], scratch / "sensitivity",
-                                          graph=selection.graph, all_int8=result)
-    if selection.bounds is not None:
-        return _bounded(source, calib_images, scratch, selection, outcome)
-    if selection.selective:
-        kept = list(selection.keep_float) or outcome.diagnoses[0].worst_layers(selection.auto_keep_float)
-        outcome.before, outcome.kept_float, outcome.auto = result, kept, not selection.keep_float
-        outcome.result = compress(source.module, preprocessing, method, scratch / "kept-float",
-                                  calib_inputs=calib_images, keep_float=kept, graph=selection.graph,
-                                  recipe=selection.recipe)
-    return outcome
-
-
-def _bounded(source, calib_images, scratch, selection: Selection, outcome: Outcome) -> Outcome:
-    """The bounded search (ties in its measured ranking broken by the evaluation data's diagnosis, worst
-    layer first): the chosen export becomes the result, the fully quantized one ``before``."""
-    from mlflow_di.compression.bounded import RealisticProbe, bounded_int8_static, rank_layers
-    from mlflow_di.compression.prune import prunable_layers
-
-    ranking = rank_layers(outcome.diagnoses[0], [name for name, _ in prunable_layers(source.module)])
-    search, held_out = selection.splits
-    fully_quantized = outcome.result
-    realistic = RealisticProbe(source, seeds=selection.fuzz_seeds) \
-        if selection.bounds.max_realistic_success_rate is not None else None
-    outcome.result, outcome.search = bounded_int8_static(
-        source.module, source.preprocessing, calib_images, search, held_out, selection.bounds, ranking,
-        scratch / "bounded", graph=selection.graph, first=fully_quantized, realistic=realistic,
-        recipe=selection.recipe, semantics=selection.semantics)
-    if outcome.search.kept_float or outcome.search.recipe != selection.recipe.name:
-        outcome.before, outcome.kept_float = fully_quantized, list(outcome.search.kept_float)
-    return outcome
-
-
-def _benefit(source, result, selection: "Selection"):
-    """The export's :class:`~mlflow_di.models.benefit.Comparison` with its fp32 source (exported and measured
-    once for every method of the command)."""
-    from mlflow_di.compression.methods import float_export
+def _benefit(baseline: SourceBenefit, result):
+    """The export's :class:`~mlflow_di.models.benefit.Comparison` with its fp32 source, or None (with a
+    warning) when it could not be measured."""
     from mlflow_di.errors import UserError
-    from mlflow_di.models import benefit
 
     try:
-        if selection.source_benefit is None:
-            fp32 = float_export(source.module, source.preprocessing, selection.scratch / "source-fp32.onnx",
-                                graph=selection.graph)
-            selection.source_benefit = (fp32.path, benefit.measure(fp32.path))
-        fp32_path, measured = selection.source_benefit
-        return benefit.compare(fp32_path, result.path, source=measured)
+        return baseline.compare(result.path)
     except UserError as exc:  # the export itself is sound: say why its speed is unknown and go on
         click.echo(f"  WARNING: no latency figures for the {result.method} export: {exc} (gate --min-speedup will "
                    "say it was not measured)")
         return None
 
 
-def _benefit_tags(comparison) -> dict:
-    """The benefit figures a registry version carries (none when it was not measured)."""
-    if comparison is None:
-        return {}
-    export = comparison.export
-    interval = comparison.paired_batch
-    return {"mlflow_di.benefit.speedup": f"{comparison.speedup:.3f}",
-            **({"mlflow_di.benefit.speedup_interval": f"{interval.low:.3f}-{interval.high:.3f}",
-                "mlflow_di.benefit.verdict": interval.verdict} if interval is not None else {}),
-            "mlflow_di.benefit.latency_b1_ms": f"{export.latency_b1_ms:.4f}",
-            f"mlflow_di.benefit.latency_b{export.batch}_ms": f"{export.latency_batch_ms:.4f}",
-            "mlflow_di.benefit.size_bytes": str(export.size_bytes),
-            "mlflow_di.benefit.peak_memory_mib": f"{export.peak_memory_mib:.1f}"}
-
-
-def _source_probabilities(source, evaluation, device):
-    """The source model's probabilities on ``evaluation`` (None without evaluation data)."""
-    from mlflow_di.models.device import resolve_device
-
-    if evaluation is None:
-        return None
-    try:  # the source goes back to the CPU afterwards: the next method exports and prunes it there
-        return source.to(resolve_device(device)).classifier().predict_proba(evaluation.images)
-    finally:
-        source.to("cpu")
+def _log_search(log, search) -> None:
+    log.json(search.to_dict(), "compress/bounded_search.json")
+    log.table(search.rows(), "compress/bounded_search_table.json")
 
 
 def _log_tables(log, deviation, outcome: Outcome) -> None:
@@ -675,125 +387,9 @@ def _log_tables(log, deviation, outcome: Outcome) -> None:
         log.json(diagnosis.to_dict(), f"compress/diagnosis_{diagnosis.data}.json")
 
 
-def points_change(change: float) -> str:
-    """An accuracy change in words a reader cannot misread: ``0.06 points lower``, ``0.16 points higher``, ``no change``."""
-    points = round(abs(change) * 100, 2)
-    return "no change" if points == 0 else f"{points:.2f} points {'higher' if change > 0 else 'lower'}"
+def _echo_summary(declared, name: str, version, metrics: dict, deviation, outcome: Outcome) -> None:
+    """The export's summary on the console (:func:`~mlflow_di.reporting.compression_console.summary_lines`)."""
+    from mlflow_di.reporting.compression_console import summary_lines
 
-
-def size_notes(method: str, result, metrics: dict) -> list[str]:
-    """Why a compressed file can be no smaller than its source, said where it happens."""
-    from mlflow_di.compression.methods import method_declaration
-
-    notes = []
-    declared = method_declaration(method)
-    if declared.prunes:
-        notes.append(f"gzipped {metrics['compressed_gzip_bytes'] / 1024:.1f} KiB: ONNX stores pruned weights dense, "
-                     "so pruning saves space once the file is compressed (or with a sparse runtime), not on disk")
-    elif declared.integer and result.size_bytes >= result.source_size_bytes:
-        notes.append("the int8 file is not smaller: in a model this small, the added Quantize/DequantizeLinear "
-                     "nodes and their scales outweigh the 4x smaller weights")
-    return notes
-
-
-def _print_summary(method: str, name: str, version, metrics: dict, result, deviation=None,
-                   outcome: "Outcome | None" = None) -> None:
-    click.echo(f"{method:<17} -> " + (f"models:/{name}/{version}" if version is not None else
-                                      "not registered: it misses a bound on the held-out data"))
-    if "source_accuracy" in metrics:
-        click.echo(f"  accuracy {metrics['source_accuracy']:.2%} -> {metrics['compressed_accuracy']:.2%} "
-                   f"({points_change(-metrics['accuracy_drop'])}), top-1 differs on {metrics['disagreements']} "
-                   f"of {metrics['eval_images']} images")
-        click.echo(f"  flips: right->wrong {metrics['flips_right_to_wrong']:.2%}, wrong->right "
-                   f"{metrics['flips_wrong_to_right']:.2%}; KL(source || export) mean {metrics['kl_divergence']:.4f} "
-                   f"(max {metrics['kl_divergence_max']:.3f}); top-1/top-2 margin {metrics['margin_original']:.3f} -> "
-                   f"{metrics['margin_compressed']:.3f}")
-    click.echo(f"  size {result.source_size_bytes / 1024:.1f} KiB -> {result.size_bytes / 1024:.1f} KiB"
-               + (f", sparsity {result.sparsity:.1%}" if result.sparsity is not None else ""))
-    for line in size_notes(method, result, metrics):
-        click.echo(f"  {line}")
-    if result.quantized_ops:
-        quantized = result.quantized_ops["quantized_layers"]
-        click.echo("  quantized layers: "
-                   + "; ".join(f"{name.removesuffix('.weight')} ({how})" for name, how in quantized.items()))
-        if result.quantized_ops["float_layers"]:
-            click.echo(f"  left in float: {', '.join(result.quantized_ops['float_layers'])}")
-    if deviation is not None and deviation["worst"] is not None:
-        worst = deviation["worst"]
-        click.echo(f"  largest class accuracy drop: class {worst.label} {worst.original_accuracy:.2%} -> "
-                   f"{worst.compressed_accuracy:.2%} ({worst.images} images)")
-    _print_runtime(metrics, outcome or Outcome(result))
-    _print_diagnosis(metrics, outcome or Outcome(result))
-    if outcome is not None and outcome.search is not None:
-        _print_search(outcome.search, result.params)
-    if outcome is not None and outcome.sensitivity is not None:
-        _print_sensitivity(outcome.sensitivity)
-    if outcome is not None and outcome.blame is not None:
-        _print_blame(outcome.blame)
-
-
-def _print_runtime(metrics: dict, outcome: Outcome) -> None:
-    if outcome.context is None:
-        return
-    click.echo(f"  runtime: {outcome.context.describe()}")
-    if "reference.disagreements" in metrics:
-        click.echo(f"  host vs reference semantics: top-1 differs on {metrics['disagreements']} vs "
-                   f"{metrics['reference.disagreements']} images ({metrics['host_only_disagreements']} only on this host)")
-    if outcome.semantics_line:
-        click.echo(f"  WARNING: {outcome.semantics_line}")
-    if outcome.portability:
-        click.echo(f"  NOTE: {outcome.portability}")
-    if outcome.benefit is not None:
-        benefit = outcome.benefit
-        click.echo(f"  latency {benefit.source.latency_b1_ms:.3f} -> {benefit.export.latency_b1_ms:.3f} ms (batch 1), "
-                   f"{benefit.source.latency_batch_ms:.2f} -> {benefit.export.latency_batch_ms:.2f} ms (batch "
-                   f"{benefit.export.batch}); peak memory {benefit.source.peak_memory_mib:.1f} -> "
-                   f"{benefit.export.peak_memory_mib:.1f} MiB")
-        click.echo(f"  {benefit.speed_line()}")
-        if benefit.warning():
-            click.echo(f"  {benefit.warning()}")
-
-
-def _print_search(search, params: dict) -> None:
-    held_out = search.held_out
-    kept = ", ".join(f"{module} (ONNX node {node})" for module, node in
-                     zip(params.get("kept_float", []), params.get("nodes_to_exclude", []))) or "none"
-    click.echo(f"  bounded search ({search.bounds.describe()}, {params.get('semantics', 'host')} semantics): "
-               f"{search.exports} exports measured; recipe {search.recipe} (tried {', '.join(search.recipes_tried)}); "
-               f"kept in float: {kept}")
-    click.echo(f"  search data: {search.chosen.search.describe()}")
-    click.echo(f"  held out: {held_out.describe(upper_bound=True)}")
-    for missed in search.held_out_failures:
-        click.echo(f"  FAIL: the chosen export misses a bound on the held-out data: {missed}")
-
-
-def _print_blame(found) -> None:
-    total = len(found.triggers)
-    click.echo(f"  blame on {total} triggers: " + ", ".join(f"{layer} {count / total:.0%}"
-                                                           for layer, count in list(found.counts().items())[:4])
-               + f" (by chance, {found.false_alarm_rate:.0%} of evaluation images exceed some layer's usual error)")
-
-
-def _print_sensitivity(found) -> None:
-    helpful = sorted((row for row in found.layers if row.all_but_disagreements is not None),
-                     key=lambda row: (row.all_but_disagreements, row.layer))[:3]
-    click.echo(f"  sensitivity (every layer int8: {found.all_int8_disagreements} disagreements of {found.images}): "
-               + ", ".join(f"{row.layer} in float -> {row.all_but_disagreements}" for row in helpful))
-    click.echo("  weight-only / activation-only logits SQNR: "
-               + ", ".join(f"{row.layer} {row.weight_only_sqnr_db:.1f}/{row.activation_only_sqnr_db:.1f} dB"
-                           for row in found.layers))
-
-
-def _print_diagnosis(metrics: dict, outcome: Outcome) -> None:
-    for diagnosis in outcome.diagnoses:
-        worst = list(diagnosis.layer_scores().items())[:3]
-        click.echo(f"  lowest activation SQNR on {diagnosis.data} ({diagnosis.images} images): "
-                   + ", ".join(f"{layer} {score:.1f} dB" for layer, score in worst))
-    for note in outcome.notes:
-        click.echo(f"  {note}")
-    if outcome.before is not None:
-        click.echo(f"  kept in float: {', '.join(outcome.kept_float) or 'none (the search changed the recipe)'}")
-        if "before_keep_float.compressed_accuracy" in metrics:
-            click.echo(f"  all layers int8: accuracy {metrics['before_keep_float.compressed_accuracy']:.2%}, top-1 "
-                       f"differs on {metrics['before_keep_float.disagreements']} images, "
-                       f"size {outcome.before.size_bytes / 1024:.1f} KiB")
+    for line in summary_lines(declared, name, version, metrics, outcome, deviation):
+        click.echo(line)

@@ -4,7 +4,9 @@ Pure PyTorch / ONNX / ONNX Runtime; knows nothing of MLflow. Modules, one concep
 :mod:`.export` (fp32 ONNX export + metadata), :mod:`.export_diagnosis` (naming what failed),
 :mod:`.quantize` (ONNX Runtime int8), :mod:`.prune` (torch magnitude pruning),
 :mod:`.onnx_ops` (which layers are quantized), :mod:`.quant_debug` (layer-wise int8 error, SQNR),
-:mod:`.methods` (``compress`` over all methods).
+:mod:`.methods` (``compress`` over all methods), :mod:`.outcome` (one method's export as ``mlflow-di
+compress`` makes it: diagnosis, blame, sensitivity, layers kept in float, the bounded search),
+:mod:`.export_record` (that export's parameters and figures).
 """
 from mlflow_di.compression.export import (
     COMPRESSION_METADATA_KEY,

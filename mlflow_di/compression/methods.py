@@ -107,9 +107,10 @@ def method_declaration(method: str) -> MethodDeclaration:
     return METHODS.require(method, advice="known")
 
 
-def methods_that(what: str) -> list[str]:
-    """The declared methods with the flag ``what`` (``needs_calibration``, ``integer``, ``prunes``, ``selective``)."""
-    return [name for name, declared in METHODS.items() if getattr(declared, what)]
+def methods_that(what: str, among=None) -> list[str]:
+    """The declared methods with the flag ``what`` (``needs_calibration``, ``integer``, ``prunes``, ``selective``);
+    with ``among`` (declared method names), those of them that have it, in their order."""
+    return [name for name in (METHODS if among is None else among) if getattr(method_declaration(name), what)]
 
 
 @dataclasses.dataclass

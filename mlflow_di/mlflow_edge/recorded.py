@@ -31,6 +31,7 @@ import math
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.strategies import REALISM
 from mlflow_di.gate import CHECKS, PINNED, RULE, Baseline, Evidence, Measurement, missing_message
+from mlflow_di.mlflow_edge.evidence_tags import EVIDENCE_DATA, EVIDENCE_HELD_OUT, EVIDENCE_ROLE
 from mlflow_di.mlflow_edge.registry import (TAG_PREFIX, _client, lineage_source, previous_version, registry_ref,
                                             resolve_if_set, resolve_version, version_model_id, version_uri)
 
@@ -517,12 +518,6 @@ SEMANTIC_METRICS = ("accuracy_drop", "max_class_accuracy_drop", "disagreement_ra
 REFERENCE_SUFFIX = " (reference semantics)"
 
 
-#: Tags of a compress run on the data its figures were measured on (``commands/compress.py`` writes them):
-#: its spec, its role (held-out; search, when a bounded search chose the export on it; calibration or
-#: training), how many of its images are calibration images, and a bounded search's held-out data.
-EVIDENCE_DATA, EVIDENCE_ROLE, EVIDENCE_SHARED = (f"{TAG_PREFIX}evidence.data", f"{TAG_PREFIX}evidence.role",
-                                                 f"{TAG_PREFIX}evidence.shared_with_calibration")
-EVIDENCE_HELD_OUT = f"{TAG_PREFIX}evidence.held_out_data"
 #: the prefix of the figures a bounded export's compress run measured again on its held-out data
 HELD_OUT = "held_out."
 

@@ -139,6 +139,18 @@ class Comparison(JsonRoundTrip):
             metrics["benefit_load_1min"] = max(self.load)
         return metrics
 
+    def tags(self, prefix: str = "mlflow_di.benefit.") -> dict[str, str]:
+        """The export's figures as the tags of its registry version: the speedup with its interval and
+        verdict, latency, size and peak memory."""
+        export, interval = self.export, self.paired_batch
+        return {f"{prefix}speedup": f"{self.speedup:.3f}",
+                **({f"{prefix}speedup_interval": f"{interval.low:.3f}-{interval.high:.3f}",
+                    f"{prefix}verdict": interval.verdict} if interval is not None else {}),
+                f"{prefix}latency_b1_ms": f"{export.latency_b1_ms:.4f}",
+                f"{prefix}latency_b{export.batch}_ms": f"{export.latency_batch_ms:.4f}",
+                f"{prefix}size_bytes": str(export.size_bytes),
+                f"{prefix}peak_memory_mib": f"{export.peak_memory_mib:.1f}"}
+
     def rows(self) -> list[dict]:
         return [self.source.row("source (fp32 ONNX)"), self.export.row("export")]
 

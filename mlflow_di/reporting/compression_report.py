@@ -3,7 +3,7 @@ host, its metrics, the bounded search, the layers kept in float and why, per-cla
 sensitivity, the layer-wise diagnosis. Pure: results in, one self-contained HTML page out (``mlflow-di
 compress`` logs it as ``compress/report.html``).
 
-``outcome`` is what one method produced (``commands/compress.py``'s ``Outcome``): the export's result, and
+``outcome`` is what one method produced (:class:`~mlflow_di.compression.outcome.Outcome`): the export's result, and
 where they were made its bounded search, the fully quantized export it was compared with (``before``),
 blame, sensitivity, diagnoses, notes and execution context.
 """
