@@ -12,8 +12,8 @@ from mlflow_di import _compat
 
 _compat.install_torchvision_guard()  # before anything can import torchvision (zennit does)
 # OpenMP's worker threads spin while they wait by default; on a busy machine that spinning is charged to
-# every model call, and a seed's CPU seconds grew up to 24x beside 8 busy processes, where they grow at most
-# 1.1x when the threads sleep (benchmarks/RESULTS.md, bench_load). Read once, when torch first loads OpenMP:
+# every model call, so a seed's CPU seconds would depend on the load (measured with and without it:
+# benchmarks/RESULTS.md, bench_load). Read once, when torch first loads OpenMP:
 # setting it here, before anything imports torch, is what lets the time safety net mean the same on any load.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

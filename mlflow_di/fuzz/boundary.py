@@ -93,7 +93,7 @@ class BoundaryWalk:
     #: (None: every target walks every step)
     patience: int | None = 10
     #: under min_ssim, the gradient is divided by each pixel's SSIM cost to this power before the
-    #: step (0: the plain gradient, as before this setting existed; see the module docstring)
+    #: step (0: the plain gradient; see the module docstring)
     ssim_weighting: float = 0.5
     name: str = "boundary"
 

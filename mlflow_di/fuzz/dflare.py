@@ -95,7 +95,7 @@ MAX_STRENGTH = 8
 COMPRESSED_FLOOR = 1.0 / 512
 #: Mutants of x_max drawn in a row outside the constraint before the search gives up on the seed
 #: (it then stops with ``Stop.CONSTRAINED``: no mutant within the constraint could be found). Small
-#: enough that one proposal stays short (an SSIM takes ~15 ms on a 224x224 RGB image, checked
+#: enough that one proposal stays short (an SSIM on a 224x224 RGB image is costly, so it is checked
 #: after the cheap L-inf test), since the per-seed timeout is only checked between proposals.
 MAX_REDRAWS = 100
 

@@ -23,7 +23,7 @@ MARGIN_RESOLUTION_DIGITS = 4
 #: Smallest probability a log is taken of (float32 softmax outputs underflow to 0 near 1e-45).
 LOG_FLOOR = 1e-45
 #: Classes up to which one row is scored on plain Python floats (numpy's per-call cost dominates on
-#: MNIST's 10); longer rows (ImageNet's 1,000) are scored with numpy, ~10x faster there. Both paths
+#: MNIST's 10); longer rows (ImageNet's 1,000) are scored with numpy, faster there. Both paths
 #: give the same numbers (rows holding a NaN, e.g. from an infinite logit, always take the lists).
 LIST_SCORING_MAX_CLASSES = 64
 #: Squared-L2 distance beyond which a probability pair counts as unseen (reference: FLANN, 0.5).

@@ -42,8 +42,8 @@ from mlflow_di.fuzz._random import draw_index
 _MEDIAN_CHANNELS = (1, 3, 4)
 #: Kernel sizes OpenCV's median filter also accepts on float32 images.
 _FLOAT_MEDIAN_KERNELS = (3, 5)
-#: Images with at most this many values take the float32 median (several times faster on MNIST
-#: sizes); larger ones the uint8 one (16x faster for k = 3 at 224x224x3). Both give the same image.
+#: Images with at most this many values take the float32 median (faster on MNIST sizes); larger ones
+#: the uint8 one (faster at 224x224x3; benchmarks/RESULTS.md). Both give the same image.
 _FLOAT_MEDIAN_MAX_VALUES = 4096
 
 
