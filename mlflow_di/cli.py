@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     try:
+        from mlflow_di.extensions import load_extensions
+
+        load_extensions()  # before any command module reads its declarations (its options, --help)
         # without standalone mode click returns ctx.exit()'s code (e.g. the gate's 1) or the command's value
         result = cli.main(args=argv, prog_name="mlflow-di", standalone_mode=False)
     except click.exceptions.Exit as stop:

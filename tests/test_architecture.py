@@ -8,7 +8,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mlflow_di"
 ENGINES = ("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "reporting", "service")
 FOUNDATIONS = ("models", "data.py", "deviation.py", "results_json.py", "errors.py", "folder_lock.py", "gate.py", "policy.py",
-               "progress.py", "registry.py", "settings.py",
+               "progress.py", "registry.py", "settings.py", "extensions.py",
                "_compat.py", "_ray.py")
 
 

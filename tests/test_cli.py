@@ -23,7 +23,7 @@ def test_bad_input_is_one_line_exit_2_without_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         "mlflow-di: error: model file 'missing.onnx' does not exist; give models:/NAME/VERSION, "
-        "models:/NAME@ALIAS, runs:/RUN_ID/PATH, an MLflow model folder, a .onnx/.tflite/.lite/.pt file "
+        "models:/NAME@ALIAS, runs:/RUN_ID/PATH, an MLflow model folder, a .pt/.pth/.pkl/.onnx/.tflite/.lite file "
         "or keras:ARCH:FILE.h5"]
 
 

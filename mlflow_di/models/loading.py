@@ -25,11 +25,11 @@ from mlflow_di.models.formats import FORMATS, ModelFormat, load_repaired
 from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.origin import origin_of
 from mlflow_di.models.preprocessing import Preprocessing
-from mlflow_di.models.reference import URI_HELP, ModelRef, RefKind
+from mlflow_di.models.reference import ModelRef, RefKind
 from mlflow_di.models.torch_model import TorchModel
 from mlflow_di.models.trust import only_trusted_pickles
 
-__all__ = ["URI_HELP", "WHITE_BOX_KINDS", "ModelSource", "load_classifier", "load_repaired", "load_torch_model",
+__all__ = ["WHITE_BOX_KINDS", "ModelSource", "load_classifier", "load_repaired", "load_torch_model",
            "only_trusted_pickles", "resolve"]
 
 

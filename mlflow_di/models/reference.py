@@ -20,11 +20,17 @@ import re
 
 from mlflow_di.errors import UserError
 
-URI_HELP = ("models:/NAME/VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH, an MLflow model folder, "
-            "a model file (.onnx, .tflite, .pt, ...) or keras:ARCH:FILE.h5")
 #: URI schemes that are loaded through MLflow.
 MLFLOW_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:/")
 _REGISTRY = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[^/]+))/?$")
+
+
+def uri_help() -> str:
+    """Every form a model reference may take, the file suffixes from the model formats' declarations."""
+    from mlflow_di.models.formats import file_suffixes
+
+    return ("models:/NAME/VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH, an MLflow model folder, "
+            f"a {'/'.join(file_suffixes())} file or keras:ARCH:FILE.h5")
 
 
 class RefKind(str, enum.Enum):
@@ -57,7 +63,7 @@ class ModelRef:
         if isinstance(uri, ModelRef):
             return uri
         if not isinstance(uri, str) or not uri.strip():
-            raise UserError(f"no model given; pass one of: {URI_HELP}")
+            raise UserError(f"no model given; pass one of: {uri_help()}")
         uri = uri.strip()
         if uri.startswith("keras:"):
             _, arch, file = (uri.split(":", 2) + ["", ""])[:3]
@@ -70,13 +76,12 @@ class ModelRef:
                        alias=registry["alias"])
         if uri.startswith(MLFLOW_PREFIXES) or (pathlib.Path(uri) / "MLmodel").is_file():
             return cls(uri, RefKind.MLFLOW)
-        from mlflow_di.models.formats import file_suffixes, format_of_file
+        from mlflow_di.models.formats import format_of_file
 
         path = _existing_file(uri)
         found = format_of_file(path)
         if found is None:
-            raise UserError(f"cannot tell what kind of model '{uri}' is from its suffix ({', '.join(file_suffixes())} "
-                            f"are models); give {URI_HELP}")
+            raise UserError(f"cannot tell what kind of model '{uri}' is from its suffix; give {uri_help()}")
         return cls(uri, RefKind.FILE, path=path, format=found.name)
 
     @property
@@ -111,5 +116,5 @@ class ModelRef:
 def _existing_file(path: str) -> pathlib.Path:
     resolved = pathlib.Path(path).expanduser()
     if not resolved.exists():
-        raise UserError(f"model file '{path}' does not exist; give {URI_HELP}")
+        raise UserError(f"model file '{path}' does not exist; give {uri_help()}")
     return resolved
