@@ -301,13 +301,8 @@ def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
     for step in ("fuzz", "realism"):
         if step in sections and "compress" not in sections:
             raise UserError(f"{source}: {step} needs a compress section (the exports to fuzz against the model)")
-    if "compress" in sections and "int8-static" in sections["compress"].methods and not sections["compress"].calib_data:
-        raise UserError(f"{source}: compress.calib_data is required for int8-static")
-    if "compress" in sections and sections["compress"].bounded:
+    if "compress" in sections and sections["compress"].bounded:  # what each method needs: the pipeline's declarations
         compress = sections["compress"]
-        if "int8-static" not in compress.methods:
-            raise UserError(f"{source}: compress.max_accuracy_drop, max_disagreement_rate and "
-                            "max_realistic_success_rate bound the int8-static export; add int8-static to compress.methods")
         if not compress.holdout_data:
             raise UserError(f"{source}: compress.holdout_data is required with a bound (images the search does not "
                             "see, which verify the bounded export)")

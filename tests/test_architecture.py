@@ -249,6 +249,20 @@ def test_no_strategy_is_named_outside_its_engine_and_declarations():
     assert named == []
 
 
+def test_no_compression_method_is_named_outside_its_engine():
+    """Outside ``compression/`` the house asks a method's declaration what it needs (``methods_that``), so a new
+    method needs no edit elsewhere. The demo alone picks, by name, the methods it shows."""
+    from mlflow_di.compression.methods import METHODS
+
+    names = set(METHODS)
+    named = [f"{path.relative_to(PACKAGE)}:{line} {text[:50]!r}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             if "compression" not in path.relative_to(PACKAGE).parts and path.name != "demo.py"
+             for line, text in _code_strings(path)
+             if text.strip().lower() in names or set(re.findall(r"--method[ =]([a-z0-9-]+)", text.lower())) & names]
+    assert named == []
+
+
 def test_the_strategy_contract_is_typed_not_probed():
     """Strategies are :class:`~mlflow_di.fuzz.contract.Strategy` protocols and their declarations say what they
     offer: nothing in the fuzz engine or the commands probes an object with ``hasattr``."""

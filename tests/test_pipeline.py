@@ -32,9 +32,6 @@ GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
     (GATE + "compress: {methods: [fp32], amount: 1.5}\n", "compress.amount must be a number from 0 to below 1"),
     (GATE + "robustness: {data: digits, severities: [high]}\n", "robustness.severities must be a list of integers"),
     (GATE + "fuzz: {seed_data: digits}\n", "fuzz needs a compress section"),
-    (GATE + "compress: {methods: [int8-static]}\n", "compress.calib_data is required for int8-static"),
-    (GATE + "compress: {methods: [prune-l1], max_disagreement_rate: 0.01, holdout_data: digits}\n",
-     "compress.max_accuracy_drop, max_disagreement_rate and max_realistic_success_rate bound the int8-static"),
     (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: 0.01}\n",
      "compress.holdout_data is required with a bound"),
     (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: .nan, holdout_data: d}\n",
@@ -120,6 +117,15 @@ def test_registry_names_are_checked_before_any_run(tmp_path, tracking_uri, capsy
     err = capsys.readouterr().err.strip()
     assert err.startswith("mlflow-di: error: p.yaml: fuzz.strategy deepxplore needs PyTorch models on both sides")
     assert "\n" not in err and "choose one of dflare" in err
+    # what a method needs, from its declaration (the policy reader names no method)
+    for section, fragment in (("{methods: [int8-static]}", "compress.calib_data is required for int8-static"),
+                              ("{methods: [prune-l1], max_disagreement_rate: 0.01, holdout_data: digits}",
+                               "compress.max_accuracy_drop, max_disagreement_rate and max_realistic_success_rate "
+                               "bound the int8-static export; add int8-static to compress.methods")):
+        path.write_text(GATE + f"compress: {section}\n")
+        assert main(["pipeline", "--policy", str(path), "--model-uri", "models:/absent/1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"mlflow-di: error: p.yaml: {fragment}"
 
 
 TINY = """

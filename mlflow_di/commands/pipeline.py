@@ -239,7 +239,24 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
         if step in steps:  # the policy left it out: the declared default
             steps[step].setdefault("strategy", default)
     _check_strategies_take_exports(steps, policy.source)
+    if policy.compress is not None:
+        _check_methods_take_the_policy(policy.compress, policy.source)
     return steps
+
+
+def _check_methods_take_the_policy(compress, source: str) -> None:
+    """What the compression methods' declarations need of the compress section, before any step: calibration
+    data for a method that calibrates, and a selective method for the bounds (one line naming the key)."""
+    from mlflow_di.compression.methods import methods_that
+    from mlflow_di.errors import UserError
+
+    calibrated = methods_that("needs_calibration", compress.methods)
+    if calibrated and not compress.calib_data:
+        raise UserError(f"{source}: compress.calib_data is required for {calibrated[0]}")
+    if compress.bounded and not methods_that("selective", compress.methods):
+        selective = " or ".join(methods_that("selective"))
+        raise UserError(f"{source}: compress.max_accuracy_drop, max_disagreement_rate and max_realistic_success_rate "
+                        f"bound the {selective} export; add {selective} to compress.methods")
 
 
 def _check_strategies_take_exports(steps: dict, source: str) -> None:
