@@ -382,9 +382,9 @@ class LabelledSplit:
 @dataclasses.dataclass
 class RealisticProbe:
     """How a candidate's realistic deviation is measured for ``--max-realistic-success-rate``: the
-    boundary strategy (:mod:`~mlflow_di.fuzz.boundary`) from the PyTorch ``original`` against the
-    candidate export, inside ``budget``, at most ``max_queries`` to the export per seed, on the first
-    ``seeds`` images of each split.
+    declared realism strategy (:data:`~mlflow_di.fuzz.strategies.REALISM`, the boundary walk), run through
+    :func:`mlflow_di.fuzz.run` from the PyTorch ``original`` against the candidate export, inside ``budget``,
+    at most ``max_queries`` to the export per seed, on the first ``seeds`` images of each split.
 
     The budget is L-inf <= 32 levels: the boundary walk inside it costs about 0.4 s a seed on the
     reference LeNets against 2 s inside SSIM >= 0.9 (benchmarks/RESULTS.md, bench_boundary), and the
@@ -398,16 +398,20 @@ class RealisticProbe:
     def count(self, export_path, split: LabelledSplit, preprocessing, device=None) -> tuple[int, int]:
         """(seeds fuzzed, seeds with a realistic trigger) for one export on one split's first seeds."""
         from mlflow_di.data import ImageSet
-        from mlflow_di.fuzz.boundary import BoundaryWalk, run_boundary
-        from mlflow_di.fuzz.realism import Constraint, realism_summary
+        from mlflow_di.fuzz import strategies
+        from mlflow_di.fuzz.contract import Campaign
+        from mlflow_di.fuzz.realism import realism_summary
+        from mlflow_di.fuzz.runners import run
         from mlflow_di.models.classifier import OnnxClassifier
 
-        budget = Constraint(max_linf=self.max_linf)
+        declared = strategies.declaration(strategies.REALISM)  # the realism search, through its declaration
+        search = strategies.configure(declared, {"max_linf": self.max_linf})
         count = min(self.seeds, len(split.images))
         seeds = ImageSet(np.asarray(split.images[0:count]), np.asarray(split.labels[:count]), f"{split.name}[:{count}]")
-        result = run_boundary(self.original, OnnxClassifier(export_path, preprocessing=preprocessing, device=device),
-                              seeds, BoundaryWalk(constraint=budget), max_queries=self.max_queries, progress=False)
-        return count, realism_summary(result.records, count, budget)["realistic_triggers"]
+        export = OnnxClassifier(export_path, preprocessing=preprocessing, device=device)
+        [result] = run(Campaign(self.original, [export], search, seeds, max_queries=self.max_queries, progress=False),
+                       declared)
+        return count, realism_summary(result.records, count, search.constraint)["realistic_triggers"]
 
 
 def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSplit, held_out: LabelledSplit,
