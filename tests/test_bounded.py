@@ -104,7 +104,8 @@ def test_no_bound_is_refused():
 
 @pytest.mark.parametrize("value", [float("nan"), -0.1, 1.5, float("inf")])
 def test_bounds_outside_zero_one_are_refused(value):
-    with pytest.raises(UserError, match="fraction between 0 and 1"):
+    """In the gate's words: a bound is its check's threshold."""
+    with pytest.raises(UserError, match="is a fraction between 0 and 1|must be a finite number"):
         Bounds(max_disagreement_rate=value)
 
 

@@ -31,12 +31,12 @@ wires it to :func:`~mlflow_di.compression.methods.compress` and ONNX Runtime.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import numpy as np
 
 from mlflow_di.errors import UserError
+from mlflow_di.gate import CHECKS, Thresholds
 from mlflow_di.results_json import JsonRoundTrip
 
 CONFIDENCE = 0.95
@@ -99,50 +99,63 @@ def clopper_pearson_upper(successes: int, trials: int, confidence: float = CONFI
     return float(beta.ppf(confidence, successes + 1, trials - successes))
 
 
+#: The gate checks an export can be bounded by: each bound is that check's threshold (its record in
+#: :data:`mlflow_di.gate.CHECKS` gives the option, the direction and the range), so the export the bounded
+#: search registers is judged by the gate the way the search judged it.
+BOUNDED_CHECKS = ("accuracy_drop", "disagreement_rate", "realistic_success_rate")
+
+
 @dataclasses.dataclass(frozen=True)
 class Bounds(JsonRoundTrip):
-    """What an export must meet; None leaves a bound out. Both are fractions (0.01 = 1 point / 1%)."""
+    """What an export must meet; None leaves a bound out. Each field is the threshold of one of
+    :data:`BOUNDED_CHECKS` (fractions: 0.01 = 1 point / 1%), checked against that check's record."""
 
     max_accuracy_drop: float | None = None
     max_disagreement_rate: float | None = None
-    #: of seeds fuzzed with the boundary strategy, those with a trigger inside the realism budget
+    #: of seeds fuzzed with the realism strategy, those with a trigger inside the realism budget
     max_realistic_success_rate: float | None = None
 
     def __post_init__(self):
-        for name, value in dataclasses.asdict(self).items():
-            if value is not None and not (math.isfinite(value) and 0 <= value <= 1):
-                raise UserError(f"--{name.replace('_', '-')} must be a fraction between 0 and 1, got {value}")
+        Thresholds(**dataclasses.asdict(self))  # the gate's ranges, the gate's one-line refusals
+
+    def _given(self):
+        """(check record, bound) of every bound given, in :data:`BOUNDED_CHECKS`' order."""
+        for metric in BOUNDED_CHECKS:
+            check = CHECKS[metric]
+            bound = getattr(self, check.threshold_name)
+            if bound is not None:
+                yield check, bound
 
     @property
     def active(self) -> bool:
-        return any(value is not None for value in dataclasses.asdict(self).values())
+        return any(True for _ in self._given())
 
     def failures(self, measured: Scores) -> list[str]:
         """One phrase per bound ``measured`` misses (empty when it meets them all)."""
         missed = []
-        if self.max_accuracy_drop is not None and measured.accuracy_drop > self.max_accuracy_drop:
-            missed.append(f"accuracy drop {measured.accuracy_drop:.2%} > --max-accuracy-drop {self.max_accuracy_drop:g}")
-        if self.max_disagreement_rate is not None and measured.disagreement_rate > self.max_disagreement_rate:
-            missed.append(f"disagreement rate {measured.disagreement_rate:.2%} ({measured.disagreements} of "
-                          f"{measured.images}) > --max-disagreement-rate {self.max_disagreement_rate:g}")
-        if self.max_realistic_success_rate is not None and \
-                measured.realistic_success_rate > self.max_realistic_success_rate:
-            missed.append(f"realistic success rate {measured.realistic_success_rate:.2%} ({measured.realistic} of "
-                          f"{measured.fuzzed} seeds) > --max-realistic-success-rate {self.max_realistic_success_rate:g}")
+        for check, bound in self._given():
+            value = getattr(measured, check.metric)
+            if value < bound if check.greater_is_better else value > bound:
+                worse = "<" if check.greater_is_better else ">"
+                missed.append(f"{check.metric.replace('_', ' ')} {value:.2%}{_counts(check.metric, measured)} {worse} "
+                              f"{check.option} {bound:g}")
         return missed
 
     def met_by(self, measured: Scores) -> bool:
         return not self.failures(measured)
 
     def describe(self) -> str:
-        parts = []
-        if self.max_accuracy_drop is not None:
-            parts.append(f"accuracy drop <= {self.max_accuracy_drop:g}")
-        if self.max_disagreement_rate is not None:
-            parts.append(f"disagreement rate <= {self.max_disagreement_rate:g}")
-        if self.max_realistic_success_rate is not None:
-            parts.append(f"realistic success rate <= {self.max_realistic_success_rate:g}")
-        return " and ".join(parts) or "no bound"
+        return " and ".join(f"{check.metric.replace('_', ' ')} {check.comparison} {bound:g}"
+                            for check, bound in self._given()) or "no bound"
+
+
+def _counts(metric: str, measured: Scores) -> str:
+    """What a rate in a bound's phrase counts: `` (3 of 250)`` images, `` (3 of 20 seeds)`` fuzzed."""
+    if metric == "disagreement_rate":
+        return f" ({measured.disagreements} of {measured.images})"
+    if metric == "realistic_success_rate":
+        return f" ({measured.realistic} of {measured.fuzzed} seeds)"
+    return ""
 
 
 @dataclasses.dataclass
