@@ -229,3 +229,24 @@ def test_a_command_alone_still_starts_a_top_level_run(registered_cnn, mlflow_cli
     assert main(["gate", "--model-uri", registered_cnn, "--max-accuracy-drop", "1"]) == 2  # ERROR: nothing measured
     gate_run = _runs_by_command(mlflow_client)["gate"][0]
     assert "mlflow.parentRunId" not in gate_run.data.tags
+
+
+def test_every_policy_field_is_an_option_of_its_steps_command():
+    """A policy section holds the options of its step's command, converted and checked by that option's own type
+    (pipeline._converted): the command's options are the one table the command line and the policy share, so a
+    field cannot drift from the option it stands for. Gate thresholds are the gate's threshold options."""
+    import dataclasses
+
+    from mlflow_di import policy
+    from mlflow_di.commands import compress, coverage, fuzz, gate, robustness
+
+    sections = {"compress": (policy.CompressPolicy, compress.command), "coverage": (policy.CoveragePolicy, coverage.command),
+                "fuzz": (policy.FuzzPolicy, fuzz.command), "realism": (policy.RealismPolicy, fuzz.command),
+                "robustness": (policy.RobustnessPolicy, robustness.command), "gate": (policy.GatePolicy, gate.command)}
+    for step, (section, command) in sections.items():
+        options = {param.name for param in command.params}
+        fields = {field.name for field in dataclasses.fields(section)} - {"thresholds"}
+        assert fields - options == set(), step
+    from mlflow_di.gate import threshold_records
+
+    assert set(threshold_records()) <= {param.name for param in gate.command.params}
