@@ -60,6 +60,27 @@ from mlflow_di.registry import Registry
 from mlflow_di.settings import OptionSpec
 
 @dataclasses.dataclass(frozen=True)
+class Adequacy:
+    """How a surprise criterion's per-input values come to be (Kim et al.'s surprise adequacy): its model,
+    ``fit(estimator, traces, predictions, nearest_other)`` on the training SA traces, kept in the estimator's
+    ``attribute`` and scored per input with ``score_samples(traces, predictions)``; the report keeps the values
+    as ``values_field``, and the fit's time is reported under ``fit_timer``."""
+
+    attribute: str
+    values_field: str
+    fit_timer: str
+    fit: Callable
+
+
+def _fit_likelihood(estimator, traces, predictions, _nearest_other):
+    return LikelihoodSurprise(estimator.var_threshold).fit(traces, predictions)
+
+
+def _fit_distance(estimator, traces, predictions, nearest_other):
+    return DistanceSurprise().fit(traces, predictions, nearest_other, estimator.progress)
+
+
+@dataclasses.dataclass(frozen=True)
 class Criterion:
     """One classic criterion's record: what a cell is, the :class:`CoveredCells` fields it fills,
     what it needs from the training pass, how a batch of activations becomes its cells, and how the
@@ -67,8 +88,8 @@ class Criterion:
     streamed passes (:mod:`mlflow_di.coverage.partials`) and the messages all read these records.
 
     ``score(batch, estimator)`` -> {field: boolean cells} for one batch (:class:`Batch`); None for the
-    surprise criteria, whose per-input values are bucketed once every input is in (``merge`` is then
-    ``per-input``; cells of the others are ``or``-ed).
+    surprise criteria, whose per-input values (their ``adequacy``) are bucketed once every input is in
+    (``merge`` is then ``per-input``; cells of the others are ``or``-ed).
     """
 
     name: str
@@ -85,6 +106,8 @@ class Criterion:
     #: ``estimator.setting(field)``; ``ClassicCoverage(criterion_settings={field: value})`` and ``coverage
     #: --criterion-setting FIELD=VALUE`` set it, checked against this table
     settings: tuple[OptionSpec, ...] = ()
+    #: a surprise criterion's adequacy model (None for the cell criteria)
+    adequacy: Adequacy | None = None
 
     def __post_init__(self):
         if self.count is None:
@@ -128,8 +151,10 @@ CRITERION = Registry("coverage criterion", Criterion, builtins=(
               score=_boundary, timer="nbc_snac", count=lambda cells: (int(cells.above.sum()), int(cells.above.size))),
     Criterion("tknc", "a neuron among the tknc_k most active of its layer", ("tknc",),
               score=lambda batch, e: {"tknc": top_k_cells(batch.values, batch.layer_sizes, e.tknc_k)}),
-    Criterion("lsc", "one of lsc_buckets buckets of likelihood surprise", ("lsc",), merge="per-input"),
-    Criterion("dsc", "one of dsc_buckets buckets of distance surprise", ("dsc",), merge="per-input"),
+    Criterion("lsc", "one of lsc_buckets buckets of likelihood surprise", ("lsc",), merge="per-input",
+              adequacy=Adequacy("likelihood_", "lsa", "lsa_fit", _fit_likelihood)),
+    Criterion("dsc", "one of dsc_buckets buckets of distance surprise", ("dsc",), merge="per-input",
+              adequacy=Adequacy("distance_", "dsa", "dsa_fit", _fit_distance)),
 ))
 #: The built-in criteria (the default of :class:`ClassicCoverage`); :func:`register_criterion` adds others.
 CRITERIA = CRITERION.builtins
@@ -158,6 +183,11 @@ def criterion_settings(criteria=None) -> dict[str, OptionSpec]:
 def _owner(field: str, criteria) -> str:
     """The name of the criterion among ``criteria`` that declares ``field``."""
     return next(name for name in criteria if any(spec.field == field for spec in CRITERION[name].settings))
+
+
+def _adequacies(criteria) -> list[tuple[str, Adequacy]]:
+    """(name, adequacy model) of the surprise criteria among ``criteria``, in the records' order."""
+    return [(name, CRITERION[name].adequacy) for name in CRITERION if name in criteria and CRITERION[name].adequacy]
 
 
 def _bounded(criteria) -> bool:
@@ -280,7 +310,9 @@ class CriteriaReport:
         cells = self.cells.union(other.cells)
         lsa, dsa = _concat(self.lsa, other.lsa), _concat(self.dsa, other.dsa)
         if self.settings.get("surprise_bucket_rule", "fixed") != "fixed":
-            for criterion, values in (("lsc", lsa), ("dsc", dsa)):
+            merged = {"lsa": lsa, "dsa": dsa}
+            for criterion, adequacy in _adequacies(self.criteria):
+                values = merged[adequacy.values_field]
                 if getattr(cells, criterion) is not None and values is not None:
                     setattr(cells, criterion, _surprise_cells(values, self.settings, criterion))
         return CriteriaReport(
@@ -557,18 +589,20 @@ class ClassicCoverage(BaseEstimator):
         self.train_name_, self.num_train_ = train_name, int(num_train)
         self.model_ = None
         self.low_, self.high_ = (low, high) if _bounded(criteria) else (None, None)
-        self.likelihood_ = self.distance_ = None
+        self._forget_adequacies()
         self.sa_traces_, self.sa_classes_ = None, None
         if self.sa_layers_:
             predictions = np.asarray(predictions).reshape(-1)
             self.sa_traces_, self.sa_classes_ = traces, predictions.astype(np.int64)
-            if "lsc" in criteria:
-                with self._timed("lsa_fit"):
-                    self.likelihood_ = LikelihoodSurprise(self.var_threshold).fit(traces, predictions)
-            if "dsc" in criteria:
-                with self._timed("dsa_fit"):
-                    self.distance_ = DistanceSurprise().fit(traces, predictions, nearest_other, self.progress)
+            for _, adequacy in _adequacies(criteria):
+                with self._timed(adequacy.fit_timer):
+                    setattr(self, adequacy.attribute, adequacy.fit(self, traces, predictions, nearest_other))
         return self
+
+    def _forget_adequacies(self) -> None:
+        """Every surprise criterion's model unset (None), whether or not it is chosen."""
+        for _, adequacy in _adequacies(CRITERION):
+            setattr(self, adequacy.attribute, None)
 
     # -------------------------------------------------------------------- score
     def score(self, images) -> CriteriaReport:
@@ -618,18 +652,15 @@ class ClassicCoverage(BaseEstimator):
     def _finish(self, cells: CoveredCells, traces, predictions: np.ndarray, data_name: str) -> CriteriaReport:
         """LSC and DSC from the SA traces added to ``cells``: the report."""
         criteria = self._criteria()
-        lsa = dsa = None
+        values: dict[str, np.ndarray] = {}
         settings = self.settings()
         if self.sa_layers_:
-            if "lsc" in criteria:
-                with self._timed("lsc"):
-                    lsa = self.likelihood_.score_samples(traces, predictions)
-                    cells.lsc = _surprise_cells(lsa, settings, "lsc")
-            if "dsc" in criteria:
-                with self._timed("dsc"):
-                    dsa = self.distance_.score_samples(traces, predictions)
-                    cells.dsc = _surprise_cells(dsa, settings, "dsc")
-        return CriteriaReport(data_name, len(predictions), criteria, cells, lsa, dsa, settings)
+            for criterion, adequacy in _adequacies(criteria):
+                with self._timed(criterion):
+                    values[adequacy.values_field] = getattr(self, adequacy.attribute).score_samples(traces, predictions)
+                    setattr(cells, criterion, _surprise_cells(values[adequacy.values_field], settings, criterion))
+        return CriteriaReport(data_name, len(predictions), criteria, cells, values.get("lsa"), values.get("dsa"),
+                              settings)
 
     # --------------------------------------------------------------- save/load
     def save(self, directory) -> pathlib.Path:
@@ -681,15 +712,13 @@ class ClassicCoverage(BaseEstimator):
         return coverage
 
     def _restore_surprise(self, arrays: dict) -> None:
-        self.likelihood_ = self.distance_ = None
+        self._forget_adequacies()
         self.sa_traces_, self.sa_classes_ = arrays.get("sa_traces"), arrays.get("sa_classes")
-        criteria = self._criteria()
         if self.sa_traces_ is None:
             return
-        if "lsc" in criteria:
-            self.likelihood_ = LikelihoodSurprise(self.var_threshold).fit(self.sa_traces_, self.sa_classes_)
-        if "dsc" in criteria:
-            self.distance_ = DistanceSurprise().fit(self.sa_traces_, self.sa_classes_, arrays.get("nearest_other"))
+        for _, adequacy in _adequacies(self._criteria()):  # the saved traces fit them again, exactly
+            setattr(self, adequacy.attribute, adequacy.fit(self, self.sa_traces_, self.sa_classes_,
+                                                           arrays.get("nearest_other")))
 
     # ------------------------------------------------------------------ helpers
     def __sklearn_is_fitted__(self) -> bool:
