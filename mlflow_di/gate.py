@@ -193,7 +193,8 @@ class Relation:
         return candidate / baseline
 
 
-RELATIONS = (
+#: Every relative check, by its name (``idc_drop``), in the order the gate lists them (a live registry).
+RELATIONS = Registry("relative gate check", Relation, builtins=(
     Relation("idc", "drop", "max_idc_drop", help="Fail if IDC is lower than the baseline's by more than this (0..1)."),
     Relation("success_rate", "rise", "max_success_rate_rise",
              help="Fail if the fuzzing success rate against an export is higher than against the baseline's "
@@ -201,8 +202,7 @@ RELATIONS = (
     Relation("mean_queries", "ratio", "min_mean_queries_ratio", range="positive", hint=" (e.g. 0.8)",
              help="Fail if mean queries per deviating input divided by the baseline's (same method) is lower, "
                   "e.g. 0.8."),
-)
-RELATION = {r.name: r for r in RELATIONS}
+))
 
 #: Thresholds every verdict's JSON carries, set or not (those added later are written only when set,
 #: so older verdicts keep their bytes).
@@ -211,7 +211,7 @@ _ALWAYS_WRITTEN = ("min_idc", "max_success_rate", "min_mean_queries", "max_accur
 
 def threshold_records() -> dict:
     """{threshold name: its CheckDeclaration or Relation}, every check's and relation's."""
-    return {**{c.threshold_name: c for c in CHECKS.values()}, **{r.threshold_name: r for r in RELATIONS}}
+    return {**{c.threshold_name: c for c in CHECKS.values()}, **{r.threshold_name: r for r in RELATIONS.values()}}
 
 
 @dataclasses.dataclass(init=False)
@@ -257,7 +257,7 @@ class Thresholds(JsonRoundTrip):
         if not self.given() and not self.relative():
             raise UserError("no threshold given; pass at least one of "
                             + ", ".join(c.option for c in CHECKS.values())
-                            + " (or, with --baseline, " + ", ".join(r.option for r in RELATIONS) + ")")
+                            + " (or, with --baseline, " + ", ".join(r.option for r in RELATIONS.values()) + ")")
         return self
 
     def given(self) -> list[tuple[CheckDeclaration, float]]:
@@ -271,13 +271,13 @@ class Thresholds(JsonRoundTrip):
             raise UserError(f"{', '.join(names)} compare(s) with a baseline; pass --baseline models:/NAME@champion "
                             f"(or a version)")
         if given and not names:
-            raise UserError("--baseline needs a relative threshold: " + ", ".join(r.option for r in RELATIONS[:-1])
-                            + f" or {RELATIONS[-1].option}")
+            *others, last = (r.option for r in RELATIONS.values())
+            raise UserError(f"--baseline needs a relative threshold: {', '.join(others)} or {last}")
         return self
 
     def relative(self) -> list[tuple[Relation, float]]:
         """The relations with a threshold, in the order of :data:`RELATIONS`."""
-        return [(r, self.values[r.threshold_name]) for r in RELATIONS if r.threshold_name in self.values]
+        return [(r, self.values[r.threshold_name]) for r in RELATIONS.values() if r.threshold_name in self.values]
 
 
 #: How the gate picks among several runs that recorded a check's value (``gate --runs`` pins them instead).
@@ -488,7 +488,7 @@ class Verdict(JsonRoundTrip):
         compared = [c for c in self.checks if c.criterion == relation and c.change is not None]
         if not compared:
             return None
-        pick = min if RELATION[relation].greater_is_better else max
+        pick = min if RELATIONS[relation].greater_is_better else max
         return pick(compared, key=lambda c: c.change)
 
     def summary(self) -> str:

@@ -1,4 +1,5 @@
-"""Named declarations of one kind (fuzzing strategies, compression methods, coverage criteria, gate checks):
+"""Named declarations of one kind (fuzzing strategies, compression methods, coverage criteria, gate checks,
+relative checks, model formats):
 one small registry.
 
 A :class:`Registry` is a live mapping from a declaration's ``name`` (or the attribute ``key`` names, e.g. a

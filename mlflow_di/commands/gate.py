@@ -27,7 +27,7 @@ def threshold_options(relative: bool):
 
     types = {"fraction": Fraction, "positive": lambda: FiniteFloat(0, min_open=True), "nonnegative": lambda: FiniteFloat(0)}
     return stacked([click.option(record.option, type=types[record.range](), default=None, help=record.help)
-                    for record in (RELATIONS if relative else CHECKS.values())])
+                    for record in (RELATIONS if relative else CHECKS).values()])
 
 
 @click.command("gate")
@@ -215,7 +215,7 @@ def _write_ci_reports(verdict, checked_at: str, run_id: str, junit_xml: str | No
 
 
 def _log_verdict(log, verdict, compressed, promote_alias: str | None, notes: tuple[str, ...]) -> tuple[dict, str]:
-    from mlflow_di.gate import CHECKS, RELATION
+    from mlflow_di.gate import CHECKS, RELATIONS
 
     params = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
     params["compressed"] = ",".join(compressed) or "all recorded"
@@ -229,7 +229,7 @@ def _log_verdict(log, verdict, compressed, promote_alias: str | None, notes: tup
         value = verdict.worst(metric)
         if value is not None and value != float("inf"):
             metrics[metric] = value
-    for relation in RELATION:
+    for relation in RELATIONS:
         check = verdict.worst_change(relation)
         if check is not None and abs(check.change) != float("inf"):
             metrics[relation] = check.change

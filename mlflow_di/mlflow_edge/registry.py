@@ -9,7 +9,7 @@ import json
 import math
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CHECKS, RELATION
+from mlflow_di.gate import CHECKS, RELATIONS
 from mlflow_di.mlflow_edge.connection import first_line, permission_errors, tracking_uri
 from mlflow_di.models.reference import ModelRef, RefKind
 
@@ -199,7 +199,7 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
                 tags[f"{TAG_PREFIX}{metric}_export"] = worst
     if any(check.relation for check in verdict.checks):  # "none": asked for, not set yet (--baseline-optional)
         tags[f"{TAG_PREFIX}gate_baseline"] = verdict.baseline_uri or "none"
-    for relation in RELATION:
+    for relation in RELATIONS:
         check = verdict.worst_change(relation) if relation in asked else None
         if check is not None:
             tags[f"{TAG_PREFIX}{relation}"] = format_value(check.change)
@@ -209,8 +209,8 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
 
 def stale_gate_tags(version, tags: dict) -> list[str]:
     """Keys of gate tags ``version`` carries from an earlier gate that ``tags`` (this gate's) lacks."""
-    ours = {f"{TAG_PREFIX}{name}" for name in (*CHECKS, *(f"{c}_export" for c in CHECKS), *RELATION,
-                                               *(f"{r}_baseline" for r in RELATION), "gate_baseline",
+    ours = {f"{TAG_PREFIX}{name}" for name in (*CHECKS, *(f"{c}_export" for c in CHECKS), *RELATIONS,
+                                               *(f"{r}_baseline" for r in RELATIONS), "gate_baseline",
                                                *RETIRED_GATE_TAGS)}
     return sorted(key for key in (version.tags or {}) if key in ours and key not in tags)
 
