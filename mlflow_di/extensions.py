@@ -17,15 +17,17 @@ from mlflow_di.errors import UserError
 #: the entry-point group an extension's module is named in
 GROUP = "mlflow_di.extensions"
 
-_loaded: list[str] = []
+_loaded: list[str] | None = None  # the entry-point names imported, once per process (None: not yet)
 
 
 def load_extensions() -> list[str]:
     """Import every installed extension once per process; their entry-point names. One that fails to
     import is a one-line UserError naming it and its package (a broken extension must not look like a
     missing strategy later)."""
-    if _loaded:
+    global _loaded
+    if _loaded is not None:  # scanned already, even when nothing is installed: the scan reads every dist-info
         return list(_loaded)
+    names = []
     for point in importlib.metadata.entry_points(group=GROUP):
         try:
             point.load()
@@ -34,5 +36,6 @@ def load_extensions() -> list[str]:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UserError(f"the mlflow-di extension '{point.name}' ({point.value}, from {package}) failed to "
                             f"load: {first}; fix or uninstall {package}") from None
-        _loaded.append(point.name)
-    return list(_loaded)
+        names.append(point.name)
+    _loaded = names
+    return list(names)

@@ -116,12 +116,6 @@ class OptionSpec:
         return f" in {'(' if self.open[0] else '['}{self.low:g}, {self.high:g}{')' if self.open[1] else ']'}"
 
 
-def checked(specs, values: dict, owner: str) -> dict:
-    """``{field: value}`` with every value that ``specs`` declares checked and normalised (others unchanged)."""
-    by_field = {spec.field: spec for spec in specs}
-    return {field: by_field[field].check(value, owner) if field in by_field else value for field, value in values.items()}
-
-
 def _number(value) -> bool:
     """A finite real number, Python's or NumPy's (not a bool, not a string)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
