@@ -7,11 +7,11 @@ comma-separated everywhere (``2,3,4``, ``idc,nc``, ``int8-static,prune-l1``).
 """
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
 import pathlib
+import pkgutil
 import re
 
 import click
@@ -91,8 +91,7 @@ class LazyChoice(click.ParamType):
 
     @property
     def choices(self) -> tuple[str, ...]:
-        module, _, attribute = self.registry.partition(":")
-        return tuple(getattr(importlib.import_module(module), attribute))
+        return tuple(pkgutil.resolve_name(self.registry))
 
     def get_metavar(self, param, ctx=None) -> str:
         return "[" + "|".join(self.choices) + "]" if self.in_help else self.what.upper()
@@ -122,8 +121,7 @@ class SettingAssignment(click.ParamType):
         field = field.strip()
         if not sep or not field:
             self.fail(f"give a {self.what} as FIELD=VALUE, got {value!r}", param, ctx)
-        module, _, function = self.settings.partition(":")
-        specs = getattr(importlib.import_module(module), function)()
+        specs = pkgutil.resolve_name(self.settings)()
         if field not in specs:
             known = f"choose one of: {', '.join(specs)}" if specs else "no registered one declares a setting"
             self.fail(f"unknown {self.what} '{field}'; {known}", param, ctx)
@@ -380,9 +378,8 @@ class CheckedBy(click.ParamType):
     def convert(self, value, param, ctx):
         from mlflow_di.errors import UserError
 
-        module, _, function = self.checker.partition(":")
         try:
-            return getattr(importlib.import_module(module), function)(value)
+            return pkgutil.resolve_name(self.checker)(value)
         except UserError as exc:
             self.fail(str(exc), param, ctx)
 

@@ -11,7 +11,7 @@ gradients. A declaration whose ``run`` is a function runs that instead
 """
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from typing import Callable
 
 from mlflow_di.errors import UserError
@@ -39,5 +39,4 @@ def runner(declared: Declaration | None) -> Callable[[Campaign], list]:
     name = "lockstep" if declared is None else declared.run
     if name not in RUNNERS:
         raise UserError(f"strategy {declared.name} names the runner '{name}'; built-in ones: {', '.join(RUNNERS)}")
-    module, function = RUNNERS[name].split(":")
-    return getattr(importlib.import_module(module), function)
+    return pkgutil.resolve_name(RUNNERS[name])
