@@ -87,18 +87,13 @@ class MethodJob:
     recipe: object = None
 
 
-#: name -> :class:`MethodDeclaration` of every declared method (iterating gives the names), live: registering
-#: one adds its name to ``--method``
-METHODS = Registry("compression method", MethodDeclaration)
-
-
 def register_method(declaration: MethodDeclaration) -> MethodDeclaration:
     """Declare a compression method: ``compress``, ``mlflow-di compress --method NAME`` and policies know it."""
     return METHODS.register(declaration)
 
 
 def unregister_method(name: str) -> None:
-    """Forget a method declared with :func:`register_method` (tests)."""
+    """Forget a method declared with :func:`register_method` (tests); the built-ins stay."""
     METHODS.unregister(name)
 
 
@@ -341,7 +336,9 @@ def _pruned_export(job: MethodJob, pruned, params: dict) -> dict:
     return {"params": params, "exporter": export.exporter, "sparsity": pruned.sparsity}
 
 
-for _declared in (
+#: name -> :class:`MethodDeclaration` of every declared method (iterating gives the names), live: registering
+#: one adds its name to ``--method``
+METHODS = Registry("compression method", MethodDeclaration, builtins=(
     MethodDeclaration("fp32", "plain ONNX export (the reference the others are compared with)", _fp32),
     MethodDeclaration("int8-static", "ONNX Runtime static QDQ 8-bit, calibrated activations (a recipe)",
                       lambda job: _int8(job, _static), needs_calibration=True, integer=True, selective=True),
@@ -351,5 +348,4 @@ for _declared in (
                       prunes=True),
     MethodDeclaration("prune-structured", "L1 output-channel pruning (all but the logit layer)", _prune_structured,
                       prunes=True),
-):
-    register_method(_declared)
+))

@@ -64,8 +64,7 @@ def _lockstep(name: str, summary: str, make) -> Declaration:
     return Declaration(name, summary, make, "lockstep", distributed=True, overlap=True, device_mutations=True)
 
 
-_DECLARATIONS = Registry("fuzzing strategy", Declaration)
-for _declared in (
+_DECLARATIONS = Registry("fuzzing strategy", Declaration, builtins=(
     _lockstep("dflare", "the original's log-probability margin", _dflare()),
     _lockstep("dflare-d", "no novelty", _dflare(name="dflare-d", novelty=False)),
     _lockstep("dflare-r", "random operator", _dflare(name="dflare-r", selection="uniform")),
@@ -87,8 +86,7 @@ for _declared in (
                 budget_advice="deepxplore keeps its inputs realistic with --dx-constraint lighting|occlusion|blackout",
                 label=lambda strategy: f"deepxplore-{strategy.constraint}",
                 seed_check=lambda strategy, shape: strategy.check_image_shape(shape)),
-):
-    _DECLARATIONS.register(_declared)
+))
 
 
 #: name -> factory of a strategy object with its defaults, for every declared strategy (the names
@@ -102,7 +100,7 @@ def register(declaration: Declaration) -> Declaration:
 
 
 def unregister(name: str) -> None:
-    """Forget a declared strategy (tests declare toy ones)."""
+    """Forget a declared strategy (tests declare toy ones); the built-ins stay."""
     _DECLARATIONS.unregister(name)
 
 
