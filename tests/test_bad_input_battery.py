@@ -295,6 +295,8 @@ CASES = [
     ("device-unknown", [*COVERAGE, "--device", "tpu"]),
     ("device-cuda-index-not-a-number", [*FUZZ, "--device", "cuda:x"]),
     ("coverage-batch-size-zero", [*COVERAGE, "--batch-size", "0"]),
+    ("coverage-criterion-setting-no-equals", [*COVERAGE, "--criterion-setting", "margin"]),
+    ("coverage-criterion-setting-undeclared", [*COVERAGE, "--criterion-setting", "margin=0.5"]),
     # ---------------------------------------------------------------- preprocessing overrides
     ("preprocessing-no-equals", ["describe", "{pt}", "--preprocessing", "scale"]),
     ("preprocessing-unknown-field", ["describe", "{pt}", "--preprocessing", "gamma=2"]),
@@ -680,6 +682,8 @@ FRAGMENTS = {
     "device-unknown": "--device",
     "device-cuda-index-not-a-number": "cpu, cuda or cuda:N",
     "coverage-batch-size-zero": "--batch-size",
+    "coverage-criterion-setting-no-equals": "as FIELD=VALUE",
+    "coverage-criterion-setting-undeclared": "unknown criterion setting 'margin'; no registered one declares a setting",
     "inspect-hypotheses-module-absent": "no_such_module_xyz",
     "inspect-hypotheses-not-module-attribute": "MODULE:ATTRIBUTE",
     "inspect-hypotheses-repeated": "unique",
