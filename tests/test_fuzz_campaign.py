@@ -289,13 +289,16 @@ def test_overlap_runs_the_models_while_the_searches_of_the_other_shift_work(pair
     from mlflow_di.fuzz.dflare import DFlareSearch
 
     proposed: list[float] = []
-    propose = DFlareSearch.propose
 
-    def timed_propose(self, *args, **kwargs):
-        proposed.append(time.perf_counter())
-        return propose(self, *args, **kwargs)
+    def timed(method):
+        def timed_method(self, *args, **kwargs):
+            proposed.append(time.perf_counter())
+            return method(self, *args, **kwargs)
+        return timed_method
 
-    monkeypatch.setattr(DFlareSearch, "propose", timed_propose)
+    # a search drawing its next mutation (plan) or making its inputs itself (propose, while few seeds are left)
+    for name in ("propose", "plan"):
+        monkeypatch.setattr(DFlareSearch, name, timed(getattr(DFlareSearch, name)))
     original = Slow(LOW)
     run_campaign(original, Brightness(LOW), seeds, max_queries=6, timeout=1e6, batch=4, progress=False,
                  overlap=overlap)

@@ -184,3 +184,32 @@ def test_median_blur_equals_opencv_on_uint8(shape, k):
     image = _images(shape)["random"]
     expected = np.stack([cv2.medianBlur(np.ascontiguousarray(image[:, :, c]), k) for c in range(shape[2])], axis=2)
     np.testing.assert_array_equal(MedianBlur(kernels=(k,))(image, np.random.default_rng(0)), expected)
+
+
+@pytest.mark.parametrize("shape", [(28, 28, 1), (9, 9, 3), (224, 224, 3)])
+@pytest.mark.parametrize("operator", OPERATORS, ids=lambda op: op.name)
+def test_drawing_first_and_applying_together_gives_each_call_s_bytes_and_draws(operator, shape):
+    # a campaign's population draws every seed's mutation, then makes those of one operator together
+    from mlflow_di.fuzz.mutations import two_step
+
+    assert two_step(operator)
+    sources = [_images(shape)[kind] for kind in ("random", "black", "white", "random")]
+    rows = np.zeros((len(sources), *shape), np.uint8)
+    drawn_first = [np.random.default_rng(seed) for seed in range(len(sources))]
+    unchanged, _ = operator.apply_many(sources, [operator.draw(shape, rng) for rng in drawn_first], rows)
+    for seed, source in enumerate(sources):
+        alone = np.random.default_rng(seed)
+        expected = operator(source, alone)
+        np.testing.assert_array_equal(rows[seed], expected)
+        assert unchanged[seed] == np.array_equal(expected, source)
+        assert alone.random() == drawn_first[seed].random()  # the same draws, in the same order
+
+
+def test_a_subclass_that_computes_otherwise_is_not_drawn_ahead():
+    from mlflow_di.fuzz.mutations import two_step
+
+    class Inverted(GaussianNoise):
+        def __call__(self, image, rng, out=None):
+            return 255 - image
+
+    assert not two_step(Inverted()) and not two_step(lambda image, rng: image)

@@ -14,7 +14,8 @@ from mlflow_di.errors import UserError
 from mlflow_di.fuzz import DFlare, run_campaign
 from mlflow_di.fuzz.device_mutations import with_operators_on
 from mlflow_di.fuzz import dflare as dflare_module
-from mlflow_di.fuzz.dflare import MAX_STRENGTH, same_image
+from mlflow_di.fuzz.dflare import MAX_STRENGTH
+from mlflow_di.fuzz.mutations import same_image
 from mlflow_di.fuzz import fitness as fitness_module
 from mlflow_di.fuzz.fitness import LIST_SCORING_MAX_CLASSES, log_margin, log_margin_list
 from mlflow_di.fuzz.contract import Access

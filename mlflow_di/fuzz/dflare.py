@@ -72,7 +72,8 @@ from mlflow_di.errors import UserError
 from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
                                     LIST_SCORING_MAX_CLASSES, NoveltyMemory, dflare_fitness, labels_differ,
                                     log_margin_list, log_margin_row, probability_pair, top1_gap)
-from mlflow_di.fuzz.mutations import Operator, default_operators, mutate_into, operator_names
+from mlflow_di.fuzz.mutations import Operator, default_operators, mutate_into, operator_names, same_image, two_step
+from mlflow_di.fuzz.population import Mutation, on_host
 from mlflow_di.fuzz.realism import Constraint
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.selection import MetropolisHastingsSelector, UniformSelector
@@ -98,17 +99,6 @@ COMPRESSED_FLOOR = 1.0 / 512
 #: enough that one proposal stays short (an SSIM on a 224x224 RGB image is costly, so it is checked
 #: after the cheap L-inf test), since the per-seed timeout is only checked between proposals.
 MAX_REDRAWS = 100
-
-
-#: Values compared first when a mutant is tested for being x_max unchanged: noise and blurs change
-#: some of them, so most mutants are told apart without reading (or copying) the whole image.
-_HEAD_VALUES = 1024
-
-
-def same_image(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two images are equal value for value: their first :data:`_HEAD_VALUES` values, then all."""
-    a, b = a.reshape(-1), b.reshape(-1)
-    return a[:_HEAD_VALUES].tobytes() == b[:_HEAD_VALUES].tobytes() and a.tobytes() == b.tobytes()
 
 
 class Outcome(enum.Enum):
@@ -180,10 +170,12 @@ class _Pending:
     speculative operator choice that followed it (None: no choice made yet, it is the last);
     ``unchanged``: it equals x_max, so proposing it already counted its (certain) acceptance."""
 
-    candidate: np.ndarray
+    candidate: np.ndarray | None
     operator: int
     state: dict | None = None
     unchanged: bool = False
+    #: the runner's mutation when the search only drew it (see plan): its row and whether it is x_max unchanged
+    mutation: Mutation | None = None
 
 
 class DFlareSearch(Search):
@@ -244,6 +236,7 @@ class DFlareSearch(Search):
         self._operator = self._selector.first(rng)
         self._candidate: np.ndarray | None = None
         self._pending: list[_Pending] = []  # proposed inputs awaiting their results
+        self._mutation: Mutation | None = None  # the candidate's, when the runner made it (see plan)
         self._constraint = strategy.constraint if strategy.constraint is not None and strategy.constraint.active else None
 
     def _score(self, p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, bool]:
@@ -316,8 +309,23 @@ class DFlareSearch(Search):
         self.exhausted = True
         return None
 
+    def plan(self) -> Mutation | None:
+        """Algorithm 1's next input drawn but not made (the runner makes it into a row of its batch, with
+        the other searches' mutations of the same operator), or None where :meth:`propose` must make it:
+        under a constraint (checked on the mutant), an operator applied more than once in a row
+        (``escalate``), or an operator that is not :func:`~mlflow_di.fuzz.mutations.two_step`."""
+        op = self._operators[self._operator]
+        if self._constraint is not None or not two_step(op) or (self._escalate and self._stall >= self._escalate):
+            return None
+        self._borrowed = True
+        self.stats.selected[self._operator] += 1
+        mutation = Mutation(op, self.best, op.draw(self.best.shape, self._rng))
+        self._pending = [_Pending(None, self._operator, mutation=mutation)]
+        return mutation
+
     def propose(self, limit: int | None = None, depth: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         depth = max(1, depth if limit is None else min(depth, limit))
+        self.best, self._mutation = on_host(self.best), None  # after population steps x_max may be on the device
         # Unconstrained mutants are written into the runner's rows (``out``): they are views of its batch
         # until observe, and whatever outlives it (x_max, a trigger) is copied there (_owned).
         self._borrowed = out is not None and self._constraint is None
@@ -360,8 +368,13 @@ class DFlareSearch(Search):
         if not pending:  # exhausted under the constraint: nothing was proposed
             return
         if len(pending) == 1:  # Algorithm 1 as written (the common case): one result, then the next choice
-            self._candidate, self._operator = pending[0].candidate, pending[0].operator
-            if self._decide(p_original[0], p_compressed[0]) is not Outcome.TRIGGER:
+            entry = pending[0]
+            self._operator, self._mutation = entry.operator, entry.mutation
+            if entry.mutation is None:
+                self._candidate, unchanged = entry.candidate, None
+            else:
+                self._candidate, unchanged = entry.mutation.row, entry.mutation.unchanged
+            if self._decide(p_original[0], p_compressed[0], unchanged) is not Outcome.TRIGGER:
                 self._operator = self._selector.next(self._operator, self.stats, self._rng)
             return
         # back to the state before the speculation: the replay below redoes what each real outcome does
@@ -386,10 +399,11 @@ class DFlareSearch(Search):
                 self._operator = self._selector.next(entry.operator, self.stats, self._rng)
             return
 
-    def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray) -> Outcome:
-        """One query of Algorithm 1 for the current candidate."""
+    def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray, unchanged: bool | None = None) -> Outcome:
+        """One query of Algorithm 1 for the current candidate (``unchanged``: whether it is x_max, when known)."""
         self.queries += 1
-        if (self._accepts_unchanged or self._rejects_unchanged) and same_image(self._candidate, self.best):
+        if (self._accepts_unchanged or self._rejects_unchanged) and (
+                same_image(self._candidate, self.best) if unchanged is None else unchanged):
             if self._accepts_unchanged:
                 # An unchanged image (e.g. a 1x1 blur) behaves exactly like x_max: no trigger, H(x) = H(x_max),
                 # so it is accepted. Deciding this from the image rather than from re-computed floats keeps
@@ -426,7 +440,7 @@ class DFlareSearch(Search):
     def _accept(self, gap: float, unchanged: bool = False) -> None:
         """The candidate becomes x_max (an ``unchanged`` one equals it already); its operator scores a success."""
         if not unchanged:
-            self.best = self._owned(self._candidate)
+            self.best = self._owned(self._candidate) if self._mutation is None else self._mutation.kept()
         self.best_gap = gap
         self.stats.accepted[self._operator] += 1
         self._accepted_chain.append(self._operator)

@@ -23,6 +23,7 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.fuzz.charge import model_clock, search_clock
 from mlflow_di.fuzz.fitness import labels_differ, top1_labels
+from mlflow_di.fuzz.population import apply_mutations
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.search import Search
@@ -79,8 +80,8 @@ class _Shift:
 
     def __init__(self, lane_count: int):
         self.active: list[list[_Active]] = [[] for _ in range(lane_count)]
-        #: per lane, how many inputs each of its searches proposed in this iteration
-        self.proposals: list[list[int]] = []
+        #: per lane, the rows of each of its searches' inputs in this iteration: (first row, how many)
+        self.proposals: list[list[tuple[int, int]]] = []
         #: per lane, this iteration's inputs: the first rows of the lane's buffer
         self.inputs: list[np.ndarray] = []
         #: the models' answer to ``inputs``: an _Evaluation, or a Future of one while it is computed
@@ -210,8 +211,10 @@ class Lockstep:
 
     def _propose(self, shift: _Shift) -> bool:
         """Ask every search of ``shift`` for its next inputs, gathered per lane into one batch; whether
-        there are any. Each search is offered the rows its inputs go to (``out``): DFlare writes its
-        mutants there, so they are not copied into the batch afterwards; other inputs are copied in."""
+        there are any. A search that draws its mutation (``plan``) gets it made with the others of its
+        operator (:func:`~mlflow_di.fuzz.population.apply_mutations`), in rows after the other inputs. The
+        others are offered the rows their inputs go to (``out``): DFlare writes its mutants there, so they
+        are not copied into the batch afterwards; other inputs are copied in."""
         shape = self.seeds.image_shape
         shift.proposals, shift.inputs = [], []
         for number, (lane, active) in enumerate(zip(self.lanes, shift.active)):
@@ -219,8 +222,13 @@ class Lockstep:
             limit = lane.config.max_queries
             depth = _speculation_depth(len(active), self.batch) if active else 1
             buffer = shift.rows(number, len(active) * depth, shape)
-            counts, filled = [], 0
+            spans: list[tuple[int, int]] = [(0, 0)] * len(active)  # each search's rows: (first, count)
+            filled, planned = 0, []
             for position, a in enumerate(active):
+                mutation = a.search.plan() if depth == 1 else None
+                if mutation is not None:  # drawn now, made below with the others of its operator
+                    planned.append((position, mutation))
+                    continue
                 later = depth * (len(active) - position - 1)  # rows kept for the searches after this one
                 # grows only after a search proposed more than depth (a generation, copied in below)
                 buffer = shift.rows(number, filled + depth + later, shape, filled)
@@ -229,10 +237,16 @@ class Lockstep:
                 if len(inputs) and not _in_place(inputs, slot):  # the search's own arrays: copied in
                     buffer = shift.rows(number, filled + len(inputs) + later, shape, filled)
                     buffer[filled:filled + len(inputs)] = inputs
-                counts.append(len(inputs))
+                spans[position] = (filled, len(inputs))
                 filled += len(inputs)
-            _charge(active, counts, search_clock() - began)
-            shift.proposals.append(counts)
+            if planned:
+                buffer = shift.rows(number, filled + len(planned), shape, filled)
+                rows = apply_mutations([mutation for _, mutation in planned], buffer[filled:filled + len(planned)])
+                for (position, _), row in zip(planned, rows):
+                    spans[position] = (filled + row, 1)
+                filled += len(planned)
+            _charge(active, [count for _, count in spans], search_clock() - began)
+            shift.proposals.append(spans)
             shift.inputs.append(buffer[:filled])
         return any(len(inputs) for inputs in shift.inputs)
 
@@ -266,15 +280,13 @@ class Lockstep:
             share = original_share + compressed_seconds / count
             lane_original = evaluation.p_original[start_original:start_original + count]
             start_original += count
-            start = 0
             began = search_clock()
-            for a, proposed in zip(active, mine):
-                stop = start + proposed
-                a.search.observe(lane_original[start:stop], p_compressed[start:stop])
+            for a, (first, proposed) in zip(active, mine):
+                stop = first + proposed
+                a.search.observe(lane_original[first:stop], p_compressed[first:stop])
                 a.seconds += share * proposed
                 a.model_seconds += share * proposed
-                start = stop
-            _charge(active, mine, search_clock() - began)
+            _charge(active, [proposed for _, proposed in mine], search_clock() - began)
             lane.stats.model_seconds += share * count
             lane.stats.calls += 1
             lane.stats.inputs += count

@@ -86,22 +86,66 @@ def _opencv_view(out: np.ndarray) -> np.ndarray:
     return out.reshape(out.shape[:2]) if out.shape[2] == 1 else out
 
 
+#: Values compared first when a mutant is tested for being its source unchanged: noise and blurs change
+#: some of them, so most mutants are told apart without reading the whole image.
+_HEAD_VALUES = 1024
+
+
+def same_image(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two images are equal value for value: their first :data:`_HEAD_VALUES` values, then all."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    return a[:_HEAD_VALUES].tobytes() == b[:_HEAD_VALUES].tobytes() and a.tobytes() == b.tobytes()
+
+
+class TwoStep:
+    """An operator in two steps: :meth:`draw` takes every random value a mutant needs from the seed's
+    generator (the same draws, in the same order, as one call), :meth:`apply` makes the mutant from them.
+
+    A campaign's population draws each search's mutation in turn (each seed its own generator stream) and
+    then applies all mutations of one operator together with :meth:`apply_many`: here one image after
+    another, on a device one batched call (:mod:`~mlflow_di.fuzz.device_mutations`). Calling the operator
+    is the two steps at once, so both ways give the same bytes.
+    """
+
+    def draw(self, shape: tuple, rng: np.random.Generator):
+        raise NotImplementedError
+
+    def apply(self, image: np.ndarray, drawn, out: np.ndarray | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
+        return self.apply(image, self.draw(image.shape, rng), out)
+
+    def apply_many(self, sources: Sequence[np.ndarray], drawn: Sequence, rows: np.ndarray) -> tuple[np.ndarray, None]:
+        """The mutant of each ``sources[i]`` from ``drawn[i]``, written into ``rows[i]`` (``rows``: a C-contiguous
+        uint8 (N, H, W, C) block); whether each mutant equals its source (a bool array), and where else the
+        mutants are (None here; a device operator's copies, see :mod:`~mlflow_di.fuzz.device_mutations`)."""
+        unchanged = np.empty(len(sources), bool)
+        for i, (source, values) in enumerate(zip(sources, drawn)):
+            self.apply(source, values, rows[i])
+            unchanged[i] = same_image(rows[i], source)
+        return unchanged, None
+
+
 @dataclasses.dataclass(frozen=True)
-class GaussianNoise:
+class GaussianNoise(TwoStep):
     """Additive Gaussian noise, N(0, ``sigma``) per pixel value (0..255 scale)."""
 
     sigma: float = math.sqrt(0.1)
     name: str = "gaussian_noise"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
-        values = rng.standard_normal(image.shape, dtype=np.float32)
-        values *= np.float32(self.sigma)
+    def draw(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+        """The standard normal value of each pixel value."""
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    def apply(self, image: np.ndarray, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        values *= np.float32(self.sigma)  # the draw is used once: scaled in place
         values += image  # in place: the same float32 sums as image + noise, without temporaries
         return _saturate(values, out)
 
 
 @dataclasses.dataclass(frozen=True)
-class SaltAndPepper:
+class SaltAndPepper(TwoStep):
     """Sets ``ceil(amount * size * salt_ratio)`` random values to 255 and the rest of the amount to 0.
 
     Coordinates are drawn per axis, channels included, as in the reference.
@@ -111,10 +155,18 @@ class SaltAndPepper:
     salt_ratio: float = 0.5
     name: str = "salt_and_pepper"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
-        salt = int(math.ceil(self.amount * image.size * self.salt_ratio))
-        pepper = int(math.ceil(self.amount * image.size * (1.0 - self.salt_ratio)))
-        coords = (rng.random((salt + pepper, image.ndim)) * image.shape).astype(np.intp)
+    def counts(self, shape: tuple) -> tuple[int, int]:
+        """How many values turn white (salt) and black (pepper) in an image of ``shape``."""
+        size = math.prod(shape)
+        return (int(math.ceil(self.amount * size * self.salt_ratio)),
+                int(math.ceil(self.amount * size * (1.0 - self.salt_ratio))))
+
+    def draw(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+        """The coordinates (one row per value, salt first) of the values set."""
+        return (rng.random((sum(self.counts(shape)), len(shape))) * shape).astype(np.intp)
+
+    def apply(self, image: np.ndarray, coords: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        salt = self.counts(image.shape)[0]
         out = copied(image, out)
         out[tuple(coords[:salt].T)] = 255
         out[tuple(coords[salt:].T)] = 0
@@ -122,7 +174,7 @@ class SaltAndPepper:
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiplicativeNoise:
+class MultiplicativeNoise(TwoStep):
     """``img + img * n`` with n ~ N(mean, sqrt(var)), mean ~ U[mean_low, mean_high), var ~ U[0, var_max)."""
 
     mean_low: float = -0.5
@@ -135,40 +187,51 @@ class MultiplicativeNoise:
         mean = self.mean_low + (self.mean_high - self.mean_low) * rng.random()
         return mean, math.sqrt(self.var_max * rng.random())
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
+    def draw(self, shape: tuple, rng: np.random.Generator) -> tuple[float, float, np.ndarray]:
+        """The factor's mean and standard deviation, and the standard normal value of each pixel value."""
         mean, sigma = self.draw_factor(rng)
-        values = rng.standard_normal(image.shape, dtype=np.float32)
-        values *= np.float32(sigma)
+        return mean, sigma, rng.standard_normal(shape, dtype=np.float32)
+
+    def apply(self, image: np.ndarray, drawn: tuple, out: np.ndarray | None = None) -> np.ndarray:
+        mean, sigma, values = drawn
+        values *= np.float32(sigma)  # the draw is used once: turned into the factors in place
         values += np.float32(1.0 + mean)
         values *= image  # in place: the same float32 products as image * factor
         return _saturate(values, out)
 
 
 @dataclasses.dataclass(frozen=True)
-class PixelChange:
+class PixelChange(TwoStep):
     """Sets n ~ U{0..max_values} randomly chosen values (positions with repetition) to random levels 0..255."""
 
     max_values: int = 9
     name: str = "pixel_change"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
+    def draw(self, shape: tuple, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The flat positions and the new levels (a later repeat of a position wins)."""
         count = draw_index(rng, self.max_values + 1)
-        out = copied(image, out)
-        flat = out.reshape(-1)
         draws = rng.random(2 * count)
-        flat[(draws[:count] * flat.size).astype(np.intp)] = (draws[count:] * 256).astype(np.uint8)
+        return (draws[:count] * math.prod(shape)).astype(np.intp), (draws[count:] * 256).astype(np.uint8)
+
+    def apply(self, image: np.ndarray, drawn: tuple, out: np.ndarray | None = None) -> np.ndarray:
+        positions, levels = drawn
+        out = copied(image, out)
+        out.reshape(-1)[positions] = levels
         return out
 
 
 @dataclasses.dataclass(frozen=True)
-class AverageBlur:
+class AverageBlur(TwoStep):
     """Box filter with a k x k kernel, k drawn from ``kernels`` (OpenCV ``blur``, reflected border)."""
 
     kernels: tuple[int, ...] = (1, 2, 3, 4, 5)
     name: str = "average_blur"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
-        k = self.kernels[draw_index(rng, len(self.kernels))]
+    def draw(self, shape: tuple, rng: np.random.Generator) -> int:
+        """This call's kernel size, one of ``kernels``."""
+        return self.kernels[draw_index(rng, len(self.kernels))]
+
+    def apply(self, image: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray:
         if k == 1:  # the identity: a copy gives the same bytes in about half the time at 224x224x3
             return copied(image, out)
         if out is None:
@@ -177,14 +240,17 @@ class AverageBlur:
 
 
 @dataclasses.dataclass(frozen=True)
-class GaussianBlur:
+class GaussianBlur(TwoStep):
     """Gaussian filter with a k x k kernel, k drawn from ``kernels``, sigma derived from k by OpenCV."""
 
     kernels: tuple[int, ...] = (1, 3, 5, 7)
     name: str = "gaussian_blur"
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
-        k = self.kernels[draw_index(rng, len(self.kernels))]
+    def draw(self, shape: tuple, rng: np.random.Generator) -> int:
+        """This call's kernel size, one of ``kernels``."""
+        return self.kernels[draw_index(rng, len(self.kernels))]
+
+    def apply(self, image: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray:
         if k == 1:  # a 1x1 kernel is [1]: the identity, as for the box filter
             return copied(image, out)
         if out is None:
@@ -193,7 +259,7 @@ class GaussianBlur:
 
 
 @dataclasses.dataclass(frozen=True)
-class MedianBlur:
+class MedianBlur(TwoStep):
     """Median filter with a k x k kernel, k drawn from ``kernels`` (k = 1 leaves the image as is)."""
 
     kernels: tuple[int, ...] = (1, 3, 5, 7)
@@ -203,8 +269,13 @@ class MedianBlur:
         """This call's kernel size, one of ``kernels``."""
         return self.kernels[draw_index(rng, len(self.kernels))]
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
-        k = self.draw_kernel(rng)
+    def draw(self, shape: tuple, rng: np.random.Generator) -> int:
+        """This call's kernel size, one of ``kernels``."""
+        return self.draw_kernel(rng)
+
+    def apply(self, image: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray:
+        if k == 1:
+            return copied(image, out)
         if image.shape[2] in _MEDIAN_CHANNELS:
             if k in _FLOAT_MEDIAN_KERNELS and image.size <= _FLOAT_MEDIAN_MAX_VALUES:
                 # Same result (a median of integers is one of them), several times faster on small images.
@@ -229,8 +300,16 @@ _WRITE_INTO: set = set()
 
 
 def writes_into(*operator_types: type) -> None:
-    """Declare that these operator types' ``__call__(image, rng, out=None)`` can write into ``out``."""
+    """Declare that these operator types' ``__call__(image, rng, out=None)`` can write into ``out`` (and,
+    for a :class:`TwoStep`, that the call is exactly its draw and then its apply)."""
     _WRITE_INTO.update(operator_types)
+
+
+def two_step(operator) -> bool:
+    """Whether a campaign may draw ``operator``'s mutation first and make it later, with the others of its
+    step (:mod:`~mlflow_di.fuzz.population`): a declared :class:`TwoStep` type (exact types: a subclass may
+    override the call and compute something else)."""
+    return type(operator) in _WRITE_INTO and isinstance(operator, TwoStep)
 
 
 def mutate_into(operator: Operator, image: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> np.ndarray:

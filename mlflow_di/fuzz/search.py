@@ -10,11 +10,14 @@ per-seed results as running them one at a time.
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from mlflow_di.fuzz.selection import OperatorStats
+
+if TYPE_CHECKING:
+    from mlflow_di.fuzz.population import Mutation
 
 
 class Search(abc.ABC):
@@ -53,6 +56,13 @@ class Search(abc.ABC):
         reuses those rows after :meth:`observe`, so an input the search keeps beyond it (its
         incumbent, a trigger) must be copied. Any other array returned is copied in.
         """
+
+    def plan(self) -> "Mutation | None":
+        """The next input as a :class:`~mlflow_di.fuzz.population.Mutation`, drawn but not made, when the
+        runner should make it with the other searches' of its step (:func:`~mlflow_di.fuzz.population.apply_mutations`)
+        before :meth:`observe`; None when the search makes its inputs itself (:meth:`propose`). The same
+        queries, decisions and results either way. By default None."""
+        return None
 
     @abc.abstractmethod
     def observe(self, p_original: np.ndarray, p_compressed: np.ndarray) -> None:
