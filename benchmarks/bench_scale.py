@@ -26,12 +26,14 @@ type, so the CPU and GPU figures live side by side).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
 import platform
 import resource
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -104,9 +106,17 @@ def _timed(fn, device, repeat: int = 1) -> float:
     return (time.perf_counter() - started) / repeat
 
 
-def _stand_in_campaign(strategy, seeds, queries: int) -> tuple[float, float]:
-    """Seconds per query of ``strategy``'s campaign on ``seeds`` with :class:`StandIn` as both models, and the
-    stand-in's own seconds per query within it (what is left is the search's work)."""
+class FloorRun(NamedTuple):
+    """One stand-in campaign: seconds per query, the stand-in models' seconds per query, and the queries."""
+
+    per_query: float
+    stand_in_per_query: float
+    queries: int
+
+
+def _stand_in_campaign(strategy, seeds, queries: int) -> FloorRun:
+    """``strategy``'s campaign on ``seeds`` with :class:`StandIn` as both models (what is left besides the
+    stand-in's own calls is the search's work)."""
     from mlflow_di.fuzz.campaign import run_campaign
 
     stand_in = StandIn()
@@ -114,15 +124,51 @@ def _stand_in_campaign(strategy, seeds, queries: int) -> tuple[float, float]:
     result = run_campaign(stand_in, stand_in, seeds, strategy=strategy, max_queries=queries, timeout=1e9,
                           batch=len(seeds), progress=False)
     count = max(sum(r.queries for r in result.records), 1)
-    return (time.perf_counter() - started) / count, stand_in.seconds / count
+    return FloorRun((time.perf_counter() - started) / count, stand_in.seconds / count, count)
 
 
 def host_operators(strategy):
-    """``strategy`` without the operators a GPU takes over (noise, median blur)."""
+    """``strategy`` without the operators that cost most on the CPU (noise, median blur): the host floor's
+    definition until the population moved every operator to the device (``campaign_cpu_operators_floor``)."""
     from mlflow_di.fuzz.mutations import GaussianNoise, MedianBlur, MultiplicativeNoise
 
     return dataclasses.replace(strategy, operators=tuple(
         op for op in strategy.operators if not isinstance(op, (GaussianNoise, MultiplicativeNoise, MedianBlur))))
+
+
+class DeviceClock(contextlib.AbstractContextManager):
+    """Seconds a campaign spends in its population's device sections: making a step's mutants
+    (``DeviceOperator.apply_many``), keeping an accepted mutant as x_max (``Mutation.kept``) and scoring a
+    step (``step_facts``). On a GPU that is the device's work (each section ends by bringing its small
+    answer back, so the wait is inside); on ``--device cpu`` torch's CPU operations stand in for it. Each
+    section's own few Python calls per image are inside too."""
+
+    def __init__(self):
+        from mlflow_di.fuzz import dflare
+        from mlflow_di.fuzz.device_mutations import DeviceOperator
+        from mlflow_di.fuzz.population import Mutation
+
+        self.seconds = 0.0
+        self._sections = [(DeviceOperator, "apply_many"), (Mutation, "kept"), (dflare, "step_facts")]
+        self._originals = [getattr(owner, name) for owner, name in self._sections]
+
+    def __enter__(self):
+        for (owner, name), original in zip(self._sections, self._originals):
+            setattr(owner, name, self._timed(original))
+        return self
+
+    def __exit__(self, *exc):
+        for (owner, name), original in zip(self._sections, self._originals):
+            setattr(owner, name, original)
+
+    def _timed(self, original):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+        return timed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,17 +190,72 @@ def bookkeeping_operators(strategy):
     return dataclasses.replace(strategy, operators=(OneValue(), OneValue(name="one_value_2")))
 
 
-def floors(strategy, seeds, queries: int) -> dict:
-    """The campaign's floor (:class:`StandIn` models) with ``strategy``'s operators, its host floor
-    without the operators a GPU can take over, and its bookkeeping floor with operators that cost a
-    copy (:class:`OneValue`), in ms per query; and the stand-in models' own share of the host floor."""
-    host_only = host_operators(strategy)
-    floor, _ = _stand_in_campaign(strategy, seeds, queries)
-    host, stand_in = _stand_in_campaign(host_only, seeds, queries)
-    bookkeeping, _ = _stand_in_campaign(bookkeeping_operators(strategy), seeds, queries)
+class FreeDeviceWork(contextlib.AbstractContextManager):
+    """The device operators' per-value work replaced by a near-free stand-in (each mutant is its source with
+    one value's lowest bit flipped), as :class:`StandIn` replaces the models: what remains of a campaign is
+    the host's work and the device sections' own calls. On ``--device cpu`` the real operators' work (torch
+    on the same cores) also evicts the host's data from the CPU's caches, which a GPU's work does not."""
+
+    def __enter__(self):
+        from mlflow_di.fuzz.device_mutations import DeviceOperator
+
+        self._originals = {kind: kind.mutants for kind in DeviceOperator.__subclasses__()}
+        for kind in self._originals:
+            kind.mutants = _one_value_flipped
+        return self
+
+    def __exit__(self, *exc):
+        for kind, original in self._originals.items():
+            kind.mutants = original
+
+
+def _one_value_flipped(operator, images, drawn):
+    made = images.clone()
+    made.view(len(images), -1)[:, 0] ^= 1
+    return made
+
+
+#: Host-floor campaigns per measurement; the median is reported.
+HOST_FLOOR_RUNS = 5
+
+
+def floors(strategy, seeds, queries: int, device) -> dict:
+    """The campaign's floors with :class:`StandIn` models, in ms per query:
+
+    - ``campaign_floor``: with ``strategy``'s operators as the campaign runs them;
+    - ``campaign_host_floor``: the host's own work per query when the population runs on ``device`` (every
+      operator moved there) and the device's per-value work costs next to nothing (:class:`FreeDeviceWork`):
+      the wall time less the stand-in models' calls and the device sections (:class:`DeviceClock`), reported
+      beside it (``..._device``, ``..._stand_in``); the median of :data:`HOST_FLOOR_RUNS` campaigns;
+    - ``campaign_host_floor_real_device``: the same with the operators' real work on ``device``;
+    - ``campaign_cpu_operators_floor``: the host floor's earlier definition, the campaign on the CPU without
+      the noise and median operators (comparable with figures before 2026-11-28);
+    - ``campaign_bookkeeping_floor``: with operators that cost a copy (:class:`OneValue`)."""
+    from mlflow_di.fuzz.device_mutations import with_operators_on
+
+    floor = _stand_in_campaign(strategy, seeds, queries).per_query
+    on_device = with_operators_on(strategy, device)
+    _stand_in_campaign(on_device, seeds, 2)  # warm-up: torch's first calls, the device modules' imports
+    runs = []
+    for _ in range(HOST_FLOOR_RUNS):  # the median run: one campaign is ~0.5 s, within a machine's load swings
+        with FreeDeviceWork(), DeviceClock() as clock:
+            population = _stand_in_campaign(on_device, seeds, queries)
+        device_share = clock.seconds / population.queries
+        runs.append((population.per_query - population.stand_in_per_query - device_share, device_share,
+                     population.stand_in_per_query))
+    host, device_share, stand_in = sorted(runs)[len(runs) // 2]
+    with DeviceClock() as real_clock:
+        real = _stand_in_campaign(on_device, seeds, queries)
+    real_host = real.per_query - real.stand_in_per_query - real_clock.seconds / real.queries
+    cpu_operators = _stand_in_campaign(host_operators(strategy), seeds, queries).per_query
+    bookkeeping = _stand_in_campaign(bookkeeping_operators(strategy), seeds, queries).per_query
     return {"campaign_floor_ms_per_query": round(floor * 1e3, 3),
             "campaign_host_floor_ms_per_query": round(host * 1e3, 3),
+            "campaign_host_floor_device_ms_per_query": round(device_share * 1e3, 3),
             "campaign_host_floor_stand_in_ms_per_query": round(stand_in * 1e3, 3),
+            "campaign_host_floor_real_device_ms_per_query": round(real_host * 1e3, 3),
+            "campaign_real_device_ms_per_query": round(real_clock.seconds / real.queries * 1e3, 3),
+            "campaign_cpu_operators_floor_ms_per_query": round(cpu_operators * 1e3, 3),
             "campaign_bookkeeping_floor_ms_per_query": round(bookkeeping * 1e3, 3)}
 
 
@@ -210,7 +311,6 @@ def measure_floors(device_spec: str, size: int, seeds: int, queries: int, n_imag
     """:func:`floors` and :func:`coverage_floor` alone (no torchvision model), with the noise and median
     on ``device_spec`` when it is CUDA."""
     from mlflow_di.data import ImageSet
-    from mlflow_di.fuzz.device_mutations import with_operators_on
     from mlflow_di.fuzz.dflare import DFlare
     from mlflow_di.models.device import describe_device, resolve_device
 
@@ -220,7 +320,7 @@ def measure_floors(device_spec: str, size: int, seeds: int, queries: int, n_imag
     seed_set = ImageSet(images, np.zeros(seeds, np.int64), f"generated {seeds}x{size}x{size}")
     return {"device": describe_device(device), "size": size, "seeds": seeds, "queries": queries,
             "images": n_images, "batch": batch_size, "mutations_on": str(mutations_on or "cpu"),
-            **floors(with_operators_on(DFlare(), mutations_on), seed_set, queries),
+            **floors(DFlare(), seed_set, queries, device),
             **coverage_floor(device, size, n_images, batch_size)}
 
 
@@ -299,7 +399,7 @@ def measure(family: str, device_spec: str, size: int, n_images: int, seeds: int,
             # where a query's time went: the searches (mutations, fitness, selection) vs the models' calls
             "campaign_search_ms_per_query": round(stats.search_seconds / max(total_queries, 1) * 1e3, 3),
             "campaign_model_ms_per_input": round(stats.model_seconds / max(stats.inputs, 1) * 1e3, 3),
-            **floors(strategy, seed_set, queries),
+            **floors(DFlare(), seed_set, queries, device),
             "mutations_on": str(mutations_on or "cpu"),
             "mutation_ms_per_call": {name: round(seconds * 1e3, 3) for name, seconds in mutation.items()},
             **peak}

@@ -70,3 +70,54 @@ def test_k_uncertainty_across_the_pair():
     assert k_uncertainty(f, g, k=9) == pytest.approx(0.6 - 0.15)   # k capped at the class count
     rows = k_uncertainties(np.stack([f, g]), np.stack([g, f]), 2)
     np.testing.assert_allclose(rows, [k_uncertainty(f, g), k_uncertainty(g, f)])
+
+
+@pytest.mark.parametrize("classes", [3, 64, 65, 1000])
+def test_a_step_s_row_facts_are_the_per_row_figures(classes):
+    # scoring a step's rows at once (row_facts, and on a device step_facts) reads the numbers scoring
+    # one row reads: labels, NaN, and the two largest values of each row
+    import torch
+
+    from mlflow_di.fuzz.device_fitness import step_facts
+    from mlflow_di.fuzz.fitness import log_margin, margin_of, row_facts
+
+    rng = np.random.default_rng(classes)
+    p_original = rng.dirichlet(np.full(classes, 0.3), 40).astype(np.float32)
+    p_compressed = rng.dirichlet(np.full(classes, 0.3), 40).astype(np.float32)
+    p_compressed[:5] = p_original[:5]  # agreeing rows
+    p_original[5, 1] = np.nan
+    p_compressed[6, 0] = np.inf
+    p_original[7] = 1.0 / classes  # a tie everywhere: the first class wins, as argmax
+    for facts in (row_facts(p_original, p_compressed), step_facts(p_original, p_compressed, torch.device("cpu"),
+                                                                  [None] * 40)):
+        for row, fact in enumerate(facts):
+            assert fact.differ == labels_differ(p_original[row], p_compressed[row])
+            if classes <= 64:
+                assert fact.original_top2 is None
+                continue
+            assert fact.has_nan == bool(np.isnan(p_original[row].sum() + p_compressed[row].sum()))
+            if not fact.has_nan:
+                assert margin_of(fact.original_top2) == log_margin(p_original[row])
+                assert margin_of(fact.compressed_top2) == log_margin(p_compressed[row])
+                assert fact.original_top2[1] == p_original[row].max()
+
+
+def test_the_device_memory_finds_the_novel_points_the_host_memory_finds():
+    import torch
+
+    from mlflow_di.fuzz.device_fitness import DeviceNoveltyMemory, step_facts
+
+    rng = np.random.default_rng(0)
+    host, device = NoveltyMemory(threshold=0.3), DeviceNoveltyMemory(threshold=0.3, device="cpu")
+    assert host.observe(np.full(8, 0.25)) and device.observe(np.full(8, 0.25)) and len(device) == 1
+    for step in range(60):
+        p_original, p_compressed = (rng.dirichlet(np.ones(4), 1).astype(np.float32) for _ in range(2))
+        if step % 2:  # close to a remembered point: not novel
+            p_original, p_compressed = np.full((1, 4), 0.25, np.float32), np.full((1, 4), 0.26, np.float32)
+        fact = step_facts(p_original, p_compressed, torch.device("cpu"), [device])[0]
+        novel = host.observe(probability_pair(p_original[0], p_compressed[0]))
+        assert fact.novel == novel
+        if fact.novel:
+            device.remember(fact.pair)
+        assert len(device) == len(host)
+    assert 3 < len(host) < 60

@@ -85,3 +85,44 @@ def test_first_operator_is_uniform():
     rng = np.random.default_rng(0)
     counts = np.bincount([MetropolisHastingsSelector(7).first(rng) for _ in range(7000)], minlength=7)
     assert chisquare(counts).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("reference_bug", [False, True])
+@pytest.mark.parametrize("count", [1, 2, 7])
+def test_choosing_for_many_searches_at_once_is_choosing_for_each_alone(count, reference_bug):
+    # a step's searches choose together (next_many): the same choices and the same draws from each generator
+    selector = MetropolisHastingsSelector(count, reference_bug)
+    rng = np.random.default_rng(count)
+    for trial in range(200):
+        stats = [OperatorStats(rng.integers(0, 30, count), rng.integers(0, 10, count)) for _ in range(33)]
+        if trial % 3 == 0:  # ties everywhere: the ranking's tie-breaks decide
+            stats = [OperatorStats(np.zeros(count, np.int64), np.zeros(count, np.int64)) for _ in stats]
+        previous = rng.integers(0, count, len(stats)).tolist()
+        together = [np.random.default_rng([trial, i]) for i in range(len(stats))]
+        alone = [np.random.default_rng([trial, i]) for i in range(len(stats))]
+        chosen = selector.next_many(previous, stats, together)
+        assert chosen == [selector.next(p, s, r) for p, s, r in zip(previous, stats, alone)]
+        assert [r.random() for r in together] == [r.random() for r in alone]
+
+
+def test_a_search_whose_first_round_keeps_no_proposal_draws_more_rounds_as_alone():
+    # with the previous operator ranked first, every other rank is kept with probability < 1: a generator
+    # whose first eight proposals all fail happens, and must go on drawing exactly as next() does
+    selector = MetropolisHastingsSelector(7)
+    stats = _stats_with_ranks(7)
+    late = 0
+    for seed in range(3000):
+        draws = np.random.default_rng(seed).random(7 + 16)
+        ranks = (draws[7::2] * 7).astype(int)
+        if not (draws[8::2] < np.array(selector._acceptance[1])[ranks]).any():
+            late += 1
+            assert selector.next_many([6], [stats], [np.random.default_rng(seed)]) == [
+                selector.next(6, stats, np.random.default_rng(seed))]
+    assert late > 0
+
+
+def test_uniform_choices_for_many_are_each_search_s_own():
+    selector = UniformSelector(5)
+    together = [np.random.default_rng(i) for i in range(10)]
+    alone = [np.random.default_rng(i) for i in range(10)]
+    assert selector.next_many([0] * 10, [None] * 10, together) == [selector.next(0, None, r) for r in alone]

@@ -19,6 +19,7 @@ from mlflow_di.fuzz.mutations import same_image
 from mlflow_di.fuzz import fitness as fitness_module
 from mlflow_di.fuzz.fitness import LIST_SCORING_MAX_CLASSES, log_margin, log_margin_list
 from mlflow_di.fuzz.contract import Access
+from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.strategies import STRATEGIES, declaration, make_strategy
 
 from tests.test_fuzz_campaign import Brightness, HIGH, LOW, _comparable
@@ -311,3 +312,24 @@ def test_rows_holding_nan_are_scored_as_the_list_scan_scores_them(monkeypatch, f
     numpy_scored = scores()
     _score_every_row_as_a_list(monkeypatch)
     assert numpy_scored == scores()
+
+
+@pytest.mark.parametrize("strategy", ["dflare", "dflare-paper", "dflare-r", DFlare(name="strict", acceptance="strict"),
+                                      with_operators_on(DFlare(name="device-operators"), "cpu"),
+                                      with_operators_on(DFlare(name="device-gap", fitness="gap"), "cpu")],
+                         ids=["dflare", "dflare-paper", "dflare-r", "strict", "device-operators", "device-gap"])
+def test_a_population_s_step_gives_each_search_s_records(seeds, strategy, monkeypatch):
+    # the lockstep draws every search's mutation, makes them per operator and scores the step together;
+    # with plan() off, each search makes and scores its own inputs: the records must be the same
+    from mlflow_di.fuzz.dflare import DFlareSearch
+
+    pair = (Brightness(LOW, classes=3), Brightness(HIGH, classes=3))
+    together = run_campaign(*pair, seeds, strategy=strategy, max_queries=300, timeout=1e6, batch=10, seed=4,
+                            progress=False)
+    monkeypatch.setattr(DFlareSearch, "plan", lambda self: None)
+    monkeypatch.setattr(DFlareSearch, "observe_all", classmethod(Search.observe_all.__func__))
+    alone = run_campaign(*pair, seeds, strategy=strategy, max_queries=300, timeout=1e6, batch=10, seed=4,
+                         progress=False)
+    assert _comparable(together) == _comparable(alone)
+    np.testing.assert_array_equal(together.triggers, alone.triggers)
+    assert together.summary.triggers > 0

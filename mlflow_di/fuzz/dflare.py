@@ -64,19 +64,23 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from typing import Sequence
 
 import numpy as np
 
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
-                                    LIST_SCORING_MAX_CLASSES, NoveltyMemory, dflare_fitness, labels_differ,
-                                    log_margin_list, log_margin_row, probability_pair, top1_gap)
-from mlflow_di.fuzz.mutations import Operator, default_operators, mutate_into, operator_names, same_image, two_step
+                                    LIST_SCORING_MAX_CLASSES, NoveltyMemory, RowFacts, dflare_fitness, labels_differ,
+                                    log_margin_list, log_margin_row, margin_of, probability_pair, row_facts,
+                                    top1_gap)
+from mlflow_di.fuzz.device_fitness import DeviceNoveltyMemory, step_facts
+from mlflow_di.fuzz.mutations import (Operator, default_operators, mutate_into, operator_names, operators_device,
+                                      same_image, two_step)
 from mlflow_di.fuzz.population import Mutation, on_host
 from mlflow_di.fuzz.realism import Constraint
 from mlflow_di.fuzz.search import Search
-from mlflow_di.fuzz.selection import MetropolisHastingsSelector, UniformSelector
+from mlflow_di.fuzz.selection import shared_selector
 
 SELECTIONS = ("metropolis-hastings", "uniform")
 #: ``paper``: x replaces x_max when H(x) >= H(x_max). ``reference``: as yqtianust/DFlare's code, when
@@ -222,9 +226,11 @@ class DFlareSearch(Search):
         self._rejects_unchanged = self._strict
         self._rng = rng
         count = len(self._operators)
-        self._selector = (UniformSelector(count) if strategy.selection == "uniform"
-                          else MetropolisHastingsSelector(count, strategy.reference_bug))
-        self._memory = NoveltyMemory(strategy.novelty_threshold) if strategy.novelty else None
+        self._selector = shared_selector(strategy.selection == "uniform", count, strategy.reference_bug)
+        #: where the operators make their mutants (a torch device), when they all run on the same one
+        self._device = operators_device(self._operators)
+        memory_type = NoveltyMemory if self._device is None else functools.partial(DeviceNoveltyMemory, device=self._device)
+        self._memory = memory_type(strategy.novelty_threshold) if strategy.novelty else None
         self.best = seed_image
         seed_score = self._score(p_original, p_compressed)[0]  # also remembers the seed's own pair
         # the reference code starts from StateFitnessValue(False, 0); the paper from the seed's own D
@@ -238,14 +244,28 @@ class DFlareSearch(Search):
         self._pending: list[_Pending] = []  # proposed inputs awaiting their results
         self._mutation: Mutation | None = None  # the candidate's, when the runner made it (see plan)
         self._constraint = strategy.constraint if strategy.constraint is not None and strategy.constraint.active else None
+        #: per operator, whether plan may draw its mutation for the runner to make (never under a constraint)
+        self._drawn_first = [self._constraint is None and two_step(op) for op in self._operators]
 
-    def _score(self, p_original: np.ndarray, p_compressed: np.ndarray) -> tuple[float, bool]:
+    def _score(self, p_original: np.ndarray, p_compressed: np.ndarray,
+               facts: RowFacts | None = None) -> tuple[float, bool]:
         """The score (D(x), or minus the original's log margin), and O(x) (remembering the pair when it is novel).
 
         The same numbers as :func:`top1_gap`, :func:`log_margin` and :func:`probability_pair`: on plain
         Python floats for short rows, where numpy's per-call cost dominates, with numpy for long ones
-        without NaN (see :data:`~mlflow_di.fuzz.fitness.LIST_SCORING_MAX_CLASSES`).
+        without NaN (see :data:`~mlflow_di.fuzz.fitness.LIST_SCORING_MAX_CLASSES`), from the step's
+        :class:`~mlflow_di.fuzz.fitness.RowFacts` when given.
         """
+        if facts is not None and facts.original_top2 is not None:  # rows of the step's (N, C) probabilities
+            if facts.has_nan:
+                return self._score_lists(p_original.tolist(), p_compressed.tolist())
+            novel = self._novel(p_original, p_compressed, facts)
+            if self._margin:
+                margin = margin_of(facts.original_top2)
+                if self._both:
+                    margin = min(margin, margin_of([max(v, COMPRESSED_FLOOR) for v in facts.compressed_top2]))
+                return -margin, novel
+            return round(abs(facts.original_top2[1] - facts.compressed_top2[1]), GAP_RESOLUTION_DIGITS), novel
         p_original, p_compressed = np.asarray(p_original).ravel(), np.asarray(p_compressed).ravel()
         if p_original.size > LIST_SCORING_MAX_CLASSES and not np.isnan(p_original.sum() + p_compressed.sum()):
             novel = self._memory.observe(probability_pair(p_original, p_compressed)) if self._memory is not None else False
@@ -255,7 +275,20 @@ class DFlareSearch(Search):
                     margin = min(margin, log_margin_row(np.maximum(p_compressed, COMPRESSED_FLOOR)))
                 return -margin, novel
             return top1_gap(p_original, p_compressed), novel
-        original, compressed = p_original.tolist(), p_compressed.tolist()
+        return self._score_lists(p_original.tolist(), p_compressed.tolist())
+
+    def _novel(self, p_original: np.ndarray, p_compressed: np.ndarray, facts: RowFacts) -> bool:
+        """O(x): whether the pair is novel (then remembered), from the step's facts when they hold it."""
+        if self._memory is None:
+            return False
+        if facts.novel is None:
+            return self._memory.observe(probability_pair(p_original, p_compressed))
+        if facts.novel:
+            self._memory.remember(facts.pair)
+        return facts.novel
+
+    def _score_lists(self, original: list[float], compressed: list[float]) -> tuple[float, bool]:
+        """:meth:`_score` on plain Python floats (short rows, and any row holding a NaN)."""
         novel = self._memory.observe(np.array(original + compressed)) if self._memory is not None else False
         if self._margin:
             margin = log_margin_list(original)
@@ -314,12 +347,12 @@ class DFlareSearch(Search):
         the other searches' mutations of the same operator), or None where :meth:`propose` must make it:
         under a constraint (checked on the mutant), an operator applied more than once in a row
         (``escalate``), or an operator that is not :func:`~mlflow_di.fuzz.mutations.two_step`."""
-        op = self._operators[self._operator]
-        if self._constraint is not None or not two_step(op) or (self._escalate and self._stall >= self._escalate):
+        if not self._drawn_first[self._operator] or (self._escalate and self._stall >= self._escalate):
             return None
+        op = self._operators[self._operator]
         self._borrowed = True
         self.stats.selected[self._operator] += 1
-        mutation = Mutation(op, self.best, op.draw(self.best.shape, self._rng))
+        mutation = Mutation(op, self.best, op.draw(self._seed.shape, self._rng))
         self._pending = [_Pending(None, self._operator, mutation=mutation)]
         return mutation
 
@@ -368,13 +401,7 @@ class DFlareSearch(Search):
         if not pending:  # exhausted under the constraint: nothing was proposed
             return
         if len(pending) == 1:  # Algorithm 1 as written (the common case): one result, then the next choice
-            entry = pending[0]
-            self._operator, self._mutation = entry.operator, entry.mutation
-            if entry.mutation is None:
-                self._candidate, unchanged = entry.candidate, None
-            else:
-                self._candidate, unchanged = entry.mutation.row, entry.mutation.unchanged
-            if self._decide(p_original[0], p_compressed[0], unchanged) is not Outcome.TRIGGER:
+            if self._observe_one(pending[0], p_original[0], p_compressed[0]) is not Outcome.TRIGGER:
                 self._operator = self._selector.next(self._operator, self.stats, self._rng)
             return
         # back to the state before the speculation: the replay below redoes what each real outcome does
@@ -399,8 +426,49 @@ class DFlareSearch(Search):
                 self._operator = self._selector.next(entry.operator, self.stats, self._rng)
             return
 
-    def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray, unchanged: bool | None = None) -> Outcome:
-        """One query of Algorithm 1 for the current candidate (``unchanged``: whether it is x_max, when known)."""
+    @classmethod
+    def observe_all(cls, searches: list["DFlareSearch"], spans: list[tuple[int, int]], p_original: np.ndarray,
+                    p_compressed: np.ndarray) -> None:
+        """:meth:`observe` for a step's searches, the one-input ones scored together: their rows' facts
+        (:func:`~mlflow_di.fuzz.fitness.row_facts`) in one pass, each decision as one at a time, and the
+        next operators of those that go on chosen together (:meth:`~.selection.MetropolisHastingsSelector.next_many`).
+        Each search draws from its own generator in the same order as alone, so records do not change."""
+        one_row = [count == 1 and len(search._pending) == 1 for search, (_, count) in zip(searches, spans)]
+        if searches[0]._device is None:
+            facts = row_facts(p_original, p_compressed)
+        else:  # where the mutants were made, with each row's novelty to its search's memory
+            memories = [None] * len(p_original)
+            for search, (first, _), single in zip(searches, spans, one_row):
+                memories[first] = search._memory if single else None
+            facts = step_facts(p_original, p_compressed, searches[0]._device, memories)
+        going_on: dict[int, list[DFlareSearch]] = {}  # by selector: the searches of one strategy share its kind
+        for search, (first, count), single in zip(searches, spans, one_row):
+            if not single:  # speculation's replay, or nothing proposed
+                search.observe(p_original[first:first + count], p_compressed[first:first + count])
+                continue
+            pending, search._pending = search._pending[0], []
+            if search._observe_one(pending, p_original[first], p_compressed[first], facts[first]) is not Outcome.TRIGGER:
+                going_on.setdefault(id(search._selector), []).append(search)
+        for group in going_on.values():
+            chosen = group[0]._selector.next_many([s._operator for s in group], [s.stats for s in group],
+                                                  [s._rng for s in group])
+            for search, operator in zip(group, chosen):
+                search._operator = operator
+
+    def _observe_one(self, entry: _Pending, p_original: np.ndarray, p_compressed: np.ndarray,
+                     facts: RowFacts | None = None) -> Outcome:
+        """Algorithm 1's query of one pending input, without the choice of the next operator."""
+        self._operator, self._mutation = entry.operator, entry.mutation
+        if entry.mutation is None:
+            self._candidate, unchanged = entry.candidate, None
+        else:
+            self._candidate, unchanged = entry.mutation.row, entry.mutation.unchanged
+        return self._decide(p_original, p_compressed, unchanged, facts)
+
+    def _decide(self, p_original: np.ndarray, p_compressed: np.ndarray, unchanged: bool | None = None,
+                facts: RowFacts | None = None) -> Outcome:
+        """One query of Algorithm 1 for the current candidate (``unchanged``: whether it is x_max, when known;
+        ``facts``: its rows' facts, when computed with the step's)."""
         self.queries += 1
         if (self._accepts_unchanged or self._rejects_unchanged) and (
                 same_image(self._candidate, self.best) if unchanged is None else unchanged):
@@ -414,11 +482,11 @@ class DFlareSearch(Search):
                 return Outcome.ACCEPTED
             self._after(accepted=False)  # strict: as x_max, no trigger, H(x) = H(x_max), so not strictly better
             return Outcome.REJECTED
-        if labels_differ(p_original, p_compressed):
+        if labels_differ(p_original, p_compressed) if facts is None else facts.differ:
             chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
             self._record_trigger(self._owned(self._candidate), p_original, p_compressed, chain)
             return Outcome.TRIGGER
-        gap, novel = self._score(p_original, p_compressed)
+        gap, novel = self._score(p_original, p_compressed, facts)
         if self._keeps(gap, novel):
             self._accept(gap)
             self._after(accepted=True)

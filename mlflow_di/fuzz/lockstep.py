@@ -281,11 +281,14 @@ class Lockstep:
             lane_original = evaluation.p_original[start_original:start_original + count]
             start_original += count
             began = search_clock()
-            for a, (first, proposed) in zip(active, mine):
-                stop = first + proposed
-                a.search.observe(lane_original[first:stop], p_compressed[first:stop])
-                a.seconds += share * proposed
-                a.model_seconds += share * proposed
+            kinds: dict[type, list[int]] = {}  # the searches of one type observe together (observe_all)
+            for position, a in enumerate(active):
+                kinds.setdefault(type(a.search), []).append(position)
+                a.seconds += share * mine[position][1]
+                a.model_seconds += share * mine[position][1]
+            for kind, positions in kinds.items():
+                kind.observe_all([active[p].search for p in positions], [mine[p] for p in positions],
+                                 lane_original, p_compressed)
             _charge(active, [proposed for _, proposed in mine], search_clock() - began)
             lane.stats.model_seconds += share * count
             lane.stats.calls += 1

@@ -107,6 +107,9 @@ class TwoStep:
     is the two steps at once, so both ways give the same bytes.
     """
 
+    #: the torch device that makes the mutants (a device operator's); None: NumPy on the host
+    device = None
+
     def draw(self, shape: tuple, rng: np.random.Generator):
         raise NotImplementedError
 
@@ -330,6 +333,13 @@ def default_operators() -> tuple[Operator, ...]:
     """DFlare's seven operators, in the reference's order (the order breaks ties in ranking)."""
     return (GaussianNoise(), SaltAndPepper(), MultiplicativeNoise(), PixelChange(),
             AverageBlur(), GaussianBlur(), MedianBlur())
+
+
+def operators_device(operators: Sequence[Operator]):
+    """The device all ``operators`` make their mutants on, when they are :class:`TwoStep` operators of one
+    device (a campaign's population then keeps its images and scoring there); else None."""
+    devices = {op.device if isinstance(op, TwoStep) else None for op in operators}
+    return devices.pop() if len(devices) == 1 else None
 
 
 def operator_names(operators: Sequence[Operator]) -> list[str]:

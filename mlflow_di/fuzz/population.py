@@ -26,19 +26,22 @@ from mlflow_di.fuzz.mutations import TwoStep
 class Mutation:
     """One search's next input, drawn but not yet made: ``operator`` applied to ``source`` (its x_max, a
     NumPy image or the device's copy of one) with the values ``drawn``. :func:`apply_mutations` writes the
-    mutant into ``row``, sets ``unchanged``, and ``made``: the device's copy of the mutant (None on the host)."""
+    mutant into ``row``, sets ``unchanged``, and where the device has the mutant (``made``, ``place``; None on
+    the host)."""
 
     operator: TwoStep
     source: object
     drawn: object
     row: np.ndarray | None = None
     unchanged: bool | None = None
+    #: the device's mutants of the operator's group (a tensor) and this one's place among them
     made: object = None
+    place: int = 0
 
     def kept(self):
         """The mutant as its search keeps it past the step (the runner reuses its row): a copy of the row, or
         of the device's mutant, which stays on the device for the next step's mutations."""
-        return self.row.copy() if self.made is None else self.made.clone()
+        return self.row.copy() if self.made is None else self.made[self.place].clone()
 
 
 def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
@@ -54,8 +57,7 @@ def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
         block = rows[start:start + len(group)]
         unchanged, made = group[0].operator.apply_many([m.source for m in group], [m.drawn for m in group], block)
         for offset, (number, mutation, same) in enumerate(zip(members, group, unchanged.tolist())):
-            mutation.row, mutation.unchanged = block[offset], same
-            mutation.made = None if made is None else made[offset]
+            mutation.row, mutation.unchanged, mutation.made, mutation.place = block[offset], same, made, offset
             placed[number] = start + offset
         start += len(group)
     return placed

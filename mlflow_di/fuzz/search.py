@@ -71,6 +71,15 @@ class Search(abc.ABC):
         ``queries`` grows by the inputs the algorithm actually used, which can be fewer than k.
         """
 
+    @classmethod
+    def observe_all(cls, searches: list["Search"], spans: list[tuple[int, int]], p_original: np.ndarray,
+                    p_compressed: np.ndarray) -> None:
+        """:meth:`observe` for the searches of one step: ``spans[i]`` = (first row, count) of search i's inputs
+        in the step's probabilities. A strategy may score its searches' rows together here; by default each
+        search observes its rows in turn."""
+        for search, (first, count) in zip(searches, spans):
+            search.observe(p_original[first:first + count], p_compressed[first:first + count])
+
     def _record_trigger(self, image: np.ndarray, p_original: np.ndarray, p_compressed: np.ndarray,
                         operators: list[str]) -> None:
         self.trigger = image

@@ -18,6 +18,7 @@ P(k) proportional to (1 - p)^k. ``reference_bug=True`` reproduces that.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -76,6 +77,7 @@ class MetropolisHastingsSelector:
         self.reference_bug = reference_bug
         # Row k_prev + 1 holds the acceptance probability of each rank given k_prev (-1 .. count-1).
         self._acceptance = [acceptance_probabilities(count, k).tolist() for k in range(-1, count)]
+        self._acceptance_table = np.array(self._acceptance)
 
     def first(self, rng: np.random.Generator) -> int:
         """The first operator of a search: uniformly random."""
@@ -100,6 +102,38 @@ class MetropolisHastingsSelector:
             proposals = rng.random(2 * _PROPOSALS_PER_ROUND).tolist()
 
 
+    def next_many(self, previous: list[int], stats: list[OperatorStats], rngs: list) -> list[int]:
+        """:meth:`next` for several searches at once (each with its own counters and generator): the same
+        draws from each generator and the same choices, with the ranking and the first round of proposals
+        computed for all of them in a few NumPy calls."""
+        count, rows = self.count, len(previous)
+        if count == 1 and self.reference_bug:
+            return [0] * rows
+        draws = np.stack([rng.random(count + 2 * _PROPOSALS_PER_ROUND) for rng in rngs])
+        values = np.stack([s.accepted for s in stats]) / (np.stack([s.selected for s in stats]) + RANK_EPSILON)
+        order = np.lexsort((draws[:, :count], -values), axis=-1)  # by value, best first; ties by their draw
+        every = np.arange(rows)
+        previous_rank = (np.full(rows, -1) if self.reference_bug
+                         else np.argmax(order == np.asarray(previous)[:, None], axis=1))
+        acceptance = self._acceptance_table[previous_rank + 1]
+        proposals = draws[:, count:]
+        ranks = (proposals[:, 0::2] * count).astype(np.intp)
+        accepted = proposals[:, 1::2] < np.take_along_axis(acceptance, ranks, axis=1)
+        first = accepted.argmax(axis=1)
+        chosen = order[every, ranks[every, first]].tolist()
+        for row in np.flatnonzero(~accepted.any(axis=1)).tolist():  # no proposal of the first round kept
+            chosen[row] = self._after_first_round(order[row].tolist(), acceptance[row].tolist(), rngs[row])
+        return chosen
+
+    def _after_first_round(self, order: list[int], acceptance: list[float], rng: np.random.Generator) -> int:
+        while True:
+            proposals = rng.random(2 * _PROPOSALS_PER_ROUND).tolist()
+            for j in range(0, len(proposals), 2):
+                rank = int(proposals[j] * self.count)
+                if proposals[j + 1] < acceptance[rank]:
+                    return order[rank]
+
+
 class UniformSelector:
     """DFlare_R's ablation: every operator equally likely, whatever happened before."""
 
@@ -111,3 +145,13 @@ class UniformSelector:
 
     def next(self, previous: int, stats: OperatorStats, rng: np.random.Generator) -> int:
         return draw_index(rng, self.count)
+
+    def next_many(self, previous: list[int], stats: list[OperatorStats], rngs: list) -> list[int]:
+        return [draw_index(rng, self.count) for rng in rngs]
+
+
+@functools.cache
+def shared_selector(uniform: bool, count: int, reference_bug: bool = False):
+    """One selector per kind and operator count, shared by every search that uses it (a selector keeps no
+    state of its own), so that a step's searches choose their next operators in one call (``next_many``)."""
+    return UniformSelector(count) if uniform else MetropolisHastingsSelector(count, reference_bug)

@@ -1,0 +1,99 @@
+"""DFlare's scoring of a step on the operators' device: every row's facts and novelty at once.
+
+When a campaign's mutants are made on a device (:mod:`~mlflow_di.fuzz.device_mutations`), the searches'
+per-query scoring is the host's largest remaining share of a query. :func:`step_facts` computes it for all
+the searches of a step where the operators run: the two models' probabilities go there once, and the
+top-1 labels, NaN checks, each row's two largest values and each row's distance to its search's novelty
+memory (:class:`DeviceNoveltyMemory`, kept on the device) come back as one small array per quantity. Each
+search then decides as it would alone (:meth:`~mlflow_di.fuzz.dflare.DFlareSearch.observe_all`).
+
+The numbers are those of :mod:`~mlflow_di.fuzz.fitness` (the same two largest values, the same float64
+distances) except for the order in which a distance's 2C squared differences are added, which may move its
+last bits; a campaign's records on the device differ from its CPU records anyway (the noise operators'
+values), and stay reproducible on their device.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mlflow_di.fuzz.fitness import DEFAULT_NOVELTY_THRESHOLD, LIST_SCORING_MAX_CLASSES, RowFacts
+
+
+class DeviceNoveltyMemory:
+    """:class:`~mlflow_di.fuzz.fitness.NoveltyMemory` with its points in a float64 tensor on ``device``: a point
+    is novel when its squared L2 distance to every remembered one exceeds ``threshold``."""
+
+    def __init__(self, threshold: float = DEFAULT_NOVELTY_THRESHOLD, device: str = "cpu"):
+        self.threshold, self.device = threshold, device
+        self._points = None  # (M, 2C) float64 tensor on the device
+        self._first: np.ndarray | None = None  # the seed's pair, sent to the device with the first step
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def points(self):
+        """The remembered points, a (M, 2C) float64 tensor on the device."""
+        import torch
+
+        if self._first is not None:
+            self._points, self._first = torch.from_numpy(self._first[None]).to(self.device), None
+        return self._points
+
+    def observe(self, point) -> bool:
+        """True (and remember the point) when it is novel, else False: one point, as the host memory does (the
+        seed's pair, which the search observes when it starts, waits on the host for the first step)."""
+        point = np.asarray(point, np.float64).reshape(-1)
+        if self._size == 0:
+            self._first, self._size = point.copy(), 1
+            return True
+        import torch
+
+        point = torch.from_numpy(point).to(self.device)
+        if ((self.points - point) ** 2).sum(dim=1).min().item() <= self.threshold:
+            return False
+        self.remember(point)
+        return True
+
+    def remember(self, point) -> None:
+        """Add ``point`` (a float64 row on the device) to the memory."""
+        import torch
+
+        points = self.points
+        self._points = point[None].clone() if points is None else torch.cat([points, point[None]])
+        self._size += 1
+
+
+def step_facts(p_original: np.ndarray, p_compressed: np.ndarray, device, memories: list) -> list[RowFacts]:
+    """:func:`~mlflow_di.fuzz.fitness.row_facts` of a step's rows computed on ``device``, and for the rows whose
+    ``memories[i]`` is a :class:`DeviceNoveltyMemory`, whether the row is novel to it (``novel``) and its
+    probability pair there (``pair``, for the memory to keep when the search scores the row)."""
+    import torch
+
+    both = torch.from_numpy(np.stack([p_original, p_compressed])).to(device)  # (2, N, C)
+    differ = (both[0].argmax(dim=1) != both[1].argmax(dim=1)).cpu().tolist()
+    novel, pairs = _novelty(both, memories)
+    if both.shape[2] <= LIST_SCORING_MAX_CLASSES:
+        return [RowFacts(d, novel=n, pair=p) for d, n, p in zip(differ, novel, pairs)]
+    has_nan = torch.isnan(both[0].sum(dim=1) + both[1].sum(dim=1)).cpu().tolist()
+    top2 = both.topk(2, dim=2).values.flip(-1).cpu().tolist()  # [second, first] per row and model
+    return [RowFacts(*facts) for facts in zip(differ, has_nan, top2[0], top2[1], novel, pairs)]
+
+
+def _novelty(both, memories: list) -> tuple[list, list]:
+    """Whether each row's pair is novel to its memory (None where it has none), and the pairs (float64 rows)."""
+    import torch
+
+    rows = [i for i, memory in enumerate(memories) if isinstance(memory, DeviceNoveltyMemory) and len(memory)]
+    count = both.shape[1]
+    if not rows:
+        return [None] * count, [None] * count
+    pairs = torch.cat([both[0], both[1]], dim=1).to(torch.float64)  # (N, 2C): probability_pair of each row
+    remembered = torch.nn.utils.rnn.pad_sequence([memories[i].points for i in rows], batch_first=True,
+                                                 padding_value=float("inf"))  # (R, M, 2C); inf: never nearest
+    nearest = ((remembered - pairs[rows][:, None]) ** 2).sum(dim=2).min(dim=1).values.cpu().tolist()
+    novel, kept = [None] * count, [None] * count
+    for i, distance in zip(rows, nearest):
+        novel[i], kept[i] = distance > memories[i].threshold, pairs[i]
+    return novel, kept
