@@ -163,3 +163,18 @@ def test_a_campaign_folder_resumes_only_with_the_operators_it_started_with(tmp_p
     with pytest.raises(UserError, match="strategy_options differ"):  # the noise would not be the same draws
         run_campaign(*pair, seeds, strategy=with_operators_on(DFlare(), "cpu"), max_queries=5, timeout=1e6,
                      out_dir=tmp_path / "c", resume=True, progress=False)
+
+
+def test_a_median_group_larger_than_its_window_budget_goes_through_in_chunks(monkeypatch):
+    from mlflow_di.fuzz import device_mutations
+
+    images = [_image((9, 9, 3), seed) for seed in range(5)]
+    draws = [7, 7, 7, 3, 7]
+    whole = np.zeros((5, 9, 9, 3), np.uint8)
+    DeviceMedianBlur().apply_many(images, draws, whole)
+    monkeypatch.setattr(device_mutations, "_MEDIAN_WINDOW_BYTES", 2 * 49 * 3 * 81 * 4)  # two images at a time
+    chunked = np.zeros_like(whole)
+    DeviceMedianBlur().apply_many(images, draws, chunked)
+    np.testing.assert_array_equal(chunked, whole)
+    for image, k, row in zip(images, draws, chunked):
+        np.testing.assert_array_equal(row, MedianBlur(kernels=(k,))(image, np.random.default_rng(0)))

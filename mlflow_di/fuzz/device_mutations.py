@@ -278,13 +278,23 @@ class DeviceMedianBlur(DeviceOperator, MedianBlur):
         return _by_kernel(images, drawn, _median)
 
 
+#: Most bytes of k x k windows the median unfolds at once (49 floats per value for k = 7: 29 MB per
+#: 224x224x3 image); larger groups go through in chunks.
+_MEDIAN_WINDOW_BYTES = 2**29
+
+
 def _median(planes, k: int):
+    import torch
     import torch.nn.functional as F
 
     count, channels, height, width = planes.shape
-    padded = F.pad(planes, (k // 2,) * 4, mode="replicate")
-    windows = padded.unfold(2, k, 1).unfold(3, k, 1).reshape(count, channels, height, width, k * k)
-    return windows.median(dim=-1).values
+    chunk = max(1, _MEDIAN_WINDOW_BYTES // (k * k * channels * height * width * 4))
+    medians = []
+    for start in range(0, count, chunk):
+        padded = F.pad(planes[start:start + chunk], (k // 2,) * 4, mode="replicate")
+        windows = padded.unfold(2, k, 1).unfold(3, k, 1).reshape(len(padded), channels, height, width, k * k)
+        medians.append(windows.median(dim=-1).values)
+    return medians[0] if len(medians) == 1 else torch.cat(medians)
 
 
 writes_into(DeviceGaussianNoise, DeviceMultiplicativeNoise, DeviceSaltAndPepper, DevicePixelChange,
