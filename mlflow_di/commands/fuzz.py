@@ -254,7 +254,7 @@ def _load(choice: _Choice, original: str, preprocessing: tuple, device, semantic
     original_classifier = _black_box(original_model, declaration.original)
     compressed_classifiers = tuple(_black_box(model, declaration.compressed) for model in compressed)
     search, mutations_on, overlapping = choice.search, None, False
-    if declaration.device_mutations:  # the noise operators on a CUDA original's GPU
+    if declaration.device_mutations:  # the operators (and a step's scoring) on a CUDA original's GPU
         mutations_on = mutation_device(original_classifier, choice.executor)
         search = with_operators_on(search, mutations_on)
     if declaration.overlap:
@@ -373,7 +373,7 @@ def _announce(plan: _Plan, batch: int, ray_address: str, workers: int) -> None:
                f"{', '.join(sorted({m.provider for m in models.compressed_classifiers}))}")
     if models.mutations_on is not None:
         where = " (each Ray worker's own GPU)" if choice.executor is not None else ""
-        click.echo(f"noise and median-blur mutations run on {models.mutations_on}{where}")
+        click.echo(f"mutations and their scoring run on {models.mutations_on}{where}")
     if models.overlapping:
         click.echo(f"the models' calls overlap the searches: two shifts of up to {batch} seeds"
                    + (" in each Ray worker" if choice.executor is not None else "") + " (--no-overlap: one)")

@@ -31,7 +31,7 @@ through the models (in a background thread, which PyTorch's and ONNX Runtime's c
 beside Python), the other shift's searches observe their last answer and propose their next
 inputs, so a query costs about the larger of the two. While fewer than twice ``batch`` seeds are
 left, each shift holds half of them. The models' thread computes on CUDA streams
-of its own, so the noise and median operators the searches run on a GPU do not wait behind its
+of its own, so the mutations and scoring the searches run on a GPU do not wait behind its
 forward passes. The searches never see a model call of another shift, so records stay the same
 (as with ``batch``, a model whose output for an image depends on the rest of its batch, such as
 ONNX Runtime's int8-dynamic, sees other batches); a seed is charged its shift's model time as before.

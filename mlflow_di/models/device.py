@@ -70,7 +70,7 @@ def use_own_cuda_streams(devices) -> None:
 
     PyTorch's current stream is per thread, and work on different streams may run at once. A
     thread that runs the models' calls beside other GPU work (a campaign's overlap: the searches'
-    noise and median operators run on the device in the main thread) calls this first, so that
+    mutations and scoring run on the device in the main thread) calls this first, so that
     the other work does not queue behind each forward pass on the default stream.
     """
     if not devices:
