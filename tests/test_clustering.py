@@ -114,3 +114,34 @@ def test_reference_quirks_drop_zeros_round_and_fall_back_to_zero():
 def test_bad_cluster_counts_are_a_user_error():
     with pytest.raises(UserError, match=">= 2"):
         choose_clusters([1.0, 2.0, 3.0], (1, 2))
+
+
+def _kmeans_one_start_at_a_time(values, k, seed=0, n_init=10, max_iter=300):
+    """kmeans_1d as it was: each k-means++ start refined alone by _lloyd_sorted, the best kept in order."""
+    from mlflow_di.coverage.clustering import _kmeans_plus_plus, _lloyd_sorted
+
+    x = np.sort(np.asarray(values, np.float64))
+    prefix = np.concatenate(([0.0], np.cumsum(x)))
+    rng = np.random.default_rng(seed)
+    best = None
+    for _ in range(n_init):
+        centroids = _lloyd_sorted(x, prefix, _kmeans_plus_plus(x, k, rng), max_iter)
+        inertia = float(np.sum((x - centroids[nearest_centroid(x, centroids)]) ** 2))
+        if best is None or inertia < best[1]:
+            best = (centroids, inertia)
+    return best
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), k=st.integers(1, 6), levels=st.integers(2, 40), max_iter=st.sampled_from([1, 2, 3, 300]))
+def test_refining_every_start_at_once_is_refining_each_alone(data, k, levels, max_iter):
+    # few distinct levels make clusters empty and points tie at midpoints; max_iter 1-3 stops rows mid-way
+    n = data.draw(st.integers(k + 1, 80))
+    codes = data.draw(st.lists(st.integers(0, levels - 1), min_size=n, max_size=n))
+    values = np.asarray(codes, np.float64) * data.draw(st.sampled_from([1.0, 0.1, 1e-7])) + 3.0
+    assume(len(np.unique(values)) >= k)
+    seed = data.draw(st.integers(0, 5))
+    result = kmeans_1d(values, k, seed=seed, n_init=7, max_iter=max_iter)
+    centroids, inertia = _kmeans_one_start_at_a_time(values, k, seed=seed, n_init=7, max_iter=max_iter)
+    np.testing.assert_array_equal(result.centroids, centroids)
+    assert result.inertia == inertia
