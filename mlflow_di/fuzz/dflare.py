@@ -205,6 +205,14 @@ class DFlareSearch(Search):
     Given the runner's rows (``propose(out=)``), an unconstrained search writes its mutants there:
     its pending candidates are views of the runner's batch until :meth:`observe`, and what it keeps
     past that (x_max, a trigger) it copies. Under a constraint it returns its own arrays.
+
+    In a population (the lockstep, one input per search and step), the search only draws its next
+    mutation (:meth:`plan`); the runner makes the step's mutants one operator at a time
+    (:mod:`~mlflow_di.fuzz.population`) and hands the step's rows to :meth:`observe_all`, which scores
+    them together and lets the searches that go on choose their next operators together. Each decision
+    is the one :meth:`observe` would make, with the same draws, so records do not depend on the path;
+    a subclass that changes how one result is observed must change :meth:`observe_all` alike (a
+    subclass that changes ``_keeps``, like the reproduction harness's, changes both).
     """
 
     def __init__(self, strategy: DFlare, seed_image: np.ndarray, p_original: np.ndarray,
