@@ -136,3 +136,19 @@ def test_an_overlapped_campaign_on_the_gpu_has_the_records_of_a_plain_one():
     plain, overlapped = (run_campaign(original, copy, seeds, strategy=strategy, max_queries=40, batch=4,
                                       progress=False, overlap=overlap) for overlap in (False, True))
     assert comparable_records(plain) == comparable_records(overlapped)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_exact_device_operators_give_the_cpu_bytes_on_the_gpu():
+    # salt and pepper, pixel change, the Gaussian and median blurs and the odd box blurs (fuzz/device_mutations.py)
+    from mlflow_di.fuzz.device_mutations import on_device
+    from mlflow_di.fuzz.mutations import AverageBlur, GaussianBlur, MedianBlur, PixelChange, SaltAndPepper
+
+    cpu = (SaltAndPepper(), PixelChange(max_values=400), GaussianBlur(), MedianBlur(), AverageBlur(kernels=(1, 3, 5)))
+    images = [np.random.default_rng(seed).integers(0, 256, (224, 224, 3), dtype=np.uint8) for seed in range(4)]
+    for host, device in zip(cpu, on_device(cpu, torch.device("cuda"))):
+        draws = [host.draw(images[0].shape, np.random.default_rng(seed)) for seed in range(4)]
+        rows = np.zeros((4, 224, 224, 3), np.uint8)
+        device.apply_many(images, draws, rows)
+        for image, row, seed in zip(images, rows, range(4)):
+            np.testing.assert_array_equal(row, host(image, np.random.default_rng(seed)))
