@@ -93,14 +93,8 @@ class MetropolisHastingsSelector:
         order = _ranked(values, draws[:count])  # the same floats as stats.rank_values()
         previous_rank = -1 if self.reference_bug else order.index(previous)
         acceptance = self._acceptance[previous_rank + 1]
-        proposals = draws[count:]
-        while True:
-            for j in range(0, len(proposals), 2):
-                rank = int(proposals[j] * count)
-                if proposals[j + 1] < acceptance[rank]:
-                    return order[rank]
-            proposals = rng.random(2 * _PROPOSALS_PER_ROUND).tolist()
-
+        chosen = _first_kept(draws[count:], order, acceptance)
+        return chosen if chosen is not None else self._after_first_round(order, acceptance, rng)
 
     def next_many(self, previous: list[int], stats: list[OperatorStats], rngs: list) -> list[int]:
         """:meth:`next` for several searches at once (each with its own counters and generator): the same
@@ -125,13 +119,24 @@ class MetropolisHastingsSelector:
             chosen[row] = self._after_first_round(order[row].tolist(), acceptance[row].tolist(), rngs[row])
         return chosen
 
-    def _after_first_round(self, order: list[int], acceptance: list[float], rng: np.random.Generator) -> int:
+    @staticmethod
+    def _after_first_round(order: list[int], acceptance: list[float], rng: np.random.Generator) -> int:
+        """The operator of the first proposal kept in the rounds after the first (drawn round by round)."""
         while True:
-            proposals = rng.random(2 * _PROPOSALS_PER_ROUND).tolist()
-            for j in range(0, len(proposals), 2):
-                rank = int(proposals[j] * self.count)
-                if proposals[j + 1] < acceptance[rank]:
-                    return order[rank]
+            chosen = _first_kept(rng.random(2 * _PROPOSALS_PER_ROUND).tolist(), order, acceptance)
+            if chosen is not None:
+                return chosen
+
+
+def _first_kept(proposals: list[float], order: list[int], acceptance: list[float]) -> int | None:
+    """The operator of the first (rank, test) pair of a round of ``proposals`` whose rank is kept (its test
+    below the rank's acceptance); None when the round keeps none."""
+    count = len(order)
+    for j in range(0, len(proposals), 2):
+        rank = int(proposals[j] * count)
+        if proposals[j + 1] < acceptance[rank]:
+            return order[rank]
+    return None
 
 
 class UniformSelector:
