@@ -130,6 +130,16 @@ class TwoStep:
         return unchanged, None
 
 
+class KernelFilter(TwoStep):
+    """A filter whose one random value is its kernel size, drawn from its ``kernels``."""
+
+    kernels: tuple[int, ...]
+
+    def draw(self, shape: tuple, rng: np.random.Generator) -> int:
+        """This call's kernel size, one of ``kernels``."""
+        return self.kernels[draw_index(rng, len(self.kernels))]
+
+
 @dataclasses.dataclass(frozen=True)
 class GaussianNoise(TwoStep):
     """Additive Gaussian noise, N(0, ``sigma``) per pixel value (0..255 scale)."""
@@ -224,15 +234,11 @@ class PixelChange(TwoStep):
 
 
 @dataclasses.dataclass(frozen=True)
-class AverageBlur(TwoStep):
+class AverageBlur(KernelFilter):
     """Box filter with a k x k kernel, k drawn from ``kernels`` (OpenCV ``blur``, reflected border)."""
 
     kernels: tuple[int, ...] = (1, 2, 3, 4, 5)
     name: str = "average_blur"
-
-    def draw(self, shape: tuple, rng: np.random.Generator) -> int:
-        """This call's kernel size, one of ``kernels``."""
-        return self.kernels[draw_index(rng, len(self.kernels))]
 
     def apply(self, image: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray:
         if k == 1:  # the identity: a copy gives the same bytes in about half the time at 224x224x3
@@ -243,15 +249,11 @@ class AverageBlur(TwoStep):
 
 
 @dataclasses.dataclass(frozen=True)
-class GaussianBlur(TwoStep):
+class GaussianBlur(KernelFilter):
     """Gaussian filter with a k x k kernel, k drawn from ``kernels``, sigma derived from k by OpenCV."""
 
     kernels: tuple[int, ...] = (1, 3, 5, 7)
     name: str = "gaussian_blur"
-
-    def draw(self, shape: tuple, rng: np.random.Generator) -> int:
-        """This call's kernel size, one of ``kernels``."""
-        return self.kernels[draw_index(rng, len(self.kernels))]
 
     def apply(self, image: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray:
         if k == 1:  # a 1x1 kernel is [1]: the identity, as for the box filter
@@ -262,19 +264,11 @@ class GaussianBlur(TwoStep):
 
 
 @dataclasses.dataclass(frozen=True)
-class MedianBlur(TwoStep):
+class MedianBlur(KernelFilter):
     """Median filter with a k x k kernel, k drawn from ``kernels`` (k = 1 leaves the image as is)."""
 
     kernels: tuple[int, ...] = (1, 3, 5, 7)
     name: str = "median_blur"
-
-    def draw_kernel(self, rng: np.random.Generator) -> int:
-        """This call's kernel size, one of ``kernels``."""
-        return self.kernels[draw_index(rng, len(self.kernels))]
-
-    def draw(self, shape: tuple, rng: np.random.Generator) -> int:
-        """This call's kernel size, one of ``kernels``."""
-        return self.draw_kernel(rng)
 
     def apply(self, image: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray:
         if k == 1:
