@@ -72,8 +72,7 @@ import numpy as np
 from mlflow_di.errors import UserError
 from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
                                     LIST_SCORING_MAX_CLASSES, NoveltyMemory, RowFacts, dflare_fitness, labels_differ,
-                                    log_margin_list, log_margin_row, margin_of, probability_pair, row_facts,
-                                    top1_gap)
+                                    log_margin_list, margin_of, probability_pair, row_facts, top2_row)
 from mlflow_di.fuzz.device_fitness import DeviceNoveltyMemory, step_facts
 from mlflow_di.fuzz.mutations import (Operator, default_operators, mutate_into, operator_names, operators_device,
                                       same_image, two_step)
@@ -223,6 +222,8 @@ class DFlareSearch(Search):
         self._reference_acceptance = strategy.acceptance == "reference"
         self._margin = strategy.fitness != "gap"
         self._both = strategy.fitness == "margin-both"
+        #: whether the score reads the compressed model's probabilities beyond its top-1 label
+        self._reads_compressed = not self._margin or self._both
         self._strict = strategy.acceptance == "strict"
         self._restart = strategy.restart
         self._escalate = strategy.escalate
@@ -260,30 +261,26 @@ class DFlareSearch(Search):
         """The score (D(x), or minus the original's log margin), and O(x) (remembering the pair when it is novel).
 
         The same numbers as :func:`top1_gap`, :func:`log_margin` and :func:`probability_pair`: on plain
-        Python floats for short rows, where numpy's per-call cost dominates, with numpy for long ones
-        without NaN (see :data:`~mlflow_di.fuzz.fitness.LIST_SCORING_MAX_CLASSES`), from the step's
-        :class:`~mlflow_di.fuzz.fitness.RowFacts` when given.
+        Python floats for short rows, where numpy's per-call cost dominates, and for rows holding a NaN;
+        for long ones (see :data:`~mlflow_di.fuzz.fitness.LIST_SCORING_MAX_CLASSES`) from their two
+        largest values: the step's :class:`~mlflow_di.fuzz.fitness.RowFacts` when given, else a partition
+        of the row. Flooring the compressed model's values (``margin-both``) keeps its two largest the
+        largest, so they are floored after the partition.
         """
-        if facts is not None and facts.original_top2 is not None:  # rows of the step's (N, C) probabilities
-            if facts.has_nan:
-                return self._score_lists(p_original.tolist(), p_compressed.tolist())
-            novel = self._novel(p_original, p_compressed, facts)
-            if self._margin:
-                margin = margin_of(facts.original_top2)
-                if self._both:
-                    margin = min(margin, margin_of([max(v, COMPRESSED_FLOOR) for v in facts.compressed_top2]))
-                return -margin, novel
-            return round(abs(facts.original_top2[1] - facts.compressed_top2[1]), GAP_RESOLUTION_DIGITS), novel
-        p_original, p_compressed = np.asarray(p_original).ravel(), np.asarray(p_compressed).ravel()
-        if p_original.size > LIST_SCORING_MAX_CLASSES and not np.isnan(p_original.sum() + p_compressed.sum()):
-            novel = self._memory.observe(probability_pair(p_original, p_compressed)) if self._memory is not None else False
-            if self._margin:
-                margin = log_margin_row(p_original)
-                if self._both:
-                    margin = min(margin, log_margin_row(np.maximum(p_compressed, COMPRESSED_FLOOR)))
-                return -margin, novel
-            return top1_gap(p_original, p_compressed), novel
-        return self._score_lists(p_original.tolist(), p_compressed.tolist())
+        if facts is None:
+            p_original, p_compressed = np.asarray(p_original).ravel(), np.asarray(p_compressed).ravel()
+            if p_original.size > LIST_SCORING_MAX_CLASSES and not np.isnan(p_original.sum() + p_compressed.sum()):
+                facts = RowFacts(False, False, top2_row(p_original),
+                                 top2_row(p_compressed) if self._reads_compressed else None)
+        if facts is None or facts.original_top2 is None or facts.has_nan:
+            return self._score_lists(p_original.tolist(), p_compressed.tolist())
+        novel = self._novel(p_original, p_compressed, facts)
+        if self._margin:
+            margin = margin_of(facts.original_top2)
+            if self._both:
+                margin = min(margin, margin_of([max(v, COMPRESSED_FLOOR) for v in facts.compressed_top2]))
+            return -margin, novel
+        return round(abs(facts.original_top2[1] - facts.compressed_top2[1]), GAP_RESOLUTION_DIGITS), novel
 
     def _novel(self, p_original: np.ndarray, p_compressed: np.ndarray, facts: RowFacts) -> bool:
         """O(x): whether the pair is novel (then remembered), from the step's facts when they hold it."""
@@ -443,7 +440,7 @@ class DFlareSearch(Search):
         Each search draws from its own generator in the same order as alone, so records do not change."""
         one_row = [count == 1 and len(search._pending) == 1 for search, (_, count) in zip(searches, spans)]
         if searches[0]._device is None:
-            facts = row_facts(p_original, p_compressed)
+            facts = row_facts(p_original, p_compressed, searches[0]._reads_compressed)
         else:  # where the mutants were made, with each row's novelty to its search's memory
             memories = [None] * len(p_original)
             for search, (first, _), single in zip(searches, spans, one_row):

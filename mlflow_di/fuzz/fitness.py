@@ -65,16 +65,19 @@ class RowFacts(NamedTuple):
     pair: object = None
 
 
-def row_facts(p_original: np.ndarray, p_compressed: np.ndarray) -> list[RowFacts]:
+def row_facts(p_original: np.ndarray, p_compressed: np.ndarray, compressed_top2: bool = True) -> list[RowFacts]:
     """:class:`RowFacts` of each row of a step's (N, C) probabilities, with one NumPy call per quantity for
-    all rows instead of several per row (the per-query scoring's own cost at ImageNet's 1,000 classes)."""
+    all rows instead of several per row (the per-query scoring's own cost at ImageNet's 1,000 classes);
+    ``compressed_top2=False`` leaves the compressed model's two largest values out (a score that reads
+    only the original's)."""
     differ = labels_differ(p_original, p_compressed).tolist()
     if p_original.shape[1] <= LIST_SCORING_MAX_CLASSES:
         return [RowFacts(d) for d in differ]
     # NaN anywhere in a row makes its sum NaN, whatever the order of the additions
     has_nan = np.isnan(p_original.sum(axis=1) + p_compressed.sum(axis=1)).tolist()
     original = np.partition(p_original, -2, axis=1)[:, -2:].tolist()
-    compressed = np.partition(p_compressed, -2, axis=1)[:, -2:].tolist()
+    compressed = (np.partition(p_compressed, -2, axis=1)[:, -2:].tolist() if compressed_top2
+                  else [None] * len(original))
     return [RowFacts(*facts) for facts in zip(differ, has_nan, original, compressed)]
 
 
@@ -105,8 +108,13 @@ def log_margin(p: np.ndarray) -> float:
 def log_margin_row(p: np.ndarray) -> float:
     """:func:`log_margin` of a 1-D row of at least two values without NaN, by a partition (the per-query
     path for long rows, whose caller has checked them)."""
-    second, first = np.partition(p, -2)[-2:].tolist()  # the same two values the list scan finds
-    return _margin(first, second)
+    return margin_of(top2_row(p))
+
+
+def top2_row(p: np.ndarray) -> list[float]:
+    """A 1-D row's two largest values, ``[second, first]``, by a partition (the same two values the list scan
+    finds, for a row without NaN)."""
+    return np.partition(p, -2)[-2:].tolist()
 
 
 def log_margin_list(values: list[float]) -> float:
