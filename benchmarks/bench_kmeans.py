@@ -2,8 +2,9 @@
 
 For six bimodal neurons and k = 2, 3, 4 (what IDC fits per layer with ``top_m=6``), at 256 and 2,048
 values per neuron: the milliseconds of :func:`~mlflow_di.coverage.clustering.kmeans_1d` (starts refined
-together by ``_lloyd_sorted_many``) and of the same starts refined one at a time by ``_lloyd_sorted``,
-the best of three repetitions each, and whether both gave the same centroids (they must, bit for bit).
+together by ``_lloyd_sorted_many``) and of the same starts refined one at a time as kmeans_1d did before
+(the reference ``tests/test_clustering.py`` checks it against), the best of three repetitions each, and
+whether both gave the same centroids (they must, bit for bit).
 
     .venv/bin/python -m benchmarks.bench_kmeans
 """
@@ -14,21 +15,8 @@ import time
 
 import numpy as np
 
-from mlflow_di.coverage.clustering import _kmeans_plus_plus, _lloyd_sorted, kmeans_1d, nearest_centroid
-
-
-def one_start_at_a_time(values: np.ndarray, k: int, seed: int = 0, n_init: int = 10) -> np.ndarray:
-    """The centroids kmeans_1d chose when each start was refined alone."""
-    x = np.sort(values)
-    prefix = np.concatenate(([0.0], np.cumsum(x)))
-    rng = np.random.default_rng(seed)
-    best = None
-    for _ in range(n_init):
-        centroids = _lloyd_sorted(x, prefix, _kmeans_plus_plus(x, k, rng), 300)
-        inertia = float(np.sum((x - centroids[nearest_centroid(x, centroids)]) ** 2))
-        if best is None or inertia < best[1]:
-            best = (centroids, inertia)
-    return best[0]
+from mlflow_di.coverage.clustering import kmeans_1d
+from tests.test_clustering import _kmeans_one_start_at_a_time
 
 
 def best_of(repeats: int, work) -> float:
@@ -45,8 +33,9 @@ def main() -> None:
     for count in (256, 2048):
         neurons = [np.concatenate([rng.normal(0, 1, count // 2), rng.normal(4, 0.5, count // 2)]) for _ in range(6)]
         together = best_of(3, lambda: [kmeans_1d(v, k) for v in neurons for k in (2, 3, 4)])
-        alone = best_of(3, lambda: [one_start_at_a_time(v, k) for v in neurons for k in (2, 3, 4)])
-        same = all(np.array_equal(kmeans_1d(v, k).centroids, one_start_at_a_time(v, k)) for v in neurons for k in (2, 3, 4))
+        alone = best_of(3, lambda: [_kmeans_one_start_at_a_time(v, k)[0] for v in neurons for k in (2, 3, 4)])
+        same = all(np.array_equal(kmeans_1d(v, k).centroids, _kmeans_one_start_at_a_time(v, k)[0])
+                   for v in neurons for k in (2, 3, 4))
         print(json.dumps({"values_per_neuron": count, "one_at_a_time_ms": round(alone * 1e3, 1),
                           "together_ms": round(together * 1e3, 1), "speedup": round(alone / together, 2),
                           "same_centroids": same}))

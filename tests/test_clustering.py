@@ -116,16 +116,35 @@ def test_bad_cluster_counts_are_a_user_error():
         choose_clusters([1.0, 2.0, 3.0], (1, 2))
 
 
+def _lloyd_one_start(x: np.ndarray, prefix: np.ndarray, centroids: np.ndarray, max_iter: int) -> np.ndarray:
+    """kmeans_1d's refinement as it was, one start at a time (the reference the batched one must match)."""
+    for _ in range(max_iter):
+        bounds = np.concatenate(([0], np.searchsorted(x, (centroids[:-1] + centroids[1:]) / 2.0, side="right"),
+                                 [len(x)]))
+        sizes = np.diff(bounds)
+        sums = prefix[bounds[1:]] - prefix[bounds[:-1]]
+        updated = np.where(sizes > 0, sums / np.maximum(sizes, 1), centroids)
+        if np.any(sizes == 0):  # an empty cluster moves to the value farthest from its centroid
+            labels = np.repeat(np.arange(len(centroids)), sizes)
+            far = int(np.argmax(np.abs(x - updated[labels])))
+            updated[np.flatnonzero(sizes == 0)[0]] = x[far]
+        updated = np.sort(updated)
+        if np.array_equal(updated, centroids):
+            break
+        centroids = updated
+    return centroids
+
+
 def _kmeans_one_start_at_a_time(values, k, seed=0, n_init=10, max_iter=300):
-    """kmeans_1d as it was: each k-means++ start refined alone by _lloyd_sorted, the best kept in order."""
-    from mlflow_di.coverage.clustering import _kmeans_plus_plus, _lloyd_sorted
+    """kmeans_1d as it was: each k-means++ start refined alone by _lloyd_one_start, the best kept in order."""
+    from mlflow_di.coverage.clustering import _kmeans_plus_plus
 
     x = np.sort(np.asarray(values, np.float64))
     prefix = np.concatenate(([0.0], np.cumsum(x)))
     rng = np.random.default_rng(seed)
     best = None
     for _ in range(n_init):
-        centroids = _lloyd_sorted(x, prefix, _kmeans_plus_plus(x, k, rng), max_iter)
+        centroids = _lloyd_one_start(x, prefix, _kmeans_plus_plus(x, k, rng), max_iter)
         inertia = float(np.sum((x - centroids[nearest_centroid(x, centroids)]) ** 2))
         if best is None or inertia < best[1]:
             best = (centroids, inertia)

@@ -112,29 +112,11 @@ def _kmeans_plus_plus(x: np.ndarray, k: int, rng: np.random.Generator) -> np.nda
     return np.sort(np.asarray(centres))
 
 
-def _lloyd_sorted(x: np.ndarray, prefix: np.ndarray, centroids: np.ndarray, max_iter: int) -> np.ndarray:
-    """Lloyd iterations on sorted ``x``: clusters are the intervals between centroid midpoints."""
-    for _ in range(max_iter):
-        bounds = np.concatenate(([0], np.searchsorted(x, (centroids[:-1] + centroids[1:]) / 2.0, side="right"),
-                                 [len(x)]))
-        sizes = np.diff(bounds)
-        sums = prefix[bounds[1:]] - prefix[bounds[:-1]]
-        updated = np.where(sizes > 0, sums / np.maximum(sizes, 1), centroids)
-        if np.any(sizes == 0):  # an empty cluster moves to the value farthest from its centroid
-            labels = np.repeat(np.arange(len(centroids)), sizes)
-            far = int(np.argmax(np.abs(x - updated[labels])))
-            updated[np.flatnonzero(sizes == 0)[0]] = x[far]
-        updated = np.sort(updated)
-        if np.array_equal(updated, centroids):
-            break
-        centroids = updated
-    return centroids
-
-
 def _lloyd_sorted_many(x: np.ndarray, prefix: np.ndarray, starts: np.ndarray, max_iter: int) -> np.ndarray:
-    """:func:`_lloyd_sorted` from every row of ``starts`` (R, k) at once: the same iterations, element for
-    element, each row stopping when it stops moving; one binary search over ``x`` per iteration for all
-    rows instead of one per row (IDC's ten k-means++ starts per k and neuron)."""
+    """Lloyd iterations on sorted ``x`` from every row of ``starts`` (R, k) at once: a 1-D cluster is the
+    interval between centroid midpoints, an empty cluster moves to the value farthest from its centroid,
+    and each row stops when it stops moving; one binary search over ``x`` per iteration for all rows (IDC's
+    ten k-means++ starts per k and neuron)."""
     centroids = starts.astype(np.float64, copy=True)
     active = np.arange(len(centroids))
     for _ in range(max_iter):
@@ -146,7 +128,7 @@ def _lloyd_sorted_many(x: np.ndarray, prefix: np.ndarray, starts: np.ndarray, ma
         sizes = np.diff(bounds, axis=1)
         sums = prefix[bounds[:, 1:]] - prefix[bounds[:, :-1]]
         updated = np.where(sizes > 0, sums / np.maximum(sizes, 1), current)
-        for row in np.flatnonzero((sizes == 0).any(axis=1)):  # as _lloyd_sorted moves an empty cluster
+        for row in np.flatnonzero((sizes == 0).any(axis=1)):  # an empty cluster: the farthest value
             labels = np.repeat(np.arange(current.shape[1]), sizes[row])
             far = int(np.argmax(np.abs(x - updated[row][labels])))
             updated[row, np.flatnonzero(sizes[row] == 0)[0]] = x[far]
@@ -163,7 +145,7 @@ def kmeans_1d(values, k: int, seed: int = 0, n_init: int = 10, max_iter: int = 3
     """Deterministic 1-D k-means: best of ``n_init`` k-means++ starts (seeded) by inertia, ascending centroids.
 
     The starts are drawn one after another from the seeded generator, then refined together
-    (:func:`_lloyd_sorted_many`); the result is each start refined alone, the best kept in order."""
+    (:func:`_lloyd_sorted_many`); the best is kept in the order they were drawn."""
     x_raw = _as_values(values)
     if k < 1 or k > len(np.unique(x_raw)):
         raise ValueError(f"k={k} needs at least {k} distinct values; got {len(np.unique(x_raw))}")
@@ -171,10 +153,14 @@ def kmeans_1d(values, k: int, seed: int = 0, n_init: int = 10, max_iter: int = 3
     prefix = np.concatenate(([0.0], np.cumsum(x)))
     rng = np.random.default_rng(seed)
     starts = [_kmeans_plus_plus(x, k, rng) for _ in range(max(1, n_init))]
-    if all(len(start) == k for start in starts):
-        refined = list(_lloyd_sorted_many(x, prefix, np.stack(starts), max_iter))
-    else:  # a start with fewer centres (k-means++ ran out of distance): refined on its own
-        refined = [_lloyd_sorted(x, prefix, start, max_iter) for start in starts]
+    by_size: dict[int, list[int]] = {}  # k-means++ may run out of distance and give a start fewer centres
+    for number, start in enumerate(starts):
+        by_size.setdefault(len(start), []).append(number)
+    refined = [None] * len(starts)
+    for numbers in by_size.values():
+        for number, centroids in zip(numbers, _lloyd_sorted_many(x, prefix, np.stack([starts[n] for n in numbers]),
+                                                                 max_iter)):
+            refined[number] = centroids
     best = None
     for centroids in refined:
         inertia = float(np.sum((x - centroids[nearest_centroid(x, centroids)]) ** 2))
