@@ -152,3 +152,30 @@ def test_the_exact_device_operators_give_the_cpu_bytes_on_the_gpu():
         device.apply_many(images, draws, rows)
         for image, row, seed in zip(images, rows, range(4)):
             np.testing.assert_array_equal(row, host(image, np.random.default_rng(seed)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_criteria_s_cells_scored_on_the_gpu_are_the_host_s(monkeypatch):
+    # the same CUDA model's activations: cells batch by batch on the GPU, or every value to the host first
+    from mlflow_di.coverage import criteria as criteria_module
+    from mlflow_di.coverage.criteria import ClassicCoverage
+    from mlflow_di.data import ImageSet
+    from mlflow_di.models.preprocessing import Preprocessing
+    from mlflow_di.models.torch_model import TorchModel
+
+    torch.manual_seed(0)
+    net = nn.Sequential()
+    net.add_module("conv1", nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()))
+    net.add_module("pool", nn.AdaptiveAvgPool2d(2))
+    net.add_module("flatten", nn.Flatten())
+    net.add_module("fc1", nn.Sequential(nn.Linear(32, 16), nn.ReLU()))
+    net.add_module("logits", nn.Linear(16, 10))
+    model = TorchModel(net, Preprocessing(scale=1 / 255, input_shape=(32, 32, 3)), "net").to("cuda")
+    rng = np.random.default_rng(0)
+    train, test = (ImageSet(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), np.zeros(n, np.int64), name)
+                   for n, name in ((300, "train"), (70, "test")))
+    coverage = ClassicCoverage(kmnc_sections=100, batch_size=32, progress=False).fit(model, train)
+    on_gpu = coverage.score(test)
+    assert "activations_and_cells" in coverage.seconds_
+    monkeypatch.setattr(criteria_module, "cells_on_device", lambda device: False)
+    assert coverage.score(test).to_dict() == on_gpu.to_dict()

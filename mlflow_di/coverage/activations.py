@@ -133,19 +133,67 @@ class RowBuffer:
     fit there and the heap grows by about one batch of temporaries per batch. Measured on a small
     CNN at 224x224, ~27 KB of peak resident memory per input for ~0.5 KB of kept values; with
     this buffer, peak memory no longer depends on N.
+
+    A tensor on an accelerator (a GPU) is not copied batch by batch: each copy to the host waits
+    for the device to finish the batch, so the host could not queue the next one. Such values are
+    staged on the device and copied in one transfer per key when :attr:`arrays` is read, or
+    earlier when the staged values reach :data:`STAGE_BYTES`. The arrays hold the same values.
     """
+
+    #: device bytes staged before they are copied to the host (bounds the device memory they take)
+    STAGE_BYTES = 2**28
 
     def __init__(self, total: int):
         self.total = total
-        self.arrays: dict[str, np.ndarray] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+        self._staged: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        self._staged_bytes = 0
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """{key: (N, ...) array}, every staged value included."""
+        self._flush()
+        return self._arrays
 
     def write(self, start: int, values: Mapping[str, object]) -> None:
         """Rows ``start:start + b`` of each key (the array is created on the key's first batch)."""
+        on_host = {}
+        for key, value in values.items():
+            if self._stays(value):
+                self._stage(start, key, value)
+            else:
+                on_host[key] = value
+        self._write_host(start, on_host)
+
+    @staticmethod
+    def _stays(value) -> bool:
+        """Whether ``value`` waits on its device (a tensor on an accelerator) instead of being copied now."""
+        return isinstance(value, torch.Tensor) and value.device.type != "cpu"
+
+    def _stage(self, start: int, key: str, value: torch.Tensor) -> None:
+        self._staged.setdefault(key, []).append((start, value.detach().clone()))  # a model may reuse its memory
+        self._staged_bytes += value.numel() * value.element_size()
+        if self._staged_bytes >= self.STAGE_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The staged device values copied to the host: one transfer per key for consecutive batches."""
+        staged, self._staged, self._staged_bytes = self._staged, {}, 0
+        for key, parts in staged.items():
+            starts = [start for start, _ in parts]
+            ends = [start + len(value) for start, value in parts]
+            if starts[1:] == ends[:-1]:  # consecutive rows: one copy
+                self._write_host(starts[0], {key: torch.cat([value for _, value in parts]).cpu()})
+            else:
+                for start, value in parts:
+                    self._write_host(start, {key: value.cpu()})
+
+    def _write_host(self, start: int, values: Mapping[str, object]) -> None:
         for key, value in values.items():
             value = np.asarray(value)
-            out = self.arrays.get(key)
+            out = self._arrays.get(key)
             if out is None:
-                out = self.arrays[key] = np.empty((self.total, *value.shape[1:]), dtype=value.dtype)
+                out = self._arrays[key] = np.empty((self.total, *value.shape[1:]), dtype=value.dtype)
             out[start:start + len(value)] = value
 
 
@@ -324,6 +372,8 @@ def collect_activations(
     batch_size: int = 256,
     reductions: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
     progress: bool = False,
+    on_batch: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    keep: Sequence[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """One batched forward pass recording the neuron values of ``layers``: {layer: float32 (N, neurons)}.
 
@@ -331,24 +381,37 @@ def collect_activations(
     preprocessed). The default reduction is :func:`neuron_values` (spatial mean of conv maps).
     ``reductions`` maps a name to a function applied per batch to every layer's raw output tensor;
     its results are returned as well, keyed ``f"{layer}:{name}"``.
+
+    ``on_batch`` is given each batch's values, every key, as tensors on the module's device (e.g. to
+    score criteria there, :class:`~mlflow_di.coverage.criteria.DeviceCells`); ``keep`` names the layers
+    whose values (reductions included) are returned (default: all), so that the others never leave
+    the device. Values on a GPU come to the host in one copy at the end (:class:`RowBuffer`).
     """
     if isinstance(layers, str):
         layers = [layers]
     if len(inputs) == 0:
         raise UserError("no inputs to compute activations for (empty data)")
     reductions = dict(reductions or {})
+    kept = set(layers if keep is None else keep)
     rows, start = RowBuffer(len(inputs)), 0
     with eval_mode(module), torch.no_grad(), LayerRecorder(module, layers) as recorder:
         batches = iter_batches(inputs, batch_size, module_device(module))
         for batch in tqdm(batches, total=-(-len(inputs) // batch_size), desc="activations",
                           disable=not progress, leave=False):
             module(batch)
+            values, returned = {}, {}
             for layer in layers:
                 if layer not in recorder.outputs:
                     raise UserError(f"layer '{layer}' was not run by the model's forward pass; choose another layer")
                 output = recorder.outputs[layer]
-                rows.write(start, {layer: neuron_values(output).float().cpu(),
-                                   **{f"{layer}:{name}": reduce(output).float().cpu() for name, reduce in reductions.items()}})
+                of_layer = {layer: neuron_values(output).float(),
+                            **{f"{layer}:{name}": reduce(output).float() for name, reduce in reductions.items()}}
+                values.update(of_layer)
+                if layer in kept:
+                    returned.update(of_layer)
             recorder.outputs.clear()
+            if on_batch is not None:
+                on_batch(values)
+            rows.write(start, returned)
             start += len(batch)
     return rows.arrays

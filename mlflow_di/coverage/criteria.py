@@ -39,6 +39,7 @@ from sklearn.base import BaseEstimator
 from torch import nn
 
 from mlflow_di.coverage import activations as act
+from mlflow_di.coverage import criteria_device as on_device
 from mlflow_di.coverage.base import check_fitted, check_saved, images_of, stamped
 from mlflow_di.coverage.criteria_neuron import (
     boundary_cells,
@@ -56,6 +57,7 @@ from mlflow_di.coverage.criteria_surprise import (
     bucket_cells,
 )
 from mlflow_di.errors import UserError
+from mlflow_di.models.device import module_device
 from mlflow_di.registry import Registry
 from mlflow_di.settings import OptionSpec
 
@@ -108,6 +110,9 @@ class Criterion:
     settings: tuple[OptionSpec, ...] = ()
     #: a surprise criterion's adequacy model (None for the cell criteria)
     adequacy: Adequacy | None = None
+    #: ``score`` for a :class:`Batch` of tensors on the model's device (a GPU): the same cells as bool tensors
+    #: there, so a batch's values need not travel to the host (None: the criterion scores on the host only)
+    device_score: Callable | None = None
 
     def __post_init__(self):
         if self.count is None:
@@ -123,7 +128,8 @@ class Criterion:
 @dataclasses.dataclass
 class Batch:
     """What scoring one batch gives every criterion: the neuron values side by side (N, neurons), NC's
-    per-input scaled means (or None), the training bounds (or None) and each layer's neuron count."""
+    per-input scaled means (or None), the training bounds (or None) and each layer's neuron count.
+    NumPy arrays for ``score``; tensors on the model's device for ``device_score``."""
 
     values: np.ndarray
     scaled: np.ndarray | None
@@ -137,20 +143,31 @@ def _boundary(batch: Batch, _estimator) -> dict:
     return {"below": below, "above": above}
 
 
+def _boundary_on_device(batch: Batch, _estimator) -> dict:
+    below, above = on_device.boundary_cells(batch.values, batch.low, batch.high)
+    return {"below": below, "above": above}
+
+
 #: Every classic criterion, in the order reports list them (a live registry: :func:`register_criterion` adds one).
 CRITERION = Registry("coverage criterion", Criterion, builtins=(
     Criterion("nc", "a neuron whose scaled output exceeds nc_threshold", ("nc",),
-              score=lambda batch, e: {"nc": neuron_coverage_cells(batch.scaled, e.nc_threshold)}),
+              score=lambda batch, e: {"nc": neuron_coverage_cells(batch.scaled, e.nc_threshold)},
+              device_score=lambda batch, e: {"nc": on_device.neuron_coverage_cells(batch.scaled, e.nc_threshold)}),
     Criterion("kmnc", "one of kmnc_sections sections of a neuron's training range", ("kmnc",), needs_bounds=True,
               score=lambda batch, e: {"kmnc": multisection_cells(batch.values, batch.low, batch.high,
-                                                                 e.kmnc_sections)}),
+                                                                 e.kmnc_sections)},
+              device_score=lambda batch, e: {"kmnc": on_device.multisection_cells(batch.values, batch.low, batch.high,
+                                                                                  e.kmnc_sections)}),
     Criterion("nbc", "a neuron's region below or above its training range", ("below", "above"), needs_bounds=True,
-              score=_boundary, timer="nbc_snac",
+              score=_boundary, device_score=_boundary_on_device, timer="nbc_snac",
               count=lambda cells: (int(cells.below.sum() + cells.above.sum()), 2 * int(cells.above.size))),
     Criterion("snac", "a neuron's region above its training range", ("below", "above"), needs_bounds=True,
-              score=_boundary, timer="nbc_snac", count=lambda cells: (int(cells.above.sum()), int(cells.above.size))),
+              score=_boundary, device_score=_boundary_on_device, timer="nbc_snac",
+              count=lambda cells: (int(cells.above.sum()), int(cells.above.size))),
     Criterion("tknc", "a neuron among the tknc_k most active of its layer", ("tknc",),
-              score=lambda batch, e: {"tknc": top_k_cells(batch.values, batch.layer_sizes, e.tknc_k)}),
+              score=lambda batch, e: {"tknc": top_k_cells(batch.values, batch.layer_sizes, e.tknc_k)},
+              device_score=lambda batch, e: {"tknc": on_device.top_k_cells(batch.values, batch.layer_sizes,
+                                                                           e.tknc_k)}),
     Criterion("lsc", "one of lsc_buckets buckets of likelihood surprise", ("lsc",), merge="per-input",
               adequacy=Adequacy("likelihood_", "lsa", "lsa_fit", _fit_likelihood)),
     Criterion("dsc", "one of dsc_buckets buckets of distance surprise", ("dsc",), merge="per-input",
@@ -195,19 +212,63 @@ def _bounded(criteria) -> bool:
     return any(CRITERION[name].needs_bounds for name in criteria)
 
 
-def batch_cells(criteria: Sequence[str], batch: Batch, estimator, timed=None) -> dict[str, np.ndarray]:
+def batch_cells(criteria: Sequence[str], batch: Batch, estimator, timed=None, on_device: bool = False
+                ) -> dict[str, np.ndarray]:
     """The cells one batch covers, for every cell criterion of ``criteria`` (each field computed once:
-    NBC and SNAC share theirs); ``timed(name)`` a context manager timing each (optional)."""
+    NBC and SNAC share theirs); ``timed(name)`` a context manager timing each (optional). ``on_device``:
+    a batch of tensors scored with each record's ``device_score`` (bool tensors where they are)."""
     cells: dict[str, np.ndarray] = {}
     for name in criteria:
         record = CRITERION[name]
         if record.score is None or set(record.fields) <= set(cells):
             continue
         with (timed(record.timer or name) if timed is not None else contextlib.nullcontext()):
-            cells.update(record.score(batch, estimator))
+            cells.update((record.device_score if on_device else record.score)(batch, estimator))
     return cells
+
+
+def cells_on_device(device) -> bool:
+    """Whether the cell criteria of a model on ``device`` are scored there (:class:`DeviceCells`): on a
+    CUDA GPU. On the CPU the NumPy functions are the path (no copy to save), and MPS lacks float64."""
+    return device.type == "cuda"
+
+
+class DeviceCells:
+    """The cells of a scoring pass accumulated on the model's device, batch by batch: what
+    :func:`collect_activations` hands each batch to (``on_batch``), so that only the cells, not every
+    layer's values, travel to the host. The same cells as scoring the whole set on the host."""
+
+    def __init__(self, estimator: "ClassicCoverage"):
+        self.estimator = estimator
+        self.criteria = estimator._criteria()
+        self._cells: dict[str, "torch.Tensor"] = {}
+        self._bounds: tuple | None = None
+
+    @staticmethod
+    def usable(criteria: Sequence[str]) -> bool:
+        """Whether every cell criterion among ``criteria`` can score on the device."""
+        return all(CRITERION[name].device_score is not None for name in criteria if CRITERION[name].score)
+
+    def add(self, values: Mapping[str, "torch.Tensor"]) -> None:
+        """One batch's reduced values, keyed as :meth:`ClassicCoverage.collect` records them."""
+        estimator = self.estimator
+        side_by_side = torch.cat([values[f"{_TAPPED}{layer}"] for layer in estimator.layers_], dim=1)
+        scaled = torch.cat([values[f"{_TAPPED}{layer}:{_NC_KEY}"] for layer in estimator.layers_], dim=1) \
+            if "nc" in self.criteria else None
+        if self._bounds is None:
+            self._bounds = tuple(None if bound is None else torch.as_tensor(bound, dtype=torch.float64,
+                                                                             device=side_by_side.device)
+                                 for bound in (estimator.low_, estimator.high_))
+        batch = Batch(side_by_side, scaled, *self._bounds, estimator.layer_sizes_)
+        for field, covered in batch_cells(self.criteria, batch, estimator, on_device=True).items():
+            self._cells[field] = covered if field not in self._cells else self._cells[field] | covered
+
+    def cells(self) -> dict[str, np.ndarray]:
+        """{field: boolean cells} of every batch added, on the host."""
+        return {field: covered.cpu().numpy() for field, covered in self._cells.items()}
 _NC_KEY = "nc"  # reduction name: collect_activations returns f"{layer}:nc"
 _OUTPUT = "output"  # name of the tap on the model's output (see _OutputTap)
+_TAPPED = "model."  # prefix of the model's layers under the tap
 FILE_STEM = "classic_criteria"
 KIND = "classic-criteria"
 
@@ -526,18 +587,22 @@ class ClassicCoverage(BaseEstimator):
             act.check_layers(module, self.required_layers())
         return self
 
-    def collect(self, model, data) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def collect(self, model, data, on_batch=None, keep: Sequence[str] | None = None
+                ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """One forward pass over ``data`` (ImageSet or raw uint8 images): ({layer: (N, neurons)} for the required layers
         plus NC's ``f"{layer}:nc"`` scaled means, predicted classes (N,)) -- what
-        :meth:`fit_activations` and :meth:`score_activations` take."""
+        :meth:`fit_activations` and :meth:`score_activations` take. ``on_batch`` and ``keep``: see
+        :func:`~mlflow_di.coverage.activations.collect_activations` (``keep`` names layers; the predictions are
+        always kept)."""
         tap = _OutputTap(model.module)
-        layers = [f"model.{layer}" for layer in self.required_layers()] + [_OUTPUT]
+        layers = [f"{_TAPPED}{layer}" for layer in self.required_layers()] + [_OUTPUT]
+        kept = None if keep is None else [*(f"{_TAPPED}{key}" for key in keep), _OUTPUT]
         images, _ = images_of(data)
         values = act.collect_activations(tap, act.PreprocessedImages(images, model.preprocessing), layers, self.batch_size,
-                                         self.reductions, self.progress)
+                                         self.reductions, self.progress, on_batch=on_batch, keep=kept)
         outputs = values.pop(_OUTPUT)
         values.pop(f"{_OUTPUT}:{_NC_KEY}", None)
-        values = {key.removeprefix("model."): array for key, array in values.items()}
+        values = {key.removeprefix(_TAPPED): array for key, array in values.items()}
         return values, outputs.argmax(axis=1)
 
     # ---------------------------------------------------------------------- fit
@@ -608,15 +673,34 @@ class ClassicCoverage(BaseEstimator):
     def score(self, images) -> CriteriaReport:
         """One activation pass over ``images`` (ImageSet or raw uint8 images); all criteria in one
         :class:`CriteriaReport`, through the model given to :meth:`fit` or :meth:`load`."""
+        return self.score_pass(images)[0]
+
+    def score_pass(self, images, keep_layers: Sequence[str] = ()) -> tuple[CriteriaReport, dict[str, np.ndarray]]:
+        """:meth:`score`, and the pass's activations of ``keep_layers`` (and the SA layers) for another
+        estimator to reuse (:class:`~mlflow_di.coverage.suite.CoverageSuite` gives IDC its layers this way).
+
+        On a CUDA model the cell criteria score each batch where it is (:class:`DeviceCells`) and only
+        the kept layers' values come to the host; elsewhere every layer's values do, and the criteria
+        score them there. The report is the same.
+        """
         self._check_fitted()
         if self.model_ is None:
             raise UserError("scoring needs the model: fit(model, images), or load(directory, model=...)")
+        _, name = images_of(images)
         started = time.perf_counter()
+        if cells_on_device(module_device(self.model_.module)) and DeviceCells.usable(self._criteria()):
+            cells = DeviceCells(self)
+            values, predictions = self.collect(self.model_, images, on_batch=cells.add,
+                                               keep=[*self.sa_layers_, *keep_layers])
+            report = self.score_cells(cells.cells(), _side_by_side(values, self.sa_layers_) if self.sa_layers_ else None,
+                                      predictions, len(predictions), data_name=name)
+            self.seconds_["activations_and_cells"] = time.perf_counter() - started
+            return report, values
         values, predictions = self.collect(self.model_, images)
         seconds = time.perf_counter() - started
-        report = self.score_activations(values, predictions, data_name=images_of(images)[1])
+        report = self.score_activations(values, predictions, data_name=name)
         self.seconds_["activations"] = seconds
-        return report
+        return report, values
 
     def score_activations(self, activations: Mapping[str, np.ndarray], predictions: np.ndarray,
                           data_name: str = "test") -> CriteriaReport:

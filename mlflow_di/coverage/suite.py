@@ -163,8 +163,8 @@ class CoverageSuite(BaseEstimator):
         _, name = images_of(images)
         criteria_report, activations = None, {}
         if self.classic_ is not None:
-            activations, predictions = self.classic_.collect(self.model_, images)
-            criteria_report = self.classic_.score_activations(activations, predictions, data_name=name)
+            idc_layers = self.idc_.layers_ if self.idc_ is not None else ()
+            criteria_report, activations = self.classic_.score_pass(images, keep_layers=idc_layers)
             if accumulate is not None and accumulate.criteria is not None:
                 criteria_report = accumulate.criteria.merge(criteria_report, name=f"{accumulate.data} + {name}")
         idc_reports = {}
