@@ -179,3 +179,12 @@ def test_the_criteria_s_cells_scored_on_the_gpu_are_the_host_s(monkeypatch):
     assert "activations_and_cells" in coverage.seconds_
     monkeypatch.setattr(criteria_module, "cells_on_device", lambda device: False)
     assert coverage.score(test).to_dict() == on_gpu.to_dict()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_module_s_fingerprint_is_the_same_on_the_gpu():
+    from mlflow_di.coverage.idc import module_fingerprint
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    assert module_fingerprint(module.to("cuda")) == module_fingerprint(module.to("cpu"))

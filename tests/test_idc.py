@@ -164,3 +164,30 @@ def test_lenet5_idc_falls_as_more_neurons_count(shared_dir, mnist_spec):
     scores = [ImportanceDrivenCoverage(top_m=m, progress=False).fit(model, analysis).score(test).idc
               for m in (4, 8, 12)]
     assert scores[0] > scores[1] > scores[2] > 0
+
+
+def _fingerprint_one_tensor_at_a_time(module: nn.Module) -> str:
+    """The fingerprint as saved coverage models hold it: each tensor to NumPy, hashed in turn."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        array = tensor.detach().cpu().contiguous().numpy()
+        digest.update(f"{name}:{array.dtype}:{array.shape};".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def test_the_fingerprint_hashes_what_saved_coverage_models_hashed():
+    from mlflow_di.coverage.idc import module_fingerprint
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    module.register_buffer("mask", torch.tensor([True, False, True]))
+    module.register_buffer("scale", torch.tensor(2.5, dtype=torch.float64))
+    module[3].weight = nn.Parameter(torch.randn(2, 4).T.contiguous().T)  # a non-contiguous parameter
+    assert not module[3].weight.is_contiguous()
+    assert module_fingerprint(module) == _fingerprint_one_tensor_at_a_time(module)
+    with torch.no_grad():
+        module[0].weight[0, 0, 0, 0] += 1e-6
+    assert module_fingerprint(module) == _fingerprint_one_tensor_at_a_time(module)
