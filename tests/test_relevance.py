@@ -193,3 +193,18 @@ def test_probabilities_from_forward_code_are_rejected_with_a_fix():
 def test_unknown_rule_is_a_user_error():
     with pytest.raises(UserError, match="unknown LRP rule 'gamma'"):
         layer_relevance(_mlp(), torch.rand(2, 6), "fc1", rule="gamma", progress=False)
+
+
+def test_a_batch_s_bad_logits_and_targets_are_one_line_each():
+    inputs = torch.tensor([[0.9, 0, 0, 0], [0.1, 0, 0, 0]])
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    with torch.no_grad():
+        model[2].bias[1] = torch.nan
+    with pytest.raises(UserError, match="NaN|finite"):
+        layer_relevance(model, inputs, "0", progress=False)
+    with torch.no_grad():
+        model[2].bias[1] = 0.0
+    with pytest.raises(UserError, match=r"target classes must be in 0..1; got 0..2"):
+        layer_relevance(model, inputs, "0", targets=np.array([0, 2]), progress=False)
+    with pytest.raises(UserError, match=r"target classes must be in 0..1; got -1..1"):
+        layer_relevance(model, inputs, "0", targets=np.array([1, -1]), progress=False)

@@ -232,21 +232,12 @@ def _relevance_of_batch(hooked, recorder, batch, layers, include_input, targets)
         logits = hooked(batch)
     if logits.ndim != 2:
         raise UserError(f"relevance needs a model that outputs (N, classes) logits; got shape {tuple(logits.shape)}")
-    if not bool(torch.isfinite(logits.detach()).all()):
-        from mlflow_di.models.classifier import check_finite
-
-        check_finite(logits.detach().cpu().numpy(), None, "images of a batch")
-    if _looks_like_probabilities(logits.detach()):
-        raise UserError("the model returns probabilities (a softmax inside its forward code); relevance starts from "
-                        "logits: drop the softmax, or end the model with an nn.Softmax module, which is skipped")
     predicted = logits.argmax(dim=1)
-    target = predicted if targets is None else torch.as_tensor(targets).long()
-    if target.min() < 0 or target.max() >= logits.shape[1]:
-        raise UserError(f"target classes must be in 0..{logits.shape[1] - 1}; got {int(target.min())}..{int(target.max())}")
+    target = predicted if targets is None else torch.as_tensor(targets).long().to(logits.device)
+    _check_batch(logits.detach(), target)
     missing = [layer for layer in layers if layer not in recorder.outputs]
     if missing:
         raise UserError(f"layer {missing[0]!r} was not run by the model's forward pass; choose another layer")
-    target = target.to(logits.device)
     start = logits.detach().gather(1, target[:, None])
     wrt = [recorder.outputs[layer] for layer in layers] + ([batch] if include_input else [])
     # Asking only for these tensors' gradients stops the backward pass there: layers below are not visited.
@@ -255,26 +246,44 @@ def _relevance_of_batch(hooked, recorder, batch, layers, include_input, targets)
     for layer, grad in zip(layers, grads):
         if grad is None:
             raise UserError(f"layer '{layer}' does not influence the model's output; choose another layer")
+    # tensors where the model is: RowBuffer copies a GPU's to the host once, at the end of the pass
     return {
         "relevance": {layer: _neuron_relevance(grad) for layer, grad in zip(layers, grads)},
-        "activations": {layer: neuron_values(recorder.outputs[layer].detach()).cpu().numpy() for layer in layers},
-        "input": grads[-1].cpu().numpy() if include_input else None,
-        "predictions": predicted.cpu().numpy(),
-        "targets": target.cpu().numpy(),
-        "start": start[:, 0].cpu().numpy(),
+        "activations": {layer: neuron_values(recorder.outputs[layer].detach()) for layer in layers},
+        "input": grads[-1].detach() if include_input else None,
+        "predictions": predicted,
+        "targets": target,
+        "start": start[:, 0],
     }
 
 
-def _looks_like_probabilities(outputs: torch.Tensor) -> bool:
-    """Every row non-negative and summing to 1: a softmax output, not logits."""
-    return bool(outputs.min() >= 0) and bool(torch.allclose(outputs.sum(dim=1), torch.ones(len(outputs), device=outputs.device),
-                                                          atol=1e-4))
+def _check_batch(logits: torch.Tensor, target: torch.Tensor) -> None:
+    """A UserError for a batch whose logits are not finite or look like probabilities, or a target class out
+    of range. The facts come to the host in one read (on a GPU each read waits for the batch)."""
+    facts = torch.stack([torch.isfinite(logits).all().double(), _probability_rows(logits).double(),
+                         target.min().double(), target.max().double()]).tolist()
+    finite, probabilities, lowest, highest = bool(facts[0]), bool(facts[1]), int(facts[2]), int(facts[3])
+    if not finite:
+        from mlflow_di.models.classifier import check_finite
+
+        check_finite(logits.cpu().numpy(), None, "images of a batch")
+    if probabilities:
+        raise UserError("the model returns probabilities (a softmax inside its forward code); relevance starts from "
+                        "logits: drop the softmax, or end the model with an nn.Softmax module, which is skipped")
+    if lowest < 0 or highest >= logits.shape[1]:
+        raise UserError(f"target classes must be in 0..{logits.shape[1] - 1}; got {lowest}..{highest}")
 
 
-def _neuron_relevance(grad: torch.Tensor) -> np.ndarray:
+def _probability_rows(outputs: torch.Tensor) -> torch.Tensor:
+    """Whether every row is non-negative and sums to 1 (a softmax output, not logits), as a bool tensor."""
+    return (outputs.min() >= 0) & torch.isclose(outputs.sum(dim=1), torch.ones((), device=outputs.device),
+                                                rtol=1e-5, atol=1e-4).all()
+
+
+def _neuron_relevance(grad: torch.Tensor) -> torch.Tensor:
     """Relevance at a layer's output -> one value per neuron: conv channels sum over their positions."""
     grad = grad.detach()
-    return (grad.flatten(2).sum(dim=2) if grad.ndim > 2 else grad).cpu().numpy()
+    return grad.flatten(2).sum(dim=2) if grad.ndim > 2 else grad
 
 
 def _check_targets(targets, n: int):
