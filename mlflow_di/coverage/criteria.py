@@ -241,7 +241,7 @@ class DeviceCells:
     def __init__(self, estimator: "ClassicCoverage"):
         self.estimator = estimator
         self.criteria = estimator._criteria()
-        self._cells: dict[str, "torch.Tensor"] = {}
+        self._cells: dict[str, torch.Tensor] = {}
         self._bounds: tuple | None = None
 
     @staticmethod
@@ -249,7 +249,7 @@ class DeviceCells:
         """Whether every cell criterion among ``criteria`` can score on the device."""
         return all(CRITERION[name].device_score is not None for name in criteria if CRITERION[name].score)
 
-    def add(self, values: Mapping[str, "torch.Tensor"]) -> None:
+    def add(self, values: Mapping[str, torch.Tensor]) -> None:
         """One batch's reduced values, keyed as :meth:`ClassicCoverage.collect` records them."""
         estimator = self.estimator
         side_by_side = torch.cat([values[f"{_TAPPED}{layer}"] for layer in estimator.layers_], dim=1)
@@ -266,6 +266,8 @@ class DeviceCells:
     def cells(self) -> dict[str, np.ndarray]:
         """{field: boolean cells} of every batch added, on the host."""
         return {field: covered.cpu().numpy() for field, covered in self._cells.items()}
+
+
 _NC_KEY = "nc"  # reduction name: collect_activations returns f"{layer}:nc"
 _OUTPUT = "output"  # name of the tap on the model's output (see _OutputTap)
 _TAPPED = "model."  # prefix of the model's layers under the tap
