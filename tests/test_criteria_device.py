@@ -9,7 +9,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from torch import nn
 
 from mlflow_di.coverage import criteria as criteria_module
 from mlflow_di.coverage import criteria_device as on_device
@@ -24,8 +23,7 @@ from mlflow_di.coverage.criteria_neuron import (
 )
 from mlflow_di.coverage.suite import CoverageSuite
 from mlflow_di.data import ImageSet
-from mlflow_di.models.preprocessing import Preprocessing
-from mlflow_di.models.torch_model import TorchModel
+from tests.test_criteria import _random_images, _tiny_cnn
 
 #: few distinct levels (ties, constant neurons), values beyond any bound, and non-finite ones
 _LEVELS = st.sampled_from([-2.0, -0.5, 0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 3.0, np.inf, -np.inf, np.nan])
@@ -133,21 +131,6 @@ def test_collect_hands_every_layer_to_on_batch_and_returns_the_kept_ones(rng):
     assert seen == [["conv1", "conv1:double", "fc1", "fc1:double"]] * 3
     assert sorted(kept) == ["fc1", "fc1:double"]
     assert all(np.array_equal(kept[key], everything[key]) for key in kept)
-
-
-def _tiny_cnn() -> TorchModel:
-    torch.manual_seed(0)
-    module = nn.Sequential()
-    module.add_module("conv1", nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU()))
-    module.add_module("pool1", nn.MaxPool2d(2))
-    module.add_module("flatten", nn.Flatten())
-    module.add_module("fc1", nn.Sequential(nn.Linear(4 * 3 * 3, 6), nn.ReLU()))
-    module.add_module("before_softmax", nn.Linear(6, 3))
-    return TorchModel(module, Preprocessing(scale=1 / 255, layout="NCHW", input_shape=(8, 8, 1)), "tiny")
-
-
-def _random_images(rng, count: int, name: str) -> ImageSet:
-    return ImageSet(rng.integers(0, 256, (count, 8, 8, 1), dtype=np.uint8), np.zeros(count), name)
 
 
 @pytest.fixture()
