@@ -72,6 +72,38 @@ def test_passes_batch_by_batch_in_process_equal_the_local_path(model):
     assert_same(fitted_and_scored(model, None), fitted_and_scored(model, LocalPasses()))
 
 
+def test_a_pass_in_batches_checks_its_model_s_arithmetic_once(model, monkeypatch):
+    from mlflow_di.coverage import relevance
+
+    checked, check = [], relevance._check_canonized
+    monkeypatch.setattr(relevance, "_check_canonized", lambda *args: checked.append(1) or check(*args))
+    CoverageSuite(criteria="idc", top_m=3, batch_size=48, progress=False).fit(model, load_images(TRAIN),
+                                                                              passes=LocalPasses())
+    assert len(checked) == 1  # 400 images: nine batches
+    with pytest.raises(UserError, match="multiplies two tensors .* classic criteria"):  # and it still refuses
+        CoverageSuite(criteria="idc", layers=["fc"], top_m=1, batch_size=48, progress=False).fit(
+            _gated(model), load_images(TRAIN), passes=LocalPasses())
+
+
+def _gated(model):
+    """``model`` with its logits multiplied by a tensor its forward code computes: arithmetic no canonizer handles."""
+    from torch import nn
+
+    from mlflow_di.models.torch_model import TorchModel
+
+    class Gated(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.fc = nn.Linear(10, 10)
+
+        def forward(self, x):
+            logits = self.fc(self.inner(x))
+            return logits * logits.detach().sigmoid()
+
+    return TorchModel(Gated(model.module), model.preprocessing, "gated")
+
+
 def test_trace_files_are_parquet_per_batch_and_a_missing_one_is_one_line(model, tmp_path):
     data = load_images("digits[0:100]")
     job = FitJob(["fc1"], only_correct=False)
