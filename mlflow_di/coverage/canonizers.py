@@ -34,6 +34,7 @@ not know gets a clear error instead of silently double-counted relevance.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import operator
 
 import torch
@@ -196,7 +197,39 @@ class GraphMergeBatchNorm(_ExactIdentity, MergeBatchNorm):
         return instances
 
 
+#: Within :func:`traced_once`, what fx traces told about modules: {(kind, id(module), detail): fact}.
+_TRACED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("traced", default=None)
+
+
+@contextlib.contextmanager
+def traced_once(facts: dict):
+    """Within: what an fx trace tells about a module's structure (its batch-norm pairs, its unhandled tensor
+    arithmetic) is found once per module and kept in ``facts``. A pass split into batches
+    (:class:`~mlflow_di.coverage.partials.FitJob`) keeps one ``facts`` for its model: each batch traced it
+    twice, 56-67 ms for mobilenet_v3_small on this project's 2-core machine."""
+    token = _TRACED.set(facts)
+    try:
+        yield facts
+    finally:
+        _TRACED.reset(token)
+
+
+def _traced_fact(kind: str, module: nn.Module, detail, find):
+    """``find()``, or within :func:`traced_once` what it gave for this module before."""
+    facts = _TRACED.get()
+    if facts is None:
+        return find()
+    key = (kind, id(module), detail)
+    if key not in facts:
+        facts[key] = find()
+    return facts[key]
+
+
 def _linear_batch_norm_pairs(module: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    return _traced_fact("batch-norm pairs", module, None, lambda: _find_linear_batch_norm_pairs(module))
+
+
+def _find_linear_batch_norm_pairs(module: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
     from zennit.types import BatchNorm, Linear as LinearOrConv
 
     graph = _Tracer().trace(module)
@@ -311,6 +344,11 @@ def unhandled_tensor_arithmetic(module: nn.Module, example: torch.Tensor) -> str
     Call it with the canonizers applied. ``example`` is one input, used to tell tensors from
     Python numbers (shape arithmetic) by propagating shapes through the traced graph.
     """
+    return _traced_fact("tensor arithmetic", module, (tuple(example.shape), example.dtype, example.device),
+                        lambda: _find_unhandled_tensor_arithmetic(module, example))
+
+
+def _find_unhandled_tensor_arithmetic(module: nn.Module, example: torch.Tensor) -> str | None:
     try:
         graph = torch.fx.GraphModule(module, _Tracer().trace(module))
         torch.fx.passes.shape_prop.ShapeProp(graph).propagate(example)

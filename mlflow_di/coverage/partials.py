@@ -200,22 +200,22 @@ class FitJob:
     epsilon: float | None = None
     only_correct: bool = True
     classic: dict | None = None  # ClassicCoverage settings with layers_/sa_layers_ (see _classic_from)
-    #: the modules this job (this worker's copy of it) has checked for unhandled tensor arithmetic: once a pass,
-    #: not once a batch (an fx trace and a traced forward: 48 ms for ResNet-18 here, per batch until 2026-11-28)
-    _checked: set = dataclasses.field(default_factory=set, compare=False, repr=False)
+    #: what fx traces told about the model's structure, found on this job's (this worker's copy's) first batch
+    #: and kept for the others (:func:`~mlflow_di.coverage.canonizers.traced_once`)
+    _traced: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, model, images: np.ndarray, labels: np.ndarray, start: int, traces) -> dict:
         from mlflow_di.coverage.activations import PreprocessedImages
+        from mlflow_di.coverage.canonizers import traced_once
         from mlflow_di.coverage.relevance import layer_relevance
 
         partial: dict = {"start": start, "rows": len(images)}
         columns: dict[str, np.ndarray] = {}
         if self.idc_layers:
-            attribution = layer_relevance(model.module, PreprocessedImages(images, model.preprocessing),
-                                          self.idc_layers, rule=self.rule, epsilon=self.epsilon,
-                                          batch_size=len(images), progress=False,
-                                          check_arithmetic=id(model.module) not in self._checked)
-            self._checked.add(id(model.module))
+            with traced_once(self._traced):
+                attribution = layer_relevance(model.module, PreprocessedImages(images, model.preprocessing),
+                                              self.idc_layers, rule=self.rule, epsilon=self.epsilon,
+                                              batch_size=len(images), progress=False)
             analysed = attribution.predictions == labels if self.only_correct else np.ones(len(labels), bool)
             partial["n_analysis"] = int(analysed.sum())
             partial["importance"] = {}

@@ -200,14 +200,13 @@ class LayerRelevance:
         )
 
 
-def _batched_relevance(module, inputs, layers, include_input, rule, epsilon, targets, batch_size, progress,
-                       check_arithmetic: bool = True) -> Iterator[dict]:
+def _batched_relevance(module, inputs, layers, include_input, rule, epsilon, targets, batch_size, progress
+                       ) -> Iterator[dict]:
     """Per batch: relevance at each layer's output (and the input), activations, predictions, start relevance."""
     check_supported(module)
     composite = lrp_composite(rule, epsilon)
     with eval_mode(module), logits_of(module), out_of_place(module):
-        if check_arithmetic:
-            _check_canonized(module, next(iter_batches(inputs[0:1], 1, module_device(module))))
+        _check_canonized(module, next(iter_batches(inputs[0:1], 1, module_device(module))))
         yield from _hooked_batches(module, composite, inputs, layers, include_input, rule, targets, batch_size, progress)
 
 
@@ -305,23 +304,19 @@ def layer_relevance(
     targets=None,
     batch_size: int = 256,
     progress: bool = True,
-    check_arithmetic: bool = True,
 ) -> LayerRelevance:
     """Relevance and activations of every neuron of ``layers`` for each input, in one forward+LRP pass.
 
     ``inputs``: float model input (tensor, array or sliceable of tensors, already preprocessed).
-    ``targets``: classes to explain (default: each input's predicted class). ``check_arithmetic``: first
-    refuse a model whose forward code adds or multiplies tensors that no canonizer handles (an fx trace
-    and one traced forward: 48 ms for ResNet-18 on this project's 2-core machine); a pass split into
-    batches (:class:`~mlflow_di.coverage.partials.FitJob`) checks its model on its first batch only.
+    ``targets``: classes to explain (default: each input's predicted class).
     """
     layers = [layers] if isinstance(layers, str) else list(layers)
     check_layers(module, layers)
     if len(inputs) == 0:
         raise UserError("no inputs to compute relevance for (empty data)")
     targets = _check_targets(targets, len(inputs))
-    rows = _gathered(_batched_relevance(module, inputs, layers, False, rule, epsilon, targets, batch_size, progress,
-                                        check_arithmetic), len(inputs), ("predictions", "targets", "start"), layers)
+    rows = _gathered(_batched_relevance(module, inputs, layers, False, rule, epsilon, targets, batch_size, progress),
+                     len(inputs), ("predictions", "targets", "start"), layers)
     return LayerRelevance(
         relevance={layer: rows[f"relevance:{layer}"] for layer in layers},
         activations={layer: rows[f"activations:{layer}"] for layer in layers},
