@@ -138,18 +138,20 @@ def host_operators(strategy):
 
 class DeviceClock(contextlib.AbstractContextManager):
     """Seconds a campaign spends in its population's device sections: making a step's mutants
-    (``DeviceOperator.apply_many``), keeping an accepted mutant as x_max (``Mutation.kept``) and scoring a
-    step (``step_facts``). On a GPU that is the device's work (each section ends by bringing its small
-    answer back, so the wait is inside); on ``--device cpu`` torch's CPU operations stand in for it. Each
-    section's own few Python calls per image are inside too."""
+    (``DeviceOperator.make_many``) and bringing them back (``population._bring_back``), keeping an
+    accepted mutant as x_max (``Mutation.kept``) and scoring a step (``step_facts``). On a GPU that is the
+    device's work (each section ends by bringing its answer back, so the wait is inside); on ``--device cpu``
+    torch's CPU operations stand in for it. Each section's own few Python calls are inside too; handing
+    each mutation its row and flag is not (host work)."""
 
     def __init__(self):
-        from mlflow_di.fuzz import dflare
+        from mlflow_di.fuzz import dflare, population
         from mlflow_di.fuzz.device_mutations import DeviceOperator
         from mlflow_di.fuzz.population import Mutation
 
         self.seconds = 0.0
-        self._sections = [(DeviceOperator, "apply_many"), (Mutation, "kept"), (dflare, "step_facts")]
+        self._sections = [(DeviceOperator, "make_many"), (population, "_bring_back"), (Mutation, "kept"),
+                          (dflare, "step_facts")]
         self._originals = [getattr(owner, name) for owner, name in self._sections]
 
     def __enter__(self):

@@ -178,3 +178,32 @@ def test_a_median_group_larger_than_its_window_budget_goes_through_in_chunks(mon
     np.testing.assert_array_equal(chunked, whole)
     for image, k, row in zip(images, draws, chunked):
         np.testing.assert_array_equal(row, MedianBlur(kernels=(k,))(image, np.random.default_rng(0)))
+
+
+def test_a_step_of_host_and_device_groups_puts_every_mutant_in_its_row(monkeypatch):
+    # device groups are brought back together (one copy per run of consecutive device groups): with a host
+    # group between two device ones, and several seeds per group, each row is its mutation's mutant
+    from mlflow_di.fuzz import population
+    from mlflow_di.fuzz.population import Mutation, apply_mutations
+
+    copies = []
+    original_copy = population._bring_back
+    monkeypatch.setattr(population, "_bring_back", lambda groups, rows: copies.append(len(groups))
+                        or original_copy(groups, rows))
+    shape = (9, 9, 3)
+    operators = [DeviceGaussianBlur(), AverageBlur(kernels=(1, 3)), DeviceSaltAndPepper(), DeviceMedianBlur()]
+    mutations, alone = [], []
+    for seed in range(12):
+        operator, source = operators[seed % 4], _image(shape, seed, ["random", "flat", "binary"][seed % 3])
+        mutations.append(Mutation(operator, source, operator.draw(shape, np.random.default_rng(seed))))
+        alone.append((operator(source, np.random.default_rng(seed)), source))
+    rows = np.zeros((12, *shape), np.uint8)
+    placed = apply_mutations(mutations, rows)
+    assert sorted(placed) == list(range(12)) and copies == [3]
+    for mutation, row, (mutant, source) in zip(mutations, placed, alone):
+        np.testing.assert_array_equal(rows[row], mutant)
+        assert mutation.row is not None and np.shares_memory(mutation.row, rows[row])
+        assert mutation.unchanged == np.array_equal(mutant, source)
+        assert (mutation.made is None) == (not hasattr(mutation.operator, "make_many"))
+        if mutation.made is not None:
+            np.testing.assert_array_equal(mutation.kept().numpy(), mutant)

@@ -46,8 +46,8 @@ _GAUSSIAN_FRACTION_BITS = 8
 class DeviceOperator:
     """A two-step operator whose mutants are made on ``device``, many at once.
 
-    :meth:`apply_many` gathers the sources on the device as one batch, :meth:`mutants` makes every mutant
-    there (a subclass's per-value work), and one copy brings the mutants back with whether each equals
+    :meth:`make_many` gathers the sources on the device as one batch and :meth:`mutants` makes every mutant
+    there (a subclass's per-value work); :meth:`apply_many` also copies them back with whether each equals
     its source. Calling the operator, or :meth:`apply`, is :meth:`apply_many` on one image.
     """
 
@@ -58,17 +58,26 @@ class DeviceOperator:
         values: a uint8 tensor of the same shape (never ``images`` itself, which is compared with it)."""
         raise NotImplementedError
 
-    def apply_many(self, sources: Sequence, drawn: Sequence, rows: np.ndarray):
-        """:meth:`~mlflow_di.fuzz.mutations.TwoStep.apply_many` on the device: the sources (NumPy images, or
-        tensors already there) in one batch, the mutants copied into ``rows`` at once; also returns the
-        mutants on the device (a tensor), for the searches that keep theirs as x_max."""
+    def make_many(self, sources: Sequence, drawn: Sequence):
+        """The mutants of ``sources`` (NumPy images, or tensors already there) from their ``drawn`` values, made
+        on the device in one batch, and whether each equals its source: two tensors there, nothing copied
+        back (a population's step brings every operator's mutants back in one copy, see
+        :func:`~mlflow_di.fuzz.population.apply_mutations`)."""
         import torch
 
         images = torch.stack([torch.as_tensor(source).to(self.device) for source in sources])
         made = self.mutants(images, drawn)
-        unchanged = (made == images).flatten(1).all(dim=1).cpu().numpy()
+        return made, (made == images).flatten(1).all(dim=1)
+
+    def apply_many(self, sources: Sequence, drawn: Sequence, rows: np.ndarray):
+        """:meth:`~mlflow_di.fuzz.mutations.TwoStep.apply_many` on the device: :meth:`make_many`, the mutants
+        copied into ``rows``; also returns the mutants on the device (a tensor), for the searches that keep
+        theirs as x_max."""
+        import torch
+
+        made, unchanged = self.make_many(sources, drawn)
         torch.from_numpy(rows).copy_(made)
-        return unchanged, made
+        return unchanged.cpu().numpy(), made
 
     def apply(self, image: np.ndarray, drawn, out: np.ndarray | None = None) -> np.ndarray:
         rows = np.empty((1, *image.shape), np.uint8) if out is None else out[None]

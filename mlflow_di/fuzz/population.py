@@ -46,21 +46,56 @@ class Mutation:
 
 def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
     """Make every mutation into ``rows`` (as many consecutive rows of the batch as mutations), those of one
-    operator in one ``apply_many`` call on consecutive rows; the row of each mutation, in the given order."""
+    operator in one call on consecutive rows; the row of each mutation, in the given order.
+
+    A device operator's group is made where it runs (``make_many``) and left there until every group is
+    made; then :func:`_bring_back` copies all of them into their rows at once (each copy from a GPU waits
+    for it, so a copy per operator made the host wait seven times a step)."""
     groups: dict[int, list[int]] = {}
     for number, mutation in enumerate(mutations):
         groups.setdefault(id(mutation.operator), []).append(number)
     placed = [0] * len(mutations)
+    on_device: list[tuple[list[Mutation], int, object, object]] = []
     start = 0
     for members in groups.values():
         group = [mutations[number] for number in members]
-        block = rows[start:start + len(group)]
-        unchanged, made = group[0].operator.apply_many([m.source for m in group], [m.drawn for m in group], block)
-        for offset, (number, mutation, same) in enumerate(zip(members, group, unchanged.tolist())):
-            mutation.row, mutation.unchanged, mutation.made, mutation.place = block[offset], same, made, offset
+        operator = group[0].operator
+        if hasattr(operator, "make_many"):
+            made, unchanged = operator.make_many([m.source for m in group], [m.drawn for m in group])
+            on_device.append((group, start, made, unchanged))
+        else:
+            block = rows[start:start + len(group)]
+            unchanged, _ = operator.apply_many([m.source for m in group], [m.drawn for m in group], block)
+            for offset, (mutation, same) in enumerate(zip(group, unchanged.tolist())):
+                mutation.row, mutation.unchanged = block[offset], same
+        for offset, number in enumerate(members):
             placed[number] = start + offset
         start += len(group)
+    if on_device:
+        flags = iter(_bring_back(on_device, rows))
+        for group, first, made, _ in on_device:
+            for offset, mutation in enumerate(group):
+                mutation.row, mutation.unchanged = rows[first + offset], next(flags)
+                mutation.made, mutation.place = made, offset
     return placed
+
+
+def _bring_back(on_device: list[tuple[list[Mutation], int, object, object]], rows: np.ndarray) -> list[bool]:
+    """The device groups' mutants copied into their rows, one copy per run of consecutive groups (one in all
+    when every operator runs on the device); whether each left its source unchanged, in one more copy."""
+    import torch
+
+    runs: list[list[tuple[list[Mutation], int, object, object]]] = []
+    for entry in on_device:
+        if runs and runs[-1][-1][1] + len(runs[-1][-1][0]) == entry[1]:
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    for run in runs:
+        first, count = run[0][1], sum(len(group) for group, *_ in run)
+        made = run[0][2] if len(run) == 1 else torch.cat([entry[2] for entry in run])
+        torch.from_numpy(rows[first:first + count]).copy_(made)
+    return torch.cat([unchanged for *_, unchanged in on_device]).tolist()
 
 
 def on_host(image) -> np.ndarray:
