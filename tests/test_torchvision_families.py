@@ -47,6 +47,22 @@ def test_lrp_conserves_relevance_through_the_family(family):
     np.testing.assert_allclose(ratio, 1.0, atol=2e-3)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_canonized_trace_has_the_batch_norm_pairs_of_the_model_s_own(family):
+    # a relevance pass takes the pairs it merges from the trace that checks the canonized forward code
+    from mlflow_di.coverage import canonizers as c
+
+    model = family_model(family).eval()
+    own = c._pairs_in(model, c._Tracer().trace(model))
+    handles = [handle for canonizer in c.forward_canonizers() for handle in canonizer.apply(model)]
+    try:
+        canonized = c._pairs_in(model, c._Tracer().trace(model))
+    finally:
+        for handle in reversed(handles):
+            handle.remove()
+    assert canonized == own
+
+
 class _UnknownResidual(nn.Module):
     def __init__(self):
         super().__init__()

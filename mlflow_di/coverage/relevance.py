@@ -36,7 +36,8 @@ from zennit.types import Activation, AvgPool, BatchNorm, Linear as LinearOrConv,
 
 from mlflow_di.errors import UserError
 from mlflow_di.models.device import module_device
-from mlflow_di.coverage.canonizers import canonizers, forward_canonizers, out_of_place, unhandled_tensor_arithmetic
+from mlflow_di.coverage.canonizers import (canonizers, forward_canonizers, out_of_place, traced_once,
+                                          unhandled_tensor_arithmetic)
 from mlflow_di.coverage.activations import (
     LayerRecorder, RowBuffer, check_layers, eval_mode, iter_batches, neuron_values,
 )
@@ -205,7 +206,8 @@ def _batched_relevance(module, inputs, layers, include_input, rule, epsilon, tar
     """Per batch: relevance at each layer's output (and the input), activations, predictions, start relevance."""
     check_supported(module)
     composite = lrp_composite(rule, epsilon)
-    with eval_mode(module), logits_of(module), out_of_place(module):
+    # traced_once: the check's fx trace also gives the batch-norm pairs the composite's canonizer merges
+    with eval_mode(module), logits_of(module), out_of_place(module), traced_once():
         _check_canonized(module, next(iter_batches(inputs[0:1], 1, module_device(module))))
         yield from _hooked_batches(module, composite, inputs, layers, include_input, rule, targets, batch_size, progress)
 
