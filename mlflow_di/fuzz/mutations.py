@@ -107,7 +107,9 @@ class TwoStep:
     is the two steps at once, so both ways give the same bytes.
     """
 
-    #: the torch device that makes the mutants (a device operator's); None: NumPy on the host
+    #: the torch device that makes the mutants (a device operator's, which also offers ``make_many``: the
+    #: mutants left on the device, see :class:`~mlflow_di.fuzz.device_mutations.DeviceOperator`); None: NumPy
+    #: on the host
     device = None
 
     def draw(self, shape: tuple, rng: np.random.Generator):

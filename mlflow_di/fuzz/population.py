@@ -60,7 +60,7 @@ def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
     for members in groups.values():
         group = [mutations[number] for number in members]
         operator = group[0].operator
-        if hasattr(operator, "make_many"):
+        if operator.device is not None:  # a device operator (TwoStep.device)
             made, unchanged = operator.make_many([m.source for m in group], [m.drawn for m in group])
             on_device.append((group, start, made, unchanged))
         else:
