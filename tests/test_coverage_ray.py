@@ -5,6 +5,7 @@ so two actors and the driver's Ray Data executor never wait on each other.
 """
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -81,6 +82,9 @@ def test_a_pass_in_batches_traces_its_model_once(model, monkeypatch):
     CoverageSuite(criteria="idc", top_m=3, batch_size=48, progress=False).fit(model, load_images(TRAIN),
                                                                               passes=LocalPasses())
     assert len(traced) == 1  # 400 images: nine batches, one trace for the pairs and the check
+    job = FitJob(["fc"])
+    job._traced[("batch-norm pairs", id(model.module), None)] = [(model.module, model.module)]
+    assert pickle.loads(pickle.dumps(job))._traced == {}  # a worker's copy traces its own model
     with pytest.raises(UserError, match="multiplies two tensors .* classic criteria"):  # and it still refuses
         CoverageSuite(criteria="idc", layers=["fc"], top_m=1, batch_size=48, progress=False).fit(
             _gated(model), load_images(TRAIN), passes=LocalPasses())

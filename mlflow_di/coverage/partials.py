@@ -204,6 +204,10 @@ class FitJob:
     #: and kept for the others (:func:`~mlflow_di.coverage.canonizers.traced_once`)
     _traced: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
+    def __getstate__(self) -> dict:
+        """A copy sent to a worker starts without this process's trace facts: they name this process's modules."""
+        return {**self.__dict__, "_traced": {}}
+
     def __call__(self, model, images: np.ndarray, labels: np.ndarray, start: int, traces) -> dict:
         from mlflow_di.coverage.activations import PreprocessedImages
         from mlflow_di.coverage.canonizers import traced_once
