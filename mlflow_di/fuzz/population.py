@@ -16,6 +16,7 @@ step, so records stay those of the seed searched alone.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,6 +45,20 @@ class Mutation:
         return self.row.copy() if self.made is None else self.made[self.place].clone()
 
 
+class _DeviceGroup(NamedTuple):
+    """One device operator's mutations of a step, made where it runs: their first row in the batch, the
+    mutants and whether each equals its source (tensors on the device, until :func:`_bring_back`)."""
+
+    mutations: list[Mutation]
+    first: int
+    made: object
+    unchanged: object
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.mutations)
+
+
 def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
     """Make every mutation into ``rows`` (as many consecutive rows of the batch as mutations), those of one
     operator in one call on consecutive rows; the row of each mutation, in the given order.
@@ -55,14 +70,14 @@ def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
     for number, mutation in enumerate(mutations):
         groups.setdefault(id(mutation.operator), []).append(number)
     placed = [0] * len(mutations)
-    on_device: list[tuple[list[Mutation], int, object, object]] = []
+    on_device: list[_DeviceGroup] = []
     start = 0
     for members in groups.values():
         group = [mutations[number] for number in members]
         operator = group[0].operator
         if operator.device is not None:  # a device operator (TwoStep.device)
-            made, unchanged = operator.make_many([m.source for m in group], [m.drawn for m in group])
-            on_device.append((group, start, made, unchanged))
+            on_device.append(_DeviceGroup(group, start, *operator.make_many([m.source for m in group],
+                                                                            [m.drawn for m in group])))
         else:
             block = rows[start:start + len(group)]
             unchanged, _ = operator.apply_many([m.source for m in group], [m.drawn for m in group], block)
@@ -73,29 +88,28 @@ def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
         start += len(group)
     if on_device:
         flags = iter(_bring_back(on_device, rows))
-        for group, first, made, _ in on_device:
-            for offset, mutation in enumerate(group):
-                mutation.row, mutation.unchanged = rows[first + offset], next(flags)
-                mutation.made, mutation.place = made, offset
+        for device_group in on_device:
+            for offset, mutation in enumerate(device_group.mutations):
+                mutation.row, mutation.unchanged = rows[device_group.first + offset], next(flags)
+                mutation.made, mutation.place = device_group.made, offset
     return placed
 
 
-def _bring_back(on_device: list[tuple[list[Mutation], int, object, object]], rows: np.ndarray) -> list[bool]:
+def _bring_back(on_device: list[_DeviceGroup], rows: np.ndarray) -> list[bool]:
     """The device groups' mutants copied into their rows, one copy per run of consecutive groups (one in all
     when every operator runs on the device); whether each left its source unchanged, in one more copy."""
     import torch
 
-    runs: list[list[tuple[list[Mutation], int, object, object]]] = []
-    for entry in on_device:
-        if runs and runs[-1][-1][1] + len(runs[-1][-1][0]) == entry[1]:
-            runs[-1].append(entry)
+    runs: list[list[_DeviceGroup]] = []
+    for group in on_device:
+        if runs and runs[-1][-1].end == group.first:
+            runs[-1].append(group)
         else:
-            runs.append([entry])
+            runs.append([group])
     for run in runs:
-        first, count = run[0][1], sum(len(group) for group, *_ in run)
-        made = run[0][2] if len(run) == 1 else torch.cat([entry[2] for entry in run])
-        torch.from_numpy(rows[first:first + count]).copy_(made)
-    return torch.cat([unchanged for *_, unchanged in on_device]).tolist()
+        made = run[0].made if len(run) == 1 else torch.cat([group.made for group in run])
+        torch.from_numpy(rows[run[0].first:run[-1].end]).copy_(made)
+    return torch.cat([group.unchanged for group in on_device]).tolist()
 
 
 def on_host(image) -> np.ndarray:
