@@ -70,9 +70,9 @@ from typing import Sequence
 import numpy as np
 
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, GAP_RESOLUTION_DIGITS,
-                                    LIST_SCORING_MAX_CLASSES, NoveltyMemory, RowFacts, dflare_fitness, labels_differ,
-                                    log_margin_list, margin_of, probability_pair, row_facts, top2_row)
+from mlflow_di.fuzz.fitness import (DEFAULT_DELTA, DEFAULT_NOVELTY_THRESHOLD, LIST_SCORING_MAX_CLASSES, NoveltyMemory,
+                                    RowFacts, dflare_fitness, gap_of, labels_differ, log_margin_list, margin_of,
+                                    probability_pair, row_facts, top2_row)
 from mlflow_di.fuzz.device_fitness import DeviceNoveltyMemory, step_facts
 from mlflow_di.fuzz.mutations import (Operator, default_operators, mutate_into, operator_names, operators_device,
                                       same_image, two_step)
@@ -280,7 +280,7 @@ class DFlareSearch(Search):
             if self._both:
                 margin = min(margin, margin_of([max(v, COMPRESSED_FLOOR) for v in facts.compressed_top2]))
             return -margin, novel
-        return round(abs(facts.original_top2[1] - facts.compressed_top2[1]), GAP_RESOLUTION_DIGITS), novel
+        return gap_of(facts.original_top2[1], facts.compressed_top2[1]), novel
 
     def _novel(self, p_original: np.ndarray, p_compressed: np.ndarray, facts: RowFacts) -> bool:
         """O(x): whether the pair is novel (then remembered), from the step's facts when they hold it."""
@@ -300,7 +300,7 @@ class DFlareSearch(Search):
             if self._both:
                 margin = min(margin, log_margin_list([max(v, COMPRESSED_FLOOR) for v in compressed]))
             return -margin, novel
-        return round(abs(max(original) - max(compressed)), GAP_RESOLUTION_DIGITS), novel
+        return gap_of(max(original), max(compressed)), novel
 
     @property
     def best_score(self) -> float:

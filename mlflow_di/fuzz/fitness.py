@@ -88,7 +88,12 @@ def top1_gap(p_original: np.ndarray, p_compressed: np.ndarray) -> float:
     This is the reference's ``org.prob[0] - cps.prob[0]``; for non-triggering inputs, the only
     ones scored, both top-1 labels are the same class.
     """
-    return round(abs(float(p_original.max()) - float(p_compressed.max())), GAP_RESOLUTION_DIGITS)
+    return gap_of(float(p_original.max()), float(p_compressed.max()))
+
+
+def gap_of(original_top1: float, compressed_top1: float) -> float:
+    """:func:`top1_gap` from each model's top-1 probability (the scoring paths that already hold them)."""
+    return round(abs(original_top1 - compressed_top1), GAP_RESOLUTION_DIGITS)
 
 
 def log_margin(p: np.ndarray) -> float:
