@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torchvision
 
+from benchmarks.bench_scale import IMAGENET
 from mlflow_di.coverage import partials
 from mlflow_di.coverage.partials import LocalPasses
 from mlflow_di.coverage.suite import CoverageSuite
@@ -29,16 +30,14 @@ from mlflow_di.data import ImageSet
 from mlflow_di.models.preprocessing import Preprocessing
 from mlflow_di.models.torch_model import TorchModel
 
-IMAGENET = {"scale": 1 / 255, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+#: FitJob.__call__ as it is: what the first batch's traces found is kept for the others
+KEPT = partials.FitJob.__call__
 
 
 def traced_every_batch(job, *args, **kwargs):
     """FitJob.__call__ as it was: nothing kept from an earlier batch's traces."""
     job._traced.clear()
     return KEPT(job, *args, **kwargs)
-
-
-KEPT = partials.FitJob.__call__
 
 
 def main() -> None:
