@@ -139,6 +139,37 @@ def test_an_overlapped_campaign_on_the_gpu_has_the_records_of_a_plain_one():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_campaign_that_keeps_its_batches_on_the_gpu_has_the_records_of_one_that_copies_them(monkeypatch, overlap):
+    # the models take the mutants where the operators made them (fuzz/population.py); overlapped, the models'
+    # thread reads them on its own CUDA stream
+    from mlflow_di.data import ImageSet
+    from mlflow_di.fuzz import lockstep
+    from mlflow_di.fuzz.campaign import run_campaign
+    from mlflow_di.fuzz.device_mutations import with_operators_on
+    from mlflow_di.fuzz.dflare import DFlare
+    from mlflow_di.fuzz.results import comparable_records
+    from tests.test_fuzz_device_mutations import _torch_pair
+
+    original, compressed = _torch_pair(0.002)
+    original.module.to("cuda")
+    compressed.module.to("cuda")
+    images = np.random.default_rng(5).integers(0, 256, (12, 12, 12, 3), dtype=np.uint8)
+    seeds = ImageSet(images, np.zeros(12, np.int64), "generated")
+    strategy = with_operators_on(DFlare(), torch.device("cuda"))
+
+    def campaign():
+        return run_campaign(original, compressed, seeds, strategy=strategy, max_queries=60, timeout=1e6, batch=6,
+                            progress=False, overlap=overlap)
+
+    kept = campaign()
+    monkeypatch.setattr(lockstep, "takes_device_batches", lambda model, device: False)
+    copied = campaign()
+    assert kept.summary.triggers > 0 and comparable_records(kept) == comparable_records(copied)
+    np.testing.assert_array_equal(kept.triggers, copied.triggers)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_exact_device_operators_give_the_cpu_bytes_on_the_gpu():
     # salt and pepper, pixel change, the Gaussian and median blurs and the odd box blurs (fuzz/device_mutations.py)
     from mlflow_di.fuzz.device_mutations import on_device

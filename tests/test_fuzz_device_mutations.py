@@ -207,3 +207,83 @@ def test_a_step_of_host_and_device_groups_puts_every_mutant_in_its_row(monkeypat
         assert (mutation.made is None) == (mutation.operator.device is None)
         if mutation.made is not None:
             np.testing.assert_array_equal(mutation.kept().numpy(), mutant)
+
+
+def test_a_step_left_on_the_device_is_the_batch_apply_mutations_brings_back():
+    # apply_mutations_on_device: the same rows in the same order, kept on the device; no host row until asked
+    from mlflow_di.fuzz.population import Mutation, apply_mutations, apply_mutations_on_device
+
+    shape = (9, 9, 3)
+    operators = [DeviceGaussianBlur(), DeviceSaltAndPepper(), DeviceMedianBlur()]
+    drawn = []
+    for seed in range(10):
+        operator, source = operators[seed % 3], _image(shape, seed, ["random", "flat", "binary"][seed % 3])
+        drawn.append((operator, source, operator.draw(shape, np.random.default_rng(seed))))
+    on_host = [Mutation(*d) for d in drawn]
+    rows = np.zeros((10, *shape), np.uint8)
+    placed_host = apply_mutations(on_host, rows)
+    left = [Mutation(*d) for d in drawn]
+    placed, batch = apply_mutations_on_device(left)
+    assert placed == placed_host and batch.shape == (10, *shape)
+    np.testing.assert_array_equal(batch.numpy(), rows)
+    for mutation, host_mutation, row in zip(left, on_host, placed):
+        assert mutation.row is None and mutation.unchanged == host_mutation.unchanged
+        np.testing.assert_array_equal(mutation.image(), rows[row])
+        np.testing.assert_array_equal(mutation.kept().numpy(), rows[row])
+
+
+def _torch_pair(noise: float):
+    """A linear classifier of 12x12x3 images and a copy with ``noise`` added to its weights (as a quantized
+    export differs): PyTorch classifiers on the CPU, which here stands in for the GPU both would run on."""
+    import copy as copying
+
+    import torch
+
+    from mlflow_di.models.classifier import TorchClassifier
+    from mlflow_di.models.preprocessing import Preprocessing
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(432, 3))
+    copy = copying.deepcopy(net)
+    with torch.no_grad():
+        copy[1].weight += noise * torch.randn_like(copy[1].weight)
+    preprocessing = Preprocessing(scale=1 / 255, input_shape=(12, 12, 3), layout="NHWC")
+    return TorchClassifier(net, preprocessing, "net"), TorchClassifier(copy, preprocessing, "copy")
+
+
+def test_a_campaign_whose_models_run_on_the_operators_device_keeps_its_batches_there(monkeypatch):
+    # both models where the operators run: the mutants never come to the host (the models take the device's
+    # batch), with the records and triggers of the campaign that copies every batch to the host and back
+    from mlflow_di.data import ImageSet
+    from mlflow_di.fuzz import lockstep, run_campaign
+    from mlflow_di.fuzz.campaign import run_campaigns
+    from mlflow_di.fuzz.results import comparable_records
+    from mlflow_di.models.classifier import TorchClassifier
+
+    original, compressed = _torch_pair(0.002)  # triggers after 2-51 queries, and seeds that run their budget
+    images = np.random.default_rng(5).integers(0, 256, (12, 12, 12, 3), dtype=np.uint8)
+    seeds = ImageSet(images, np.zeros(12, np.int64), "generated")
+    strategy = with_operators_on(DFlare(), "cpu")
+    calls = []
+    real = TorchClassifier.predict_device_batch
+    monkeypatch.setattr(TorchClassifier, "predict_device_batch",
+                        lambda self, batch: calls.append(len(batch)) or real(self, batch))
+
+    def campaign():
+        return run_campaign(original, compressed, seeds, strategy=strategy, max_queries=60, timeout=1e6, batch=6,
+                            progress=False)
+
+    kept = campaign()
+    assert calls and kept.summary.triggers > 0
+    with monkeypatch.context() as host:
+        host.setattr(lockstep, "takes_device_batches", lambda model, device: False)
+        calls.clear()
+        copied = campaign()
+        assert not calls
+    assert comparable_records(kept) == comparable_records(copied)
+    for name in ("triggers", "trigger_seeds", "trigger_indices"):
+        np.testing.assert_array_equal(getattr(kept, name), getattr(copied, name))
+    calls.clear()  # two exports share the original's calls by the images' bytes: their batches come to the host
+    run_campaigns(original, [compressed, compressed], seeds, strategy=strategy, max_queries=10, timeout=1e6,
+                  progress=False)
+    assert not calls

@@ -157,3 +157,22 @@ def test_unknown_layer_lists_the_available_ones():
     with pytest.raises(UserError, match="available layers: 0, 1"):
         model.module_by_name("fc9")
     assert [(info.name, info.neurons) for info in model.describe_layers()] == [("0", 16), ("1", 3)]
+
+
+def test_a_batch_on_the_models_device_gives_the_probabilities_of_its_host_copy(tmp_path):
+    # predict_device_batch (a campaign's mutants made where the model runs): the same bits as predict_proba,
+    # in chunks of the default batch size too; only PyTorch classifiers on that device take such batches
+    from mlflow_di.models.classifier import takes_device_batches
+
+    prep = Preprocessing(input_shape=(4, 4, 1), mean=(0.4,), std=(0.2,), scale=1 / 255)
+    classifier = TorchClassifier(tiny_torch(), prep)
+    batch = images(300, seed=4)
+    classifier.default_batch_size = 128
+    np.testing.assert_array_equal(classifier.predict_device_batch(torch.from_numpy(batch)),
+                                  classifier.predict_proba(batch))
+    np.testing.assert_array_equal(prep.apply_on(torch.from_numpy(batch), "cpu").numpy(), prep.apply(batch))
+    assert takes_device_batches(classifier, "cpu") and takes_device_batches(classifier, torch.device("cpu"))
+    assert not takes_device_batches(OnnxClassifier(tiny_onnx(tiny_torch(), tmp_path / "m.onnx")), "cpu")
+    assert not takes_device_batches(object(), "cpu")
+    if torch.cuda.is_available():
+        assert not takes_device_batches(classifier, "cuda")

@@ -489,7 +489,9 @@ class DFlareSearch(Search):
             return Outcome.REJECTED
         if labels_differ(p_original, p_compressed) if facts is None else facts.differ:
             chain = [self.operator_names[i] for i in self._accepted_chain + [self._operator]]
-            self._record_trigger(self._owned(self._candidate), p_original, p_compressed, chain)
+            # a mutant left on the device (the models took the batch there) has no host row: brought back
+            candidate = self._mutation.image() if self._candidate is None else self._owned(self._candidate)
+            self._record_trigger(candidate, p_original, p_compressed, chain)
             return Outcome.TRIGGER
         gap, novel = self._score(p_original, p_compressed, facts)
         if self._keeps(gap, novel):

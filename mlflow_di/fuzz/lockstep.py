@@ -23,12 +23,13 @@ import numpy as np
 from mlflow_di.data import ImageSet
 from mlflow_di.fuzz.charge import model_clock, search_clock
 from mlflow_di.fuzz.fitness import labels_differ, top1_labels
-from mlflow_di.fuzz.population import apply_mutations
+from mlflow_di.fuzz.population import apply_mutations, apply_mutations_on_device
 from mlflow_di.fuzz.realism import distances
 from mlflow_di.fuzz.results import RunStats, SeedRecord, Stop
 from mlflow_di.fuzz.search import Search
 from mlflow_di.fuzz.seeds import top1
 from mlflow_di.fuzz.session import CampaignSession
+from mlflow_di.models.classifier import takes_device_batches
 from mlflow_di.models.device import use_own_cuda_streams
 from mlflow_di.progress import BudgetProgress, budget_share
 
@@ -240,8 +241,12 @@ class Lockstep:
                 spans[position] = (filled, len(inputs))
                 filled += len(inputs)
             if planned:
-                buffer = shift.rows(number, filled + len(planned), shape, filled)
-                rows = apply_mutations([mutation for _, mutation in planned], buffer[filled:filled + len(planned)])
+                mutations = [mutation for _, mutation in planned]
+                if filled == 0 and self._batch_stays_on_device(lane, mutations):
+                    rows, buffer = apply_mutations_on_device(mutations)  # the models take it where it is
+                else:
+                    buffer = shift.rows(number, filled + len(planned), shape, filled)
+                    rows = apply_mutations(mutations, buffer[filled:filled + len(planned)])
                 for (position, _), row in zip(planned, rows):
                     spans[position] = (filled + row, 1)
                 filled += len(planned)
@@ -249,6 +254,16 @@ class Lockstep:
             shift.proposals.append(spans)
             shift.inputs.append(buffer[:filled])
         return any(len(inputs) for inputs in shift.inputs)
+
+    def _batch_stays_on_device(self, lane: Lane, mutations: list) -> bool:
+        """Whether a lane's step of ``mutations`` (all of its inputs) stays on the device as the models' batch:
+        every operator runs on one device, both models run there (a campaign of PyTorch models on a GPU), and
+        the campaign has one lane (several lanes share the original's calls, matched by the images' bytes)."""
+        devices = {mutation.operator.device for mutation in mutations}
+        if len(self.lanes) > 1 or len(devices) > 1 or None in devices:
+            return False
+        device = devices.pop()
+        return takes_device_batches(self.original, device) and takes_device_batches(lane.compressed, device)
 
     def _evaluate(self, lane_inputs: list[np.ndarray]) -> _Evaluation:
         """Every lane's inputs through the original (each distinct image once) and through the lane's
@@ -259,7 +274,7 @@ class Lockstep:
         compressed = []
         for lane, inputs in zip(self.lanes, lane_inputs):
             began = clock()
-            p_compressed = lane.compressed.predict_proba(inputs) if len(inputs) else None
+            p_compressed = _probabilities(lane.compressed, inputs) if len(inputs) else None
             compressed.append((p_compressed, clock() - began))
         return _Evaluation(p_original, original_seconds, distinct, compressed)
 
@@ -302,7 +317,7 @@ class Lockstep:
         began = clock()
         inputs = np.concatenate(lane_inputs) if len(lane_inputs) > 1 else lane_inputs[0]
         if len(lane_inputs) == 1:
-            return self.original.predict_proba(inputs), clock() - began, len(inputs)
+            return _probabilities(self.original, inputs), clock() - began, len(inputs)
         first_of: dict[bytes, int] = {}
         rows = np.empty(len(inputs), np.int64)
         for row, image in enumerate(inputs):
@@ -379,6 +394,12 @@ class Lockstep:
 #: 0.7% of all inputs were dropped unused with this cap (most mutants of a slow seed are
 #: rejected, which is what speculation assumes).
 MAX_SPECULATION = 16
+
+
+def _probabilities(model, inputs) -> np.ndarray:
+    """``model``'s probabilities for a lane's batch: a host array, or a tensor the models' device holds
+    (:func:`~mlflow_di.fuzz.population.apply_mutations_on_device`)."""
+    return model.predict_proba(inputs) if isinstance(inputs, np.ndarray) else model.predict_device_batch(inputs)
 
 
 def _charge(active: list, counts: list[int], seconds: float) -> None:

@@ -8,7 +8,9 @@ whether it left its source unchanged. On the CPU that is one mutant after anothe
 one-call operators. A device operator (:mod:`~mlflow_di.fuzz.device_mutations`) makes all of its group's
 mutants in one batched call where the models run and copies them into the batch's rows at once; a search
 that accepts its mutant keeps the device's copy (:meth:`Mutation.kept`), so x_max stays on the device
-from step to step and the host handles no image.
+from step to step and the host handles no image. When both models run on that device too, the batch stays
+there (:func:`apply_mutations_on_device`): the models take it as it is, and only a trigger's image comes
+to the host.
 
 A seed's mutant depends only on its own draws and its own x_max, never on which other seeds share the
 step, so records stay those of the seed searched alone.
@@ -39,6 +41,11 @@ class Mutation:
     made: object = None
     place: int = 0
 
+    def image(self) -> np.ndarray:
+        """The mutant on the host: its row of the batch, or a copy of the device's mutant when the batch stayed
+        there (:func:`apply_mutations_on_device`)."""
+        return self.row if self.row is not None else self.made[self.place].cpu().numpy()
+
     def kept(self):
         """The mutant as its search keeps it past the step (the runner reuses its row): a copy of the row, or
         of the device's mutant, which stays on the device for the next step's mutations."""
@@ -66,6 +73,31 @@ def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
     A device operator's group is made where it runs (``make_many``) and left there until every group is
     made; then :func:`_bring_back` copies all of them into their rows at once (each copy from a GPU waits
     for it, so a copy per operator made the host wait seven times a step)."""
+    placed, on_device = _make(mutations, rows)
+    if on_device:
+        _hand_out(on_device, _bring_back(on_device, rows), rows)
+    return placed
+
+
+def apply_mutations_on_device(mutations: list[Mutation]):
+    """:func:`apply_mutations` for a step whose every operator runs on one device, the batch left there for
+    models that run there too (:func:`~mlflow_di.models.classifier.takes_device_batches`): the row of each
+    mutation, and the batch (a uint8 tensor on the device). Only whether each mutant equals its source comes
+    to the host; a mutation's ``row`` stays None, and a search brings back the one image it records
+    (:meth:`Mutation.image`)."""
+    import torch
+
+    placed, on_device = _make(mutations, None)
+    batch = on_device[0].made if len(on_device) == 1 else torch.cat([group.made for group in on_device])
+    # the flags' copy waits for the device's work so far, the batch included: a model that runs on its own
+    # CUDA stream (an overlapped campaign's thread) then reads a finished batch
+    _hand_out(on_device, torch.cat([group.unchanged for group in on_device]).tolist(), None)
+    return placed, batch
+
+
+def _make(mutations: list[Mutation], rows: np.ndarray | None) -> tuple[list[int], list[_DeviceGroup]]:
+    """Each operator's mutations made together in consecutive rows (host operators into ``rows``, device ones
+    left on their device as groups); the row of each mutation, and the device groups in row order."""
     groups: dict[int, list[int]] = {}
     for number, mutation in enumerate(mutations):
         groups.setdefault(id(mutation.operator), []).append(number)
@@ -86,13 +118,17 @@ def apply_mutations(mutations: list[Mutation], rows: np.ndarray) -> list[int]:
         for offset, number in enumerate(members):
             placed[number] = start + offset
         start += len(group)
-    if on_device:
-        flags = iter(_bring_back(on_device, rows))
-        for device_group in on_device:
-            for offset, mutation in enumerate(device_group.mutations):
-                mutation.row, mutation.unchanged = rows[device_group.first + offset], next(flags)
-                mutation.made, mutation.place = device_group.made, offset
-    return placed
+    return placed, on_device
+
+
+def _hand_out(on_device: list[_DeviceGroup], flags: list[bool], rows: np.ndarray | None) -> None:
+    """Give each device mutation its row of ``rows`` (None: the batch stays on the device), its flag (in the
+    groups' order) and where the device holds its mutant."""
+    flags = iter(flags)
+    for device_group in on_device:
+        for offset, mutation in enumerate(device_group.mutations):
+            mutation.row = None if rows is None else rows[device_group.first + offset]
+            mutation.unchanged, mutation.made, mutation.place = next(flags), device_group.made, offset
 
 
 def _bring_back(on_device: list[_DeviceGroup], rows: np.ndarray) -> list[bool]:

@@ -143,6 +143,38 @@ class TorchClassifier(Classifier):
             outputs = self.module(self.preprocessing.apply_on(images, device))
         return self.preprocessing.to_probabilities(outputs.float().cpu().numpy())
 
+    def predict_device_batch(self, images) -> np.ndarray:
+        """:meth:`predict_proba` for a uint8 NHWC tensor already on this model's device (a campaign's mutants,
+        made where the model runs, see :func:`takes_device_batches`): the same probabilities as for its host
+        copy, without copying the images to the host and back."""
+        self.preprocessing.check_images(images)
+        size = self.default_batch_size
+        with self._torch.inference_mode():
+            outputs = [self.module(self.preprocessing.apply_on(images[i:i + size], self.device)).float().cpu().numpy()
+                       for i in range(0, len(images), size)]
+        probabilities = self.preprocessing.to_probabilities(outputs[0] if len(outputs) == 1 else np.concatenate(outputs))
+        check_finite(probabilities, self.name)
+        self._num_classes = probabilities.shape[1]
+        return probabilities
+
+
+def takes_device_batches(model, device) -> bool:
+    """Whether ``model`` classifies a uint8 batch already on ``device`` (:meth:`TorchClassifier.predict_device_batch`):
+    a PyTorch classifier running there."""
+    import torch
+
+    return isinstance(model, TorchClassifier) and _same_device(model.device, torch.device(device))
+
+
+def _same_device(a, b) -> bool:
+    """Whether two torch devices are one (``cuda`` is the current CUDA device)."""
+    import torch
+
+    def index(device):
+        return torch.cuda.current_device() if device.type == "cuda" and device.index is None else device.index
+
+    return a.type == b.type and (a.type == "cpu" or index(a) == index(b))
+
 
 
 def torch_fx_graph_module():

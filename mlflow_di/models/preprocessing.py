@@ -177,19 +177,31 @@ class Preprocessing:
             x = x.transpose(0, 3, 1, 2)
         return np.ascontiguousarray(x)
 
-    def apply_on(self, images: np.ndarray, device):
+    def apply_on(self, images, device):
         """:meth:`apply` computed by torch on ``device``: the uint8 batch travels (4x fewer bytes than
         floats) and the arithmetic runs where the model is. The same float32 operations in the same
-        order, so the values equal :meth:`apply`'s; images that need the raw-image step take that path."""
+        order, so the values equal :meth:`apply`'s; images that need the raw-image step take that path.
+        ``images`` may also be a uint8 tensor (a campaign's mutants made on the device: nothing travels)."""
         import torch
 
         self.check_images(images)
+        if isinstance(images, torch.Tensor):
+            if self.has_raw_step and self.needs_raw_step(*images.shape[1:3]):
+                images = images.cpu().numpy()  # the raw-image step is OpenCV's, on the host
+            else:
+                return self._normalised(images.to(device), device)
         if self.has_raw_step and self.needs_raw_step(*images.shape[1:3]):
             return torch.from_numpy(self.apply(images)).to(device)
         images = np.ascontiguousarray(images)
         if not images.flags.writeable:  # torch warns on read-only arrays (e.g. IDX files read from bytes)
             images = images.copy()
-        x = torch.from_numpy(images).to(device).float() * self.scale
+        return self._normalised(torch.from_numpy(images).to(device), device)
+
+    def _normalised(self, images, device):
+        """A uint8 NHWC tensor on ``device`` -> the float32 model input there (:meth:`arithmetic` in torch)."""
+        import torch
+
+        x = images.float() * self.scale
         x = (x - torch.tensor(self.mean, dtype=torch.float32, device=device)) / torch.tensor(
             self.std, dtype=torch.float32, device=device)
         return x.permute(0, 3, 1, 2).contiguous() if self.layout == "NCHW" else x
