@@ -258,7 +258,7 @@ def test_a_campaign_whose_models_run_on_the_operators_device_keeps_its_batches_t
     from mlflow_di.fuzz import lockstep, run_campaign
     from mlflow_di.fuzz.campaign import run_campaigns
     from mlflow_di.fuzz.results import comparable_records
-    from mlflow_di.models.classifier import TorchClassifier
+    from mlflow_di.models.classifier import TorchClassifier, takes_device_batches
 
     original, compressed = _torch_pair(0.002)  # triggers after 2-51 queries, and seeds that run their budget
     images = np.random.default_rng(5).integers(0, 256, (12, 12, 12, 3), dtype=np.uint8)
@@ -268,6 +268,8 @@ def test_a_campaign_whose_models_run_on_the_operators_device_keeps_its_batches_t
     real = TorchClassifier.predict_device_batch
     monkeypatch.setattr(TorchClassifier, "predict_device_batch",
                         lambda self, batch: calls.append(len(batch)) or real(self, batch))
+    # torch's CPU stands in for the GPU (on a real CPU the batch comes to the host rows, see takes_device_batches)
+    monkeypatch.setattr(lockstep, "takes_device_batches", lambda model, device: isinstance(model, TorchClassifier))
 
     def campaign():
         return run_campaign(original, compressed, seeds, strategy=strategy, max_queries=60, timeout=1e6, batch=6,
@@ -280,6 +282,9 @@ def test_a_campaign_whose_models_run_on_the_operators_device_keeps_its_batches_t
         calls.clear()
         copied = campaign()
         assert not calls
+    with monkeypatch.context() as host:  # as it is on the CPU
+        host.setattr(lockstep, "takes_device_batches", takes_device_batches)
+        assert comparable_records(campaign()) == comparable_records(kept) and not calls
     assert comparable_records(kept) == comparable_records(copied)
     for name in ("triggers", "trigger_seeds", "trigger_indices"):
         np.testing.assert_array_equal(getattr(kept, name), getattr(copied, name))

@@ -168,11 +168,16 @@ def test_a_batch_on_the_models_device_gives_the_probabilities_of_its_host_copy(t
     classifier = TorchClassifier(tiny_torch(), prep)
     batch = images(300, seed=4)
     classifier.default_batch_size = 128
-    np.testing.assert_array_equal(classifier.predict_device_batch(torch.from_numpy(batch)),
-                                  classifier.predict_proba(batch))
+    expected = classifier.predict_proba(batch)
+    np.testing.assert_array_equal(classifier.predict_device_batch(torch.from_numpy(batch)), expected)
+    # the GPU's path (preprocessing by torch where the batch is), run on the CPU
+    np.testing.assert_array_equal(classifier._classified_where_it_is(torch.from_numpy(batch)), expected)
     np.testing.assert_array_equal(prep.apply_on(torch.from_numpy(batch), "cpu").numpy(), prep.apply(batch))
-    assert takes_device_batches(classifier, "cpu") and takes_device_batches(classifier, torch.device("cpu"))
-    assert not takes_device_batches(OnnxClassifier(tiny_onnx(tiny_torch(), tmp_path / "m.onnx")), "cpu")
-    assert not takes_device_batches(object(), "cpu")
+    # on the CPU a batch is never kept "on the device": the host's rows are that memory already
+    assert not takes_device_batches(classifier, "cpu") and not takes_device_batches(classifier, torch.device("cpu"))
     if torch.cuda.is_available():
-        assert not takes_device_batches(classifier, "cuda")
+        assert not takes_device_batches(classifier, "cuda")  # the model runs on the CPU
+        on_gpu = TorchClassifier(tiny_torch().to("cuda"), prep)
+        assert takes_device_batches(on_gpu, "cuda") and takes_device_batches(on_gpu, torch.device("cuda", 0))
+        assert not takes_device_batches(OnnxClassifier(tiny_onnx(tiny_torch(), tmp_path / "m.onnx")), "cuda")
+        assert not takes_device_batches(object(), "cuda")
