@@ -27,6 +27,7 @@ device=${DEVICE:-cuda}
 python -m benchmarks.check_devices --family resnet18 --size 64
 python -m benchmarks.bench_criteria_cells --device "$device" --images 2048 --batch-size 256
 python -m benchmarks.bench_device_batch --device "$device" --runs 3
+python -m benchmarks.bench_surprise_device --device "$device" --train 20000 --test 5000 --neurons 256 --runs 2
 python -m benchmarks.bench_scale --floor-only --device "$device" --seeds 64 --queries 30 --images 256 --batch-size 64
 python -m benchmarks.bench_scale --families resnet18,mobilenet_v3_small --device "$device" --size 224 \
     --images 256 --seeds 64 --queries 30 --batch-size 64

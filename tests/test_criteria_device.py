@@ -139,6 +139,15 @@ def device_cells_on_the_cpu(monkeypatch):
     monkeypatch.setattr(criteria_module, "cells_on_device", lambda device: True)
 
 
+def _assert_same_report(on_device, on_host) -> None:
+    """The same report, cells and all, but for LSA's and DSA's last bits (torch sums them in another order)."""
+    device_dict, host_dict = on_device.to_dict(), on_host.to_dict()
+    for values in ("lsa", "dsa"):
+        np.testing.assert_allclose(np.array(device_dict.pop(values), float), np.array(host_dict.pop(values), float),
+                                   rtol=1e-10)
+    assert device_dict == host_dict and on_device.cells == on_host.cells
+
+
 @pytest.mark.parametrize("batch_size", [7, 64])
 def test_the_device_pass_gives_the_host_pass_s_report(rng, monkeypatch, batch_size):
     model, train, test = _tiny_cnn(), _random_images(rng, 150, "train"), _random_images(rng, 50, "test")
@@ -148,7 +157,7 @@ def test_the_device_pass_gives_the_host_pass_s_report(rng, monkeypatch, batch_si
     monkeypatch.setattr(criteria_module, "cells_on_device", lambda device: True)
     report, kept = coverage.score_pass(test)
     assert "activations_and_cells" in coverage.seconds_  # the device path ran
-    assert report.to_dict() == on_host.to_dict() and report.cells == on_host.cells
+    _assert_same_report(report, on_host)
     assert sorted(kept) == ["fc1", "fc1:nc"]  # the SA layer only: conv1's values stayed where they were
 
 
@@ -164,7 +173,7 @@ def test_the_suite_s_idc_reads_the_kept_layer_of_the_device_pass(rng, monkeypatc
     idc_alone = suite.idc_.score(test)["conv1"]
     assert result.idc["conv1"].to_dict() == idc_alone.to_dict()
     monkeypatch.setattr(criteria_module, "cells_on_device", lambda device: False)
-    assert suite.score(test).criteria.to_dict() == result.criteria.to_dict()
+    _assert_same_report(result.criteria, suite.score(test).criteria)
 
 
 def test_a_criterion_without_a_device_score_keeps_the_host_pass(rng, device_cells_on_the_cpu):
@@ -178,3 +187,43 @@ def test_a_criterion_without_a_device_score_keeps_the_host_pass(rng, device_cell
         assert "activations" in coverage.seconds_
     finally:
         unregister_criterion("firstneuron")
+
+
+# --- LSA's and DSA's distance work on the device (coverage/surprise_device.py) ---
+
+def _traces(rng, rows: int, columns: int = 6) -> np.ndarray:
+    return rng.normal(size=(rows, columns)).round(1)  # coarse values: ties among distances
+
+
+@pytest.mark.parametrize("block", [7 * 40, 10**9])
+def test_nearest_neighbours_on_the_device_are_the_host_s(rng, monkeypatch, block):
+    from mlflow_di.coverage import surprise_device
+    from mlflow_di.coverage.criteria_surprise import nearest_neighbours
+
+    monkeypatch.setattr(surprise_device, "DEVICE_BLOCK_ELEMENTS", block)  # 7 query rows a block, or all at once
+    references = _traces(rng, 40)
+    references[25] = references[3]  # an exact tie: the lower index wins on both
+    queries = np.concatenate([_traces(rng, 100), references[[3, 10]]])
+    distance, index = nearest_neighbours(queries, references)
+    on_device, index_on_device = nearest_neighbours(queries, references, device="cpu")
+    assert np.array_equal(index_on_device, index) and index[-2] == 3
+    np.testing.assert_allclose(on_device, distance, rtol=1e-12, atol=1e-12)
+
+
+def test_lsa_and_dsa_on_the_device_are_the_host_s(rng):
+    from mlflow_di.coverage.criteria_surprise import DistanceSurprise, LikelihoodSurprise
+
+    classes = np.array([0] * 30 + [1] * 25 + [2])  # class 2: one trace, no density
+    train = _traces(rng, len(classes))
+    test, test_classes = _traces(rng, 60), rng.integers(0, 4, 60)  # class 3 never seen
+    likelihood = LikelihoodSurprise().fit(train, classes)
+    lsa, lsa_on_device = (likelihood.score_samples(test, test_classes, **on) for on in ({}, {"device": "cpu"}))
+    np.testing.assert_array_equal(np.isnan(lsa_on_device), np.isnan(lsa))
+    np.testing.assert_allclose(lsa_on_device, lsa, rtol=1e-10)
+    host, device = DistanceSurprise().fit(train, classes), DistanceSurprise().fit(train, classes, device="cpu")
+    np.testing.assert_allclose(device.nearest_other_, host.nearest_other_, rtol=1e-12)
+    dsa, dsa_on_device = host.score_samples(test, test_classes), device.score_samples(test, test_classes, device="cpu")
+    np.testing.assert_array_equal(np.isnan(dsa_on_device), np.isnan(dsa))
+    np.testing.assert_allclose(dsa_on_device, dsa, rtol=1e-12)
+    assert np.isnan(lsa[test_classes >= 2]).all() and np.isnan(dsa[test_classes == 3]).all()
+

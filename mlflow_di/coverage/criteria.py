@@ -65,8 +65,9 @@ from mlflow_di.settings import OptionSpec
 class Adequacy:
     """How a surprise criterion's per-input values come to be (Kim et al.'s surprise adequacy): its model,
     ``fit(estimator, traces, predictions, nearest_other)`` on the training SA traces, kept in the estimator's
-    ``attribute`` and scored per input with ``score_samples(traces, predictions)``; the report keeps the values
-    as ``values_field``, and the fit's time is reported under ``fit_timer``."""
+    ``attribute`` and scored per input with ``score_samples(traces, predictions, device)``; the report keeps the
+    values as ``values_field``, and the fit's time is reported under ``fit_timer``. ``device`` is a CUDA model's
+    device, where the distance work runs (:func:`surprise_device`), or None (the host)."""
 
     attribute: str
     values_field: str
@@ -74,12 +75,12 @@ class Adequacy:
     fit: Callable
 
 
-def _fit_likelihood(estimator, traces, predictions, _nearest_other):
-    return LikelihoodSurprise(estimator.var_threshold).fit(traces, predictions)
+def _fit_likelihood(estimator, traces, predictions, _nearest_other, _device):
+    return LikelihoodSurprise(estimator.var_threshold).fit(traces, predictions)  # cheap: always on the host
 
 
-def _fit_distance(estimator, traces, predictions, nearest_other):
-    return DistanceSurprise().fit(traces, predictions, nearest_other, estimator.progress)
+def _fit_distance(estimator, traces, predictions, nearest_other, device):
+    return DistanceSurprise().fit(traces, predictions, nearest_other, estimator.progress, device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +232,15 @@ def cells_on_device(device) -> bool:
     """Whether the cell criteria of a model on ``device`` are scored there (:class:`DeviceCells`): on a
     CUDA GPU. On the CPU the NumPy functions are the path (no copy to save), and MPS lacks float64."""
     return device.type == "cuda"
+
+
+def surprise_device(model):
+    """Where LSA's and DSA's distance work runs for ``model`` (a TorchModel, or None): its CUDA device, as
+    for the cell criteria (:func:`cells_on_device`), else None (NumPy on the host)."""
+    if model is None:
+        return None
+    device = module_device(model.module)
+    return device if cells_on_device(device) else None
 
 
 class DeviceCells:
@@ -615,17 +625,19 @@ class ClassicCoverage(BaseEstimator):
         started = time.perf_counter()
         values, predictions = self.collect(model, images)
         seconds = time.perf_counter() - started
-        self.fit_activations(values, predictions, train_name=images_of(images)[1])
+        self.fit_activations(values, predictions, train_name=images_of(images)[1], device=surprise_device(model))
         self.seconds_["activations"] = seconds
         self.model_ = model
         return self
 
     def fit_activations(self, activations: Mapping[str, np.ndarray], predictions: np.ndarray,
-                        train_name: str = "train", nearest_other: np.ndarray | None = None) -> "ClassicCoverage":
+                        train_name: str = "train", nearest_other: np.ndarray | None = None,
+                        device=None) -> "ClassicCoverage":
         """Fit from activations already collected: ``activations[layer]`` (N, neurons) for every
         layer of :meth:`required_layers`, ``predictions`` (N,) the model's predicted classes.
         The layers are those of :meth:`resolve_layers` (called by :meth:`fit`), or else the given
-        ``layers``/``sa_layers``. ``nearest_other`` (from a saved fit) skips DSA's quadratic step.
+        ``layers``/``sa_layers``. ``nearest_other`` (from a saved fit) skips DSA's quadratic step;
+        ``device`` (a GPU, :func:`surprise_device`) is where it runs otherwise (None: NumPy).
         """
         if not hasattr(self, "layers_"):
             self.resolve_layers(None)
@@ -637,17 +649,19 @@ class ClassicCoverage(BaseEstimator):
         low, high = neuron_bounds(neuron_values) if _bounded(self._criteria()) else (None, None)
         traces = _side_by_side(activations, self.sa_layers_) if self.sa_layers_ else None
         return self.fit_statistics(layer_sizes, low, high, traces, predictions, len(predictions), train_name,
-                                   nearest_other)
+                                   nearest_other, device)
 
     def fit_statistics(self, layer_sizes: Sequence[int], low: np.ndarray | None, high: np.ndarray | None,
                        traces: np.ndarray | None, predictions: np.ndarray | None, num_train: int,
-                       train_name: str = "train", nearest_other: np.ndarray | None = None) -> "ClassicCoverage":
+                       train_name: str = "train", nearest_other: np.ndarray | None = None,
+                       device=None) -> "ClassicCoverage":
         """Fit from the statistics of a training pass (what :meth:`fit_activations` derives from the
         activations, or a pass spread over workers merges, see :mod:`mlflow_di.coverage.partials`):
         each layer's neuron count, the per-neuron min/max over the training inputs (None when no
         criterion needs them), the SA traces (n, neurons of the SA layers side by side) and the
         predicted classes (None without LSC/DSC): LSA's KDE and DSA's nearest neighbours need every
-        training trace, so those stay per input. ``resolve_layers`` must have run.
+        training trace, so those stay per input. ``resolve_layers`` must have run. ``device``: see
+        :meth:`fit_activations`.
         """
         self._check_settings()
         criteria = self._criteria()
@@ -663,7 +677,7 @@ class ClassicCoverage(BaseEstimator):
             self.sa_traces_, self.sa_classes_ = traces, predictions.astype(np.int64)
             for _, adequacy in _adequacies(criteria):
                 with self._timed(adequacy.fit_timer):
-                    setattr(self, adequacy.attribute, adequacy.fit(self, traces, predictions, nearest_other))
+                    setattr(self, adequacy.attribute, adequacy.fit(self, traces, predictions, nearest_other, device))
         return self
 
     def _forget_adequacies(self) -> None:
@@ -740,10 +754,12 @@ class ClassicCoverage(BaseEstimator):
         criteria = self._criteria()
         values: dict[str, np.ndarray] = {}
         settings = self.settings()
+        device = surprise_device(self.model_)
         if self.sa_layers_:
             for criterion, adequacy in _adequacies(criteria):
                 with self._timed(criterion):
-                    values[adequacy.values_field] = getattr(self, adequacy.attribute).score_samples(traces, predictions)
+                    values[adequacy.values_field] = getattr(self, adequacy.attribute).score_samples(traces, predictions,
+                                                                                                    device)
                     setattr(cells, criterion, _surprise_cells(values[adequacy.values_field], settings, criterion))
         return CriteriaReport(data_name, len(predictions), criteria, cells, values.get("lsa"), values.get("dsa"),
                               settings)
@@ -793,18 +809,20 @@ class ClassicCoverage(BaseEstimator):
         coverage.layer_sizes_ = [int(v) for v in meta["layer_sizes"]]
         coverage.train_name_, coverage.num_train_ = meta["train_name"], int(meta["num_train"])
         coverage.low_, coverage.high_ = arrays.get("low"), arrays.get("high")
-        coverage._restore_surprise(arrays)
+        coverage._restore_surprise(arrays, surprise_device(model))
         coverage.model_ = model
         return coverage
 
-    def _restore_surprise(self, arrays: dict) -> None:
+    def _restore_surprise(self, arrays: dict, device=None) -> None:
+        """LSA's and DSA's models fitted again from the saved traces (DSA's distances too when none were saved,
+        on ``device``)."""
         self._forget_adequacies()
         self.sa_traces_, self.sa_classes_ = arrays.get("sa_traces"), arrays.get("sa_classes")
         if self.sa_traces_ is None:
             return
         for _, adequacy in _adequacies(self._criteria()):  # the saved traces fit them again, exactly
             setattr(self, adequacy.attribute, adequacy.fit(self, self.sa_traces_, self.sa_classes_,
-                                                           arrays.get("nearest_other")))
+                                                           arrays.get("nearest_other"), device))
 
     # ------------------------------------------------------------------ helpers
     def __sklearn_is_fitted__(self) -> bool:

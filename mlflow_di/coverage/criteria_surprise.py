@@ -70,6 +70,7 @@ class LikelihoodSurprise:
         self.var_threshold = var_threshold
 
     def fit(self, traces: np.ndarray, classes: np.ndarray) -> "LikelihoodSurprise":
+        """One KDE per class (a covariance and its Cholesky factor each: cheap, so always on the host)."""
         traces, classes = _check_traces(traces, classes)
         groups = {int(c): traces[classes == c] for c in np.unique(classes)}
         low_variance = np.zeros(traces.shape[1], dtype=bool)
@@ -87,15 +88,16 @@ class LikelihoodSurprise:
                 self.densities_[label] = density
         return self
 
-    def score_samples(self, traces: np.ndarray, classes: np.ndarray) -> np.ndarray:
-        """LSA per input (NaN where its class has no density)."""
+    def score_samples(self, traces: np.ndarray, classes: np.ndarray, device=None) -> np.ndarray:
+        """LSA per input (NaN where its class has no density); the densities computed by torch on ``device``
+        when given (a GPU, see :mod:`~mlflow_di.coverage.surprise_device`), else by NumPy."""
         traces, classes = _check_traces(traces, classes)
         surprise = np.full(len(traces), np.nan)
         kept = traces[:, self.kept_columns_]
         for label, density in self.densities_.items():
             rows = np.flatnonzero(classes == label)
             if len(rows):
-                surprise[rows] = -density.log_density(kept[rows])
+                surprise[rows] = -density.log_density(kept[rows], device)
         return surprise
 
 
@@ -125,7 +127,12 @@ class _ClassDensity:
         log_norm = -np.log(n) - 0.5 * (d * np.log(2 * np.pi) + log_det)
         return cls(whitening, points @ whitening.T, log_norm)
 
-    def log_density(self, queries: np.ndarray) -> np.ndarray:
+    def log_density(self, queries: np.ndarray, device=None) -> np.ndarray:
+        """The KDE's log density at each query row (by torch on ``device`` when given)."""
+        if device is not None:
+            from mlflow_di.coverage import surprise_device
+
+            return surprise_device.log_density(queries, self.whitening, self.whitened, self.log_norm, device)
         out = np.empty(len(queries))
         rows = _block_rows(len(self.whitened))
         for start in range(0, len(queries), rows):
@@ -145,17 +152,19 @@ class DistanceSurprise:
     """
 
     def fit(self, traces: np.ndarray, classes: np.ndarray, nearest_other: np.ndarray | None = None,
-            progress: bool = False) -> "DistanceSurprise":
-        """Fit; ``nearest_other`` skips the quadratic step when it was saved with the traces."""
+            progress: bool = False, device=None) -> "DistanceSurprise":
+        """Fit; ``nearest_other`` skips the quadratic step when it was saved with the traces, which otherwise
+        runs by torch on ``device`` when given (a GPU), else by NumPy."""
         traces, classes = _check_traces(traces, classes)
         self.traces_, self.classes_ = traces, classes
         if nearest_other is None:
-            nearest_other = _nearest_other_class_distance(traces, classes, progress)
+            nearest_other = _nearest_other_class_distance(traces, classes, progress, device)
         self.nearest_other_ = np.asarray(nearest_other, dtype=np.float64)
         return self
 
-    def score_samples(self, traces: np.ndarray, classes: np.ndarray) -> np.ndarray:
-        """DSA per input (NaN where its class has no training trace)."""
+    def score_samples(self, traces: np.ndarray, classes: np.ndarray, device=None) -> np.ndarray:
+        """DSA per input (NaN where its class has no training trace); the nearest neighbours found by torch
+        on ``device`` when given (a GPU), else by NumPy."""
         traces, classes = _check_traces(traces, classes)
         surprise = np.full(len(traces), np.nan)
         for label in np.unique(classes):
@@ -163,19 +172,24 @@ class DistanceSurprise:
             if len(members) == 0:
                 continue
             rows = np.flatnonzero(classes == label)
-            distance, index = nearest_neighbours(traces[rows], self.traces_[members])
+            distance, index = nearest_neighbours(traces[rows], self.traces_[members], device)
             with np.errstate(divide="ignore", invalid="ignore"):
                 surprise[rows] = distance / self.nearest_other_[members[index]]
         return surprise
 
 
-def nearest_neighbours(queries: np.ndarray, references: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nearest_neighbours(queries: np.ndarray, references: np.ndarray, device=None) -> tuple[np.ndarray, np.ndarray]:
     """For each query row, the Euclidean distance to and index of its nearest reference row.
 
     Batched: squared distances as |q|^2 + |r|^2 - 2 q.r in blocks of rows, argmin per row (ties
     go to the lowest index, like ``np.argmin`` in the reference's loop), then the exact distance
-    to the winner so cancellation in the expansion cannot leak into the result.
+    to the winner so cancellation in the expansion cannot leak into the result. With ``device``
+    (a GPU) the same in torch there (:mod:`~mlflow_di.coverage.surprise_device`).
     """
+    if device is not None:
+        from mlflow_di.coverage import surprise_device
+
+        return surprise_device.nearest_neighbours(queries, references, device)
     queries = np.asarray(queries, dtype=np.float64)
     references = np.asarray(references, dtype=np.float64)
     reference_norms = np.einsum("ij,ij->i", references, references)
@@ -188,7 +202,7 @@ def nearest_neighbours(queries: np.ndarray, references: np.ndarray) -> tuple[np.
     return distance, index
 
 
-def _nearest_other_class_distance(traces: np.ndarray, classes: np.ndarray, progress: bool) -> np.ndarray:
+def _nearest_other_class_distance(traces: np.ndarray, classes: np.ndarray, progress: bool, device=None) -> np.ndarray:
     """Each trace's distance to the nearest trace of a different class (inf if none)."""
     from mlflow_di.progress import progress_bar as tqdm
 
@@ -197,7 +211,7 @@ def _nearest_other_class_distance(traces: np.ndarray, classes: np.ndarray, progr
     for label in tqdm(labels, desc="DSA reference distances", disable=not progress or len(labels) < 2):
         rows, others = np.flatnonzero(classes == label), np.flatnonzero(classes != label)
         if len(others):
-            out[rows] = nearest_neighbours(traces[rows], traces[others])[0]
+            out[rows] = nearest_neighbours(traces[rows], traces[others], device)[0]
     return out
 
 
