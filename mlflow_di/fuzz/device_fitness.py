@@ -68,32 +68,44 @@ class DeviceNoveltyMemory:
 def step_facts(p_original: np.ndarray, p_compressed: np.ndarray, device, memories: list) -> list[RowFacts]:
     """:func:`~mlflow_di.fuzz.fitness.row_facts` of a step's rows computed on ``device``, and for the rows whose
     ``memories[i]`` is a :class:`DeviceNoveltyMemory`, whether the row is novel to it (``novel``) and its
-    probability pair there (``pair``, for the memory to keep when the search scores the row)."""
+    probability pair there (``pair``, for the memory to keep when the search scores the row).
+
+    Every quantity comes back in one copy (each copy from a GPU waits for it): the labels' disagreement, the
+    NaN checks, each row's two largest values (float32, exact in float64) and the novelty distances, packed
+    side by side in one float64 vector."""
     import torch
 
     both = torch.from_numpy(np.stack([p_original, p_compressed])).to(device)  # (2, N, C)
-    differ = (both[0].argmax(dim=1) != both[1].argmax(dim=1)).cpu().tolist()
-    novel, pairs = _novelty(both, memories)
-    if both.shape[2] <= LIST_SCORING_MAX_CLASSES:
-        return [RowFacts(d, novel=n, pair=p) for d, n, p in zip(differ, novel, pairs)]
-    has_nan = torch.isnan(both[0].sum(dim=1) + both[1].sum(dim=1)).cpu().tolist()
-    top2 = both.topk(2, dim=2).values.flip(-1).cpu().tolist()  # [second, first] per row and model
-    return [RowFacts(*facts) for facts in zip(differ, has_nan, top2[0], top2[1], novel, pairs)]
+    count = both.shape[1]
+    rows, nearest, pairs = _novelty(both, memories)
+    parts = [(both[0].argmax(dim=1) != both[1].argmax(dim=1)).to(torch.float64)]
+    short = both.shape[2] <= LIST_SCORING_MAX_CLASSES
+    if not short:
+        parts.append(torch.isnan(both[0].sum(dim=1) + both[1].sum(dim=1)).to(torch.float64))
+        parts.append(both.topk(2, dim=2).values.flip(-1).to(torch.float64).reshape(-1))  # [second, first] per row
+    parts.append(nearest)
+    packed = torch.cat(parts).cpu().numpy()
+    differ = (packed[:count] != 0).tolist()
+    novel, kept = [None] * count, [None] * count
+    for i, distance in zip(rows, packed[len(packed) - len(rows):].tolist()):
+        novel[i], kept[i] = distance > memories[i].threshold, pairs[i]
+    if short:
+        return [RowFacts(d, novel=n, pair=p) for d, n, p in zip(differ, novel, kept)]
+    has_nan = (packed[count:2 * count] != 0).tolist()
+    top2 = packed[2 * count:6 * count].reshape(2, count, 2).tolist()
+    return [RowFacts(*facts) for facts in zip(differ, has_nan, top2[0], top2[1], novel, kept)]
 
 
-def _novelty(both, memories: list) -> tuple[list, list]:
-    """Whether each row's pair is novel to its memory (None where it has none), and the pairs (float64 rows)."""
+def _novelty(both, memories: list):
+    """The rows whose memory can judge novelty, each one's squared distance to its memory's nearest point (a
+    float64 tensor on the device, not yet brought back) and every row's pair (float64 rows there; None when
+    no row has such a memory)."""
     import torch
 
     rows = [i for i, memory in enumerate(memories) if isinstance(memory, DeviceNoveltyMemory) and len(memory)]
-    count = both.shape[1]
     if not rows:
-        return [None] * count, [None] * count
+        return rows, both.new_empty(0, dtype=torch.float64), None
     pairs = torch.cat([both[0], both[1]], dim=1).to(torch.float64)  # (N, 2C): probability_pair of each row
     remembered = torch.nn.utils.rnn.pad_sequence([memories[i].points for i in rows], batch_first=True,
                                                  padding_value=float("inf"))  # (R, M, 2C); inf: never nearest
-    nearest = ((remembered - pairs[rows][:, None]) ** 2).sum(dim=2).min(dim=1).values.cpu().tolist()
-    novel, kept = [None] * count, [None] * count
-    for i, distance in zip(rows, nearest):
-        novel[i], kept[i] = distance > memories[i].threshold, pairs[i]
-    return novel, kept
+    return rows, ((remembered - pairs[rows][:, None]) ** 2).sum(dim=2).min(dim=1).values, pairs
