@@ -12,22 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import mlflow_di  # noqa: F401  (torchvision guard first)
 import numpy as np
 
+from benchmarks.bench_idc import best_time
 from mlflow_di.coverage.criteria_surprise import DistanceSurprise, LikelihoodSurprise
 from mlflow_di.models.device import describe_device, resolve_device
-
-
-def _best(fn, runs: int):
-    best, value = float("inf"), None
-    for _ in range(runs):
-        started = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - started)
-    return best, value
 
 
 def _largest_relative_difference(a: np.ndarray, b: np.ndarray) -> float:
@@ -52,7 +43,7 @@ def main() -> None:
            "neurons": args.neurons, "classes": args.classes}
     fitted = {}
     for side, on in (("host", None), ("device", device)):
-        seconds, fitted[side] = _best(lambda: DistanceSurprise().fit(train, train_classes, device=on), args.runs)
+        seconds, fitted[side] = best_time(lambda: DistanceSurprise().fit(train, train_classes, device=on), args.runs)
         row[f"dsa_fit_{side}_s"] = round(seconds, 4)
     row["dsa_fit_difference"] = _largest_relative_difference(fitted["host"].nearest_other_,
                                                              fitted["device"].nearest_other_)
@@ -60,7 +51,7 @@ def main() -> None:
     for name, model in (("dsa", fitted["host"]), ("lsa", likelihood)):
         values = {}
         for side, on in (("host", None), ("device", device)):
-            seconds, values[side] = _best(lambda: model.score_samples(test, test_classes, device=on), args.runs)
+            seconds, values[side] = best_time(lambda: model.score_samples(test, test_classes, device=on), args.runs)
             row[f"{name}_score_{side}_s"] = round(seconds, 4)
         row[f"{name}_difference"] = _largest_relative_difference(values["host"], values["device"])
     print(json.dumps(row))
