@@ -121,3 +121,17 @@ def test_the_device_memory_finds_the_novel_points_the_host_memory_finds():
             device.remember(fact.pair)
         assert len(device) == len(host)
     assert 3 < len(host) < 60
+
+
+def test_the_device_memory_grows_past_its_capacity_and_keeps_every_point():
+    import torch
+
+    from mlflow_di.fuzz.device_fitness import DeviceNoveltyMemory
+
+    memory = DeviceNoveltyMemory(threshold=0.0, device="cpu", capacity=2)
+    points = np.random.default_rng(1).random((7, 6))
+    assert memory.observe(points[0]) and memory.points.shape == (1, 6)  # the seed's pair, sent with the first use
+    for point in points[1:]:
+        memory.remember(torch.from_numpy(point))
+    assert len(memory) == 7 and np.array_equal(memory.points.numpy(), points)
+    assert not memory.observe(points[3]) and memory.observe(points[3] + 1.0) and len(memory) == 8

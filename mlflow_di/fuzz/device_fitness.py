@@ -21,25 +21,33 @@ from mlflow_di.fuzz.fitness import DEFAULT_NOVELTY_THRESHOLD, LIST_SCORING_MAX_C
 
 class DeviceNoveltyMemory:
     """:class:`~mlflow_di.fuzz.fitness.NoveltyMemory` with its points in a float64 tensor on ``device``: a point
-    is novel when its squared L2 distance to every remembered one exceeds ``threshold``."""
+    is novel when its squared L2 distance to every remembered one exceeds ``threshold``. Like the host memory,
+    the points live in a buffer that doubles when full, so remembering one is one row's copy (a tensor grown by
+    concatenation copied every point remembered so far, each time)."""
 
-    def __init__(self, threshold: float = DEFAULT_NOVELTY_THRESHOLD, device: str = "cpu"):
+    def __init__(self, threshold: float = DEFAULT_NOVELTY_THRESHOLD, device: str = "cpu", capacity: int = 64):
         self.threshold, self.device = threshold, device
-        self._points = None  # (M, 2C) float64 tensor on the device
+        self._buffer = None  # (capacity, 2C) float64 tensor on the device; its first _size rows are remembered
         self._first: np.ndarray | None = None  # the seed's pair, sent to the device with the first step
         self._size = 0
+        self._capacity = capacity
 
     def __len__(self) -> int:
         return self._size
 
     @property
     def points(self):
-        """The remembered points, a (M, 2C) float64 tensor on the device."""
-        import torch
+        """The remembered points, a (M, 2C) float64 tensor on the device (a view of the buffer)."""
+        self._send_first()
+        return None if self._buffer is None else self._buffer[:self._size]
 
+    def _send_first(self) -> None:
+        """The seed's pair, waiting on the host since the search started, into the buffer's first row."""
         if self._first is not None:
-            self._points, self._first = torch.from_numpy(self._first[None]).to(self.device), None
-        return self._points
+            import torch
+
+            first, self._first = self._first, None
+            self._write(torch.from_numpy(first).to(self.device), 0)
 
     def observe(self, point) -> bool:
         """True (and remember the point) when it is novel, else False: one point, as the host memory does (the
@@ -58,11 +66,19 @@ class DeviceNoveltyMemory:
 
     def remember(self, point) -> None:
         """Add ``point`` (a float64 row on the device) to the memory."""
+        self._send_first()
+        self._write(point, self._size)
+        self._size += 1
+
+    def _write(self, point, row: int) -> None:
+        """``point`` into the buffer's ``row``, the buffer made or doubled first when needed."""
         import torch
 
-        points = self.points
-        self._points = point[None].clone() if points is None else torch.cat([points, point[None]])
-        self._size += 1
+        if self._buffer is None:
+            self._buffer = point.new_empty((self._capacity, point.numel()))
+        elif row == len(self._buffer):
+            self._buffer = torch.cat([self._buffer, torch.empty_like(self._buffer)])
+        self._buffer[row] = point
 
 
 def step_facts(p_original: np.ndarray, p_compressed: np.ndarray, device, memories: list) -> list[RowFacts]:
