@@ -28,6 +28,7 @@ class DeviceNoveltyMemory:
     def __init__(self, threshold: float = DEFAULT_NOVELTY_THRESHOLD, device: str = "cpu", capacity: int = 64):
         self.threshold, self.device = threshold, device
         self._buffer = None  # (capacity, 2C) float64 tensor on the device; its first _size rows are remembered
+        self._remembered = None  # the view of those rows (kept: a tensor slice costs microseconds per step)
         self._first: np.ndarray | None = None  # the seed's pair, sent to the device with the first step
         self._size = 0
         self._capacity = capacity
@@ -39,7 +40,7 @@ class DeviceNoveltyMemory:
     def points(self):
         """The remembered points, a (M, 2C) float64 tensor on the device (a view of the buffer)."""
         self._send_first()
-        return None if self._buffer is None else self._buffer[:self._size]
+        return self._remembered
 
     def _send_first(self) -> None:
         """The seed's pair, waiting on the host since the search started, into the buffer's first row."""
@@ -48,6 +49,7 @@ class DeviceNoveltyMemory:
 
             first, self._first = self._first, None
             self._write(torch.from_numpy(first).to(self.device), 0)
+            self._remembered = self._buffer[:1]
 
     def observe(self, point) -> bool:
         """True (and remember the point) when it is novel, else False: one point, as the host memory does (the
@@ -69,6 +71,7 @@ class DeviceNoveltyMemory:
         self._send_first()
         self._write(point, self._size)
         self._size += 1
+        self._remembered = self._buffer[:self._size]
 
     def _write(self, point, row: int) -> None:
         """``point`` into the buffer's ``row``, the buffer made or doubled first when needed."""
