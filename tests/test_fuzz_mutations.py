@@ -196,7 +196,7 @@ def test_drawing_first_and_applying_together_gives_each_call_s_bytes_and_draws(o
     sources = [_images(shape)[kind] for kind in ("random", "black", "white", "random")]
     rows = np.zeros((len(sources), *shape), np.uint8)
     drawn_first = [np.random.default_rng(seed) for seed in range(len(sources))]
-    unchanged, _ = operator.apply_many(sources, [operator.draw(shape, rng) for rng in drawn_first], rows)
+    unchanged = operator.apply_many(sources, [operator.draw(shape, rng) for rng in drawn_first], rows)
     for seed, source in enumerate(sources):
         alone = np.random.default_rng(seed)
         expected = operator(source, alone)

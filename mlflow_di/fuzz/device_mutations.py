@@ -5,7 +5,7 @@ blur up to 4.5 ms (k = 7) and the box and Gaussian blurs 0.04-0.08 ms, while a G
 ~0.17 ms per input (benchmarks/RESULTS.md, bench_scale). :func:`on_device` swaps the operators for
 versions that do the per-value work on the device, and a campaign's population
 (:mod:`~mlflow_di.fuzz.population`) makes all mutants of one operator in a step with one batched call
-(:meth:`DeviceOperator.apply_many`): the step's x_max images go to the device together, the mutants and
+(:meth:`DeviceOperator.make_many`): the step's x_max images go to the device together, the mutants and
 whether each changed its source come back together, instead of a round trip per image.
 
 What stays the same: each operator's name (operator statistics and Metropolis-Hastings selection are keyed
@@ -71,13 +71,12 @@ class DeviceOperator:
 
     def apply_many(self, sources: Sequence, drawn: Sequence, rows: np.ndarray):
         """:meth:`~mlflow_di.fuzz.mutations.TwoStep.apply_many` on the device: :meth:`make_many`, the mutants
-        copied into ``rows``; also returns the mutants on the device (a tensor), for the searches that keep
-        theirs as x_max."""
+        copied into ``rows``."""
         import torch
 
         made, unchanged = self.make_many(sources, drawn)
         torch.from_numpy(rows).copy_(made)
-        return unchanged.cpu().numpy(), made
+        return unchanged.cpu().numpy()
 
     def apply(self, image: np.ndarray, drawn, out: np.ndarray | None = None) -> np.ndarray:
         rows = np.empty((1, *image.shape), np.uint8) if out is None else out[None]

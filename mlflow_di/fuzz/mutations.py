@@ -121,15 +121,14 @@ class TwoStep:
     def __call__(self, image: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
         return self.apply(image, self.draw(image.shape, rng), out)
 
-    def apply_many(self, sources: Sequence[np.ndarray], drawn: Sequence, rows: np.ndarray) -> tuple[np.ndarray, None]:
+    def apply_many(self, sources: Sequence[np.ndarray], drawn: Sequence, rows: np.ndarray) -> np.ndarray:
         """The mutant of each ``sources[i]`` from ``drawn[i]``, written into ``rows[i]`` (``rows``: a C-contiguous
-        uint8 (N, H, W, C) block); whether each mutant equals its source (a bool array), and where else the
-        mutants are (None here; a device operator's copies, see :mod:`~mlflow_di.fuzz.device_mutations`)."""
+        uint8 (N, H, W, C) block); whether each mutant equals its source (a bool array)."""
         unchanged = np.empty(len(sources), bool)
         for i, (source, values) in enumerate(zip(sources, drawn)):
             self.apply(source, values, rows[i])
             unchanged[i] = same_image(rows[i], source)
-        return unchanged, None
+        return unchanged
 
 
 class KernelFilter(TwoStep):

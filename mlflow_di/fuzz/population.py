@@ -112,7 +112,7 @@ def _make(mutations: list[Mutation], rows: np.ndarray | None) -> tuple[list[int]
                                                                             [m.drawn for m in group])))
         else:
             block = rows[start:start + len(group)]
-            unchanged, _ = operator.apply_many([m.source for m in group], [m.drawn for m in group], block)
+            unchanged = operator.apply_many([m.source for m in group], [m.drawn for m in group], block)
             for offset, (mutation, same) in enumerate(zip(group, unchanged.tolist())):
                 mutation.row, mutation.unchanged = block[offset], same
         for offset, number in enumerate(members):
