@@ -67,7 +67,7 @@ class Adequacy:
     ``fit(estimator, traces, predictions, nearest_other)`` on the training SA traces, kept in the estimator's
     ``attribute`` and scored per input with ``score_samples(traces, predictions, device)``; the report keeps the
     values as ``values_field``, and the fit's time is reported under ``fit_timer``. ``device`` is a CUDA model's
-    device, where the distance work runs (:func:`surprise_device`), or None (the host)."""
+    device, where the distance work runs (:func:`coverage_device`), or None (the host)."""
 
     attribute: str
     values_field: str
@@ -234,9 +234,10 @@ def cells_on_device(device) -> bool:
     return device.type == "cuda"
 
 
-def surprise_device(model):
-    """Where LSA's and DSA's distance work runs for ``model`` (a TorchModel, or None): its CUDA device, as
-    for the cell criteria (:func:`cells_on_device`), else None (NumPy on the host)."""
+def coverage_device(model):
+    """Where ``model``'s coverage work runs (a TorchModel, or None): its device when :func:`cells_on_device`
+    says so (a CUDA GPU: the cell criteria batch by batch, LSA's and DSA's distances), else None (NumPy on
+    the host)."""
     if model is None:
         return None
     device = module_device(model.module)
@@ -625,7 +626,7 @@ class ClassicCoverage(BaseEstimator):
         started = time.perf_counter()
         values, predictions = self.collect(model, images)
         seconds = time.perf_counter() - started
-        self.fit_activations(values, predictions, train_name=images_of(images)[1], device=surprise_device(model))
+        self.fit_activations(values, predictions, train_name=images_of(images)[1], device=coverage_device(model))
         self.seconds_["activations"] = seconds
         self.model_ = model
         return self
@@ -637,7 +638,7 @@ class ClassicCoverage(BaseEstimator):
         layer of :meth:`required_layers`, ``predictions`` (N,) the model's predicted classes.
         The layers are those of :meth:`resolve_layers` (called by :meth:`fit`), or else the given
         ``layers``/``sa_layers``. ``nearest_other`` (from a saved fit) skips DSA's quadratic step;
-        ``device`` (a GPU, :func:`surprise_device`) is where it runs otherwise (None: NumPy).
+        ``device`` (a GPU, :func:`coverage_device`) is where it runs otherwise (None: NumPy).
         """
         if not hasattr(self, "layers_"):
             self.resolve_layers(None)
@@ -704,7 +705,7 @@ class ClassicCoverage(BaseEstimator):
             raise UserError("scoring needs the model: fit(model, images), or load(directory, model=...)")
         _, name = images_of(images)
         started = time.perf_counter()
-        if cells_on_device(module_device(self.model_.module)) and DeviceCells.usable(self._criteria()):
+        if coverage_device(self.model_) is not None and DeviceCells.usable(self._criteria()):
             cells = DeviceCells(self)
             values, predictions = self.collect(self.model_, images, on_batch=cells.add,
                                                keep=[*self.sa_layers_, *keep_layers])
@@ -754,7 +755,7 @@ class ClassicCoverage(BaseEstimator):
         criteria = self._criteria()
         values: dict[str, np.ndarray] = {}
         settings = self.settings()
-        device = surprise_device(self.model_)
+        device = coverage_device(self.model_)
         if self.sa_layers_:
             for criterion, adequacy in _adequacies(criteria):
                 with self._timed(criterion):
@@ -809,7 +810,7 @@ class ClassicCoverage(BaseEstimator):
         coverage.layer_sizes_ = [int(v) for v in meta["layer_sizes"]]
         coverage.train_name_, coverage.num_train_ = meta["train_name"], int(meta["num_train"])
         coverage.low_, coverage.high_ = arrays.get("low"), arrays.get("high")
-        coverage._restore_surprise(arrays, surprise_device(model))
+        coverage._restore_surprise(arrays, coverage_device(model))
         coverage.model_ = model
         return coverage
 

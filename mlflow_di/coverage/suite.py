@@ -18,7 +18,7 @@ from sklearn.base import BaseEstimator
 
 from mlflow_di.coverage.activations import default_layer
 from mlflow_di.coverage.base import check_fitted, images_of, parse_saved, stamped
-from mlflow_di.coverage.criteria import CRITERIA, CRITERION, ClassicCoverage, CriteriaReport, surprise_device
+from mlflow_di.coverage.criteria import CRITERIA, CRITERION, ClassicCoverage, CriteriaReport, coverage_device
 from mlflow_di.coverage.idc import CoverageReport, ImportanceDrivenCoverage
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
@@ -227,7 +227,7 @@ class CoverageSuite(BaseEstimator):
                 if classic.sa_layers_:
                     traces, predictions = _sa_traces(output.traces / "sa", merged.starts, merged.rows)
                 classic.fit_statistics(merged.layer_sizes, merged.low, merged.high, traces, predictions, merged.rows,
-                                       train_name=images_of(images)[1], device=surprise_device(model))
+                                       train_name=images_of(images)[1], device=coverage_device(model))
                 classic.model_ = model
         primary = None
         if idc is not None:
