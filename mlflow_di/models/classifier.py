@@ -15,7 +15,7 @@ import numpy as np
 
 from mlflow_di.data import LazyImages
 from mlflow_di.errors import UserError
-from mlflow_di.models.device import module_device
+from mlflow_di.models.device import module_device, with_index
 from mlflow_di.models.preprocessing import Preprocessing
 
 
@@ -170,20 +170,8 @@ def takes_device_batches(model, device) -> bool:
     a PyTorch classifier running there, on an accelerator. Not on the CPU: there the host's rows are the
     device's memory, so no copy is saved (a campaign keeping fresh batches ran 0.96-1.02x as fast as one
     reusing its rows: benchmarks/RESULTS.md, bench_device_batch)."""
-    import torch
-
-    device = torch.device(device)
-    return device.type != "cpu" and isinstance(model, TorchClassifier) and _same_device(model.device, device)
-
-
-def _same_device(a, b) -> bool:
-    """Whether two torch devices are one (``cuda`` is the current CUDA device)."""
-    import torch
-
-    def index(device):
-        return torch.cuda.current_device() if device.type == "cuda" and device.index is None else device.index
-
-    return a.type == b.type and (a.type == "cpu" or index(a) == index(b))
+    device = with_index(device)
+    return device.type != "cpu" and isinstance(model, TorchClassifier) and with_index(model.device) == device
 
 
 

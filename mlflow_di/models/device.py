@@ -81,15 +81,25 @@ def use_own_cuda_streams(devices) -> None:
         torch.cuda.set_stream(torch.cuda.Stream(device=device))
 
 
+def with_index(device):
+    """``device`` as a torch device naming its index: plain ``cuda`` is the current CUDA device (so that
+    ``cuda`` and ``cuda:0`` compare equal when 0 is current); other devices as they are."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def describe_device(device) -> str:
     """``cpu`` or ``cuda:0 (NVIDIA H100 80GB HBM3)``: what to print and log."""
     import torch
 
-    device = torch.device(device)
+    device = with_index(device)
     if device.type != "cuda":
         return str(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return f"cuda:{device.index} ({torch.cuda.get_device_name(device.index)})"
 
 
 def onnx_providers(device=None) -> list:
