@@ -47,16 +47,28 @@ baseline value that is missing fails the check and names the command to run on t
 baseline that does not exist yet (``Baseline.uri`` None, ``--baseline-optional``) passes the
 relative checks as "no baseline".
 
-A threshold whose measurement is missing fails, with a message saying which command records it.
+Three outcomes per check. Every built-in figure was measured on a sample (images, seeds,
+analysis inputs, timed pairs) and is judged by its 95% interval, which the command that measured it
+records beside it (``METRIC_low``, ``METRIC_high``, ``METRIC_n``; :attr:`CheckDeclaration.interval_method`
+says how each is made, :mod:`mlflow_di.intervals` makes them): PASS when the whole interval is on the
+right side of the threshold, FAIL when it is wholly on the wrong side, INCONCLUSIVE when the threshold is
+inside it (the check's message says about how much more evidence at the same value would decide).
+The verdict is FAIL if any check fails, else ERROR if any had nothing to judge, else INCONCLUSIVE if
+any is inconclusive, else PASS; ``gate --inconclusive`` counts inconclusive checks as failed, passed
+or errors instead. Exit codes: :data:`EXIT_CODES`.
+
+A threshold whose measurement is missing makes the verdict ERROR, with a message saying which command
+records it.
 A fuzz campaign that found no deviating input has no mean number of queries per deviation; it
 counts as infinitely many (the best outcome), so ``min_mean_queries`` passes.
 
 Why not ``mlflow.validate_evaluation_results``: it raises one exception joining every failure
 and returns nothing on success, so it cannot give the per-check table; it reports a missing
 metric with its own text instead of the command to run; and it would tie this pure module to
-MLflow. A check here is the same comparison as ``MetricThreshold(threshold=...,
-greater_is_better=...)`` (``>=`` when greater is better, else ``<=``), and
-:meth:`Check.metric_threshold_args` gives those arguments for callers that want MLflow's class.
+MLflow. On an exact figure (no interval) a check here is the same comparison as
+``MetricThreshold(threshold=..., greater_is_better=...)`` (``>=`` when greater is better, else ``<=``),
+and :meth:`Check.metric_threshold_args` gives those arguments for callers that want MLflow's class;
+MLflow judges point estimates only, so an interval holding the threshold has no MLflow equivalent.
 """
 from __future__ import annotations
 
@@ -64,8 +76,19 @@ import dataclasses
 import math
 
 from mlflow_di.errors import UserError
+from mlflow_di.intervals import (CLOPPER_PEARSON, CONFIDENCE, COVERAGE_BOOTSTRAP, FAIL, INCONCLUSIVE, MEAN_BOOTSTRAP,
+                                 NEWCOMBE_PAIRED, PASS, Interval, clopper_pearson, judge, mover)
+from mlflow_di.intervals import rate_sample_to_decide, sample_to_decide
 from mlflow_di.registry import Registry
 from mlflow_di.results_json import JsonRoundTrip
+
+#: A check with nothing to judge (the version was not analysed for it).
+MISSING = "MISSING"
+#: How an INCONCLUSIVE check counts (``gate --inconclusive``): the verdict says INCONCLUSIVE (the default), or
+#: the check counts as failed, passed, or as an error.
+INCONCLUSIVE_AS = ("inconclusive", "fail", "pass", "error")
+#: The gate's exit code for each verdict.
+EXIT_CODES = {PASS: 0, FAIL: 1, "ERROR": 2, INCONCLUSIVE: 3}
 
 
 #: What a threshold may be: a fraction in [0, 1], a number above 0, or a number of at least 0.
@@ -93,6 +116,14 @@ class CheckDeclaration:
     help: str = ""
     #: what a refused value is told besides the range, e.g. " (e.g. 1: no slower than the source)"
     hint: str = ""
+    #: what the figure was measured on, when it is a sample's ("images", "seeds", "analysis inputs"): such a
+    #: figure is judged by its 95% interval (``METRIC_low``/``METRIC_high``/``METRIC_n`` beside it in the run),
+    #: and a run that recorded none cannot decide it. "" for an exact figure, judged by its value.
+    sample: str = ""
+    #: how the command that records a sample's figure makes its interval (the docs' table lists them)
+    interval_method: str = ""
+    #: the run metric holding the figure, when it is not ``metric`` (IDC's check reads ``idc_reachable``)
+    recorded: str = ""
 
     @property
     def comparison(self) -> str:
@@ -103,41 +134,54 @@ class CheckDeclaration:
         """The command line's option for its threshold, e.g. ``--min-idc``."""
         return "--" + self.threshold_name.replace("_", "-")
 
+    @property
+    def run_metric(self) -> str:
+        """The metric a recorded run holds the figure in."""
+        return self.recorded or self.metric
+
 
 #: Every gate check, by its metric, in the order the gate and its reports list them (a live registry:
 #: :func:`register_check` adds one).
 CHECKS = Registry("gate check", CheckDeclaration, key="metric", builtins=[
     CheckDeclaration("idc", "coverage", "min_idc", greater_is_better=True, per_compressed=False,
-              help="Fail if IDC (0..1) of the newest coverage run is lower."),
+              sample="analysis inputs", recorded="idc_reachable", interval_method=COVERAGE_BOOTSTRAP,
+              help="Fail if IDC (0..1) of the newest coverage run is lower: the share of the important-neuron "
+                   "combinations the analysis (training) data reach that the test data cover, judged by its 95% "
+                   "interval from refitting the clusters on resamples of the analysis data."),
     CheckDeclaration("success_rate", "fuzz", "max_success_rate", greater_is_better=False, per_compressed=True,
+              sample="seeds", interval_method=CLOPPER_PEARSON,
               help="Fail if the fuzzing success rate (0..1) against a compressed model is higher."),
     CheckDeclaration("mean_queries", "fuzz", "min_mean_queries", greater_is_better=True, per_compressed=True,
-              range="nonnegative", help="Fail if fuzzing needed fewer queries per deviating input on average."),
+              range="nonnegative", sample="seeds", interval_method=MEAN_BOOTSTRAP,
+              help="Fail if fuzzing needed fewer queries per deviating input on average."),
     CheckDeclaration("accuracy_drop", "compress", "max_accuracy_drop", greater_is_better=False, per_compressed=True,
+              sample="images", interval_method=NEWCOMBE_PAIRED,
               help="Fail if compression lost more accuracy (source - compressed, 0..1)."),
     CheckDeclaration("max_class_accuracy_drop", "compress", "max_class_accuracy_drop", greater_is_better=False,
-              per_compressed=True,
+              per_compressed=True, sample="images", interval_method=f"{NEWCOMBE_PAIRED}, Bonferroni over the classes",
               help="Fail if compression lost more accuracy on any one class (largest per-class drop, 0..1)."),
     CheckDeclaration("robustness_agreement_min", "robustness", "min_robustness_agreement", greater_is_better=True,
-              per_compressed=True,
+              per_compressed=True, sample="images", interval_method=f"{CLOPPER_PEARSON}, Bonferroni over the cells",
               help="Fail if a compressed model agrees with the original (top-1) on fewer images (0..1) than this "
                    "in the worst corruption and severity of the newest robustness run."),
     CheckDeclaration("disagreement_rate", "compress", "max_disagreement_rate", greater_is_better=False, per_compressed=True,
+              sample="images", interval_method=CLOPPER_PEARSON,
               help="Fail if a compressed model's top-1 label differs from the original's on more of the evaluation "
                    "data (0..1) than this, as its compress run measured (accuracy can stay flat while answers flip)."),
     #: the share of fuzzed seeds that gave a trigger within the realism budget (fuzz's realism_* bounds)
     CheckDeclaration("realistic_success_rate", "fuzz", "max_realistic_success_rate", greater_is_better=False,
-              per_compressed=True,
+              per_compressed=True, sample="seeds", interval_method=CLOPPER_PEARSON,
               help="Fail if more of the fuzzed seeds (0..1) gave a trigger within the realism budget (SSIM >= 0.9 "
                    "to the seed where measurable, paper's and whole-image, L-inf <= 32 levels, or the campaign's own "
                    "--min-ssim/--max-linf): "
                    "deviations a person would call the same image."),
     #: the export's latency against its fp32 source's on the compress run's host (above 1: faster)
     CheckDeclaration("speedup", "compress", "min_speedup", greater_is_better=True, per_compressed=True, range="positive",
-              hint=" (e.g. 1: no slower than the source)",
+              hint=" (e.g. 1: no slower than the source)", sample="timed pairs",
+              interval_method="distribution-free interval of the median ratio",
               help="Fail if an export runs measurably slower than this multiple of its fp32 source's speed (source "
-                   "latency / export latency at batch 64, timed in pairs by its compress run: fails only when the "
-                   "whole 95% interval is below); 1: never slower."),
+                   "latency / export latency at batch 64, timed in pairs by its compress run: fails when the whole 95% "
+                   "interval is below, passes when it is wholly at or above); 1: no slower than the source."),
 ])
 
 
@@ -353,15 +397,33 @@ class Measurement(JsonRoundTrip):
     #: ``lower``: the true value is at least this (an incomplete campaign's rate): it proves a ``>=`` check
     #: passing or a ``<=`` check failing, nothing else; "" for an exact figure
     bound: str = ""
-    #: a figure with a spread (a speedup timed in pairs): its 95% interval, which a check judges: it fails only
-    #: when the whole interval is beyond the threshold
+    #: a sample's figure: its 95% interval, which a check judges (PASS or FAIL only when the whole interval is
+    #: on one side of the threshold); None for an exact figure
     interval: tuple[float, float] | None = None
+    #: the sample size behind ``interval`` (images, seeds, analysis inputs or timed pairs), how it was made and
+    #: its two-sided confidence (above 0.95 for evidence a pipeline may grow in rounds)
+    n: int | None = None
+    interval_method: str = ""
+    confidence: float = CONFIDENCE
+    #: a sample's figure recorded without its interval (an older mlflow-di): what to run again; it decides nothing
+    unsized: str = ""
 
-    JSON_OPTIONAL = {"method": None, "note": "", "data": "", "evidence": None, "bound": "", "interval": None}
+    JSON_OPTIONAL = {"method": None, "note": "", "data": "", "evidence": None, "bound": "", "interval": None,
+                     "n": None, "interval_method": "", "confidence": CONFIDENCE, "unsized": ""}
 
     @property
     def found(self) -> bool:
         return self.value is not None
+
+    def spread(self) -> Interval | None:
+        """The value's interval as an :class:`~mlflow_di.intervals.Interval` (None for an exact figure); an
+        incomplete campaign's rate (a lower bound) reaches up to 1 above its own interval's low end."""
+        if self.interval is None and self.bound != "lower":
+            return None
+        low, high = self.interval if self.interval is not None else (self.value, self.value)
+        if self.bound == "lower":
+            high = max(high, 1.0, self.value)
+        return Interval(low, high, self.n or 0, self.interval_method or "recorded", self.confidence)
 
 
 @dataclasses.dataclass
@@ -390,11 +452,23 @@ class Check(JsonRoundTrip):
     data: str = ""
     #: what the measured value rests on (the measurement's ``evidence``)
     evidence: Evidence | None = None
-    #: the measured value's 95% interval, when it has one (the measurement's ``interval``)
+    #: the 95% interval of what the threshold applies to (the measured value, or a relative check's change),
+    #: when it is a sample's figure, with the sample size and the method
     interval: tuple[float, float] | None = None
+    n: int | None = None
+    interval_method: str = ""
+    confidence: float = CONFIDENCE
+    #: PASS, FAIL, INCONCLUSIVE (the threshold is inside the interval) or MISSING (nothing to judge); ``passed``
+    #: says whether it counts as passed (an INCONCLUSIVE check only when the gate counts those as passing)
+    outcome: str = ""
 
     JSON_OPTIONAL = {**{name: None for name in ("relation", "baseline", "change", "baseline_model", "baseline_run_id")},
-                     "data": "", "evidence": None, "interval": None}
+                     "data": "", "evidence": None, "interval": None, "n": None, "interval_method": "",
+                     "confidence": CONFIDENCE, "outcome": ""}
+
+    def __post_init__(self):
+        if not self.outcome:  # a check read back from a verdict written before the three outcomes
+            self.outcome = PASS if self.passed else (FAIL if self.compared is not None else MISSING)
 
     @property
     def comparison(self) -> str:
@@ -420,6 +494,19 @@ class Check(JsonRoundTrip):
         """Keyword arguments of the equivalent ``mlflow.models.MetricThreshold`` (on :attr:`compared`)."""
         return {"threshold": self.threshold, "greater_is_better": self.greater_is_better}
 
+    def spread_text(self) -> str:
+        """The interval as the reports print it, e.g. ``95% CI 0.0033-0.023, n=497`` ("" without one)."""
+        if self.interval is None:
+            return ""
+        low, high = self.interval
+        size = f", n={self.n}" if self.n else ""
+        return f"{confidence_text(self.confidence)} CI {low:.4g}-{high:.4g}{size}"
+
+
+def confidence_text(confidence: float) -> str:
+    """``95%``, ``98.3%``: an interval's confidence as its label says it."""
+    return f"{confidence * 100:.3g}%"
+
 
 @dataclasses.dataclass
 class Baseline:
@@ -442,38 +529,62 @@ class Verdict(JsonRoundTrip):
     measurements: list[Measurement]
     baseline_uri: str | None = None
     baseline_measurements: list[Measurement] = dataclasses.field(default_factory=list)
+    #: how an INCONCLUSIVE check counts (one of :data:`INCONCLUSIVE_AS`; ``gate --inconclusive``)
+    inconclusive_as: str = "inconclusive"
 
     JSON_DUMPS = {"indent": 2}
-    JSON_OPTIONAL = {"baseline_uri": None, "baseline_measurements": []}
+    JSON_OPTIONAL = {"baseline_uri": None, "baseline_measurements": [], "inconclusive_as": "inconclusive"}
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
+        return self.outcome == PASS
 
     @property
     def failures(self) -> list[Check]:
+        """Every check that does not count as passed (failed, inconclusive unless counted as passing, missing)."""
         return [c for c in self.checks if not c.passed]
 
     @property
     def unmeasured(self) -> list[Check]:
         """Checks with no value to judge (the version was not analysed for them)."""
-        return [c for c in self.checks if c.compared is None]
+        return [c for c in self.checks if c.outcome == MISSING]
+
+    @property
+    def inconclusive(self) -> list[Check]:
+        """Checks whose interval holds their threshold: the evidence cannot decide them."""
+        return [c for c in self.checks if c.outcome == INCONCLUSIVE]
 
     @property
     def outcome(self) -> str:
-        """``PASS`` (every check passed), ``FAIL`` (a measured value is beyond its threshold) or
-        ``ERROR`` (no measured value failed, but some check had nothing to judge: the version could
-        not be analysed, which says nothing about its quality and must not read as a failure)."""
-        if self.passed:
-            return "PASS"
-        return "FAIL" if any(c.compared is not None for c in self.failures) else "ERROR"
+        """``FAIL`` (a measured value's whole interval is beyond its threshold), else ``ERROR`` (some check had
+        nothing to judge: the version could not be analysed, which says nothing about its quality and must not
+        read as a failure), else ``INCONCLUSIVE`` (some interval holds its threshold: more evidence would
+        decide), else ``PASS``. ``inconclusive_as`` counts INCONCLUSIVE checks as failed, as errors or as
+        passed instead."""
+        if not self.checks:
+            return "ERROR"
+        undecided = bool(self.inconclusive)
+        if any(c.outcome == FAIL for c in self.checks) or (undecided and self.inconclusive_as == "fail"):
+            return FAIL
+        if self.unmeasured or (undecided and self.inconclusive_as == "error"):
+            return "ERROR"
+        if undecided and self.inconclusive_as == "inconclusive":
+            return INCONCLUSIVE
+        return PASS
+
+    @property
+    def exit_code(self) -> int:
+        """0 PASS, 1 FAIL, 2 ERROR, 3 INCONCLUSIVE (:data:`EXIT_CODES`)."""
+        return EXIT_CODES[self.outcome]
 
     @property
     def cause(self) -> str:
         """Why the outcome is ERROR, in one line (the first unmeasured check's message); else ''."""
         if self.outcome != "ERROR":
             return ""
-        check = self.unmeasured[0] if self.unmeasured else None
+        check = self.unmeasured[0] if self.unmeasured else (self.inconclusive[0] if self.inconclusive else None)
+        if check is not None and check.outcome == INCONCLUSIVE:
+            return f"{check.label} is inconclusive (counted as an error by --inconclusive error): {check.message}"
         return (check.message or f"{check.label} was not measured") if check else "no check was given"
 
     def worst(self, metric: str) -> float | None:
@@ -493,11 +604,15 @@ class Verdict(JsonRoundTrip):
 
     def summary(self) -> str:
         """One line, e.g. ``fail: 3/4 checks passed; failed: success_rate [models:/c/1]``."""
-        passed = len(self.checks) - len(self.failures)
+        passed = sum(c.outcome == PASS for c in self.checks)
         text = f"{self.outcome.lower()}: {passed}/{len(self.checks)} checks passed"
-        beyond = [c.label for c in self.failures if c.compared is not None]
+        beyond = [c.label for c in self.checks if c.outcome == FAIL]
         if beyond:
             text += "; failed: " + ", ".join(beyond)
+        if self.inconclusive:
+            counted = {"fail": " (counted as failed)", "pass": " (counted as passed)",
+                       "error": " (counted as errors)"}.get(self.inconclusive_as, "")
+            text += f"; inconclusive{counted}: " + ", ".join(c.label for c in self.inconclusive)
         if self.unmeasured:
             text += "; not measured: " + ", ".join(c.label for c in self.unmeasured)
         exports = self.per_export()
@@ -514,9 +629,9 @@ class Verdict(JsonRoundTrip):
         for check in self.checks:
             if check.compressed:
                 counts = exports.setdefault(check.compressed, [0, 0, []])
-                counts[0] += check.passed
+                counts[0] += check.outcome == PASS
                 counts[1] += 1
-                if check.compared is None:
+                if check.outcome == MISSING:
                     counts[2].append(check.criterion)
         return {export: (passed, total, missing) for export, (passed, total, missing) in exports.items()}
 
@@ -540,13 +655,18 @@ class Verdict(JsonRoundTrip):
 
 
 def decide(model_uri: str, thresholds: Thresholds, measurements: list[Measurement],
-           baseline: Baseline | None = None) -> Verdict:
+           baseline: Baseline | None = None, inconclusive_as: str = "inconclusive") -> Verdict:
     """Apply every given threshold to every measurement of its criterion, and every relative
     threshold to every measurement compared with its baseline counterpart.
 
+    Each check is PASS or FAIL only when the measurement's whole interval is on one side of its
+    threshold, INCONCLUSIVE otherwise (an exact figure, without an interval, is judged by its value).
     A criterion without any measurement (e.g. no compressed model was ever fuzzed) gets one
-    failed check saying which command to run.
+    MISSING check saying which command to run. ``inconclusive_as``: how INCONCLUSIVE checks count
+    (:data:`INCONCLUSIVE_AS`).
     """
+    if inconclusive_as not in INCONCLUSIVE_AS:
+        raise UserError(f"--inconclusive is one of {', '.join(INCONCLUSIVE_AS)}, got {inconclusive_as!r}")
     thresholds.require_any().require_baseline(baseline is not None)
     checks = []
     for criterion, threshold in thresholds.given():
@@ -554,9 +674,12 @@ def decide(model_uri: str, thresholds: Thresholds, measurements: list[Measuremen
     for relation, threshold in thresholds.relative():
         checks.extend(_relative_check(relation, threshold, m, baseline)
                       for m in _relevant(CHECKS[relation.metric], measurements, model_uri))
+    for check in checks:
+        check.passed = check.outcome == PASS or (check.outcome == INCONCLUSIVE and inconclusive_as == "pass")
     if baseline is None:
-        return Verdict(model_uri, thresholds, checks, list(measurements))
-    return Verdict(model_uri, thresholds, checks, list(measurements), baseline.uri, list(baseline.measurements))
+        return Verdict(model_uri, thresholds, checks, list(measurements), inconclusive_as=inconclusive_as)
+    return Verdict(model_uri, thresholds, checks, list(measurements), baseline.uri, list(baseline.measurements),
+                   inconclusive_as=inconclusive_as)
 
 
 def _relevant(criterion: CheckDeclaration, measurements: list[Measurement], model_uri: str) -> list[Measurement]:
@@ -566,34 +689,56 @@ def _relevant(criterion: CheckDeclaration, measurements: list[Measurement], mode
 
 
 def _check(criterion: CheckDeclaration, threshold: float, measurement: Measurement) -> Check:
-    value = measurement.value
-    if measurement.found:
-        # a figure with a spread fails only when its whole interval is beyond the threshold
-        judged = value if measurement.interval is None else measurement.interval[1 if criterion.greater_is_better else 0]
-        passed = judged >= threshold if criterion.greater_is_better else judged <= threshold
-        message = measurement.note
-        if measurement.interval is not None and passed != (value >= threshold if criterion.greater_is_better
-                                                           else value <= threshold):
-            low, high = measurement.interval
-            message = "; ".join(filter(None, (f"{value:.4g} is on the wrong side of {threshold:g}, but its 95% interval "
-                                              f"{low:.4g}-{high:.4g} reaches it: no measurable difference", message)))
-        if measurement.bound == "lower" and passed != criterion.greater_is_better:  # cannot prove this outcome
-            passed, value = False, None
-            message = (f"{measurement.value:.4g} is only a lower bound, which cannot show "
-                       f"{criterion.metric} {criterion.comparison} {threshold:g}: {measurement.note}")
+    value, spread = measurement.value, None
+    if not measurement.found:
+        outcome, message = MISSING, measurement.missing or missing_message(criterion, "the model")
+    elif measurement.unsized:
+        outcome, message = INCONCLUSIVE, measurement.unsized
     else:
-        passed, message = False, measurement.missing or missing_message(criterion, "the model")
+        spread = measurement.spread()
+        outcome = judge(spread, value, threshold, criterion.greater_is_better)
+        message = "; ".join(filter(None, (_undecided(criterion, threshold, measurement, spread)
+                                          if outcome == INCONCLUSIVE else "", measurement.note)))
     return Check(criterion.metric, measurement.compressed, value, float(threshold), criterion.greater_is_better,
-                 bool(passed), measurement.run_id, message, data=measurement.data, evidence=measurement.evidence,
-                 interval=measurement.interval)
+                 outcome == PASS, measurement.run_id, message, data=measurement.data, evidence=measurement.evidence,
+                 interval=None if spread is None else (spread.low, spread.high), n=measurement.n,
+                 interval_method=measurement.interval_method, confidence=measurement.confidence, outcome=outcome)
+
+
+def _undecided(criterion: CheckDeclaration, threshold: float, measurement: Measurement, spread: Interval) -> str:
+    """Why a check is INCONCLUSIVE and about how much evidence at the same value would decide it."""
+    value = measurement.value
+    if measurement.bound == "lower":
+        return (f"{value:.4g} is only a lower bound ({confidence_text(spread.confidence)} CI from {spread.low:.4g}), "
+                f"which cannot show {criterion.metric} {criterion.comparison} {threshold:g}")
+    text = (f"{criterion.metric} {value:.4g} is inconclusive against {threshold:g}: its "
+            f"{confidence_text(spread.confidence)} interval "
+            f"{spread.low:.4g}-{spread.high:.4g} ({measurement.interval_method or 'recorded'}"
+            + (f", n={measurement.n} {criterion.sample}" if measurement.n else "") + ") holds the threshold")
+    return text + _to_decide(criterion, threshold, measurement, spread)
+
+
+def _to_decide(criterion: CheckDeclaration, threshold: float, measurement: Measurement, spread: Interval) -> str:
+    """``; about N more images at this rate would decide`` (or why none would), "" when it cannot be said."""
+    n, value = measurement.n, measurement.value
+    if not n or not criterion.sample:
+        return ""
+    if measurement.interval_method == CLOPPER_PEARSON:
+        size = rate_sample_to_decide(round(value * n), n, threshold, criterion.greater_is_better,
+                                     lambda k, m: clopper_pearson(k, m, spread.confidence))
+    else:
+        size = sample_to_decide(spread, value, threshold, criterion.greater_is_better)
+    if size is None:
+        return "; no amount of evidence at this value would decide: it equals the threshold"
+    return f"; about {size - n:,} more {criterion.sample} at this value would decide"
 
 
 def _relative_check(relation: Relation, threshold: float, measurement: Measurement, baseline: Baseline) -> Check:
     check = Check(relation.metric, measurement.compressed, measurement.value, float(threshold),
                   relation.greater_is_better, False, measurement.run_id, relation=relation.kind, data=measurement.data,
-                  evidence=measurement.evidence)
+                  evidence=measurement.evidence, outcome=MISSING)
     if baseline.uri is None:  # none yet (--baseline-optional): nothing to fall behind
-        check.passed, check.message = True, baseline.absent or "no baseline"
+        check.outcome, check.message = PASS, baseline.absent or "no baseline"
         return check
     counterpart, problem = pair(measurement, baseline)
     if counterpart is not None:
@@ -605,10 +750,35 @@ def _relative_check(relation: Relation, threshold: float, measurement: Measureme
         check.measured, check.message = None, f"only a {measurement.bound} bound, not compared: {measurement.note}"
     elif problem:
         check.message = problem
+    elif measurement.unsized or counterpart.unsized:
+        check.outcome, check.message = INCONCLUSIVE, measurement.unsized or f"baseline: {counterpart.unsized}"
     else:
         check.change = relation.change(measurement.value, counterpart.value)
-        check.passed = bool(check.change >= threshold if relation.greater_is_better else check.change <= threshold)
+        spread = _change_spread(relation, measurement, counterpart)
+        check.outcome = judge(spread, check.change, threshold, relation.greater_is_better)
+        if spread is not None:
+            check.interval, check.n, check.interval_method = (spread.low, spread.high), spread.n, spread.method
+            check.confidence = spread.confidence
+            if check.outcome == INCONCLUSIVE:
+                check.message = (f"{relation.name} {check.change:.4g} is inconclusive against {threshold:g}: its "
+                                 f"{confidence_text(spread.confidence)} interval {spread.low:.4g}-{spread.high:.4g} "
+                                 f"({spread.method}) holds the threshold")
     return check
+
+
+def _change_spread(relation: Relation, candidate: Measurement, baseline: Measurement) -> Interval | None:
+    """The interval of a relative check's change, from the candidate's and the baseline's own intervals (MOVER:
+    they were measured independently); None when either is an exact figure or the change is not finite."""
+    ours, theirs = candidate.spread(), baseline.spread()
+    if ours is None or theirs is None or not math.isfinite(relation.change(candidate.value, baseline.value)):
+        return None
+    if relation.kind == "drop":
+        return mover(baseline.value, theirs, candidate.value, ours)
+    if relation.kind == "rise":
+        return mover(candidate.value, ours, baseline.value, theirs)
+    if min(candidate.value, baseline.value, ours.low, theirs.low) <= 0:
+        return None  # a ratio's interval needs positive figures
+    return mover(candidate.value, ours, baseline.value, theirs, kind="ratio")
 
 
 def pair(measurement: Measurement, baseline: Baseline) -> tuple[Measurement | None, str]:

@@ -175,9 +175,33 @@ def use_server(monkeypatch):
 
 
 # ------------------------------------------------------------------------ recorded runs
+def as_recorded(metrics: dict) -> dict:
+    """``metrics`` as the commands record them: every gated figure (a check's run metric, also prefixed
+    ``held_out.``/``reference.`` or suffixed ``.SLUG``) with its 95% interval beside it. A figure given without
+    one gets a degenerate interval (its value at both ends, n 10000), so tests of which run the gate reads
+    judge the value alone; tests of intervals give ``NAME_low``/``_high``/``_n`` themselves. IDC's ``idc``
+    is also recorded as ``idc_reachable`` (what the gate judges) unless given."""
+    import math
+
+    from mlflow_di.gate import CHECKS
+
+    gated = {check.run_metric for check in CHECKS.values() if check.sample}
+    out = dict(metrics)
+    if "idc" in out and "idc_reachable" not in out:
+        out["idc_reachable"] = out["idc"]
+    for key, value in list(out.items()):
+        base = key.removeprefix("held_out.").removeprefix("reference.").split(".", 1)[0]
+        if base in gated and f"{key}_low" not in out and isinstance(value, (int, float)) and math.isfinite(value):
+            out.update({f"{key}_low": value, f"{key}_high": value, f"{key}_n": 10000})
+    return out
+
+
 def record_run(client, experiment_id: str, command: str, subject=None, metrics: dict | None = None,
-               tags: dict | None = None, status: str = "FINISHED", start_time: int | None = None) -> str:
-    """A run as ``mlflow-di COMMAND`` records it (the contract's tags) about model version ``subject``."""
+               tags: dict | None = None, status: str = "FINISHED", start_time: int | None = None,
+               sized: bool = True) -> str:
+    """A run as ``mlflow-di COMMAND`` records it (the contract's tags) about model version ``subject``;
+    its gated figures with intervals (:func:`as_recorded`) unless ``sized`` is False (an older mlflow-di)."""
+    metrics = as_recorded(metrics or {}) if sized else metrics
     run_tags = {"mlflow_di.command": command, "mlflow_di.version": "test"}
     if subject is not None:
         run_tags.update({"mlflow_di.model_name": subject.name, "mlflow_di.model_version": str(subject.version),

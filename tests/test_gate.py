@@ -4,13 +4,14 @@ import itertools
 import json
 import math
 import pathlib
+import xml.etree.ElementTree as ET
 
 import pytest
 
 from mlflow_di.errors import UserError
 from mlflow_di.gate import CHECKS, Measurement, Thresholds, Verdict, decide
 
-from mlflow_server import PASSING, record_history, record_run, register_version, run_gate
+from mlflow_server import PASSING, record_export, record_history, record_run, register_version, run_gate
 
 URI = "models:/lenet/1"
 
@@ -277,7 +278,7 @@ def test_gate_fail_exits_1_and_leaves_the_alias_alone(client, history, capsys):
     assert str(client.get_model_version_by_alias("lenet", "champion").version) == "2"
     assert client.get_model_version("lenet", "1").tags["mlflow_di.verdict"] == "FAIL"
     failed = [line.split() for line in out.splitlines() if line.endswith("FAIL")]
-    assert failed == [["success_rate", "[models:/lenet-prune/1]", "0.8", "<=", "0.5", "FAIL"]]
+    assert failed == [["success_rate", "[models:/lenet-prune/1]", "0.8", "0.8-0.8", "(10000)", "<=", "0.5", "FAIL"]]
     assert "alias 'champion' not moved" in out
 
 
@@ -299,8 +300,10 @@ def test_gate_min_robustness_agreement_fails_the_export_below_it(client, history
     code, out, err = run_gate(capsys, "--model-uri", history.uri, "--min-robustness-agreement", "0.9")
     assert code == 1, out + err
     rows = [line.split() for line in out.splitlines() if line.startswith("robustness_agreement_min")]
-    assert rows == [["robustness_agreement_min", "[models:/lenet-int8/1]", "0.95", ">=", "0.9", "PASS"],
-                    ["robustness_agreement_min", "[models:/lenet-prune/1]", "0.6", ">=", "0.9", "FAIL"]]
+    assert rows == [["robustness_agreement_min", "[models:/lenet-int8/1]", "0.95", "0.95-0.95", "(10000)", ">=", "0.9",
+                     "PASS"],
+                    ["robustness_agreement_min", "[models:/lenet-prune/1]", "0.6", "0.6-0.6", "(10000)", ">=", "0.9",
+                     "FAIL"]]
     assert client.get_model_version("lenet", "1").tags["mlflow_di.robustness_agreement_min"] == "0.6"
     code, out, _ = run_gate(capsys, "--model-uri", history.uri, "--compressed", "models:/lenet-int8/1",
                             "--min-robustness-agreement", "0.9")
@@ -311,7 +314,8 @@ def test_gate_without_recorded_coverage_is_an_error_not_a_failure_and_says_what_
     register_version(client, "fresh")
     code, out, err = run_gate(capsys, "--model-uri", "models:/fresh/1", "--min-idc", "0.5")
     assert code == 2
-    assert [line.split() for line in out.splitlines() if line.startswith("idc")] == [["idc", "missing", ">=", "0.5", "FAIL"]]
+    assert [line.split() for line in out.splitlines() if line.startswith("idc")] == [
+        ["idc", "missing", "-", ">=", "0.5", "MISSING"]]
     what = "no coverage run recorded for models:/fresh/1; run `mlflow-di coverage --model-uri models:/fresh/1 ...` first"
     assert what in out and "verdict: ERROR" in out
     assert err.splitlines() == [f"mlflow-di: error: the gate could not judge models:/fresh/1: {what}"]
@@ -334,8 +338,10 @@ def test_gate_checks_the_largest_class_accuracy_drop_of_every_export(client, his
     code, out, err = run_gate(capsys, "--model-uri", history.uri, "--max-class-accuracy-drop", "0.1")
     assert code == 1, out + err
     rows = [line.split() for line in out.splitlines() if line.startswith("max_class_accuracy_drop")]
-    assert rows == [["max_class_accuracy_drop", "[models:/lenet-int8/1]", "0.02", "<=", "0.1", "PASS"],
-                    ["max_class_accuracy_drop", "[models:/lenet-prune/1]", "0.2", "<=", "0.1", "FAIL"]]
+    assert rows == [["max_class_accuracy_drop", "[models:/lenet-int8/1]", "0.02", "0.02-0.02", "(10000)", "<=", "0.1",
+                     "PASS"],
+                    ["max_class_accuracy_drop", "[models:/lenet-prune/1]", "0.2", "0.2-0.2", "(10000)", "<=", "0.1",
+                     "FAIL"]]
     assert client.get_model_version("lenet", "1").tags["mlflow_di.max_class_accuracy_drop"] == "0.2"
     assert run_gate(capsys, "--model-uri", history.uri, "--max-class-accuracy-drop", "0.2")[0] == 0
 
@@ -368,8 +374,9 @@ def test_gate_max_disagreement_rate_reads_each_exports_compress_run(client, hist
     code, out, _ = run_gate(capsys, "--model-uri", history.uri, "--max-disagreement-rate", "0.05")
     assert code == 1
     rows = [line.split() for line in out.splitlines() if line.startswith("disagreement_rate")]
-    assert rows == [["disagreement_rate", "[models:/lenet-int8/1]", "0.008", "<=", "0.05", "PASS"],
-                    ["disagreement_rate", "[models:/lenet-prune/1]", "0.1", "<=", "0.05", "FAIL"]]
+    assert rows == [["disagreement_rate", "[models:/lenet-int8/1]", "0.008", "0.008-0.008", "(10000)", "<=", "0.05",
+                     "PASS"],
+                    ["disagreement_rate", "[models:/lenet-prune/1]", "0.1", "0.1-0.1", "(10000)", "<=", "0.05", "FAIL"]]
     assert client.get_model_version("lenet", "1").tags["mlflow_di.disagreement_rate"] == "0.1"
 
 
@@ -394,8 +401,8 @@ def test_realistic_success_rate_is_judged_and_noise_is_named(client, capsys):
                             "--max-realistic-success-rate", "0.02")
     assert code == 1
     rows = [line.split() for line in out.splitlines() if line.startswith(("success_rate", "realistic_success_rate"))]
-    assert rows == [["success_rate", "[models:/noisy-int8/1]", "0.9", "<=", "0.95", "PASS"],
-                    ["realistic_success_rate", "[models:/noisy-int8/1]", "0.4", "<=", "0.02", "FAIL"]]
+    assert rows == [["success_rate", "[models:/noisy-int8/1]", "0.9", "0.9-0.9", "(10000)", "<=", "0.95", "PASS"],
+                    ["realistic_success_rate", "[models:/noisy-int8/1]", "0.4", "0.4-0.4", "(10000)", "<=", "0.02", "FAIL"]]
     assert "only 3 of 90 triggers are within the realism budget" in out and "noise-like" in out
     assert ("(boundary inside L-inf <= 32, paper's and whole-image SSIM >= 0.9 where measurable, complete) on seeds "
             "digits[1300:]") in out
@@ -419,7 +426,7 @@ def test_a_gate_check_on_a_fuzz_metric_is_one_record(client, capsys):
         run_id = _fuzz_run(client, experiment, model, export, "dflare", {"success_rate": 0.3, "median_queries": 30})
         code, out, _ = run_gate(capsys, "--model-uri", "models:/toy/1", "--threshold", "min_median_queries=20")
         row = next(line.split() for line in out.splitlines() if line.startswith("median_queries"))
-        assert code == 0 and row == ["median_queries", "[models:/toy-int8/1]", "30", ">=", "20", "PASS"]
+        assert code == 0 and row == ["median_queries", "[models:/toy-int8/1]", "30", "exact", ">=", "20", "PASS"]
         assert f"fuzz run {run_id[:8]} (dflare, no realism budget, complete)" in out  # the run behind the figure
         code, out, _ = run_gate(capsys, "--model-uri", "models:/toy/1", "--threshold", "min_median_queries=50")
         assert code == 1 and "failed: median_queries" in out
@@ -492,15 +499,15 @@ def test_on_images_too_small_for_ssim_an_l_inf_budget_is_as_strict_as_the_check(
 
 def test_an_incomplete_campaign_can_fail_a_check_but_never_pass_it(client, capsys):
     """Seeds stopped by the time safety net found no trigger for want of time: the campaign's success rate is a
-    lower bound. Above the threshold it proves the FAIL; below it, it proves nothing (ERROR, saying so); a
-    complete campaign recorded earlier is preferred over a newer incomplete one."""
+    lower bound. Above the threshold it proves the FAIL; below it, it proves nothing (INCONCLUSIVE, saying so);
+    a complete campaign recorded earlier is preferred over a newer incomplete one."""
     experiment = client.create_experiment("time-limited")
     model, export = register_version(client, "hurried"), register_version(client, "hurried-int8")
     _fuzz_run(client, experiment, model, export, "dflare", {"success_rate": 0.1, "triggers": 10, "timed_out_seeds": 7})
     code, out, err = run_gate(capsys, "--model-uri", "models:/hurried/1", "--max-success-rate", "0.2")
-    assert code == 2
-    assert "0.1 is only a lower bound, which cannot show success_rate <= 0.2" in err
-    assert "is incomplete: 7 of 100 seeds stopped at the --timeout safety net" in err
+    assert code == 3 and "verdict: INCONCLUSIVE" in out
+    assert "0.1 is only a lower bound (95% CI from 0.1), which cannot show success_rate <= 0.2" in out
+    assert "is incomplete: 7 of 100 seeds stopped at the --timeout safety net" in out
     assert "INCOMPLETE" in client.get_model_version("hurried", "1").description
     code, out, _ = run_gate(capsys, "--model-uri", "models:/hurried/1", "--max-success-rate", "0.05")
     assert code == 1  # at least 10% of seeds deviate: more than 5% whatever the cut-short seeds would have given
@@ -548,3 +555,92 @@ def test_a_gate_check_is_one_record(registered_cnn, capsys):
         unregister_check("nc")
     code, _, err = run_gate(capsys, "--model-uri", registered_cnn, "--threshold", "min_nc=0")
     assert code == 2 and "unknown threshold min_nc" in err
+
+
+# ------------------------------------------------------------------------------ three outcomes
+def test_a_figure_whose_interval_holds_its_threshold_is_inconclusive_and_so_is_the_verdict():
+    interval = (0.0097, 0.0367)  # 10 of 500, Clopper-Pearson
+    measured = [Measurement("disagreement_rate", 0.02, "c", interval=interval, n=500, interval_method="Clopper-Pearson")]
+    verdict = decide(URI, Thresholds(max_disagreement_rate=0.02), measured)
+    check = verdict.checks[0]
+    assert (verdict.outcome, check.outcome, verdict.exit_code, verdict.passed) == ("INCONCLUSIVE", "INCONCLUSIVE", 3, False)
+    assert "0.0097-0.0367 (Clopper-Pearson, n=500 images) holds the threshold" in check.message
+    assert "no amount of evidence at this value would decide: it equals the threshold" in check.message
+    assert verdict.summary() == "inconclusive: 0/1 checks passed; inconclusive: disagreement_rate [c]; per export: c 0/1"
+    counted = {how: decide(URI, Thresholds(max_disagreement_rate=0.02), measured, inconclusive_as=how)
+               for how in ("fail", "pass", "error")}
+    assert {how: (v.outcome, v.exit_code) for how, v in counted.items()} == {
+        "fail": ("FAIL", 1), "pass": ("PASS", 0), "error": ("ERROR", 2)}
+    assert "counted as an error by --inconclusive error" in counted["error"].cause
+    again = Verdict.from_json(verdict.to_json())
+    assert again == verdict and again.checks[0].outcome == "INCONCLUSIVE" and again.checks[0].n == 500
+
+
+def test_a_fail_outweighs_an_error_and_an_error_outweighs_inconclusive():
+    fail = Measurement("success_rate", 0.9, "c", interval=(0.8, 0.95), n=100)
+    undecided = Measurement("disagreement_rate", 0.02, "c", interval=(0.01, 0.03), n=500)
+    thresholds = Thresholds(max_success_rate=0.5, max_disagreement_rate=0.02, min_idc=0.5)
+    assert decide(URI, thresholds, [fail, undecided]).outcome == "FAIL"  # idc missing, still FAIL
+    assert decide(URI, thresholds, [undecided]).outcome == "ERROR"  # idc missing
+    assert decide(URI, Thresholds(max_disagreement_rate=0.02), [undecided]).outcome == "INCONCLUSIVE"
+
+
+def test_an_inconclusive_gate_says_so_everywhere_and_never_moves_the_alias(client, capsys, tmp_path):
+    """The disagreement rate equals the limit (10 of 500 against 0.02): exit 3, the interval and n in the console,
+    verdict.json, the tags and the description; the alias is not moved, and taken off this version if it held it."""
+    from mlflow_server import as_recorded
+
+    experiment = client.create_experiment("undecided")
+    model = register_version(client, "unsure")
+    metrics = as_recorded({"idc": 0.9, "idc_reachable_low": 0.85, "idc_reachable_high": 0.95, "idc_reachable_n": 800})
+    record_run(client, experiment, "coverage", model, metrics)
+    record_export(client, experiment, model, "prune", {"accuracy_drop": 0.0, "disagreement_rate": 0.02,
+                                                       "disagreement_rate_low": 0.0097, "disagreement_rate_high": 0.0367,
+                                                       "disagreement_rate_n": 500}, [])
+    client.set_registered_model_alias("unsure", "champion", "1")
+    code, out, err = run_gate(capsys, "--model-uri", "models:/unsure/1", "--min-idc", "0.5",
+                              "--max-disagreement-rate", "0.02", "--promote-alias", "champion", "--json-out",
+                              str(tmp_path / "verdict.json"), "--junit-xml", str(tmp_path / "gate.xml"))
+    assert code == 3, out + err
+    row = next(line.split() for line in out.splitlines() if line.startswith("disagreement_rate"))
+    assert row == ["disagreement_rate", "[models:/unsure-prune/1]", "0.02", "0.0097-0.0367", "(500)", "<=", "0.02",
+                   "INCONCLUSIVE"]
+    assert "verdict: INCONCLUSIVE" in out and "alias 'champion' removed from this version" in out
+    assert "champion" not in client.get_registered_model("unsure").aliases
+    written = json.loads((tmp_path / "verdict.json").read_text())
+    check = next(c for c in written["checks"] if c["metric"] == "disagreement_rate")
+    assert written["outcome"] == "INCONCLUSIVE" and check["outcome"] == "INCONCLUSIVE" and check["n"] == 500
+    assert check["interval"] == [0.0097, 0.0367] and check["interval_method"] == "Clopper-Pearson"
+    tags = client.get_model_version("unsure", "1").tags
+    assert tags["mlflow_di.verdict"] == "INCONCLUSIVE" and tags["mlflow_di.disagreement_rate_result"] == "INCONCLUSIVE"
+    assert tags["mlflow_di.disagreement_rate_interval"] == "0.0097-0.0367 (95% CI, n=500, Clopper-Pearson)"
+    assert tags["mlflow_di.idc_result"] == "PASS"
+    description = client.get_model_version("unsure", "1").description
+    assert description.startswith("## mlflow-di gate: INCONCLUSIVE") and "0.0097-0.0367 (500)" in description
+    assert "**inconclusive**: the evidence cannot decide" in description
+    failure = ET.parse(tmp_path / "gate.xml").getroot().find(".//failure")
+    assert failure.get("type") == "inconclusive" and failure.get("message").startswith("INCONCLUSIVE: value 0.02")
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/unsure/1", "--max-disagreement-rate", "0.02",
+                            "--inconclusive", "pass", "--promote-alias", "champion")
+    assert code == 0 and "INCONCLUSIVE (counts as pass)" in out  # an advisory gate, on purpose
+
+
+def test_a_figure_recorded_without_its_interval_decides_nothing(client, capsys):
+    experiment = client.create_experiment("older")
+    model = register_version(client, "old")
+    record_run(client, experiment, "coverage", model, {"idc": 0.9, "idc_reachable": 0.9}, sized=False)
+    code, out, _ = run_gate(capsys, "--model-uri", "models:/old/1", "--min-idc", "0.5")
+    assert code == 3
+    assert "recorded idc_reachable without its 95% interval (by an older mlflow-di), so it cannot decide min_idc" in out
+    assert next(line.split() for line in out.splitlines() if line.startswith("idc"))[2:4] == ["none", "recorded"]
+
+
+def test_min_idc_after_a_classic_only_coverage_run_says_idc_was_not_computed(client, capsys):
+    experiment = client.create_experiment("classic-only")
+    model = register_version(client, "classic")
+    run_id = record_run(client, experiment, "coverage", model, {"nc": 0.4, "kmnc": 0.3})
+    client.log_param(run_id, "criteria", "nc,kmnc")
+    code, _, err = run_gate(capsys, "--model-uri", "models:/classic/1", "--min-idc", "0.5")
+    assert code == 2
+    assert (f"coverage run {run_id} of models:/classic/1 computed nc,kmnc but not idc (the newest coverage run has "
+            "none); run `mlflow-di coverage --model-uri models:/classic/1 --criteria idc,...") in err

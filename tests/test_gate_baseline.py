@@ -120,7 +120,7 @@ def test_a_verdict_with_a_baseline_round_trips_and_one_without_keeps_the_old_key
     plain = decide(URI, Thresholds(min_idc=0.5), [Measurement("idc", 0.58)]).to_dict()
     assert set(plain) == {"model_uri", "passed", "thresholds", "checks", "measurements"}
     assert set(plain["checks"][0]) == {"metric", "compressed", "measured", "threshold", "greater_is_better", "passed",
-                                       "run_id", "message"}
+                                       "run_id", "message", "outcome"}
     assert set(plain["thresholds"]) == {"min_idc", "max_success_rate", "min_mean_queries", "max_accuracy_drop"}
 
 
@@ -157,15 +157,16 @@ def test_markdown_summary_has_a_heading_a_row_per_check_and_the_runs():
     lines = text.splitlines()
     assert lines[0] == f"## mlflow-di gate: FAIL for `{URI}`"
     table = [line for line in lines if line.startswith("| ")]
-    assert table[0] == "| criterion | model | value | threshold | baseline | change | result | runs | evidence |"
+    assert table[0] == ("| criterion | model | value | 95% interval (n) | threshold | baseline | change | result | runs | "
+                        "evidence |")
     assert len(table) == 1 + len(verdict.checks)
     # each cell padded with a non-breaking space: the MLflow UI's tables pad none, and "static/1" beside "0"
     # read "static/10"
     assert table[3] == ("| &nbsp;success_rate_rise&nbsp; | &nbsp;`models:/m-int8/2`&nbsp; | &nbsp;0.5&nbsp; | "
-                        "&nbsp;<= 0.1&nbsp; | &nbsp;0.2&nbsp; | &nbsp;0.3&nbsp; | &nbsp;**FAIL**&nbsp; | "
+                        "&nbsp;exact&nbsp; | &nbsp;<= 0.1&nbsp; | &nbsp;0.2&nbsp; | &nbsp;0.3&nbsp; | &nbsp;**FAIL**&nbsp; | "
                         "&nbsp;[rc](http://ui/rc), [rb](http://ui/rb)&nbsp; |  |")
     assert "- a note \\| piped" in lines and lines[-1] == "Gate run: [gate-run](http://ui/gate-run)"
-    assert all(line.count("|") - line.count("\\|") == 10 for line in table)
+    assert all(line.count("|") - line.count("\\|") == 11 for line in table)
 
 
 # ------------------------------------------------------------------------ recorded runs and the command
@@ -204,14 +205,19 @@ def test_gate_baseline_compares_each_export_with_the_champions_of_the_same_metho
                               "--min-mean-queries-ratio", "0.8", "--promote-alias", "champion",
                               "--junit-xml", str(junit), "--summary-md", str(summary))
     assert code == 1, out + err
-    assert _rows(out, "check") == [["check", "measured", "baseline", "change", "threshold", "result"]]
-    rise = _rows(out, "success_rate rise")
-    assert rise == [["success_rate", "rise", "[models:/lenet-int8/2]", "0.35", "0.3", "0.05", "<=", "0.04", "FAIL"],
-                    ["success_rate", "rise", "[models:/lenet-prune/2]", "0.7", "0.8", "-0.1", "<=", "0.04", "PASS"]]
+    assert _rows(out, "check") == [["check", "measured", "baseline", "change", "95%", "interval", "(n)", "threshold",
+                                    "result"]]
+    rise = _rows(out, "success_rate rise")  # exact figures (degenerate intervals): the change's interval is the change
+    assert [row[:6] + row[8:] for row in rise] == [
+        ["success_rate", "rise", "[models:/lenet-int8/2]", "0.35", "0.3", "0.05", "<=", "0.04", "FAIL"],
+        ["success_rate", "rise", "[models:/lenet-prune/2]", "0.7", "0.8", "-0.1", "<=", "0.04", "PASS"]]
+    assert [row[6:8] for row in rise] == [["0.05-0.05", "(10000)"], ["-0.1--0.1", "(10000)"]]
     ratio = _rows(out, "mean_queries ratio")
-    assert [row[-5:] for row in ratio] == [["120", f"{100 / 120:.4g}", ">=", "0.8", "PASS"],
-                                           ["40", "1.5", ">=", "0.8", "PASS"]]
-    assert _rows(out, "idc drop") == [["idc", "drop", "0.58", "0.62", f"{0.62 - 0.58:.4g}", "<=", "0.05", "PASS"]]
+    assert [row[-7:-5] + row[-3:] for row in ratio] == [["120", f"{100 / 120:.4g}", ">=", "0.8", "PASS"],
+                                                        ["40", "1.5", ">=", "0.8", "PASS"]]
+    drop = _rows(out, "idc drop")
+    assert [row[:5] + row[7:] for row in drop] == [["idc", "drop", "0.58", "0.62", f"{0.62 - 0.58:.4g}", "<=", "0.05",
+                                                    "PASS"]]
     assert "compared with the baseline models:/lenet/1" in out
     assert str(client.get_model_version_by_alias("lenet", "champion").version) == "1"  # failed: not moved
     tags = client.get_model_version("lenet", "3").tags
@@ -252,7 +258,8 @@ def test_gating_an_export_compares_it_with_the_baselines_export_of_its_method_or
                                   "--max-success-rate-rise", "0.1", "--max-idc-drop", "0.1")
         assert code == 0, out + err
         assert _rows(out, "success_rate rise") == [
-            ["success_rate", "rise", "[models:/lenet-int8/2]", "0.35", "0.3", "0.05", "<=", "0.1", "PASS"]]
+            ["success_rate", "rise", "[models:/lenet-int8/2]", "0.35", "0.3", "0.05", "0.05-0.05", "(10000)", "<=", "0.1",
+             "PASS"]]
         assert _rows(out, "idc drop")[0][2:4] == ["0.58", "0.62"]  # the sources' coverage
 
 
@@ -265,7 +272,7 @@ def test_no_champion_yet(client, capsys):
     assert "no such alias yet" in err and "--baseline-optional" in err
     code, out, err = run_gate(capsys, *args, "--baseline-optional", "--promote-alias", "champion")
     assert code == 0, out + err
-    assert _rows(out, "idc drop") == [["idc", "drop", "0.7", "-", "-", "<=", "0.01", "PASS"]]
+    assert _rows(out, "idc drop") == [["idc", "drop", "0.7", "-", "-", "-", "<=", "0.01", "PASS"]]
     assert "no baseline: models:/first@champion is not set yet" in out
     assert client.get_model_version("first", "1").tags["mlflow_di.gate_baseline"] == "none"
     assert str(client.get_model_version_by_alias("first", "champion").version) == "1"
@@ -304,7 +311,7 @@ def test_hostile_names_render_as_text_in_markdown_and_junit():
     html = MarkdownIt("commonmark").enable("table").render(summary_markdown(verdict, notes=(f"note about {HOSTILE}",)))
     assert "<img" not in html and "<script" not in html and 'href="http://evil"' not in html and "<em>" not in html
     rows = [row for row in html.split("<tr>")[2:]]
-    assert len(rows) == len(verdict.checks) and all(row.count("<td>") == 7 for row in rows)
+    assert len(rows) == len(verdict.checks) and all(row.count("<td>") == 8 for row in rows)
     root = ET.fromstring(junit_xml(verdict, "gate-run"))
     properties = {p.get("name"): p.get("value") for p in root.find("testsuite").find("properties")}
     assert properties["model_uri"] == uri.replace("\x01", "\ufffd")

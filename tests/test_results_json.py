@@ -121,11 +121,19 @@ def test_a_campaign_folder_written_by_earlier_code_loads_and_writes_back_the_sam
     assert CampaignResult.from_json(result.to_json()).records == result.records
 
 
-def test_a_verdict_written_by_earlier_code_loads_and_writes_back_the_same_bytes():
+def test_a_verdict_written_by_earlier_code_loads_and_writes_back_the_same_with_each_checks_outcome():
+    """A verdict from before the three outcomes: every check's outcome is derived (PASS when it passed, FAIL when a
+    measured value did not, MISSING when nothing was measured); everything else is written back as it was."""
+    import json
+
     text = (FIXTURES / "verdict_v1.json").read_text().rstrip("\n")
     verdict = Verdict.from_json(text)
     assert verdict.passed is False and verdict.measurements[1].value == math.inf
-    assert verdict.to_json() == text
+    written = json.loads(verdict.to_json())
+    outcomes = [check.pop("outcome") for check in written["checks"]]
+    assert outcomes == [("PASS" if c["passed"] else "FAIL" if c["measured"] is not None else "MISSING")
+                        for c in json.loads(text)["checks"]]
+    assert written == json.loads(text)
 
 
 def test_a_compression_result_written_by_earlier_code_loads_and_writes_back_the_same_bytes():

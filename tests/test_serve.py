@@ -37,6 +37,27 @@ class Clock:
 
 
 # ------------------------------------------------------------------------------ the queue
+def test_a_queue_file_from_before_inconclusive_is_migrated_with_its_jobs(tmp_path):
+    """The jobs table's CHECK had no 'inconclusive': opening the file rebuilds the table, rows kept."""
+    import sqlite3
+
+    from mlflow_di.service.queue import _SCHEMA
+
+    path = tmp_path / "jobs.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript(_SCHEMA.replace(", 'inconclusive'", ""))
+    old.execute("INSERT INTO jobs (model, version, state, next_attempt_at, created_at, updated_at) "
+                "VALUES ('m', '1', 'failed', 0, 0, 0)")
+    old.commit()
+    old.close()
+    queue = JobQueue(path)
+    assert queue.job(1).state == "failed" and queue.enqueue("m", "2") is True
+    queue.finish(queue.claim().id, "inconclusive", 3, "the evidence could not decide disagreement_rate")
+    assert queue.counts()["inconclusive"] == 1 and queue.counts()["failed"] == 1
+    queue.close()
+    assert JobQueue(path).counts()["inconclusive"] == 1  # opened again: nothing to migrate
+
+
 def test_a_version_is_queued_once_ever(tmp_path):
     queue = JobQueue(tmp_path / "jobs.sqlite")
     assert queue.enqueue("m", "1", "webhook") is True
@@ -47,7 +68,7 @@ def test_a_version_is_queued_once_ever(tmp_path):
     assert queue.enqueue("m", "1", "webhook") is False  # not even after it finished
     assert [(j.model, j.version, j.source) for j in queue.jobs()] == [("m", "1", "webhook"), ("m", "2", "poll"),
                                                                       ("other", "1", "")]
-    assert queue.counts() == {"queued": 2, "running": 0, "passed": 1, "failed": 0, "error": 0}
+    assert queue.counts() == {"queued": 2, "running": 0, "passed": 1, "failed": 0, "inconclusive": 0, "error": 0}
     queue.close()
     again = JobQueue(tmp_path / "jobs.sqlite")  # durable
     assert again.find("m", "1").state == "passed" and again.enqueue("m", "1") is False
@@ -122,8 +143,8 @@ def test_final_states_and_the_tags_they_call_for(tmp_path):
     assert queue.job(job.id).state == "failed" and queue.claim() is None
     with pytest.raises(ValueError):
         queue.finish(job.id, "running")
-    assert [outcome(code) for code in (0, 1, 2, 3, -9, 130, 143)] == \
-        ["passed", "failed", "error", "retry", "retry", "retry", "retry"]
+    assert [outcome(code) for code in (0, 1, 2, 3, 4, -9, 130, 143)] == \
+        ["passed", "failed", "error", "inconclusive", "retry", "retry", "retry", "retry"]
     first = queue.first_started_at()
     assert queue.first_started_at() == first  # recorded once
 
@@ -140,7 +161,7 @@ def _runner(tmp_path, queue, code_for, stop=None, **kwargs):
 
 def test_exit_codes_decide_the_job(tmp_path):
     queue = JobQueue(tmp_path / "jobs.sqlite")
-    codes = {"1": 0, "2": 1, "3": 2, "4": 3}
+    codes = {"1": 0, "2": 1, "3": 2, "4": 4, "5": 3}
     for version in codes:
         queue.enqueue("m", version)
     runner, lines = _runner(tmp_path, queue, lambda job: f"import sys; print('pipeline of {job.key}'); "
@@ -149,11 +170,12 @@ def test_exit_codes_decide_the_job(tmp_path):
     while (job := queue.claim()) is not None:
         runner.run(job)
     states = {job.version: (job.state, job.attempts) for job in queue.jobs()}
-    assert states == {"1": ("passed", 1), "2": ("failed", 1), "3": ("error", 1), "4": ("error", 2)}  # 3: retried once
+    assert states == {"1": ("passed", 1), "2": ("failed", 1), "3": ("error", 1), "4": ("error", 2),  # 4: retried once
+                      "5": ("inconclusive", 1)}
     assert queue.find("m", "3").message == "pipeline exited with code 2: models:/m/3 has no such layer"  # in /jobs
     assert "pipeline of m/4" in (tmp_path / "logs" / "m-4.log").read_text()
     assert (tmp_path / "logs" / "m-4.log").read_text().count("=== attempt") == 2
-    assert any("m/4 queued again: pipeline exited with code 3" in line for line in lines)
+    assert any("m/4 queued again: pipeline exited with code 4" in line for line in lines)
 
 
 def test_the_cause_of_an_error_is_the_last_attempts_own(tmp_path):

@@ -2,12 +2,15 @@
 
 Reads the newest coverage / fuzz / compress / robustness runs recorded for the version, applies the
 thresholds (:mod:`mlflow_di.gate`), logs the decision as a ``gate`` run, and writes it on the
-version: the verdict (PASS, FAIL, or ERROR when a check had nothing to judge) and the value of each
-check asked for as tags, the table of checks at the top of the description. ``--promote-alias``
-moves to the version only on PASS, and is removed from it on FAIL or ERROR (an earlier passing
-version keeps it). With ``--baseline`` the candidate is also compared with another version
-(relative thresholds); ``--junit-xml`` and ``--summary-md`` write the verdict for CI systems
-(also when it fails). Exit code 0 PASS, 1 FAIL, 2 ERROR or bad input (one line on stderr).
+version: the verdict and the value of each check asked for, with its 95% interval and sample size,
+as tags, the table of checks at the top of the description. A check PASSes or FAILs only when its
+figure's whole interval is on one side of its threshold; otherwise it is INCONCLUSIVE, and so is the
+verdict (``--inconclusive`` counts such checks as failed, passed or errors instead). The verdict is
+PASS, FAIL, INCONCLUSIVE, or ERROR when a check had nothing to judge. ``--promote-alias`` moves to the
+version only on PASS, and is removed from it otherwise (an earlier passing version keeps it). With
+``--baseline`` the candidate is also compared with another version (relative thresholds);
+``--junit-xml`` and ``--summary-md`` write the verdict for CI systems (also when it fails). Exit code
+0 PASS, 1 FAIL, 2 ERROR or bad input (one line on stderr), 3 INCONCLUSIVE.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import datetime
 
 import click
 
+from mlflow_di.gate import INCONCLUSIVE_AS
 from mlflow_di.commands.options import (AliasName, FiniteFloat, Fraction, NamedNumber, RealismBudget, RunIds,
                                         WritablePath, json_out_option, stacked, write_json_out, write_text_out)
 
@@ -61,6 +65,11 @@ def threshold_options(relative: bool):
               help="When the --baseline alias is not set yet (the first version), or the candidate has no previous "
                    "version, pass the relative checks as 'no baseline' instead of stopping with an error.")
 @threshold_options(relative=True)
+@click.option("--inconclusive", type=click.Choice(INCONCLUSIVE_AS), default="inconclusive",
+              show_default=True,
+              help="How a check counts whose 95% interval holds its threshold (the evidence cannot decide it): "
+                   "inconclusive (the verdict is INCONCLUSIVE, exit code 3, the alias does not move), fail, pass "
+                   "or error.")
 @click.option("--runs", "pinned_runs", type=RunIds(), default=None,
               help="Judge only these runs' results (comma-separated ids; a pipeline passes its own step runs). "
                    "Default: the newest recorded run of each kind; the report names the runs it took.")
@@ -76,10 +85,11 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
             pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
             summary_md: str | None, semantics: str = "host", allow_calibration_evidence: bool = False,
             exclude_export: tuple[str, ...] = (), extra_thresholds: tuple = (), realism_budget=None,
-            **thresholds) -> None:
+            inconclusive: str = "inconclusive", **thresholds) -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
-    Exit code 0 when every check passes, 1 when one fails, 2 on an error.
+    Exit code 0 when every check passes, 1 when one fails, 2 on an error, 3 when the evidence cannot decide
+    a check (its interval holds the threshold).
     """
     from mlflow_di.errors import UserError
     from mlflow_di.gate import Thresholds, decide
@@ -99,13 +109,14 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
                                       allow_calibration_evidence=allow_calibration_evidence,
                                       exclude=tuple(exclude_export), realism_budget=realism_budget)
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
-    verdict = decide(model_uri, thresholds, found, compared)
+    verdict = decide(model_uri, thresholds, found, compared, inconclusive_as=inconclusive)
     with version_lock(version.name, version.version, "gate", wait_s=LOCK_WAIT_S):  # one gate's record, whole
         written = _write_verdict(verdict, version, source, model_uri, baseline, compressed, promote_alias,
                                  _evidence_notes(verdict, pinned_runs, realism_budget))
     # what a pipeline calling this command logs on its own run (see commands/pipeline.py)
-    click.get_current_context().meta["mlflow_di.gate"] = {"run_id": written.run_id, "outcome": verdict.outcome,
-                                                          "metrics": written.metrics, "report": written.report}
+    click.get_current_context().meta["mlflow_di.gate"] = {
+        "run_id": written.run_id, "outcome": verdict.outcome, "metrics": written.metrics, "report": written.report,
+        "inconclusive": [{"metric": c.metric, "label": c.label, "n": c.n} for c in verdict.inconclusive]}
     write_json_out({**verdict.to_dict(), "outcome": verdict.outcome, "checked_at": written.checked_at,
                     "run_id": written.run_id}, json_out)
     _write_ci_reports(verdict, written.checked_at, written.run_id, junit_xml, summary_md, written.notes,
@@ -113,8 +124,8 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     _print_verdict(verdict, version, source, promote_alias, written.run_id, written.alias_dropped, written.rules)
     if verdict.outcome == "ERROR":
         raise UserError(f"the gate could not judge {model_uri}: {verdict.cause}")
-    if not verdict.passed:
-        click.get_current_context().exit(1)
+    if verdict.exit_code:
+        click.get_current_context().exit(verdict.exit_code)
 
 
 #: seconds a gate waits for another one writing the same version's verdict (gates take seconds)
@@ -185,7 +196,11 @@ def _notes(verdict, version, source, baseline: str | None, promote_alias: str | 
         notes.append(f"--baseline {baseline} is {verdict.baseline_uri}")
     if promote_alias:
         notes.append(f"alias '{promote_alias}' " + ("moved to this version" if verdict.passed else
-                                                     "removed from this version" if alias_dropped else "not moved"))
+                                                     "removed from this version" if alias_dropped else "not moved")
+                     + (" (the alias moves only on PASS)" if verdict.outcome == "INCONCLUSIVE" else ""))
+    if verdict.inconclusive:
+        notes.append("INCONCLUSIVE: a check's 95% interval holds its threshold, so its evidence can neither pass nor "
+                     "fail it; more images or seeds (as each check says) would decide")
     return tuple(notes)
 
 
@@ -224,7 +239,9 @@ def _log_verdict(log, verdict, compressed, promote_alias: str | None, notes: tup
     if promote_alias:
         params["promote_alias"] = promote_alias
     log.params(params)
-    metrics = {"passed": float(verdict.passed), "checks": len(verdict.checks), "failed_checks": len(verdict.failures)}
+    metrics = {"passed": float(verdict.passed), "checks": len(verdict.checks),
+               "failed_checks": sum(c.outcome == "FAIL" for c in verdict.checks),
+               "inconclusive_checks": len(verdict.inconclusive)}
     for metric in CHECKS:
         value = verdict.worst(metric)
         if value is not None and value != float("inf"):
@@ -245,12 +262,13 @@ def _report(verdict, notes: tuple[str, ...]) -> str:
     from mlflow_di.reporting import HtmlReport
 
     html = HtmlReport(f"Quality gate: {verdict.model_uri}")
-    error = verdict.outcome == "ERROR"
-    html.verdict(None if error else verdict.passed, verdict.summary(), word="ERROR" if error else None)
+    error = verdict.outcome in ("ERROR", "INCONCLUSIVE")
+    html.verdict(None if error else verdict.passed, verdict.summary(), word=verdict.outcome if error else None)
     if error:
         html.paragraph(f"Could not judge: {verdict.cause}")
-    html.section("Checks").table([{"check": row[0], "measured": row[1], **_baseline_cells(verdict, row), "threshold": row[-2],
-                                   "result": row[-1], "evidence": (check.evidence.describe() if check.evidence else "")
+    html.section("Checks").table([{"check": row[0], "measured": row[1], **_baseline_cells(verdict, row),
+                                   "95% interval (n)": row[-3], "threshold": row[-2], "result": row[-1],
+                                   "evidence": (check.evidence.describe() if check.evidence else "")
                                    or check.run_id or "-"}
                                   for row, check in zip(_rows(verdict), verdict.checks)])
     for message in dict.fromkeys(c.message for c in verdict.checks if c.message):  # as the console lists them
@@ -308,12 +326,14 @@ def _evidence_groups(verdict) -> dict[str, list[str]]:
 
 def _header(verdict) -> tuple[str, ...]:
     relative = any(c.relation for c in verdict.checks)
-    return ("check", "measured", *(("baseline", "change") if relative else ()), "threshold", "result")
+    return ("check", "measured", *(("baseline", "change") if relative else ()), "95% interval (n)", "threshold",
+            "result")
 
 
 def _rows(verdict) -> list[tuple[str, ...]]:
-    """The table of checks: label, measured, (baseline, change when a check is relative), threshold, result."""
-    from mlflow_di.reporting.ci import threshold_text, value_text
+    """The table of checks: label, measured, (baseline, change when a check is relative), the interval of what
+    the threshold applies to with its sample size, threshold, result."""
+    from mlflow_di.reporting.ci import interval_text, result_text, threshold_text, value_text
 
     relative = any(c.relation for c in verdict.checks)
     rows = []
@@ -322,9 +342,10 @@ def _rows(verdict) -> list[tuple[str, ...]]:
         if relative:
             compared = ((value_text(c.baseline) if c.baseline_model else "-"),
                         (value_text(c.change) if c.change is not None else "-")) if c.relation else ("-", "-")
-        rows.append((c.label, value_text(c.measured), *compared, threshold_text(c), "PASS" if c.passed else "FAIL"))
+        rows.append((c.label, value_text(c.measured), *compared, interval_text(c), threshold_text(c),
+                     result_text(c, verdict.inconclusive_as)))
     return rows
 
 
 def _baseline_cells(verdict, row) -> dict:
-    return dict(zip(("baseline", "change"), row[2:4])) if len(row) == 6 else {}
+    return dict(zip(("baseline", "change"), row[2:4])) if len(row) == 7 else {}

@@ -10,7 +10,7 @@ itself (exports) are never jobs.
 Jobs live in a sqlite queue in the state folder (:mod:`mlflow_di.service.queue`): one per
 version, ever; ``--workers`` run at a time, each job's pipeline in a subprocess with its own
 state folder, retried with backoff when it crashes. Each transition is one log line and the
-version's ``mlflow_di.status`` tag (queued, running, passed, failed, error). A pickled PyTorch
+version's ``mlflow_di.status`` tag (queued, running, passed, failed, inconclusive, error). A pickled PyTorch
 version is loaded only when the policy trusts its registered model (``trust.pickled_models``):
 loading a pickle runs its code, and nobody chose the versions a service is handed.
 

@@ -251,20 +251,65 @@ def baseline(uri: str, version, candidate, client=None) -> Baseline:
                     is_export=source is not None)
 
 
+def sized(measurement: Measurement, run, recorded: str | None = None) -> Measurement:
+    """``measurement`` with the 95% interval and sample size its ``run`` recorded beside it
+    (``RECORDED_low``, ``RECORDED_high``, ``RECORDED_n``; a speedup's ``_pairs``), when its check is a sample's
+    figure (:attr:`~mlflow_di.gate.CheckDeclaration.sample`). A figure recorded without them (by an older
+    mlflow-di) is ``unsized``: it can decide nothing, and says what to run again. An infinite mean of queries
+    (no deviation found) is exact."""
+    criterion = CHECKS[measurement.metric] if measurement.metric in CHECKS else None
+    if criterion is None or not criterion.sample or not measurement.found or math.isinf(measurement.value):
+        return measurement
+    recorded = recorded or criterion.run_metric
+    metrics = run.data.metrics
+    low, high = metrics.get(f"{recorded}_low"), metrics.get(f"{recorded}_high")
+    size = metrics.get(f"{recorded}_n", metrics.get(f"{recorded}_pairs"))
+    if low is None or high is None:
+        command = run.data.tags.get(f"{TAG_PREFIX}command", criterion.command)
+        measurement.unsized = (f"{command} run {run.info.run_id} recorded {recorded} without its 95% interval (by an "
+                               f"older mlflow-di), so it cannot decide {criterion.threshold_name}; run `mlflow-di "
+                               f"{command}` again")
+        return measurement
+    measurement.interval = (float(low), float(high))
+    measurement.n = None if size is None else int(size)
+    measurement.interval_method = criterion.interval_method
+    measurement.confidence = float(metrics.get("interval_confidence", measurement.confidence))
+    return measurement
+
+
 def _coverage(subject_uri: str, subject_tags: dict, client, model_id: str | None = None) -> list[Measurement]:
     """Every coverage check's value (IDC, and any check registered on a coverage metric) from the newest
     coverage run that logged it."""
     found = []
     rule = PINNED if _pinned.get() is not None else "the newest coverage run of the version"
     for criterion in (c for c in CHECKS.values() if c.command == "coverage"):
-        runs = recorded_runs("coverage", subject_tags, criterion.metric, client, model_id)
+        runs = recorded_runs("coverage", subject_tags, criterion.run_metric, client, model_id)
         if not runs:
-            found.append(Measurement(criterion.metric, None, missing=missing_message(criterion, subject_uri)))
+            found.append(Measurement(criterion.metric, None, missing=_no_coverage(criterion, subject_uri, subject_tags,
+                                                                                  client, model_id)))
             continue
         run, data = runs[0], data_param(runs[0], "test_data")
-        found.append(Measurement(criterion.metric, run.data.metrics[criterion.metric], run_id=run.info.run_id,
-                                 data=data, evidence=Evidence(run.info.run_id, "coverage", "test", data, rule=rule)))
+        found.append(sized(Measurement(criterion.metric, run.data.metrics[criterion.run_metric], run_id=run.info.run_id,
+                                       data=data, evidence=Evidence(run.info.run_id, "coverage", "test", data, rule=rule)),
+                           run))
     return found
+
+
+def _no_coverage(criterion, subject_uri: str, subject_tags: dict, client, model_id: str | None) -> str:
+    """Why no coverage run gives ``criterion``: none recorded, or the newest coverage runs computed other criteria
+    (a classic-only run has no IDC) or recorded IDC in an older form (without its reachable combinations)."""
+    runs = recorded_runs("coverage", subject_tags, "nc", client, model_id) or \
+        recorded_runs("coverage", subject_tags, "idc", client, model_id)
+    if not runs:
+        return missing_message(criterion, subject_uri)
+    run = runs[0]
+    if criterion.metric == "idc" and "idc" in run.data.metrics:
+        return (f"coverage run {run.info.run_id} recorded IDC without its reachable combinations (an older "
+                f"mlflow-di), which the gate judges; run `mlflow-di coverage --model-uri {subject_uri} ...` again")
+    criteria = run.data.params.get("criteria", "other criteria")
+    return (f"coverage run {run.info.run_id} of {subject_uri} computed {criteria} but not {criterion.metric} (the "
+            f"newest coverage run has none); run `mlflow-di coverage --model-uri {subject_uri} --criteria "
+            f"{criterion.metric},... ...` to compute it")
 
 
 @dataclasses.dataclass
@@ -399,8 +444,8 @@ def _declared_fuzz_measurements(subject_uri: str, target: _CompressedTarget, run
         value = metrics.get(check.metric)
         missing = _incomplete_note(metrics, run_id) or ("" if value is not None else
                                                          f"fuzz run {run_id} recorded no {check.metric}")
-        found.append(Measurement(check.metric, None if missing else value, target.key, run_id, missing, data=data,
-                                 evidence=evidence))
+        found.append(sized(Measurement(check.metric, None if missing else value, target.key, run_id, missing, data=data,
+                                       evidence=evidence), run))
     return found
 
 
@@ -427,8 +472,8 @@ def _success_measurements(subject_uri: str, target: _CompressedTarget, run, any_
     evidence, data = _fuzz_evidence(run, rule), data_param(run, "seed_data")
     incomplete = _incomplete_note(metrics, run_id)
     note = "; ".join(filter(None, (_noise_note(metrics, run_id), incomplete)))
-    success = Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note, data=data,
-                          evidence=evidence, bound="lower" if incomplete else "")
+    success = sized(Measurement("success_rate", metrics["success_rate"], target.key, run_id, note=note, data=data,
+                                evidence=evidence, bound="lower" if incomplete else ""), run)
     if incomplete:  # seeds cut short might have needed any number of queries: no bound either way
         return [success, Measurement("mean_queries", None, target.key, run_id, incomplete, data=data,
                                      evidence=evidence)]
@@ -438,8 +483,8 @@ def _success_measurements(subject_uri: str, target: _CompressedTarget, run, any_
         found_none = metrics.get("triggers") == 0 or metrics.get("success_rate") == 0
         mean_queries = math.inf if found_none else None
     missing = "" if mean_queries is not None else f"fuzz run {run_id} recorded no mean_queries"
-    return [success, Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note, data=data,
-                                 evidence=evidence)]
+    return [success, sized(Measurement("mean_queries", mean_queries, target.key, run_id, missing, note=note, data=data,
+                                       evidence=evidence), run)]
 
 
 def _realism_measurement(subject_uri: str, target: _CompressedTarget, run, found: list, budget,
@@ -455,9 +500,9 @@ def _realism_measurement(subject_uri: str, target: _CompressedTarget, run, found
         return Measurement(metric, None, target.key, missing=message + (f" ({context})" if context else ""))
     metrics, run_id = run.data.metrics, run.info.run_id
     incomplete = _incomplete_note(metrics, run_id)
-    return Measurement(metric, metrics[metric], target.key, run_id, note=incomplete,
-                       data=data_param(run, "seed_data"), evidence=_fuzz_evidence(run, rule),
-                       bound="lower" if incomplete else "")
+    return sized(Measurement(metric, metrics[metric], target.key, run_id, note=incomplete,
+                             data=data_param(run, "seed_data"), evidence=_fuzz_evidence(run, rule),
+                             bound="lower" if incomplete else ""), run)
 
 
 def _unjudged_realism(found: list) -> str:
@@ -583,11 +628,9 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
             return Measurement(metric, None, key, run_id, refused, data=data)
         if recorded in metrics:
             judged = evidence(metric, recorded)
-            spread = (metrics[f"{recorded}_low"], metrics[f"{recorded}_high"]) \
-                if f"{recorded}_low" in metrics and f"{recorded}_high" in metrics else None
-            return Measurement(metric, metrics[recorded], key, run_id,
-                               note=note if metric == "disagreement_rate" and not held_out else "",
-                               data=judged.data, evidence=judged, interval=spread)
+            return sized(Measurement(metric, metrics[recorded], key, run_id,
+                                     note=note if metric == "disagreement_rate" and not held_out else "",
+                                     data=judged.data, evidence=judged), run, recorded)
         why = {"speedup": "or with --no-benefit"}.get(metric, "or without --eval-data")
         if recorded.startswith("reference."):
             why = "or for a method that is not int8: reference semantics apply to int8 exports"
@@ -660,8 +703,9 @@ def _robustness(subject_uri: str, target: _CompressedTarget, runs: list) -> Meas
         if value is not None:
             data = data_param(run, "data")
             rule = PINNED if _pinned.get() is not None else "the newest robustness run that measured the export"
-            return Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id, data=data, evidence=Evidence(
-                run.info.run_id, "robustness", "corrupted", data, context=context_line(run.data.tags), rule=rule))
+            return sized(Measurement(ROBUSTNESS_METRIC, value, target.key, run.info.run_id, data=data, evidence=Evidence(
+                run.info.run_id, "robustness", "corrupted", data, context=context_line(run.data.tags), rule=rule)),
+                run, f"{ROBUSTNESS_METRIC}.{slug}")
     return Measurement(ROBUSTNESS_METRIC, None, target.key,
                        missing=missing_message(CHECKS[ROBUSTNESS_METRIC], subject_uri, target.key))
 

@@ -9,7 +9,7 @@ import json
 import math
 
 from mlflow_di.errors import UserError
-from mlflow_di.gate import CHECKS, RELATIONS
+from mlflow_di.gate import CHECKS, RELATIONS, confidence_text
 from mlflow_di.mlflow_edge.connection import first_line, permission_errors, tracking_uri
 from mlflow_di.models.reference import ModelRef, RefKind
 
@@ -174,12 +174,13 @@ RETIRED_GATE_TAGS = ("gate", "gate_summary")
 
 
 def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
-    """The model-version tags recording ``verdict``: ``mlflow_di.verdict`` (PASS, FAIL or ERROR),
-    when and by which run, the thresholds, and the value of each check that was asked for and
-    measured (the least favourable over the compressed models). A check nobody asked for gets no
-    tag; one that was asked for but not measured gets none either (the verdict is then ERROR and
-    the description says what to run). The description holds the full table
-    (:func:`write_verdict_description`).
+    """The model-version tags recording ``verdict``: ``mlflow_di.verdict`` (PASS, FAIL, INCONCLUSIVE or
+    ERROR), when and by which run, the thresholds, and the value of each check that was asked for and
+    measured (the least favourable over the compressed models), with ``METRIC_interval`` (its 95%
+    interval, sample size and method) and ``METRIC_result`` (that check's PASS, FAIL or INCONCLUSIVE).
+    A check nobody asked for gets no tag; one that was asked for but not measured gets none either
+    (the verdict is then ERROR and the description says what to run). The description holds the
+    full table (:func:`write_verdict_description`).
     """
     thresholds = {name: value for name, value in verdict.thresholds.to_dict().items() if value is not None}
     tags = {f"{TAG_PREFIX}verdict": verdict.outcome,
@@ -193,10 +194,14 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
         value = verdict.worst(metric) if metric in asked else None
         if value is not None:
             tags[f"{TAG_PREFIX}{metric}"] = format_value(value)
-            worst = next((c.compressed for c in verdict.checks if c.metric == metric and c.relation is None
-                          and c.compressed and c.measured == value), None)
-            if worst is not None:  # a per-export check: which export the least favourable value is
-                tags[f"{TAG_PREFIX}{metric}_export"] = worst
+            check = next((c for c in verdict.checks if c.metric == metric and c.relation is None
+                          and c.measured == value), None)
+            if check is not None and check.compressed:  # a per-export check: which export the least favourable is
+                tags[f"{TAG_PREFIX}{metric}_export"] = check.compressed
+            if check is not None:
+                tags[f"{TAG_PREFIX}{metric}_result"] = check.outcome
+                if check.interval is not None:
+                    tags[f"{TAG_PREFIX}{metric}_interval"] = interval_tag(check)
     if any(check.relation for check in verdict.checks):  # "none": asked for, not set yet (--baseline-optional)
         tags[f"{TAG_PREFIX}gate_baseline"] = verdict.baseline_uri or "none"
     for relation in RELATIONS:
@@ -207,9 +212,18 @@ def gate_tags(verdict, checked_at: str, run_id: str) -> dict:
     return tags
 
 
+def interval_tag(check) -> str:
+    """A check's interval as its tag holds it, e.g. ``0.003274-0.02332 (95% CI, n=497, Clopper-Pearson)``."""
+    low, high = check.interval
+    size = f", n={check.n}" if check.n else ""
+    method = f", {check.interval_method}" if check.interval_method else ""
+    return f"{format_value(low)}-{format_value(high)} ({confidence_text(check.confidence)} CI{size}{method})"
+
+
 def stale_gate_tags(version, tags: dict) -> list[str]:
     """Keys of gate tags ``version`` carries from an earlier gate that ``tags`` (this gate's) lacks."""
-    ours = {f"{TAG_PREFIX}{name}" for name in (*CHECKS, *(f"{c}_export" for c in CHECKS), *RELATIONS,
+    ours = {f"{TAG_PREFIX}{name}" for name in (*CHECKS, *(f"{c}{suffix}" for c in CHECKS
+                                                          for suffix in ("_export", "_result", "_interval")), *RELATIONS,
                                                *(f"{r}_baseline" for r in RELATIONS), "gate_baseline",
                                                *RETIRED_GATE_TAGS)}
     return sorted(key for key in (version.tags or {}) if key in ours and key not in tags)

@@ -3,10 +3,11 @@
 Pure renderers (a :class:`mlflow_di.gate.Verdict` in, text out); ``mlflow-di gate --junit-xml``
 and ``--summary-md`` write them. JUnit: one ``testsuite`` named ``mlflow-di gate``, one
 ``testcase`` per check (``classname`` the criterion, e.g. ``success_rate`` or ``idc_drop``;
-``name`` the check's label with the compressed model), a failed or missing check as a
-``failure`` whose message reads ``value X vs threshold Y``. Markdown (for
-``$GITHUB_STEP_SUMMARY``): a heading with PASS/FAIL, a table of the checks, the runs the
-values came from and the data they were measured on.
+``name`` the check's label with the compressed model), a failed, inconclusive or missing check as a
+``failure`` (``type`` threshold, inconclusive or missing) whose message reads ``value X (95% CI L-H (n))
+vs threshold Y``. Markdown (for ``$GITHUB_STEP_SUMMARY``): a heading with the verdict (PASS, FAIL,
+INCONCLUSIVE or ERROR), a table of the checks with their intervals, the runs the values came from and
+the data they were measured on.
 
 Names come from users (a registered model may be called ``x"><img src=x onerror=...>``), so
 every piece of text is escaped for where it lands: Markdown punctuation and HTML are
@@ -38,11 +39,33 @@ def threshold_text(check) -> str:
     return f"{check.comparison} {check.threshold:g}"
 
 
+def interval_text(check) -> str:
+    """A check's 95% interval and sample size, e.g. ``0.0033-0.023 (497)``; ``exact`` for a figure measured
+    without sampling, ``-`` when nothing was measured."""
+    if check.interval is None:
+        if check.compared is None or check.outcome == "MISSING":
+            return "-"
+        return "none recorded" if check.outcome == "INCONCLUSIVE" else "exact"
+    low, high = check.interval
+    return f"{value_text(low)}-{value_text(high)}" + (f" ({check.n})" if check.n else "")
+
+
+def result_text(check, inconclusive_as: str = "inconclusive") -> str:
+    """PASS, FAIL, INCONCLUSIVE (with how it counts when the gate counts it otherwise) or MISSING."""
+    if check.outcome == "INCONCLUSIVE" and inconclusive_as != "inconclusive":
+        return f"INCONCLUSIVE (counts as {inconclusive_as})"
+    return check.outcome
+
+
 def details(check) -> str:
     """One line: candidate, baseline and change of a check, the runs they came from, and its message."""
     evidence = check.evidence.describe() if check.evidence else ""
+    spread = check.spread_text()
     parts = [f"{'candidate ' if check.relation else ''}value {value_text(check.measured)}"
              + (f" ({evidence})" if evidence else f" (run {check.run_id})" if check.run_id else "")]
+    if spread:
+        parts.append(f"{'change ' if check.relation else ''}{spread}"
+                     + (f" ({check.interval_method})" if check.interval_method else ""))
     if check.relation and check.baseline_model:
         parts.append(f"baseline {value_text(check.baseline)} from {check.baseline_model}"
                      + (f" (run {check.baseline_run_id})" if check.baseline_run_id else ""))
@@ -67,10 +90,14 @@ def junit_xml(verdict, gate_run_id: str | None = None, checked_at: str | None = 
     for check in verdict.checks:
         case = ET.SubElement(suite, "testcase", classname=check.criterion, name=check.label)
         if check.passed:
-            ET.SubElement(case, "system-out").text = details(check)
+            ET.SubElement(case, "system-out").text = (f"{check.outcome}: " if check.outcome != "PASS" else "") + \
+                details(check)
             continue
-        failure = ET.SubElement(case, "failure", type="missing" if check.compared is None else "threshold",
-                                message=f"value {value_text(check.compared)} vs threshold {threshold_text(check)}")
+        kind = {"MISSING": "missing", "INCONCLUSIVE": "inconclusive"}.get(check.outcome, "threshold")
+        spread = f" ({check.spread_text()})" if check.interval is not None else ""
+        failure = ET.SubElement(case, "failure", type=kind, message=(
+            f"{'INCONCLUSIVE: ' if kind == 'inconclusive' else ''}value {value_text(check.compared)}{spread} vs "
+            f"threshold {threshold_text(check)}"))
         failure.text = details(check)
     ET.indent(root)
     text = ET.tostring(root, encoding="unicode")  # escapes & < > " itself
@@ -120,22 +147,26 @@ def summary_markdown(verdict, run_link: Callable[[str], str] | None = None, gate
     lines = [f"## mlflow-di gate: {verdict.outcome} for {_code(verdict.model_uri)}", ""]
     if verdict.outcome == "ERROR":
         lines.append(f"- **could not judge**: {_prose(verdict.cause)}")
+    if verdict.outcome == "INCONCLUSIVE":
+        lines.append("- **inconclusive**: the evidence cannot decide " + ", ".join(
+            _code(c.label) for c in verdict.inconclusive) + " (a 95% interval holds its threshold)")
     lines += [f"- {_prose(note)}" for note in notes]
     if verdict.baseline_uri:
         lines.append(f"- baseline: {_code(verdict.baseline_uri)}")
     lines.append(f"- {_prose(verdict.summary())}")
     lines.append("")
-    header = ["criterion", "model", "value", "threshold", *(["baseline", "change"] if relative else []), "result", "runs",
-              "evidence"]
+    header = ["criterion", "model", "value", "95% interval (n)", "threshold", *(["baseline", "change"] if relative else []),
+              "result", "runs", "evidence"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for check in verdict.checks:
         runs = [link(run_id) for run_id in (check.run_id, check.baseline_run_id) if run_id]
         row = [check.criterion, _code(check.compressed) if check.compressed else "",
-               value_text(check.measured), threshold_text(check)]
+               value_text(check.measured), interval_text(check), threshold_text(check)]
         if relative:
             row += [value_text(check.baseline) if check.relation and check.baseline_model else "",
                     value_text(check.change) if check.relation and check.change is not None else ""]
-        row += ["PASS" if check.passed else "**FAIL**", ", ".join(runs), evidence_cell(check)]
+        result = result_text(check, verdict.inconclusive_as)
+        row += [result if check.outcome == "PASS" else f"**{result}**", ", ".join(runs), evidence_cell(check)]
         lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
     messages = list(dict.fromkeys(c.message for c in verdict.checks if c.message))
     if messages:

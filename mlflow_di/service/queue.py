@@ -10,8 +10,9 @@ Rules the schema and the methods keep:
   poller and a webhook both saw it, a webhook delivered twice) changes nothing.
 - ``claim()`` is atomic (``BEGIN IMMEDIATE``): two workers, even in two processes, never get the
   same job. It takes the oldest job that is ``queued`` and due (``next_attempt_at``).
-- States: ``queued`` -> ``running`` -> ``passed`` | ``failed`` | ``error`` (final), or back to
-  ``queued`` with an exponential backoff for a retry. ``attempts`` counts the runs started.
+- States: ``queued`` -> ``running`` -> ``passed`` | ``failed`` | ``inconclusive`` | ``error`` (final),
+  or back to ``queued`` with an exponential backoff for a retry. ``attempts`` counts the runs started.
+  A queue file written before ``inconclusive`` existed is migrated when opened.
 - :meth:`JobQueue.recover` (at start) puts jobs a dead service left ``running`` back in the queue,
   due at once; the interrupted run does not count as an attempt (the service died, not the job).
   The pipeline's own state file makes the rerun resume where the interrupted one stopped.
@@ -26,15 +27,15 @@ import sqlite3
 import threading
 import time
 
-STATES = ("queued", "running", "passed", "failed", "error")
-FINAL = ("passed", "failed", "error")
+STATES = ("queued", "running", "passed", "failed", "inconclusive", "error")
+FINAL = ("passed", "failed", "inconclusive", "error")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     model TEXT NOT NULL,
     version TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'passed', 'failed', 'error')),
+    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'passed', 'failed', 'inconclusive', 'error')),
     attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt_at REAL NOT NULL,
     created_at REAL NOT NULL,
@@ -89,9 +90,10 @@ def backoff_delay(attempts: int, base: float, cap: float = 3600.0) -> float:
 
 def outcome(exit_code: int) -> str:
     """What a pipeline's exit code means for its job: ``passed`` (0), ``failed`` (1: the gate said
-    no; final), ``error`` (2: bad input, e.g. the version cannot be loaded; final) or ``retry``
-    (anything else: a crash, a kill, an MLflow outage)."""
-    return {0: "passed", 1: "failed", 2: "error"}.get(exit_code, "retry")
+    no; final), ``error`` (2: bad input, e.g. the version cannot be loaded; final), ``inconclusive``
+    (3: the evidence the policy allows could not decide a check; final) or ``retry`` (anything else: a
+    crash, a kill, an MLflow outage)."""
+    return {0: "passed", 1: "failed", 2: "error", 3: "inconclusive"}.get(exit_code, "retry")
 
 
 class JobQueue:
@@ -108,6 +110,24 @@ class JobQueue:
         self._db.execute("PRAGMA busy_timeout=30000")
         with self._lock:
             self._db.executescript(_SCHEMA)
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """A queue file from before the ``inconclusive`` state: the jobs table rebuilt with the new CHECK (sqlite
+        cannot alter one), its rows kept, in one transaction."""
+        sql = self._db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()[0]
+        if "'inconclusive'" in sql:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("ALTER TABLE jobs RENAME TO jobs_before_inconclusive")
+            self._db.execute(_SCHEMA.split(";")[0])  # the jobs table (executescript would commit first)
+            self._db.execute("INSERT INTO jobs SELECT * FROM jobs_before_inconclusive")
+            self._db.execute("DROP TABLE jobs_before_inconclusive")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         with self._lock:
