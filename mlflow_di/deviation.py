@@ -9,7 +9,8 @@ triggers) and the gate:
 - :func:`per_class_accuracy`: for each true class, both models' accuracy and the drop
   (original minus compressed), with the class's size, so that a drop on 3 images is read as such;
 - :func:`output_deviation`: on probabilities, the top-1 disagreement rate, the flips either way,
-  the KL divergence and each model's top-1/top-2 margin.
+  the KL divergence and each model's top-1/top-2 margin;
+- :func:`deviation_intervals`: the 95% intervals of the figures the gate judges on labelled images.
 
 A class with no inputs has accuracy ``nan`` (not 0): nothing was measured there.
 """
@@ -141,3 +142,34 @@ def _mean_margin(probabilities: np.ndarray) -> float:
         return 1.0
     top_two = np.sort(probabilities, axis=1)[:, -2:]
     return float(np.mean(top_two[:, 1] - top_two[:, 0]))
+
+
+#: the figures :func:`deviation_intervals` gives an interval (``NAME_low``, ``NAME_high``, ``NAME_n``) to
+INTERVAL_FIGURES = ("disagreement_rate", "accuracy_drop", "max_class_accuracy_drop")
+
+
+def deviation_intervals(labels, original, exported) -> dict:
+    """The 95% interval and sample size of each figure the gate judges on evaluation images: the disagreement
+    rate (Clopper-Pearson), the accuracy drop (Newcombe's paired interval: the two accuracies are on the same
+    images) and the largest per-class drop (the same per class, Bonferroni over the classes)."""
+    from mlflow_di.intervals import clopper_pearson, extreme, paired_difference
+
+    labels, original, exported = (np.asarray(a) for a in (labels, original, exported))
+    n = len(labels)
+
+    def paired(rows) -> tuple:
+        right_o, right_e = original[rows] == labels[rows], exported[rows] == labels[rows]
+        return (int(np.sum(right_o & right_e)), int(np.sum(right_o & ~right_e)), int(np.sum(~right_o & right_e)),
+                int(np.sum(~right_o & ~right_e)))
+
+    figures = {"disagreement_rate": clopper_pearson(int(np.sum(original != exported)), n),
+               "accuracy_drop": paired_difference(*paired(slice(None)))}
+    per_class = []
+    for label in np.unique(labels):
+        table = paired(labels == label)
+        per_class.append(((table[1] - table[2]) / sum(table),
+                          lambda confidence, table=table: paired_difference(*table, confidence=confidence)))
+    if per_class:
+        figures["max_class_accuracy_drop"] = extreme(per_class, largest=True)[1]
+    return {f"{name}_{end}": value for name, interval in figures.items()
+            for end, value in (("low", interval.low), ("high", interval.high), ("n", interval.n))}

@@ -232,13 +232,22 @@ def test_command_logs_metrics_table_heatmaps_report_and_the_gate_reads_it(cnn_pa
     report = client.download_artifacts(run.info.run_id, "robustness/report.html", str(tmp_path))
     assert "Heatmaps" in open(report).read() and "ImageCompression" not in open(report).read()  # jpeg not run
 
-    # the gate reads the export's worst cell; a threshold just above it fails, one at it passes
-    worst = metrics["robustness_agreement_min.cnn-int8-dynamic_1"]
-    assert main(["gate", "--model-uri", original, "--compressed", compressed,
-                 "--min-robustness-agreement", str(worst)]) == 0
-    if worst < 1:
-        assert main(["gate", "--model-uri", original, "--compressed", compressed,
-                     "--min-robustness-agreement", str(min(1.0, worst + 0.011))]) == 1
+    # the gate reads the export's worst cell with its interval (Clopper-Pearson per cell at 1 - 0.05/4, 100 images):
+    # a threshold at its low end passes, one above its high end fails, one at the value itself is inconclusive
+    key = "robustness_agreement_min.cnn-int8-dynamic_1"
+    worst, low, high = metrics[key], metrics[f"{key}_low"], metrics[f"{key}_high"]
+    assert low <= worst <= high and metrics[f"{key}_n"] == 100
+    from mlflow_di.intervals import clopper_pearson
+
+    assert low == pytest.approx(min(clopper_pearson(round(metrics[f"agreement.cnn-int8-dynamic_1.{c}.{s}"] * 100), 100,
+                                                    1 - 0.05 / 4).low for c in ("gaussian_noise", "occlusion")
+                                    for s in (1, 5)))
+    gate = ["gate", "--model-uri", original, "--compressed", compressed, "--min-robustness-agreement"]
+    assert main([*gate, str(low)]) == 0
+    if high < 1:
+        assert main([*gate, str(min(1.0, high + 0.001))]) == 1
+    if low < worst:
+        assert main([*gate, str(worst)]) == 3
 
 
 @pytest.mark.parametrize("args, fragment", [

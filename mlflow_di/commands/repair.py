@@ -263,7 +263,7 @@ def _metrics(result) -> dict:
                        repaired_accuracy=clean.repaired_accuracy,
                        accuracy_drop=clean.original_accuracy - clean.repaired_accuracy,
                        eval_images=clean.images, clean_deviations_before=clean.deviations.deviating,
-                       clean_deviations_after=clean.deviations.deviations_after)
+                       clean_deviations_after=clean.deviations.deviations_after, **clean.intervals)
         for key in ("repair_ratio", "inducing_ratio", "improvement"):
             value = getattr(clean.deviations, key)
             if value is not None:

@@ -115,7 +115,10 @@ def _metrics(result, slugs: list[str]) -> dict:
                         f"robustness_clean_agreement.{slug}": s.clean_agreement,
                         f"robustness_accuracy_mean.{slug}": s.accuracy_mean,
                         f"robustness_agreement_mean.{slug}": s.agreement_mean,
-                        f"robustness_agreement_min.{slug}": s.agreement_min})
+                        f"robustness_agreement_min.{slug}": s.agreement_min,
+                        f"robustness_agreement_min.{slug}_low": s.agreement_min_low,
+                        f"robustness_agreement_min.{slug}_high": s.agreement_min_high,
+                        f"robustness_agreement_min.{slug}_n": result.images})
     for cell in result.cells:
         where = f"{cell.corruption}.{cell.severity}"
         metrics[f"accuracy.original.{where}"] = cell.accuracy

@@ -16,7 +16,8 @@ def compare_outputs(source_probabilities, compressed, evaluation) -> tuple[dict,
     and the per-class deviation (``{"matrix": ..., "classes": [ClassAccuracy]}``, None without evaluation data)."""
     import numpy as np
 
-    from mlflow_di.deviation import deviation_matrix, largest_class_drop, output_deviation, per_class_accuracy
+    from mlflow_di.deviation import (deviation_intervals, deviation_matrix, largest_class_drop, output_deviation,
+                                     per_class_accuracy)
 
     if evaluation is None:
         return {}, None
@@ -34,6 +35,7 @@ def compare_outputs(source_probabilities, compressed, evaluation) -> tuple[dict,
     if worst is not None:
         metrics["max_class_accuracy_drop"] = worst.accuracy_drop
         metrics.update({f"class_accuracy_drop.{c.label}": c.accuracy_drop for c in classes if c.images})
+    metrics.update(deviation_intervals(evaluation.labels, original, exported))
     return metrics, {"matrix": deviation_matrix(original, exported, num_classes), "classes": classes, "worst": worst,
                      "labels": exported}
 
@@ -54,8 +56,9 @@ def semantics_comparison(original, path, evaluation, deviation, device, context)
     labels = original.argmax(axis=1)
     host_wrong, reference_wrong = deviation["labels"] != labels, reference_deviation["labels"] != labels
     host_only, reference_only = int(np.sum(host_wrong & ~reference_wrong)), int(np.sum(reference_wrong & ~host_wrong))
-    metrics = {f"reference.{key}": figures[key] for key in ("compressed_accuracy", "accuracy_drop", "disagreements",
-                                                            "disagreement_rate", "max_class_accuracy_drop")
+    judged = ("accuracy_drop", "disagreement_rate", "max_class_accuracy_drop")
+    metrics = {f"reference.{key}": figures[key] for key in ("compressed_accuracy", "disagreements", *judged,
+                                                            *(f"{f}_{end}" for f in judged for end in ("low", "high", "n")))
                if key in figures}
     metrics.update(host_only_disagreements=host_only, reference_only_disagreements=reference_only)
     differing = host_only + reference_only

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 #: the search chose the export on the evaluation data, so the gate judges these
 HELD_OUT_FIGURES = ("source_accuracy", "compressed_accuracy", "accuracy_drop", "disagreements", "disagreement_rate",
                     "max_class_accuracy_drop", "eval_images")
+#: ... with the 95% intervals of the judged ones (host and reference semantics alike)
+_HELD_OUT_INTERVALS = tuple(f"{figure}_{end}" for figure in ("accuracy_drop", "disagreement_rate", "max_class_accuracy_drop")
+                            for end in ("low", "high", "n"))
 
 
 class SourceBenefit:
@@ -116,11 +119,12 @@ def _held_out_metrics(held_out: HeldOut, compressed: OnnxClassifier, method: str
     from mlflow_di.models.classifier import OnnxClassifier
 
     figures, _ = compare_outputs(held_out.probabilities, compressed, held_out.images)
-    metrics = {f"held_out.{key}": figures[key] for key in HELD_OUT_FIGURES if key in figures}
+    metrics = {f"held_out.{key}": figures[key] for key in (*HELD_OUT_FIGURES, *_HELD_OUT_INTERVALS) if key in figures}
     if method_declaration(method).integer:
         reference = OnnxClassifier(path, name="reference semantics", device=device, semantics="reference")
         figures, _ = compare_outputs(held_out.probabilities, reference, held_out.images)
-        metrics.update({f"held_out.reference.{key}": figures[key] for key in HELD_OUT_FIGURES[2:6] if key in figures})
+        metrics.update({f"held_out.reference.{key}": figures[key] for key in (*HELD_OUT_FIGURES[2:6], *_HELD_OUT_INTERVALS)
+                        if key in figures})
     return metrics
 
 

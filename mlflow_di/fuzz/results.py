@@ -155,6 +155,26 @@ class CampaignSummary(JsonRoundTrip):
         )
 
 
+def sample_intervals(records: list[SeedRecord], realistic: int | None = None, confidence: float = 0.95
+                     ) -> dict[str, float]:
+    """The intervals (at ``confidence``, two-sided) of what a campaign's gate checks judge, as
+    ``NAME_low``/``NAME_high``/``NAME_n``: the success rate and (given ``realistic``, the triggers within the
+    realism budget) the realistic success rate over the fuzzed seeds (Clopper-Pearson), and the mean queries per
+    deviation over the seeds that gave one (a seeded percentile bootstrap of the mean; none below two such seeds)."""
+    from mlflow_di.intervals import bootstrap_mean, clopper_pearson
+
+    fuzzed = [r for r in records if not r.already_deviating]
+    found = [r.queries for r in fuzzed if r.success]
+    figures = {"success_rate": clopper_pearson(len(found), len(fuzzed), confidence)}
+    if realistic is not None:
+        figures["realistic_success_rate"] = clopper_pearson(realistic, len(fuzzed), confidence)
+    queries = bootstrap_mean(found, confidence)
+    if queries is not None:
+        figures["mean_queries"] = queries
+    return {f"{name}_{end}": value for name, interval in figures.items()
+            for end, value in (("low", interval.low), ("high", interval.high), ("n", interval.n))}
+
+
 def _operator_summaries(records: list[SeedRecord]) -> dict[str, OperatorSummary]:
     summaries: dict[str, OperatorSummary] = {}
     for record in records:

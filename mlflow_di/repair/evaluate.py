@@ -21,6 +21,7 @@ from mlflow_di.errors import UserError
 from mlflow_di.models.head import ProbabilityHead
 from mlflow_di.repair.dataset import KINDS, RepairSet
 from mlflow_di.repair.training import HeadSettings, train_head
+from mlflow_di.deviation import deviation_intervals
 from mlflow_di.results_json import JsonRoundTrip
 
 
@@ -116,7 +117,9 @@ def cross_validate(data: RepairSet, settings: HeadSettings = HeadSettings(), fol
 
 @dataclasses.dataclass
 class CleanAccuracy(JsonRoundTrip):
-    """Top-1 accuracy on labelled test data of the three models, and their deviations from the original."""
+    """Top-1 accuracy on labelled test data of the three models, and their deviations from the original;
+    ``intervals``: the repaired model's judged figures against the original with their 95% intervals
+    (:func:`~mlflow_di.deviation.deviation_intervals`: ``accuracy_drop_low``, ...)."""
 
     data: str
     images: int
@@ -124,6 +127,9 @@ class CleanAccuracy(JsonRoundTrip):
     compressed_accuracy: float
     repaired_accuracy: float
     deviations: RepairCounts
+    intervals: dict = dataclasses.field(default_factory=dict)
+
+    JSON_OPTIONAL = {"intervals": {}}
 
 
 def clean_accuracy(original, compressed, head: ProbabilityHead, data, batch_size: int | None = None) -> CleanAccuracy:
@@ -135,4 +141,5 @@ def clean_accuracy(original, compressed, head: ProbabilityHead, data, batch_size
     repaired_labels = head.predict(probabilities)
     return CleanAccuracy(data.name, len(labels), float(np.mean(original_labels == labels)),
                          float(np.mean(compressed_labels == labels)), float(np.mean(repaired_labels == labels)),
-                         RepairCounts.of(original_labels, compressed_labels, repaired_labels))
+                         RepairCounts.of(original_labels, compressed_labels, repaired_labels),
+                         deviation_intervals(labels, original_labels, repaired_labels))

@@ -28,16 +28,27 @@ def size_notes(declared, result, metrics: dict) -> list[str]:
     return notes
 
 
+def _spread(metrics: dict, name: str, points: bool = False) -> str:
+    """``; 95% CI 0.33%-2.33%`` (points: ``-0.08 to +2.25 pts``) from ``NAME_low``/``NAME_high``, "" without them."""
+    if f"{name}_low" not in metrics:
+        return ""
+    low, high = metrics[f"{name}_low"], metrics[f"{name}_high"]
+    if points:
+        return f"; drop 95% CI {low * 100:+.2f} to {high * 100:+.2f} pts"
+    return f" (95% CI {low:.2%}-{high:.2%})"
+
+
 def summary_lines(declared, name: str, version, metrics: dict, outcome, deviation=None) -> list[str]:
     """The export's summary: registered as ``models:/name/version`` (``version`` None: not registered, it
-    misses a bound on the held-out data), then its figures, one line each."""
+    the held-out data does not show it meets its bounds), then its figures, one line each."""
     result = outcome.result
     lines = [f"{declared.name:<17} -> " + (f"models:/{name}/{version}" if version is not None else
-                                           "not registered: it misses a bound on the held-out data")]
+                                           "not registered: the held-out data does not show it meets its bounds")]
     if "source_accuracy" in metrics:
         lines.append(f"  accuracy {metrics['source_accuracy']:.2%} -> {metrics['compressed_accuracy']:.2%} "
-                     f"({points_change(-metrics['accuracy_drop'])}), top-1 differs on {metrics['disagreements']} "
-                     f"of {metrics['eval_images']} images")
+                     f"({points_change(-metrics['accuracy_drop'])}{_spread(metrics, 'accuracy_drop', points=True)}), "
+                     f"top-1 differs on {metrics['disagreements']} of {metrics['eval_images']} images"
+                     f"{_spread(metrics, 'disagreement_rate')}")
         lines.append(f"  flips: right->wrong {metrics['flips_right_to_wrong']:.2%}, wrong->right "
                      f"{metrics['flips_wrong_to_right']:.2%}; KL(source || export) mean {metrics['kl_divergence']:.4f} "
                      f"(max {metrics['kl_divergence_max']:.3f}); top-1/top-2 margin {metrics['margin_original']:.3f} "
@@ -53,8 +64,11 @@ def summary_lines(declared, name: str, version, metrics: dict, outcome, deviatio
             lines.append(f"  left in float: {', '.join(result.quantized_ops['float_layers'])}")
     if deviation is not None and deviation["worst"] is not None:
         worst = deviation["worst"]
-        lines.append(f"  largest class accuracy drop: class {worst.label} {worst.original_accuracy:.2%} -> "
-                     f"{worst.compressed_accuracy:.2%} ({worst.images} images)")
+        if worst.accuracy_drop > 0:
+            lines.append(f"  largest class accuracy drop: class {worst.label} {worst.original_accuracy:.2%} -> "
+                         f"{worst.compressed_accuracy:.2%} ({worst.images} images)")
+        else:
+            lines.append("  no class lost accuracy")
     lines += _runtime_lines(metrics, outcome) + _diagnosis_lines(metrics, outcome)
     if outcome.search is not None:
         lines += _search_lines(outcome.search, result.params)
@@ -99,7 +113,7 @@ def _search_lines(search, params: dict) -> list[str]:
             f"kept in float: {kept}",
             f"  search data: {search.chosen.search.describe()}",
             f"  held out: {search.held_out.describe(upper_bound=True)}",
-            *(f"  FAIL: the chosen export misses a bound on the held-out data: {missed}"
+            *(f"  FAIL: the held-out data does not show the chosen export meets a bound: {missed}"
               for missed in search.held_out_failures)]
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 #: the summary's figures logged as metrics and shown in the report's summary table
 SUMMARY_METRICS = ("success_rate", "mean_queries", "median_queries", "mean_seconds", "triggers", "seeds",
-                   "already_deviating", "fuzzed", "timed_out_seeds")
+                   "already_deviating", "fuzzed", "timed_out_seeds", "interval_confidence")
+#: summary keys logged as metrics beside them: the 95% intervals the gate judges (success_rate_low, ...)
+INTERVAL_PREFIXES = ("success_rate_", "mean_queries_")
 #: summary keys logged as metrics besides SUMMARY_METRICS: the triggers' distances and the realism budget's counts
 REALISM_PREFIXES = ("trigger_", "realistic_", "realism_", "mean_original_passes")
 
@@ -31,21 +33,25 @@ def realism_note(summary: dict) -> str:
             f"({budget.describe()}): realistic success rate {summary['realistic_success_rate']:.1%}")
 
 
-def summarize(result) -> dict:
-    """What a campaign's run, report and console say about it: the summary's figures, the seeds stopped at
-    --timeout, the triggers' distances and realism, the original's passes, DeepXplore's coverage."""
+def summarize(result, confidence: float = 0.95) -> dict:
+    """What a campaign's run, report and console say about it: the summary's figures with their intervals at
+    ``confidence``, the seeds stopped at --timeout, the triggers' distances and realism, the original's passes,
+    DeepXplore's coverage."""
     from mlflow_di.fuzz.realism import Constraint, campaign_budget, distance_summary, realism_summary
+    from mlflow_di.fuzz.results import sample_intervals
 
     s = result.summary
     own = (result.config.strategy_options or {}).get("constraint")  # DeepXplore's is a name, not a budget
     budget = campaign_budget(Constraint(**own) if isinstance(own, dict) else None)
+    realism = realism_summary(result.records, s.fuzzed, budget)
     return {"success_rate": s.success_rate, "mean_queries": s.mean_queries, "median_queries": s.median_queries,
             "mean_seconds": s.mean_seconds, "triggers": s.triggers, "seeds": s.seeds,
             "already_deviating": s.already_deviating, "fuzzed": s.fuzzed, "strategy": s.strategy,
             # seeds stopped by --timeout (CPU seconds) before their query budget: their "no trigger" is no evidence
             "timed_out_seeds": sum(str(r.stop) == "timeout" for r in result.records),
             "complete": result.complete, **distance_summary(result.records), **original_passes(result.records),
-            **realism_summary(result.records, s.fuzzed, budget),
+            **realism, **sample_intervals(result.records, realism["realistic_triggers"], confidence),
+            "interval_confidence": confidence,
             **({"neuron_coverage": result.neuron_coverage} if result.neuron_coverage is not None else {}),
             "operators": {name: {"selected": o.selected, "accepted": o.accepted, "triggered": o.triggered}
                           for name, o in s.operators.items()}}
@@ -60,7 +66,8 @@ def original_passes(records) -> dict:
 
 def run_metrics(summary: dict, class_rows: list[dict]) -> dict:
     """What a campaign's run records as metrics: the summary, trigger realism, and success by class."""
-    metrics = {k: v for k, v in summary.items() if (k in SUMMARY_METRICS or k.startswith(REALISM_PREFIXES))
+    metrics = {k: v for k, v in summary.items()
+               if (k in SUMMARY_METRICS or k.startswith(REALISM_PREFIXES) or k.startswith(INTERVAL_PREFIXES))
                and v is not None}
     if "host_only_triggers" in summary:
         metrics["host_only_triggers"] = summary["host_only_triggers"]

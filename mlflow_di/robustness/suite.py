@@ -37,7 +37,9 @@ class CompressedSummary(JsonRoundTrip):
 
     ``agreement_min`` is the worst cell's agreement and (``worst_corruption``, ``worst_severity``)
     that cell (the first in catalogue and severity order on a tie); ``agreement_mean`` is the mean
-    over the cells, each counted once.
+    over the cells, each counted once. ``agreement_min_low``/``_high``: the 95% interval of the worst
+    cell's true agreement, from every cell's Clopper-Pearson interval at 1 - alpha/cells (Bonferroni: which
+    cell is worst was chosen on the same images).
     """
 
     model: str
@@ -48,6 +50,10 @@ class CompressedSummary(JsonRoundTrip):
     agreement_min: float
     worst_corruption: str
     worst_severity: int
+    agreement_min_low: float | None = None
+    agreement_min_high: float | None = None
+
+    JSON_OPTIONAL = {"agreement_min_low": None, "agreement_min_high": None}
 
 
 @dataclasses.dataclass
@@ -133,7 +139,7 @@ def run_suite(original, compressed: Sequence, data, corruptions: Sequence[str] |
     accuracy, agreement = correct / n, agree / n
     result_cells = [Cell(name, severity, float(accuracy[row, 0]), [float(a) for a in accuracy[row, 1:]],
                          [float(a) for a in agreement[row]]) for row, (name, severity) in enumerate(cells, start=1)]
-    summary = [_summary(getattr(model, "name", str(model)), k, accuracy, agreement, cells)
+    summary = [_summary(getattr(model, "name", str(model)), k, accuracy, agreement, cells, agree[1:, k], n)
                for k, model in enumerate(compressed)]
     return RobustnessResult(getattr(original, "name", str(original)), [getattr(m, "name", str(m)) for m in compressed],
                             data.name, n, seed, list(corruptions), list(severities), float(accuracy[0, 0]),
@@ -141,12 +147,17 @@ def run_suite(original, compressed: Sequence, data, corruptions: Sequence[str] |
                             float(np.mean(accuracy[1:, 0])), result_cells, summary)
 
 
-def _summary(name: str, k: int, accuracy: np.ndarray, agreement: np.ndarray, cells: list) -> CompressedSummary:
+def _summary(name: str, k: int, accuracy: np.ndarray, agreement: np.ndarray, cells: list, agreeing: np.ndarray,
+             n: int) -> CompressedSummary:
+    from mlflow_di.intervals import clopper_pearson, extreme
+
     corrupted = agreement[1:, k]
     worst = int(np.argmin(corrupted))  # the first of equal minima
+    _, spread = extreme([(count / n, lambda confidence, count=int(count): clopper_pearson(count, n, confidence))
+                         for count in agreeing], largest=False)
     return CompressedSummary(name, float(accuracy[0, 1 + k]), float(agreement[0, k]),
                              float(np.mean(accuracy[1:, 1 + k])), float(np.mean(corrupted)), float(corrupted[worst]),
-                             cells[worst][0], int(cells[worst][1]))
+                             cells[worst][0], int(cells[worst][1]), spread.low, spread.high)
 
 
 def example_rows(image: np.ndarray, corruptions: Sequence[str], severities: Sequence[int], seed: int = 0,
