@@ -179,27 +179,46 @@ def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_w
 
 
 def test_an_export_that_misses_its_bound_on_held_out_data_is_never_registered(registered_cnn, capsys, tmp_path):
-    """The search meets --max-disagreement-rate 0 on its own split (it chose the export there) and misses it on the
-    held-out images: one line, exit 2, nothing registered (the export and its figures stay in the run), and the
-    gate has no export it could pass. (u8u8, the default recipe, answers the same on every CPU.)"""
+    """The search meets --max-disagreement-rate 0.01 on its own split (it chose the export there); on the held-out
+    images its disagreements' 95% interval reaches beyond 0.01, so the bound is not shown there: one line, exit 2,
+    nothing registered (the export and its figures stay in the run), and the gate has no export it could pass.
+    (u8u8, the default recipe, answers the same on every CPU.)"""
     code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:200]",
-                 "--eval-data", "digits[1300:1550]", "--holdout-data", "digits[1550:]", "--diagnosis-images", "64",
-                 "--max-disagreement-rate", "0", "--no-benefit"])
+                 "--eval-data", "digits[1300:1550]", "--holdout-data", "digits[800:1300]",
+                 "--diagnosis-images", "64", "--max-disagreement-rate", "0.01", "--no-benefit"])
     out, err = capsys.readouterr()
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("mlflow-di: error: the int8-static export the bounded search chose meets its bounds on the "
-                          "search data (top-1 differs on 0 of 250 images")
-    assert "but misses them on the held-out data digits[1550:]: disagreement rate" in err and "not registered" in err
-    assert "int8-static       -> not registered: it misses a bound on the held-out data" in out
-    assert "FAIL: the chosen export misses a bound on the held-out data" in out
+                          "search data (top-1 differs on ")
+    assert "but the held-out data digits[800:1300] does not show that it meets them: disagreement rate" in err
+    assert "not registered" in err
+    assert "int8-static       -> not registered: the held-out data does not show it meets its bounds" in out
+    assert "FAIL: the held-out data does not show the chosen export meets a bound" in out
     client = mlflow.MlflowClient()
     assert not client.search_registered_models("name = 'cnn-int8-static'")
     run_id = err.split("are in run ")[1].split(",")[0]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["mlflow_di.held_out"] == "missed"
-    assert run.data.metrics["held_out.disagreement_rate"] > 0 == run.data.metrics["disagreements"]
+    assert run.data.metrics["held_out.disagreement_rate_high"] > 0.01 >= run.data.metrics["disagreement_rate"]
     assert [a.path for a in client.list_artifacts(run_id, "compress/export")] == ["compress/export/int8-static.onnx"]
-    assert main(["gate", "--model-uri", registered_cnn, "--max-disagreement-rate", "0"]) == 2  # nothing to pass
+    assert main(["gate", "--model-uri", registered_cnn, "--max-disagreement-rate", "0.01"]) == 2  # nothing to pass
+
+
+def test_held_out_data_too_small_to_prove_a_bound_is_refused_before_any_export(registered_cnn, capsys):
+    """0 disagreements in 247 held-out images prove a rate of at most 0.0148 (95%): a bound of 0.001 (about 3/0.001
+    images needed) cannot be shown there, whatever the export; one line, exit 2, no run, nothing registered."""
+    code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:200]",
+                 "--eval-data", "digits[1300:1550]", "--holdout-data", "digits[1550:]", "--max-disagreement-rate",
+                 "0.001", "--no-benefit"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err == ("mlflow-di: error: the held-out data digits[1550:] is too small: --max-disagreement-rate 0.001 "
+                   "cannot be proven on 247 held-out images: even with no difference its 95% interval reaches 0.0148; "
+                   "about 3,688 held-out images would be needed (give a larger --holdout-data, or loosen the bound)")
+    client = mlflow.MlflowClient()
+    assert not client.search_registered_models("name = 'cnn-int8-static'")
+    assert not [run for experiment in client.search_experiments() for run in client.search_runs(
+        [experiment.experiment_id], "tags.`mlflow_di.command` = 'compress'")]
 
 
 def test_an_unreachable_bound_fails_in_one_line_and_keeps_what_the_search_measured(registered_cnn, capsys,

@@ -138,6 +138,8 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
                     "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
     original = source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
     held_out = _held_out(source, holdout_data, inputs, device) if bounds is not None else None
+    if held_out is not None:
+        held_out.require_provable(bounds, fuzz_seeds)  # one line before any export, when it could never show a bound
     splits = (labelled_split(evaluation, original), held_out.split if held_out else None) \
         if bounds is not None or sensitivity else ()
     if held_out is not None:
@@ -331,7 +333,8 @@ def _alone(path, folder: pathlib.Path) -> pathlib.Path:
 def _miss_line(method: str, search, held_out_data: str, run_id: str) -> str:
     """Why a bounded export was not registered, in one line."""
     return (f"the {method} export the bounded search chose meets its bounds on the search data "
-            f"({search.chosen.search.describe()}) but misses them on the held-out data {held_out_data}: "
+            f"({search.chosen.search.describe()}) but the held-out data {held_out_data} does not show that it meets "
+            "them: "
             f"{'; '.join(search.held_out_failures)}; not registered (its file and figures are in run {run_id}, "
             "compress/export); loosen the bound, or give the search more data (--eval-data)")
 

@@ -22,8 +22,11 @@ search split of labelled images and never declares a bound unreachable without h
    still meets every bound without it.
 
 The chosen export is then measured once on a held-out split it was not chosen on
-(:func:`verify`), because a rate near its bound on a few thousand images is mostly noise: the
-held-out figure comes with its one-sided 95% Clopper-Pearson upper bound.
+(:func:`verify`), because a rate near its bound on a few thousand images is mostly noise: a bound
+counts as met there only when the figure's whole 95% interval is within it (Clopper-Pearson for the
+rates, Newcombe's paired interval for the accuracy drop: :mod:`mlflow_di.intervals`), as the gate
+judges it. Held-out data too small to prove a bound even with no disagreement at all is refused
+before any export is made (:meth:`Bounds.unprovable`).
 
 Pure search over a ``measure(kept_float, recipe) -> Scores`` function; :func:`bounded_int8_static`
 wires it to :func:`~mlflow_di.compression.methods.compress` and ONNX Runtime.
@@ -52,6 +55,12 @@ class Scores(JsonRoundTrip):
     compressed_correct: int
     fuzzed: int = 0  # seeds a realistic (boundary) search ran on, when a bound asks for it
     realistic: int = 0  # of those, seeds on which it found a trigger inside the realism budget
+    #: the paired table's discordant images: the original right and the export wrong, and the reverse (None: not
+    #: counted, a record written before they were)
+    right_to_wrong: int | None = None
+    wrong_to_right: int | None = None
+
+    JSON_OPTIONAL = {"right_to_wrong": None, "wrong_to_right": None}
 
     @property
     def realistic_success_rate(self) -> float:
@@ -70,6 +79,21 @@ class Scores(JsonRoundTrip):
         """One-sided Clopper-Pearson upper bound of the disagreement rate at ``confidence``."""
         return clopper_pearson_upper(self.disagreements, self.images, confidence)
 
+    def interval(self, metric: str):
+        """The two-sided 95% interval of ``metric`` (one of :data:`BOUNDED_CHECKS`) as the gate judges it
+        (:mod:`mlflow_di.intervals`); None for an accuracy drop whose discordant images were not counted."""
+        from mlflow_di.intervals import clopper_pearson, paired_difference
+
+        if metric == "disagreement_rate":
+            return clopper_pearson(self.disagreements, self.images)
+        if metric == "realistic_success_rate":
+            return clopper_pearson(self.realistic, self.fuzzed)
+        if self.right_to_wrong is None or self.wrong_to_right is None:
+            return None
+        both = self.original_correct - self.right_to_wrong
+        neither = self.images - both - self.right_to_wrong - self.wrong_to_right
+        return paired_difference(both, self.right_to_wrong, self.wrong_to_right, neither)
+
     def describe(self, upper_bound: bool = False) -> str:
         """One line; ``upper_bound`` adds the disagreement rate's 95% upper bound."""
         upper = f"; 95% upper bound {self.disagreement_upper_bound():.2%}" if upper_bound else ""
@@ -86,8 +110,9 @@ class Scores(JsonRoundTrip):
 def scores(original_labels, compressed_labels, labels) -> Scores:
     """:class:`Scores` from the two models' top-1 labels and the true labels of one split."""
     original, compressed, labels = (np.asarray(a) for a in (original_labels, compressed_labels, labels))
-    return Scores(len(labels), int(np.sum(original != compressed)), int(np.sum(original == labels)),
-                  int(np.sum(compressed == labels)))
+    right_o, right_c = original == labels, compressed == labels
+    return Scores(len(labels), int(np.sum(original != compressed)), int(np.sum(right_o)), int(np.sum(right_c)),
+                  right_to_wrong=int(np.sum(right_o & ~right_c)), wrong_to_right=int(np.sum(~right_o & right_c)))
 
 
 def clopper_pearson_upper(successes: int, trials: int, confidence: float = CONFIDENCE) -> float:
@@ -144,9 +169,61 @@ class Bounds(JsonRoundTrip):
     def met_by(self, measured: Scores) -> bool:
         return not self.failures(measured)
 
+    def unproven(self, measured: Scores) -> list[str]:
+        """One phrase per bound ``measured`` meets but whose 95% interval reaches beyond it: the data cannot
+        show the export meets it (held-out figures count as met only when proven, as the gate judges them)."""
+        missed = []
+        for check, bound in self._given():
+            value, interval = getattr(measured, check.metric), measured.interval(check.metric)
+            beyond = value < bound if check.greater_is_better else value > bound
+            if interval is None or beyond or interval.high <= bound:
+                continue
+            missed.append(f"{check.metric.replace('_', ' ')} {value:.2%}{_counts(check.metric, measured)} is within "
+                          f"{check.option} {bound:g} but its 95% interval reaches {interval.high:.2%} "
+                          f"({interval.method}): not proven")
+        return missed
+
+    def unprovable(self, images: int, source_correct: int, fuzz_seeds: int) -> list[str]:
+        """One phrase per bound that held-out data of ``images`` images (the source right on ``source_correct``)
+        and ``fuzz_seeds`` fuzzed seeds could not prove even if the export never differed: the 95% interval of
+        a perfect result still reaches beyond the bound. Says how many images (seeds) would be enough."""
+        from mlflow_di.intervals import clopper_pearson, paired_difference
+
+        def perfect(metric: str, size: int):
+            if metric == "disagreement_rate":
+                return clopper_pearson(0, size)
+            if metric == "realistic_success_rate":
+                return clopper_pearson(0, size)
+            right = round(source_correct * size / images) if images else 0
+            return paired_difference(right, 0, 0, size - right)
+
+        refused = []
+        for check, bound in self._given():
+            size = fuzz_seeds if check.metric == "realistic_success_rate" else images
+            best = perfect(check.metric, size).high
+            if best <= bound:
+                continue
+            unit = "fuzzed seeds" if check.metric == "realistic_success_rate" else "held-out images"
+            needed = _smallest(lambda n, metric=check.metric: perfect(metric, n).high <= bound, size)
+            refused.append(f"{check.option} {bound:g} cannot be proven on {size} {unit}: even with no "
+                           f"{'realistic trigger' if unit == 'fuzzed seeds' else 'difference'} its 95% interval "
+                           f"reaches {best:.3g}; about {needed:,} {unit} would be needed")
+        return refused
+
     def describe(self) -> str:
         return " and ".join(f"{check.metric.replace('_', ' ')} {check.comparison} {bound:g}"
                             for check, bound in self._given()) or "no bound"
+
+
+def _smallest(enough: Callable[[int], bool], start: int) -> int:
+    """The smallest n >= ``start`` for which ``enough(n)`` holds (it holds for every larger n): doubling, then bisection."""
+    low, high = start, max(2 * start, 1)
+    while not enough(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
 
 
 def _counts(metric: str, measured: Scores) -> str:
@@ -200,7 +277,11 @@ class BoundedSearch(JsonRoundTrip):
 
     @property
     def held_out_failures(self) -> list[str]:
-        return self.bounds.failures(self.held_out) if self.held_out is not None else []
+        """The bounds the chosen export misses on the held-out data, or meets there without proof (its 95%
+        interval reaches beyond the bound)."""
+        if self.held_out is None:
+            return []
+        return self.bounds.failures(self.held_out) + self.bounds.unproven(self.held_out)
 
     @property
     def recipes_tried(self) -> list[str]:
@@ -385,8 +466,9 @@ class LabelledSplit:
                                               semantics=which).predict(self.images) for which in ("host", "reference"))
             original, labels = np.asarray(self.original), np.asarray(self.labels)
             differs = (host != original) | (reference != original)
-            right = (host == labels) & (reference == labels)
-            return Scores(len(labels), int(differs.sum()), int(np.sum(original == labels)), int(right.sum()))
+            right, right_o = (host == labels) & (reference == labels), original == labels
+            return Scores(len(labels), int(differs.sum()), int(np.sum(right_o)), int(right.sum()),
+                          right_to_wrong=int(np.sum(right_o & ~right)), wrong_to_right=int(np.sum(~right_o & right)))
         predicted = OnnxClassifier(export_path, preprocessing=preprocessing, device=device,
                                    semantics=semantics).predict(self.images)
         return scores(self.original, predicted, self.labels)

@@ -44,6 +44,20 @@ class HeldOut:
         probabilities = source_probabilities(source, images, device)
         return cls(images, probabilities, labelled_split(images, probabilities))
 
+    def require_provable(self, bounds: Bounds, fuzz_seeds: int) -> None:
+        """A UserError when these images could not prove a bound even for an export that never differs from its
+        source (the 95% interval of a perfect result reaches beyond the bound): said before any export is made."""
+        import numpy as np
+
+        from mlflow_di.errors import UserError
+
+        images = len(self.split.labels)
+        right = int(np.sum(np.asarray(self.split.original) == np.asarray(self.split.labels)))
+        refused = bounds.unprovable(images, right, min(fuzz_seeds, images))
+        if refused:
+            raise UserError(f"the held-out data {self.images.name} is too small: " + "; ".join(refused)
+                            + " (give a larger --holdout-data, or loosen the bound)")
+
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
