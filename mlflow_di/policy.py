@@ -15,7 +15,8 @@ the registered models whose pickled PyTorch versions the pipeline may load (load
 its code; see :func:`mlflow_di.models.loading.only_trusted_pickles`). The ``preprocessing``
 section is not a step either: it maps a registered model's name to the preprocessing fields its
 steps use (``digits-cnn: {mean: [0.1307], std: [0.3081]}``), above what the model records and
-below a command-line option (see docs/how-to/your-own-models.md).
+below a command-line option (see docs/how-to/your-own-models.md). Nor is ``evidence``: how many
+times the gate may look at growing fuzz evidence (:class:`EvidencePolicy`).
 """
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ class CoveragePolicy:
     clusters: tuple = _kind("integers", (2, 3, 4))
     per_class: bool = _kind("boolean", False)
     seed: int = _kind("integer", 0)
+    #: resamples of the training data behind reachable IDC's 95% interval (coverage --idc-resamples)
+    idc_resamples: int | None = _kind("integer", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +133,26 @@ class GatePolicy:
     exclude_export: tuple | None = _kind("texts", None)
     #: the budget max_realistic_success_rate judges, e.g. "linf=32,ssim=0.9" (gate --realism-budget)
     realism_budget: str | None = _kind("text", None)
+    #: how a check whose interval holds its threshold counts (gate --inconclusive: inconclusive, fail, pass, error)
+    inconclusive: str | None = _kind("text", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvidencePolicy:
+    """How much evidence the pipeline may gather for a check its first gate cannot decide (not a step). With
+    ``rounds`` above 1, a fuzz or realism step whose check is INCONCLUSIVE runs again on ``growth`` times its
+    seeds (its campaign extended, up to every image of its seed data) and the gate looks again, at most
+    ``rounds`` times, stopping as soon as every check is decided. Each look at growing evidence costs error:
+    the fuzz steps' intervals are then made at confidence 1 - 0.05/rounds (Bonferroni over the planned looks),
+    so the verdict's error stays at most 5% whichever look decides."""
+
+    rounds: int = _kind("positive integer", 1)
+    growth: int = _kind("positive integer", 2)
+
+    @property
+    def confidence(self) -> float:
+        """The fuzz steps' interval confidence: 0.95 for one look, 1 - 0.05/rounds for several."""
+        return 1 - 0.05 / self.rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,8 +165,8 @@ class TrustPolicy:
     pickled_models: tuple = _kind("texts", ())
 
 
-SECTIONS = {"trust": TrustPolicy, "compress": CompressPolicy, "coverage": CoveragePolicy, "fuzz": FuzzPolicy,
-            "realism": RealismPolicy, "robustness": RobustnessPolicy, "gate": GatePolicy}
+SECTIONS = {"trust": TrustPolicy, "evidence": EvidencePolicy, "compress": CompressPolicy, "coverage": CoveragePolicy,
+            "fuzz": FuzzPolicy, "realism": RealismPolicy, "robustness": RobustnessPolicy, "gate": GatePolicy}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +178,7 @@ class Policy:
     realism: RealismPolicy | None = None
     robustness: RobustnessPolicy | None = None
     trust: TrustPolicy = TrustPolicy()
+    evidence: EvidencePolicy = EvidencePolicy()
     #: (registered model name, {preprocessing field: value or list}) pairs, as the file states them
     preprocessing: tuple = ()
     source: str = "policy"  # the file it came from, for messages
@@ -179,6 +203,8 @@ class Policy:
     def to_dict(self) -> dict:
         """The policy as a YAML-ready mapping (sections present only, lists as lists)."""
         out = {"trust": {"pickled_models": list(self.trusted_pickles)}} if self.trusted_pickles else {}
+        if self.evidence != EvidencePolicy():
+            out["evidence"] = dataclasses.asdict(self.evidence)
         if self.preprocessing:
             out["preprocessing"] = {name: dict(fields) for name, fields in self.preprocessing}
         for step in self.steps:
@@ -298,6 +324,9 @@ def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
                 if name != "preprocessing"}
     if "preprocessing" in document:
         sections["preprocessing"] = _preprocessing(document["preprocessing"], source)
+    if "evidence" in sections and sections["evidence"].growth < 2:
+        raise UserError(f"{source}: evidence.growth must be at least 2 (each round multiplies the seeds), got "
+                        f"{sections['evidence'].growth}")
     for step in ("fuzz", "realism"):
         if step in sections and "compress" not in sections:
             raise UserError(f"{source}: {step} needs a compress section (the exports to fuzz against the model)")

@@ -73,3 +73,26 @@ def test_resume_of_a_finished_campaign_returns_its_records(pair, tmp_path, runne
     resumed = RUNNERS[runner](*pair, out_dir=folder, resume=True, progress=False)
     assert resumed.complete and comparable_records(resumed) == comparable_records(fresh)
     assert (folder / RECORDS).read_text() == written  # nothing searched, nothing appended again
+
+
+@pytest.mark.parametrize("runner", ["lockstep", "boundary"])
+def test_a_campaign_extended_to_more_seeds_keeps_its_records_and_equals_a_fresh_one(pair, tmp_path, runner):
+    """Each seed's search depends on its own index alone, so growing a 3-seed campaign to 6 (the first 3 its own)
+    searches only the new seeds and gives the records of a 6-seed campaign run at once; other seeds are refused."""
+    from mlflow_di.fuzz.seeds import seed_fingerprint
+    from mlflow_di.fuzz.store import CampaignStore
+
+    original, compressed, seeds = pair
+    folder = tmp_path / "campaign"
+    RUNNERS[runner](original, compressed, seeds.subset(slice(0, 3)), out_dir=folder, progress=False)
+    first = (folder / RECORDS).read_text().splitlines()
+    store = CampaignStore(folder)
+    assert store.extend(6, seed_fingerprint(seeds), lambda n: seed_fingerprint(seeds.subset(slice(0, n)))) == 3
+    grown = RUNNERS[runner](original, compressed, seeds, out_dir=folder, resume=True, progress=False)
+    assert (folder / RECORDS).read_text().splitlines()[:3] == first  # the first three were not searched again
+    fresh = RUNNERS[runner](original, compressed, seeds, out_dir=tmp_path / "fresh", progress=False)
+    assert grown.complete and comparable_records(grown) == comparable_records(fresh)
+    other = load_images("digits[100:106]")
+    with pytest.raises(UserError, match="its 6 seeds are not the first of the new ones"):
+        CampaignStore(tmp_path / "fresh").extend(
+            12, "x", lambda n: seed_fingerprint(other.subset(slice(0, min(n, 6)))))

@@ -250,3 +250,53 @@ def test_every_policy_field_is_an_option_of_its_steps_command():
     from mlflow_di.gate import threshold_records
 
     assert set(threshold_records()) <= {param.name for param in gate.command.params}
+
+
+def test_an_inconclusive_fuzz_check_gets_more_seeds_in_rounds_until_the_rounds_are_spent(registered_cnn, mlflow_client,
+                                                                                          tmp_path, capsys):
+    """A success rate on 3 seeds cannot decide 0.5 whatever it is (the narrowest interval, 0 or 3 of 3, holds it):
+    round 2 extends the same campaign to 6 seeds (intervals at 97.5%: two planned looks), the gate looks again, and
+    with the rounds spent the verdict stays INCONCLUSIVE (exit 3), saying why; the seed data caps the growth."""
+    policy = tmp_path / "rounds.yaml"
+    policy.write_text("""
+compress: {methods: [int8-dynamic], eval_data: "digits[600:700]"}
+fuzz: {seed_data: "digits[600:700]", num_seeds: 3, max_queries: 20, timeout: 10}
+evidence: {rounds: 2, growth: 2}
+gate: {thresholds: {max_success_rate: 0.5}, promote_alias: champion}
+""")
+    argv = ["pipeline", "--policy", str(policy), "--model-uri", registered_cnn, "--state-dir", str(tmp_path / "state")]
+    assert main(argv) == 3
+    out = capsys.readouterr().out
+    assert "round 2/2: fuzz grows to 6 seeds (was 3) for its inconclusive checks" in out
+    assert "INCONCLUSIVE after round 2: 2 rounds of evidence spent (evidence.rounds)" in out
+    state = json.loads((tmp_path / "state" / "state.json").read_text())
+    assert state["round"] == 2 and state["num_seeds"] == {"fuzz": 6} and state["done"]["gate"]["exit_code"] == 3
+    found = _runs_by_command(mlflow_client)
+    assert len(found["fuzz"]) == 2 and len(found["gate"]) == 2 and len(found["pipeline"]) == 1
+    newest = max(found["fuzz"], key=lambda run: run.info.start_time)
+    assert newest.data.metrics["fuzzed"] + newest.data.metrics["already_deviating"] == 6
+    assert newest.data.metrics["interval_confidence"] == 0.975 and newest.data.metrics["success_rate_n"] <= 6
+    campaign = pathlib.Path(state["done"]["fuzz"]["campaign"])
+    assert json.loads((campaign / "campaign.json").read_text())["seed_count"] == 6  # extended, not started over
+    assert len((campaign / "records.jsonl").read_text().splitlines()) == 6
+    version = mlflow_client.get_model_version(*registered_cnn.removeprefix("models:/").split("/"))
+    assert version.tags["mlflow_di.verdict"] == "INCONCLUSIVE" and "98" not in version.tags["mlflow_di.success_rate_interval"]
+    assert "97.5% CI" in version.tags["mlflow_di.success_rate_interval"]
+
+    capped = tmp_path / "capped.yaml"  # five seed images: round 2 takes all 5, round 3 has none left to add
+    capped.write_text(policy.read_text().replace("digits[600:700]\", num_seeds: 3", "digits[600:605]\", num_seeds: 3")
+                      .replace("rounds: 2", "rounds: 3"))
+    assert main(["pipeline", "--policy", str(capped), "--model-uri", registered_cnn, "--state-dir",
+                 str(tmp_path / "capped")]) == 3
+    out = capsys.readouterr().out
+    assert "round 2/3: fuzz grows to 5 seeds (was 3)" in out
+    assert ("INCONCLUSIVE after round 2: no step can gather more evidence for fuzz (all 5 images of digits[600:605] "
+            "already fuzzed)") in out
+
+
+def test_a_bad_evidence_section_is_one_line():
+    with pytest.raises(UserError, match="evidence.growth must be at least 2"):
+        parse_policy(GATE + "evidence: {rounds: 3, growth: 1}\n", "p.yaml")
+    with pytest.raises(UserError, match="unknown key evidence.looks"):
+        parse_policy(GATE + "evidence: {looks: 3}\n", "p.yaml")
+    assert parse_policy(GATE + "evidence: {rounds: 4}\n").evidence.confidence == pytest.approx(0.9875)

@@ -91,10 +91,13 @@ def _sections():
 @click.option("--out-dir", type=WritablePath("dir"), default=None,
               help="Campaign folder, written as seeds finish (default: a new folder under mlflow-di-campaigns/).")
 @click.option("--resume", is_flag=True,
-              help="Continue the campaign in --out-dir (default: the newest one of the same models, strategy and seed).")
+              help="Continue the campaign in --out-dir (default: the newest of these models, strategy, seed); a larger "
+                   "--num-seeds extends it.")
+@click.option("--confidence", type=FiniteFloat(0.5, 1.0, max_open=True), default=0.95, show_default=True,
+              help="Of the intervals the gate judges.")
 @click.option("--preprocessing-original", default=None, metavar="KEY=VALUE,...", help="Override the original's preprocessing.")
 @click.option("--preprocessing-compressed", default=None, metavar="KEY=VALUE,...",
-              help="Override the compressed models' preprocessing.")
+              help="Override the exports' preprocessing.")
 @click.option("--semantics", type=click.Choice(["host", "reference"]), default="host", show_default=True,
               help="ONNX exports: this CPU's kernels, or the QDQ graph as written.")
 @ray_options("the campaign: each loads the models once and searches chunks of --batch seeds (twice that "
@@ -104,7 +107,8 @@ def _sections():
 @device_option
 def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, max_linf, min_ssim, batch,
             overlap, out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address,
-            cpus_per_worker, gpus_per_worker, seed, json_out, device, semantics="host", **own_options) -> None:
+            cpus_per_worker, gpus_per_worker, seed, json_out, device, semantics="host", confidence=0.95,
+            **own_options) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     seed_data = seed_data or click.get_current_context().meta.get("--seed-data")  # or its old name, --seeds
     if not seed_data:
@@ -114,6 +118,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     models = _load(choice, original, (preprocessing_original, preprocessing_compressed), device, semantics, overlap)
     plan = _Plan(choice, models, _seeds(choice, models, seed_data, num_seeds),
                  _folders(choice, original, out_dir, seed, resume))
+    if resume:
+        _extend(plan)
     record = _run_record(plan, original, seed_data, (num_seeds, timeout, max_queries, max_linf, min_ssim, batch,
                                                      seed, resume, workers, ray_address, semantics))
     from mlflow_di.fuzz.contract import Campaign
@@ -130,7 +136,7 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
             results = run(Campaign(
                 models.original, list(models.compressed), models.search, plan.seeds.seeds, timeout, max_queries, batch,
                 seed, list(plan.folders.exports), resume, choice.executor, models.overlapping), choice.declaration)
-        summaries, comparison = _log_results(log, plan, record, original, seed_data, num_seeds, results)
+        summaries, comparison = _log_results(log, plan, record, original, seed_data, num_seeds, results, confidence)
         if not all(result.complete for result in results):  # the run ends KILLED; everything found is logged and on disk
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
     write_json_out(summaries[0] if not choice.several else {"campaigns": dict(zip(choice.compressed, summaries)),
@@ -328,6 +334,24 @@ def _folders(choice: _Choice, original: str, out_dir, seed: int, resume: bool) -
     return _Folders(folder, exports)
 
 
+def _extend(plan: _Plan) -> None:
+    """A resumed campaign asked for more seeds than it holds grows to them when its seeds are the first of the new
+    ones (each seed's search depends on its own index alone, so the records it has stay valid); said in one line."""
+    from mlflow_di.fuzz.seeds import seed_fingerprint
+    from mlflow_di.fuzz.store import CampaignStore
+
+    seeds = plan.seeds.seeds
+    whole = None
+    for folder in plan.folders.exports:
+        store = CampaignStore(folder)
+        if not store.exists or store.read_config().seed_count >= len(seeds):
+            continue
+        whole = whole or seed_fingerprint(seeds)
+        grown_from = store.extend(len(seeds), whole, lambda count: seed_fingerprint(seeds.subset(slice(0, count))))
+        click.echo(f"extending the campaign in {folder} from {grown_from} to {len(seeds)} seeds (its own are the first "
+                   f"{grown_from})")
+
+
 def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> _Record:
     """The run's tags (the models fuzzed, the campaign folder, the budget searched inside) and params."""
     from mlflow_di.fuzz.realism import SSIM_RADIUS
@@ -383,7 +407,7 @@ def _announce(plan: _Plan, batch: int, ray_address: str, workers: int) -> None:
 
 
 def _log_results(log, plan: _Plan, record: _Record, original: str, seed_data: str, num_seeds: int,
-                 results: list) -> tuple[list[dict], dict]:
+                 results: list, confidence: float = 0.95) -> tuple[list[dict], dict]:
     """Every campaign's summary, logged (one child run per export when several) and printed; and, for
     several exports, their comparison (empty otherwise)."""
     from mlflow_di.mlflow_edge import datasets, runs
@@ -391,7 +415,7 @@ def _log_results(log, plan: _Plan, record: _Record, original: str, seed_data: st
     from mlflow_di.reporting.fuzz_report import summarize
 
     choice, models = plan.choice, plan.models
-    summaries = [{**summarize(result), **_host_only(models.original_classifier, model, result)}
+    summaries = [{**summarize(result, confidence), **_host_only(models.original_classifier, model, result)}
                  for model, result in zip(models.compressed_classifiers, results)]
     # the seeds as the spec loads them; the campaign's fingerprint is theirs unless the original resized them
     known = None if models.original_classifier.preprocessing.has_raw_step else results[0].config.seeds_sha256
@@ -559,12 +583,22 @@ def _print_sharing(comparison: dict) -> None:
                "compressed model")
 
 
+def _spread(summary: dict, name: str, form: str = ".1%") -> str:
+    """`` (95% CI 0.5%-10.6%, n=50)`` from the summary's ``NAME_low``/``_high``/``_n``; "" without them."""
+    if summary.get(f"{name}_low") is None:
+        return ""
+    confidence = summary.get("interval_confidence", 0.95)
+    return (f" ({confidence * 100:.3g}% CI {summary[f'{name}_low']:{form}}-{summary[f'{name}_high']:{form}}, "
+            f"n={summary[f'{name}_n']})")
+
+
 def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
     from mlflow_di.reporting.fuzz_report import incomplete_note, plural as _plural, realism_note
 
     state = "done" if result.complete else f"interrupted after {_plural(len(result.records), 'seed')} (resume with --resume)"
     click.echo(f"{state}: {_plural(summary['triggers'], 'trigger')} from {_plural(summary['fuzzed'], 'seed')}, success "
-               f"rate {summary['success_rate']:.1%}, {_plural(summary['already_deviating'], 'seed')} already deviating")
+               f"rate {summary['success_rate']:.1%}{_spread(summary, 'success_rate')}, "
+               f"{_plural(summary['already_deviating'], 'seed')} already deviating")
     if summary["timed_out_seeds"]:
         click.echo(f"  INCOMPLETE: {incomplete_note(summary)}")
     constrained = sum(str(r.stop) == "constrained" for r in result.records)
@@ -572,8 +606,8 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
         click.echo(f"  {_plural(constrained, 'seed')} stopped as constrained: no mutant within --max-linf/--min-ssim "
                    "could be found (loosen them to search further)")
     if summary["mean_queries"] is not None:
-        click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}, median {summary['median_queries']:.0f}; "
-                   f"seconds per trigger: mean {summary['mean_seconds']:.3f}")
+        click.echo(f"  queries per trigger: mean {summary['mean_queries']:.1f}{_spread(summary, 'mean_queries', '.1f')}, "
+                   f"median {summary['median_queries']:.0f}; seconds per trigger: mean {summary['mean_seconds']:.3f}")
     if summary.get("mean_original_passes") is not None:
         click.echo(f"  queries count images sent to the compressed model; the original (white-box) ran "
                    f"{summary['mean_original_passes']:.0f} forward/backward passes per seed on average")
@@ -582,7 +616,7 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
 
         median = ", ".join(f"{key} {summary[f'trigger_{key}_median']:.3g}" for key in ("ssim", "ssim_whole", "linf")
                            if summary.get(f"trigger_{key}_median") is not None)
-        click.echo(f"  realism: {realism_note(summary)}; medians {median}"
+        click.echo(f"  realism: {realism_note(summary)}{_spread(summary, 'realistic_success_rate')}; medians {median}"
                    + ("  <- mostly noise-like" if mostly_noise(summary["realistic_triggers"], summary["triggers"]) else ""))
     if summary.get("host_only_triggers"):
         click.echo(f"  {_plural(summary['host_only_triggers'], 'trigger')} flip only under this host's ONNX Runtime "

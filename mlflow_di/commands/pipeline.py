@@ -11,10 +11,17 @@ skipped and an interrupted fuzz campaign continues (``fuzz --resume`` on the fol
 a changed policy starts over. The steps load a pickled PyTorch model only when the policy trusts
 its registered model (``trust.pickled_models``): nobody chose the version a service hands over.
 
+Evidence as large as the decision needs: with the policy's ``evidence.rounds`` above 1, a gate
+that finds a fuzz or realism check INCONCLUSIVE sends that step back to its campaign with
+``evidence.growth`` times the seeds (the campaign extended, never restarted, up to every image of
+its seed data) and looks again, until every check is decided or the rounds are spent; those steps'
+intervals are made at confidence 1 - 0.05/rounds so that looking more than once keeps the stated
+error. A check that more seeds cannot decide (coverage, compression on fixed data) is said so.
+
 The pipeline's run gets the gate's verdict tag, metrics and report. Exit code: the gate's (0 PASS,
-1 FAIL), 2 when the version could not be analysed (a step's bad input, or a gate with nothing to
-judge); the version is then tagged ``mlflow_di.verdict=ERROR`` with the one-line cause at the top
-of its description, so it never reads as a quality failure.
+1 FAIL, 3 INCONCLUSIVE), 2 when the version could not be analysed (a step's bad input, or a gate
+with nothing to judge); the version is then tagged ``mlflow_di.verdict=ERROR`` with the one-line
+cause at the top of its description, so it never reads as a quality failure.
 """
 from __future__ import annotations
 
@@ -116,9 +123,17 @@ def _run_steps(ctx: click.Context, policy, policy_path: str, model_uri: str, ste
                     continue
                 _banner(f"{title}: {_describe(step, steps[step], state)}")
                 with only_trusted_pickles(policy.trusted_pickles, f"the policy {policy.source}"):
-                    state["done"][step] = _run_step(ctx, step, steps[step], state, folder,
+                    state["done"][step] = _run_step(ctx, step, _grown(steps[step], step, state), state, folder,
                                                     steps["gate"].get("realism_budget"))
                 _save(folder, state)
+            while _more_evidence(policy, steps, state, folder):
+                for step in (s for s in policy.steps if s not in state["done"]):
+                    _banner(f"round {state['round']}/{policy.evidence.rounds} {step}: "
+                            f"{_describe(step, _grown(steps[step], step, state), state)}")
+                    with only_trusted_pickles(policy.trusted_pickles, f"the policy {policy.source}"):
+                        state["done"][step] = _run_step(ctx, step, _grown(steps[step], step, state), state, folder,
+                                                        steps["gate"].get("realism_budget"))
+                    _save(folder, state)
             gate = state["done"]["gate"]
             _log_gate(log, gate, ctx.meta.get("mlflow_di.gate"))
     except UserError as exc:  # a step could not analyse the version: ERROR on it, not a quality failure
@@ -126,6 +141,53 @@ def _run_steps(ctx: click.Context, policy, policy_path: str, model_uri: str, ste
             _record_error(model_uri, str(exc))
         raise
     return log, gate
+
+
+#: the gate checks that more fuzz seeds can decide, and the step whose campaign measures each
+GROWABLE = {"success_rate": "fuzz", "mean_queries": "fuzz", "realistic_success_rate": "realism"}
+
+
+def _grown(arguments: dict, step: str, state: dict) -> dict:
+    """A step's arguments in the current round: a fuzz step's seeds as grown so far (``state["num_seeds"]``)."""
+    grown = state.get("num_seeds", {}).get(step)
+    return {**arguments, "num_seeds": grown} if grown else arguments
+
+
+def _more_evidence(policy, steps: dict, state: dict, folder: pathlib.Path) -> bool:
+    """After a gate: whether another round runs. It does when the verdict is INCONCLUSIVE, rounds are left, and an
+    inconclusive check's fuzz step has seed images left: that step's seeds grow by ``evidence.growth`` and it is
+    marked to run again with the gate (its campaign is extended). Says why when no more evidence can be had."""
+    from mlflow_di.data import load_images
+
+    gate = state["done"].get("gate", {})
+    rounds = policy.evidence.rounds
+    state.setdefault("round", 1)
+    undecided = gate.get("inconclusive") or []
+    if gate.get("outcome") != "INCONCLUSIVE" or not undecided:
+        return False
+    fixed = sorted({c["label"] for c in undecided if GROWABLE.get(c["metric"]) not in steps})
+    grow: dict[str, int] = {}
+    for step in sorted({GROWABLE[c["metric"]] for c in undecided if GROWABLE.get(c["metric"]) in steps}):
+        current = _grown(steps[step], step, state)["num_seeds"]
+        available = len(load_images(steps[step]["seed_data"]))
+        if current < available:
+            grow[step] = min(current * policy.evidence.growth, available)
+        else:
+            fixed.append(f"{step} (all {available} images of {steps[step]['seed_data']} already fuzzed)")
+    if state["round"] >= rounds or not grow:
+        why = (f"{rounds} round{'s' if rounds > 1 else ''} of evidence spent (evidence.rounds)" if grow else
+               "no step can gather more evidence for " + ", ".join(fixed or ["them"]))
+        click.echo(f"INCONCLUSIVE after round {state['round']}: {why}")
+        return False
+    state["round"] += 1
+    for step, seeds in grow.items():
+        click.echo(f"round {state['round']}/{rounds}: {step} grows to {seeds} seeds (was "
+                   f"{_grown(steps[step], step, state)['num_seeds']}) for its inconclusive checks")
+        state.setdefault("num_seeds", {})[step] = seeds
+        state["done"].pop(step, None)
+    state["done"].pop("gate", None)
+    _save(folder, state)
+    return True
 
 
 def _where_to_look(model_uri: str) -> None:
@@ -238,6 +300,7 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
     for step, default in (("fuzz", strategies.DEFAULT), ("realism", strategies.REALISM)):
         if step in steps:  # the policy left it out: the declared default
             steps[step].setdefault("strategy", default)
+            steps[step]["confidence"] = policy.evidence.confidence  # growing evidence is looked at up to rounds times
     _check_strategies_take_exports(steps, policy.source)
     if policy.compress is not None:
         _check_methods_take_the_policy(policy.compress, policy.source)
@@ -373,4 +436,5 @@ def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folde
             raise
         code, error = 2, str(exc)
     judged = ctx.meta["mlflow_di.gate"]
-    return {**finished, "exit_code": code, "outcome": judged["outcome"], "run_id": judged["run_id"], "error": error}
+    return {**finished, "exit_code": code, "outcome": judged["outcome"], "run_id": judged["run_id"], "error": error,
+            "inconclusive": judged.get("inconclusive", [])}

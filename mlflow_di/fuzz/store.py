@@ -64,6 +64,23 @@ class CampaignStore:
             raise UserError(f"cannot resume the campaign in '{self.directory}': its {', '.join(differing)} "
                             "differ from this run's; use the same settings or another output directory")
 
+    def extend(self, seed_count: int, seeds_sha256: str, prefix_sha256) -> int:
+        """Grow the stored campaign to ``seed_count`` seeds whose fingerprint is ``seeds_sha256``, when its own seeds
+        are their first ones (``prefix_sha256(count)``: the fingerprint of the first ``count`` new seeds); returns
+        the seed count it grew from. A campaign of other seeds is a one-line UserError."""
+        import dataclasses
+
+        stored = self.read_config()
+        if stored.seed_count >= seed_count:
+            return stored.seed_count
+        if prefix_sha256(stored.seed_count) != stored.seeds_sha256:
+            raise UserError(f"cannot extend the campaign in '{self.directory}' to {seed_count} seeds: its "
+                            f"{stored.seed_count} seeds are not the first of the new ones (other seed data?); use "
+                            "the same --seed-data or another output directory")
+        _write_atomically(self.directory / CONFIG,
+                          dataclasses.replace(stored, seed_count=seed_count, seeds_sha256=seeds_sha256).to_json())
+        return stored.seed_count
+
     def read_config(self) -> CampaignConfig:
         try:
             return CampaignConfig.from_json((self.directory / CONFIG).read_text())
