@@ -337,7 +337,8 @@ def _fitted_bytes(value, seen=None) -> int:
 def test_a_fit_keeps_only_the_surprise_traces_per_training_input():
     """Fitted state grows with the training set only by what SA needs: each input's SA trace (held as
     ClassicCoverage.sa_traces_ float32, DSA's float64 references, LSA's whitened float64 points) and a few
-    scalars per input (classes, DSA's reference distance, LSA's squared norm); IDC keeps nothing per input."""
+    scalars per input (classes, DSA's reference distance, LSA's squared norm); IDC keeps nothing per input (the
+    combinations the analysis inputs realise are at most all of its combinations, 4^3 here, whatever their count)."""
     from mlflow_di.coverage.suite import CoverageSuite
 
     model, full = tiny_model(), load_images("digits[0:600]")
@@ -347,9 +348,9 @@ def test_a_fit_keeps_only_the_surprise_traces_per_training_input():
             model, full.subset(slice(0, count), f"{count}"))
 
     small, big = fitted(150), fitted(600)
-    for suite in (small, big):  # importance per neuron; per important neuron: index, silhouette, <= 4 centroids
-        layer = suite.idc_.fitted_layers_[suite.primary_]
-        assert _fitted_bytes(suite.idc_) <= 8 * len(layer.importance) + 3 * (8 + 8 + 4 * 8)
+    for suite in (small, big):  # importance per neuron; per important neuron: index, silhouette, <= 4 centroids;
+        layer = suite.idc_.fitted_layers_[suite.primary_]  # the reachable combination ids: at most 4^3
+        assert _fitted_bytes(suite.idc_) <= 8 * len(layer.importance) + 3 * (8 + 8 + 4 * 8) + 8 * 4 ** 3
     width = big.classic_.sa_traces_.shape[1]
     per_input = (_fitted_bytes(big.classic_) - _fitted_bytes(small.classic_)) / 450
     assert per_input <= (4 + 8 + 8) * width + 5 * 8, per_input

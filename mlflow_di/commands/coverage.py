@@ -21,6 +21,8 @@ from mlflow_di.commands.options import (RAY_OPTIONS, ClusterCounts, CommaList, L
                                         write_json_out)
 
 HEATMAP_INPUTS = 8
+#: ``--idc-resamples`` by default (mlflow_di.coverage.idc.RESAMPLES, kept here so that --help imports no torch)
+IDC_RESAMPLES = 50
 
 
 @click.command("coverage", cls=SectionedCommand, sections=(
@@ -44,6 +46,10 @@ HEATMAP_INPUTS = 8
 @click.option("--all-inputs", is_flag=True, help="Analyse all training inputs, not only those the model classifies correctly.")
 @click.option("--reference-quirks", is_flag=True,
               help="Cluster as DeepImportance's code does (drop zeros, round centroids) instead of as the paper says.")
+@click.option("--idc-resamples", type=click.IntRange(0), default=IDC_RESAMPLES, show_default=True,
+              help="Bootstrap resamples of the training data IDC's importance and clusters are refitted on, for the "
+                   "95% interval of reachable IDC (what the gate judges); 0: none, and the gate cannot decide "
+                   "--min-idc. Each costs one clustering of the important neurons.")
 @click.option("--per-class", type=click.BOOL, is_flag=False, flag_value=True, default=False, metavar="[true|false]",
               help="Also fit and score IDC for each class on its own (inputs filtered by label) and point out "
                    "the least covered classes; alone it means true.")
@@ -58,7 +64,7 @@ HEATMAP_INPUTS = 8
                    "back); on a cluster of several machines, one every node shares (default: a temporary folder).")
 def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, rule, criteria, criterion_settings, all_inputs,
             reference_quirks, per_class, seed, json_out, preprocessing, device, batch_size, workers, ray_address,
-            cpus_per_worker, gpus_per_worker, trace_dir) -> None:
+            cpus_per_worker, gpus_per_worker, trace_dir, idc_resamples: int = IDC_RESAMPLES) -> None:
     """Measure how well test data covers MODEL-URI's important neurons (IDC) and the classic criteria."""
     from mlflow_di.coverage.suite import ALL_CRITERIA, CoverageSuite, parse_criteria
     from mlflow_di.errors import UserError
@@ -81,7 +87,8 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         check_layers(model, subject_layers, top_m)
     suite = CoverageSuite(criteria, layers=subject_layers, top_m=top_m, clusters=clusters, rule=rule,
                           only_correct=not all_inputs, seed=seed, reference_quirks=reference_quirks,
-                          criterion_settings=dict(criterion_settings) or None, batch_size=batch_size)
+                          criterion_settings=dict(criterion_settings) or None, batch_size=batch_size,
+                          resamples=idc_resamples)
     raw_train, raw_tests, train, tests = _data(model, train_data, test_data)
     tags = {"mlflow_di.command": "coverage", **registry.model_version_tags(model_uri)}
     model_id = registry.logged_model_id(model_uri)
@@ -92,6 +99,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
                     "layers": _layers_param(layers, layer), "top_m": top_m, "clusters": ",".join(map(str, clusters)),
                     "rule": rule, "criteria": ",".join(parse_criteria(criteria)), "only_correct": not all_inputs,
                     "reference_quirks": reference_quirks, "per_class": per_class, "seed": seed,
+                    "idc_resamples": idc_resamples,
                     "device": describe_device(model.device), "batch_size": batch_size,
                     "workers": workers, **({"ray_address": ray_address} if workers else {}),
                     **{f"criterion_setting.{field}": value for field, value in criterion_settings}})
@@ -232,8 +240,14 @@ def _log_review_artifacts(log, suite, model, test, results: list, by_class=None)
     final = results[-1]
     html = rp.HtmlReport(f"Coverage of {model.name}", subtitle=f"test data: {final.data}")
     html.verdict(None, _headline(final))
-    html.section("Metrics").metrics(final.metrics(), percent_keys=[k for k in final.metrics()
-                                                                   if k not in ("idc_covered", "idc_total")])
+    counts = ("idc_covered", "idc_total", "idc_reachable_covered", "idc_reachable_total", "idc_reachable_n")
+    html.section("Metrics").metrics(final.metrics(), percent_keys=[k for k in final.metrics() if k not in counts])
+    if final.primary is not None and final.idc[final.primary].reachable:
+        html.paragraph("The paper's IDC counts every combination of the important neurons' clusters, most of which "
+                       "no input realises, and their number moves with the clustering between trainings of one model. "
+                       "Reachable IDC counts only the combinations the training data realise: it is the figure the "
+                       "gate judges (--min-idc), with its 95% interval from refitting importance and clusters on "
+                       "resamples of the training data.")
     if final.primary is not None:
         curves = {r.data: growth_curve(r.idc[final.primary]) for r in results}
         growth = rp.coverage_growth_plot(curves, title=f"IDC growth over the test inputs (layer {final.primary})")
@@ -289,7 +303,18 @@ def _headline(result) -> str:
     if result.primary is None:
         return ", ".join(f"{k.upper()} {v:.1%}" for k, v in result.metrics().items())
     main = result.idc[result.primary]
-    return f"IDC {main.idc:.1%}: {main.covered} of {main.total} combinations of layer {main.layer}'s important neurons covered"
+    text = f"IDC {main.idc:.1%}: {main.covered} of {main.total} combinations of layer {main.layer}'s important neurons covered"
+    return text + (f"; {reachable_line(main, result.n_analysis)}" if main.reachable else "")
+
+
+def reachable_line(report, n_analysis: int) -> str:
+    """Reachable IDC (what the gate judges) with its interval, and the training data's own figure, in one phrase."""
+    spread = report.reachable_interval(n_analysis)
+    interval = (f" (95% CI {spread.low:.1%}-{spread.high:.1%} over {len(report.resampled_covered)} resamples of the "
+                f"{n_analysis} analysis inputs)" if spread is not None else " (no interval: --idc-resamples 0)")
+    return (f"reachable IDC {report.idc_reachable:.1%}{interval}: {report.covered_reachable} of the {report.reachable} "
+            f"combinations the training data realise (the training data itself reaches {report.analysis_idc:.1%} of "
+            f"all {report.total})")
 
 
 def _heatmaps(suite, model, test):
@@ -319,6 +344,8 @@ def _print_summary(result, by_class=None) -> None:
         for layer, report in result.idc.items():
             click.echo(f"  IDC {layer:<14} {report.idc:7.2%}  ({report.covered}/{report.total} combinations, "
                        f"neurons {list(report.important_neurons)}, clusters {list(report.clusters_per_neuron)})")
+            if report.reachable and layer == result.primary:
+                click.echo(f"    {reachable_line(report, result.n_analysis)}")
     if result.criteria is not None:
         for name, value in result.criteria.coverage.items():
             click.echo(f"  {name.upper():<18} {value:7.2%}")

@@ -8,6 +8,16 @@ of best Silhouette. ``score`` (Eq. 5-6): each test input maps every important ne
 centroid; the tuple of centroid indices is a *combination*; IDC = covered combinations / all
 combinations (the product of the neurons' cluster counts).
 
+That denominator is the paper's, and it is not comparable between models: the Silhouette choice makes
+it vary several-fold between trainings of one architecture, and most combinations are realised by no
+input at all (the training data of the demo's CNN reach 26-64% of theirs). So each report also says
+which combinations the analysis inputs themselves realise (*reachable*), and the figure a gate
+judges is *reachable IDC*: the share of those the test data cover. Its 95% interval comes from
+refitting importance and clusters on ``resamples`` bootstrap resamples of the analysis inputs (the
+important neurons chosen again from the resample's summed relevance, then their clusters), re-reading
+the combinations all analysis inputs realise and those the test data cover under each refit, and
+taking the percentiles of the refits' reachable IDC.
+
 One estimator covers one layer or several: all of them come from a single forward+LRP pass when
 fitting and a single forward pass when scoring. The fitted model is plain numbers (per layer:
 neurons, importance, centroids; the preprocessing) and saves as JSON; a reloaded model needs only
@@ -47,6 +57,9 @@ from mlflow_di.models.torch_model import TorchModel
 KIND = "idc"
 #: Combinations are numbered as int64; beyond this many, IDC is meaningless anyway (never coverable).
 MAX_COMBINATIONS = 2**62
+#: Analysis-data resamples behind reachable IDC's interval in ``mlflow-di coverage``: the 2.5% and 97.5%
+#: percentiles of 50 refits (benchmarks/bench_idc_interval.py compares them with 200 on the demo's CNNs).
+RESAMPLES = 50
 
 
 def module_fingerprint(module: nn.Module) -> str:
@@ -103,10 +116,37 @@ class CoverageReport:
     covered_combinations: list[int]
     data: str = ""
     covered_before: int = 0
+    #: combinations the analysis inputs realise (0: unknown, a coverage model saved before they were recorded)
+    reachable: int = 0
+    #: of those, the ones covered (counting earlier sets)
+    covered_reachable: int = 0
+    #: per resample of the analysis inputs: the reachable combinations covered, and how many are reachable
+    resampled_covered: list = dataclasses.field(default_factory=list)
+    resampled_reachable: list = dataclasses.field(default_factory=list)
 
     @property
     def n_inputs(self) -> int:
         return len(self.combination)
+
+    @property
+    def idc_reachable(self) -> float | None:
+        """Reachable IDC: the share of the combinations the analysis inputs realise that are covered (None unknown)."""
+        return self.covered_reachable / self.reachable if self.reachable else None
+
+    @property
+    def analysis_idc(self) -> float | None:
+        """The analysis inputs' own IDC: the share of all combinations they realise (None unknown)."""
+        return self.reachable / self.total if self.reachable else None
+
+    def reachable_interval(self, n_analysis: int = 0):
+        """The 95% percentile interval of reachable IDC over the analysis-data resamples (None without them),
+        an :class:`~mlflow_di.intervals.Interval` whose ``n`` is ``n_analysis``."""
+        from mlflow_di.intervals import COVERAGE_BOOTSTRAP, percentile
+
+        if not self.resampled_covered:
+            return None
+        figures = [len(covered) / reachable for covered, reachable in zip(self.resampled_covered, self.resampled_reachable)]
+        return percentile(figures, n_analysis, f"{COVERAGE_BOOTSTRAP} ({len(figures)} resamples)")
 
     def combination_clusters(self, combination_id: int) -> list[int]:
         """The centroid index of each important neuron in combination ``combination_id``."""
@@ -147,7 +187,11 @@ class LayerCoverage:
     ``importance``: summed relevance of every neuron of the layer; ``centroids``: an ascending
     array per important neuron; ``silhouettes``: the chosen clustering's Silhouette per neuron;
     ``top_m``: number of important neurons (below the setting when the layer is narrower);
-    ``n_analysis``: number of analysis inputs.
+    ``n_analysis``: number of analysis inputs; ``reachable``: the combination ids the analysis inputs
+    realise (None for a model saved before it was recorded); ``resampled_neurons`` /
+    ``resampled_centroids`` / ``resampled_reachable``: per bootstrap resample of the analysis inputs,
+    the important neurons and centroids refitted on it and the combinations all analysis inputs
+    realise under them (the interval of reachable IDC).
     """
 
     layer: str
@@ -157,6 +201,10 @@ class LayerCoverage:
     centroids: list[np.ndarray]
     silhouettes: np.ndarray
     n_analysis: int
+    reachable: np.ndarray | None = None
+    resampled_neurons: list[np.ndarray] = dataclasses.field(default_factory=list)
+    resampled_centroids: list[list[np.ndarray]] = dataclasses.field(default_factory=list)
+    resampled_reachable: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     @property
     def clusters_per_neuron(self) -> list[int]:
@@ -168,16 +216,19 @@ class LayerCoverage:
 
     def combinations(self, activations: np.ndarray) -> np.ndarray:
         """Combination ids from the layer's (N, neurons) activations: nearest centroid per neuron."""
-        values = activations[:, self.important_neurons]
-        ids = np.zeros(len(values), dtype=np.int64)
-        stride = 1
-        for column, centroids in enumerate(self.centroids):
-            ids += nearest_centroid(values[:, column], centroids).astype(np.int64) * stride
-            stride *= len(centroids)
-        return ids
+        return combination_ids(activations[:, self.important_neurons], self.centroids)
 
-    def report(self, ids: np.ndarray, accumulate: CoverageReport | None = None, data: str = "") -> CoverageReport:
-        """The :class:`CoverageReport` of given combination ids, optionally on top of ``accumulate``."""
+    def resampled_combinations(self, activations: np.ndarray) -> np.ndarray:
+        """(resamples, N) combination ids of the layer's (N, neurons) activations under each resample's centroids."""
+        if not self.resampled_centroids:
+            return np.zeros((0, len(activations)), np.int64)
+        return np.stack([combination_ids(activations[:, neurons], centroids)
+                         for neurons, centroids in zip(self.resampled_neurons, self.resampled_centroids)])
+
+    def report(self, ids: np.ndarray, accumulate: CoverageReport | None = None, data: str = "",
+               resampled: np.ndarray | None = None) -> CoverageReport:
+        """The :class:`CoverageReport` of given combination ids, optionally on top of ``accumulate``;
+        ``resampled``: the same inputs' ids under each resample (:meth:`resampled_combinations`)."""
         before = np.zeros(0, dtype=np.int64)
         if accumulate is not None:
             self._check_compatible(accumulate)
@@ -188,13 +239,26 @@ class LayerCoverage:
         contributed[first[is_new]] = True
         covered = np.union1d(before, unique)
         total = self.total_combinations
+        reachable = self.reachable if self.reachable is not None else np.zeros(0, np.int64)
         return CoverageReport(
             idc=len(covered) / total, covered=int(len(covered)), total=total,
             layer=self.layer, important_neurons=self.important_neurons.tolist(),
             clusters_per_neuron=self.clusters_per_neuron, combination=ids,
             contributed_new=contributed, growth=len(before) + np.cumsum(contributed, dtype=np.int64),
             covered_combinations=covered.tolist(), data=data, covered_before=int(len(before)),
+            reachable=int(len(reachable)), covered_reachable=int(np.isin(covered, reachable).sum()),
+            resampled_covered=self._resampled_covered(resampled, accumulate),
+            resampled_reachable=[int(len(r)) for r in self.resampled_reachable],
         )
+
+    def _resampled_covered(self, resampled: np.ndarray | None, accumulate: CoverageReport | None) -> list[list[int]]:
+        """Per resample, the reachable combinations covered (on top of ``accumulate``'s); [] without resamples."""
+        if resampled is None or not self.resampled_centroids:
+            return []
+        earlier = accumulate.resampled_covered if accumulate is not None and accumulate.resampled_covered else \
+            [[] for _ in self.resampled_reachable]
+        return [np.intersect1d(np.union1d(np.asarray(before, np.int64), ids), reachable).tolist()
+                for ids, reachable, before in zip(resampled, self.resampled_reachable, earlier)]
 
     def _check_compatible(self, earlier: CoverageReport) -> None:
         if (earlier.layer != self.layer or list(earlier.important_neurons) != self.important_neurons.tolist()
@@ -215,9 +279,16 @@ class LayerCoverage:
         ]
 
     def to_dict(self) -> dict:
-        return {"layer": self.layer, "top_m": self.top_m, "important_neurons": self.important_neurons.tolist(),
-                "importance": self.importance.tolist(), "centroids": [c.tolist() for c in self.centroids],
-                "silhouettes": self.silhouettes.tolist(), "n_analysis": self.n_analysis}
+        values = {"layer": self.layer, "top_m": self.top_m, "important_neurons": self.important_neurons.tolist(),
+                  "importance": self.importance.tolist(), "centroids": [c.tolist() for c in self.centroids],
+                  "silhouettes": self.silhouettes.tolist(), "n_analysis": self.n_analysis}
+        if self.reachable is not None:
+            values["reachable"] = self.reachable.tolist()
+        if self.resampled_centroids:
+            values["resampled_neurons"] = [n.tolist() for n in self.resampled_neurons]
+            values["resampled_centroids"] = [[c.tolist() for c in centroids] for centroids in self.resampled_centroids]
+            values["resampled_reachable"] = [r.tolist() for r in self.resampled_reachable]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> "LayerCoverage":
@@ -228,7 +299,23 @@ class LayerCoverage:
             centroids=[np.asarray(c, dtype=np.float64) for c in values["centroids"]],
             silhouettes=np.asarray(values["silhouettes"], dtype=np.float64),
             n_analysis=int(values["n_analysis"]),
+            reachable=None if values.get("reachable") is None else np.asarray(values["reachable"], dtype=np.int64),
+            resampled_neurons=[np.asarray(n, dtype=np.int64) for n in values.get("resampled_neurons", [])],
+            resampled_centroids=[[np.asarray(c, dtype=np.float64) for c in centroids]
+                                 for centroids in values.get("resampled_centroids", [])],
+            resampled_reachable=[np.asarray(r, dtype=np.int64) for r in values.get("resampled_reachable", [])],
         )
+
+
+def combination_ids(values: np.ndarray, centroids: Sequence[np.ndarray]) -> np.ndarray:
+    """Combination ids of (N, neurons) ``values`` of the important neurons: the mixed-radix number of each
+    row's nearest centroid per neuron (neuron 0 the least significant digit)."""
+    ids = np.zeros(len(values), dtype=np.int64)
+    stride = 1
+    for column, neuron_centroids in enumerate(centroids):
+        ids += nearest_centroid(values[:, column], neuron_centroids).astype(np.int64) * stride
+        stride *= len(neuron_centroids)
+    return ids
 
 
 def too_few_to_cluster(n_analysis: int, candidates: Sequence[int], only_correct: bool) -> str | None:
@@ -270,9 +357,12 @@ class ImportanceDrivenCoverage(BaseEstimator):
     clusters: candidate cluster counts per neuron (the best by Silhouette is kept).
     rule, epsilon: LRP rule (see :mod:`mlflow_di.coverage.relevance`) and its epsilon/stabiliser.
     only_correct: analyse only the training inputs the model classifies correctly (as the paper).
-    seed: seed of the k-means initialisation.
+    seed: seed of the k-means initialisation and of the analysis-data resamples.
     reference_quirks: cluster as the reference code does (drop zeros, < 10 values -> centroid 0,
         round centroids to 2 decimals) instead of as the paper says.
+    resamples: bootstrap resamples of the analysis inputs importance and clusters are refitted on, for
+        the 95% interval of reachable IDC (0, the default: none, and no interval; each costs one clustering
+        of the important neurons; ``mlflow-di coverage`` uses :data:`RESAMPLES`).
 
     ``score`` returns a :class:`CoverageReport` when ``layers`` is None or one name, and a
     ``{layer: CoverageReport}`` dict when it is a list or ``"all"``; ``accumulate`` takes the same.
@@ -287,7 +377,8 @@ class ImportanceDrivenCoverage(BaseEstimator):
 
     def __init__(self, layers: str | Sequence[str] | None = None, top_m: int = 6, clusters: Sequence[int] = (2, 3, 4),
                  rule: str = "epsilon", epsilon: float | None = None, only_correct: bool = True, seed: int = 0,
-                 batch_size: int = 256, progress: bool = True, reference_quirks: bool = False):
+                 batch_size: int = 256, progress: bool = True, reference_quirks: bool = False,
+                 resamples: int = 0):
         self.layers = layers
         self.top_m = top_m
         self.clusters = clusters
@@ -298,6 +389,7 @@ class ImportanceDrivenCoverage(BaseEstimator):
         self.batch_size = batch_size
         self.progress = progress
         self.reference_quirks = reference_quirks
+        self.resamples = resamples
 
     layer_ = _single_layer_property("layer")
     top_m_ = _single_layer_property("top_m")
@@ -330,6 +422,8 @@ class ImportanceDrivenCoverage(BaseEstimator):
             raise UserError(f"top_m must be a positive integer, got {self.top_m!r}")
         if self.rule not in RULES:
             raise UserError(f"unknown LRP rule '{self.rule}'; choose one of {', '.join(RULES)}")
+        if isinstance(self.resamples, bool) or not isinstance(self.resamples, (int, np.integer)) or self.resamples < 0:
+            raise UserError(f"resamples must be an integer of at least 0, got {self.resamples!r}")
         return check_candidates(self.clusters)
 
     def _resolve_layers(self, module: nn.Module) -> tuple[list[str], bool]:
@@ -383,28 +477,34 @@ class ImportanceDrivenCoverage(BaseEstimator):
         for layer in layers:
             analysed = correct if self.only_correct else np.ones(len(correct), dtype=bool)
             activations = attribution.activations[layer]
+            relevance = attribution.relevance[layer][analysed]
             fitted[layer] = self._fit_layer(
-                layer, exact_column_sums(attribution.relevance[layer][analysed]), int(analysed.sum()),
+                layer, exact_column_sums(relevance), int(analysed.sum()),
                 lambda neurons, values=activations, rows=analysed: values[:, neurons][rows],
-                min(self.top_m, widths[layer]), ks)
+                min(self.top_m, widths[layer]), ks, lambda values=relevance: values)
         return self._fitted(model, images, layers, fitted)
 
     def fit_importance(self, model: TorchModel, images: ImageSet, importance: Mapping[str, np.ndarray],
-                       n_analysis: int, analysed_columns) -> "ImportanceDrivenCoverage":
+                       n_analysis: int, analysed_columns, analysed_relevance=None) -> "ImportanceDrivenCoverage":
         """:meth:`fit` from the relevance pass's aggregates (a pass spread over workers, see
         :mod:`mlflow_di.coverage.partials`): ``importance[layer]`` the summed relevance of each neuron
         over the ``n_analysis`` analysis inputs (exact sums, as :meth:`fit_relevance` takes them), and
         ``analysed_columns(layer, neurons)`` the analysis inputs' activations of those neurons,
         (n_analysis, len(neurons)), in input order: clustering needs them input by input.
+        ``analysed_relevance(layer)``: the analysis inputs' relevance of every neuron, (n_analysis, width), in
+        input order, which the resamples refit importance from (needed when ``resamples`` > 0).
         """
         ks = self.check_params()
         _check_analysis_set(images)
         layers, clamp = self._resolve_layers(model.module)
         widths = {layer: len(importance[layer]) for layer in layers}
         self._check_widths(widths, clamp)
+        if self.resamples and analysed_relevance is None:
+            raise UserError("resampling the analysis data needs its per-input relevance (analysed_relevance)")
         fitted = {layer: self._fit_layer(layer, np.asarray(importance[layer], np.float64), n_analysis,
                                          lambda neurons, layer=layer: analysed_columns(layer, neurons),
-                                         min(self.top_m, widths[layer]), ks)
+                                         min(self.top_m, widths[layer]), ks,
+                                         lambda layer=layer: analysed_relevance(layer))
                   for layer in layers}
         return self._fitted(model, images, layers, fitted)
 
@@ -428,12 +528,13 @@ class ImportanceDrivenCoverage(BaseEstimator):
                                 f"choose top_m <= {width}")
 
     def _fit_layer(self, layer: str, importance: np.ndarray, n_analysis: int, analysed_columns,
-                   top_m: int, ks: tuple[int, ...]) -> LayerCoverage:
+                   top_m: int, ks: tuple[int, ...], analysed_relevance=None) -> LayerCoverage:
         """Pick the important neurons from the summed relevance and cluster their activations.
 
         ``importance``: each neuron's relevance summed over the analysis inputs (exactly rounded, see
         :class:`~mlflow_di.coverage.partials.ExactSum`, so a pass split into batches anywhere gives the
-        same bits); ``analysed_columns(neurons)``: the analysis inputs' activations of ``neurons``.
+        same bits); ``analysed_columns(neurons)``: the analysis inputs' activations of ``neurons``;
+        ``analysed_relevance()``: their relevance of every neuron, which the resamples refit importance from.
         """
         shortfall = too_few_to_cluster(n_analysis, ks, self.only_correct)
         if shortfall:
@@ -448,11 +549,37 @@ class ImportanceDrivenCoverage(BaseEstimator):
         total = math.prod(len(c.centroids) for c in choices)
         if total >= MAX_COMBINATIONS:
             raise UserError(f"{total} combinations for top_m={top_m} neurons cannot be covered; lower top_m")
+        centroids = [np.asarray(c.centroids, dtype=np.float64) for c in choices]
+        refits = self._refits(layer, analysed_relevance, analysed_columns, n_analysis, top_m, ks) if self.resamples else []
         return LayerCoverage(
             layer=layer, top_m=int(top_m), important_neurons=important.astype(np.int64), importance=importance,
-            centroids=[np.asarray(c.centroids, dtype=np.float64) for c in choices],
-            silhouettes=np.array([c.silhouette for c in choices], dtype=np.float64), n_analysis=n_analysis,
+            centroids=centroids, silhouettes=np.array([c.silhouette for c in choices], dtype=np.float64),
+            n_analysis=n_analysis, reachable=np.unique(combination_ids(columns, centroids)),
+            resampled_neurons=[neurons for neurons, _, _ in refits],
+            resampled_centroids=[refit for _, refit, _ in refits],
+            resampled_reachable=[reachable for _, _, reachable in refits],
         )
+
+    def _refits(self, layer: str, analysed_relevance, analysed_columns, n_analysis: int, top_m: int,
+                ks: tuple[int, ...]) -> list[tuple[np.ndarray, list[np.ndarray], np.ndarray]]:
+        """(important neurons, their centroids, the combinations all analysis inputs realise) refitted on each of
+        ``resamples`` bootstrap resamples of the analysis inputs (rows drawn with replacement by a generator
+        seeded by ``seed``): importance summed over the resample's rows in their drawn order (float64 sums of
+        the same numbers in the same order: the same bits on every CPU), then the new neurons' clusters."""
+        relevance = np.asarray(analysed_relevance(), dtype=np.float64)
+        rng = np.random.default_rng([self.seed, n_analysis])
+        refits = []
+        for _ in tqdm(range(self.resamples), desc=f"resampling {layer}", disable=not self.progress, leave=False):
+            rows = rng.integers(0, n_analysis, size=n_analysis)
+            neurons = np.argsort(-relevance[rows].sum(axis=0), kind="stable")[:top_m].astype(np.int64)
+            columns = analysed_columns(neurons)
+            refit = [np.asarray(choose_clusters(columns[rows, column], ks, seed=self.seed,
+                                                reference_quirks=self.reference_quirks).centroids, dtype=np.float64)
+                     for column in range(len(neurons))]
+            if math.prod(len(c) for c in refit) >= MAX_COMBINATIONS:
+                raise UserError(f"a resample's clusters give too many combinations for top_m={top_m}; lower top_m")
+            refits.append((neurons, refit, np.unique(combination_ids(columns, refit))))
+        return refits
 
     # --------------------------------------------------------------------------------- score
     def attach(self, model, check: bool = True) -> "ImportanceDrivenCoverage":
@@ -511,7 +638,8 @@ class ImportanceDrivenCoverage(BaseEstimator):
         if missing:
             raise UserError(f"no activations for IDC layer '{missing[0]}' (have: {', '.join(sorted(activations))})")
         reports = {layer: fitted.report(fitted.combinations(np.asarray(activations[layer])),
-                                        accumulate=earlier.get(layer), data=data)
+                                        accumulate=earlier.get(layer), data=data,
+                                        resampled=fitted.resampled_combinations(np.asarray(activations[layer])))
                    for layer, fitted in self.fitted_layers_.items()}
         return reports if self.multi_layer else reports[self.layers_[0]]
 

@@ -179,6 +179,11 @@ def _trace_tables(folder, starts, rows, columns):
         raise UserError(f"the trace files in '{folder}' hold {at} rows, not {rows}")
 
 
+def relevance_prefix(layer: str) -> str:
+    """The trace columns' prefix of a layer's per-input relevance."""
+    return f"relevance:{layer}"
+
+
 def neuron_columns(prefix: str, neurons: Sequence[int]) -> list[str]:
     """Trace column names of some neurons of a layer (or of the SA trace, ``prefix`` ``"sa"``)."""
     return [f"{prefix}#{int(j)}" for j in neurons]
@@ -192,7 +197,9 @@ class FitJob:
     Per batch it returns (see :func:`merge_fit`) the number of inputs, per IDC layer the exact
     relevance sums over the batch's analysis inputs and their count, and the per-neuron min/max of
     the criteria's layers; it writes to the trace file the analysis inputs' activations of the IDC
-    layers (``LAYER#j``) and every input's SA trace (``sa#j``) and predicted class (``prediction``).
+    layers (``LAYER#j``), with ``relevance_traces`` their relevance too (``relevance:LAYER#j``: what
+    IDC's analysis-data resamples refit importance from), and every input's SA trace (``sa#j``) and
+    predicted class (``prediction``).
     """
 
     idc_layers: list[str]
@@ -200,6 +207,7 @@ class FitJob:
     epsilon: float | None = None
     only_correct: bool = True
     classic: dict | None = None  # ClassicCoverage settings with layers_/sa_layers_ (see _classic_from)
+    relevance_traces: bool = False
     #: what fx traces told about the model's structure, found on this job's (this worker's copy's) first batch
     #: and kept for the others (:func:`~mlflow_di.coverage.canonizers.traced_once`)
     _traced: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -228,6 +236,8 @@ class FitJob:
                 partial["importance"][layer] = ExactSum(attribution.relevance[layer].shape[1]).add(relevance)
                 values = attribution.activations[layer][analysed]
                 columns.update(zip(neuron_columns(layer, range(values.shape[1])), values.T))
+                if self.relevance_traces:
+                    columns.update(zip(neuron_columns(relevance_prefix(layer), range(relevance.shape[1])), relevance.T))
             write_trace(pathlib.Path(traces) / "idc", start, columns)  # zero rows when none is analysed
         if self.classic is not None:
             classic = _classic_from(self.classic)
@@ -321,17 +331,21 @@ class ScoreJob:
                 activations = collect_activations(model.module, inputs, list(fitted), batch_size=len(images))
             partial["combinations"] = {layer: layer_fit.combinations(np.asarray(activations[layer]))
                                        for layer, layer_fit in fitted.items()}
+            partial["resampled"] = {layer: layer_fit.resampled_combinations(np.asarray(activations[layer]))
+                                    for layer, layer_fit in fitted.items()}
         return partial
 
 
 @dataclasses.dataclass
 class ScoreMerged:
-    """A scoring pass's partials merged: united cells, combination ids in input order."""
+    """A scoring pass's partials merged: united cells, combination ids in input order (``resampled``: under each
+    analysis-data resample's clusters, (resamples, rows) per layer)."""
 
     rows: int
     starts: list[int]
     cells: dict[str, np.ndarray]
     combinations: dict[str, np.ndarray]
+    resampled: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def merge_score(partials: Sequence[dict]) -> ScoreMerged:
@@ -346,7 +360,9 @@ def merge_score(partials: Sequence[dict]) -> ScoreMerged:
     layers = partials[0]["combinations"].keys() if partials else ()
     combinations = {layer: np.concatenate([p["combinations"][layer] for p in partials]).astype(np.int64)
                     for layer in layers}
-    return ScoreMerged(sum(p["rows"] for p in partials), [p["start"] for p in partials], cells, combinations)
+    resampled = {layer: np.concatenate([p["resampled"][layer] for p in partials], axis=1).astype(np.int64)
+                 for layer in layers if all(layer in p.get("resampled", {}) for p in partials)}
+    return ScoreMerged(sum(p["rows"] for p in partials), [p["start"] for p in partials], cells, combinations, resampled)
 
 
 def classic_settings(classic) -> dict:

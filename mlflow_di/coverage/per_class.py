@@ -148,7 +148,7 @@ class PerClassCoverage(BaseEstimator):
             raise UserError(f"per-class IDC needs an ImportanceDrivenCoverage, got {type(template).__name__}")
         if template.multi_layer:
             raise UserError(f"per-class IDC takes one layer name, got {template.layers!r}")
-        return template.set_params(progress=False)
+        return template.set_params(progress=False, resamples=0)  # per-class figures are read, not judged: no interval
 
     def fit(self, model, images: ImageSet) -> "PerClassCoverage":
         """One relevance pass over ``images``, then importance analysis and clustering per label."""

@@ -59,13 +59,25 @@ class CoverageResult:
     primary: str | None
     criteria: CriteriaReport | None
     data: str
+    #: the analysis inputs IDC was fitted on (the sample size of reachable IDC's interval)
+    n_analysis: int = 0
 
     def metrics(self) -> dict[str, float]:
-        """Flat metrics: ``idc``, ``idc_covered``, ``idc_total``, ``idc.<layer>`` (several layers), ``nc``..."""
+        """Flat metrics: ``idc`` (the paper's: covered / all combinations), ``idc_covered``, ``idc_total``;
+        ``idc_reachable`` (covered / the combinations the analysis inputs realise: what a gate judges) with
+        ``idc_reachable_low``/``_high``/``_n`` (its 95% interval over analysis-data resamples, n the analysis
+        inputs) and ``idc_analysis`` (the analysis inputs' own IDC); ``idc.<layer>`` (several layers), ``nc``..."""
         values: dict[str, float] = {}
         if self.primary is not None:
             main = self.idc[self.primary]
             values.update(idc=main.idc, idc_covered=main.covered, idc_total=main.total)
+            if main.reachable:
+                values.update(idc_reachable=main.idc_reachable, idc_reachable_covered=main.covered_reachable,
+                              idc_reachable_total=main.reachable, idc_analysis=main.analysis_idc)
+                spread = main.reachable_interval(self.n_analysis)
+                if spread is not None:
+                    values.update(idc_reachable_low=spread.low, idc_reachable_high=spread.high,
+                                  idc_reachable_n=spread.n)
             if len(self.idc) > 1:
                 values.update({f"idc.{layer}": report.idc for layer, report in self.idc.items()})
         if self.criteria is not None:
@@ -83,7 +95,9 @@ class CoverageResult:
             summary["layers"] = {
                 layer: {"idc": r.idc, "covered": r.covered, "total": r.total,
                         "important_neurons": list(r.important_neurons),
-                        "clusters_per_neuron": list(r.clusters_per_neuron)}
+                        "clusters_per_neuron": list(r.clusters_per_neuron),
+                        **({"reachable": r.reachable, "covered_reachable": r.covered_reachable,
+                            "idc_reachable": r.idc_reachable, "idc_analysis": r.analysis_idc} if r.reachable else {})}
                 for layer, r in self.idc.items()
             }
         return summary
@@ -109,7 +123,8 @@ class CoverageSuite(BaseEstimator):
     def __init__(self, criteria: str | Sequence[str] = ALL_CRITERIA, layers: str | Sequence[str] | None = None,
                  top_m: int = 6, clusters: Sequence[int] = (2, 3, 4), rule: str = "epsilon",
                  only_correct: bool = True, seed: int = 0, reference_quirks: bool = False,
-                 criterion_settings: Mapping | None = None, batch_size: int = 256, progress: bool = True):
+                 criterion_settings: Mapping | None = None, batch_size: int = 256, progress: bool = True,
+                 resamples: int = 0):
         self.criteria = criteria
         self.layers = layers
         self.top_m = top_m
@@ -121,6 +136,7 @@ class CoverageSuite(BaseEstimator):
         self.criterion_settings = criterion_settings
         self.batch_size = batch_size
         self.progress = progress
+        self.resamples = resamples
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "criteria_")
@@ -143,7 +159,7 @@ class CoverageSuite(BaseEstimator):
             idc = ImportanceDrivenCoverage(
                 layers=layers, top_m=self.top_m, clusters=self.clusters, rule=self.rule,
                 only_correct=self.only_correct, seed=self.seed, reference_quirks=self.reference_quirks,
-                batch_size=self.batch_size, progress=self.progress).fit(model, images)
+                batch_size=self.batch_size, progress=self.progress, resamples=self.resamples).fit(model, images)
             primary = default if default in idc.layers_ else idc.layers_[0]
         names = [c for c in criteria if c != "idc"]
         if names:
@@ -175,7 +191,11 @@ class CoverageSuite(BaseEstimator):
             else:
                 idc_reports = self.idc_.score(images, accumulate=earlier)
         data = f"{accumulate.data} + {name}" if accumulate is not None else name
-        return CoverageResult(idc_reports, self.primary_, criteria_report, data)
+        return CoverageResult(idc_reports, self.primary_, criteria_report, data, self._n_analysis())
+
+    def _n_analysis(self) -> int:
+        """The analysis inputs of the primary IDC layer (0 without IDC)."""
+        return self.idc_.fitted_layers_[self.primary_].n_analysis if self.idc_ is not None else 0
 
     # ------------------------------------------------------------- passes spread over batches/workers
     def _estimators(self, model):
@@ -187,7 +207,8 @@ class CoverageSuite(BaseEstimator):
             idc = ImportanceDrivenCoverage(
                 layers=[default] if self.layers is None else self.layers, top_m=self.top_m, clusters=self.clusters,
                 rule=self.rule, only_correct=self.only_correct, seed=self.seed,
-                reference_quirks=self.reference_quirks, batch_size=self.batch_size, progress=self.progress)
+                reference_quirks=self.reference_quirks, batch_size=self.batch_size, progress=self.progress,
+                resamples=self.resamples)
         names = [c for c in criteria if c != "idc"]
         if names:
             classic = ClassicCoverage(names, criterion_settings=self.criterion_settings, batch_size=self.batch_size,
@@ -199,7 +220,8 @@ class CoverageSuite(BaseEstimator):
     def _fit_with(self, passes, model, images: ImageSet) -> "CoverageSuite":
         """:meth:`fit` with the passes run by ``passes`` (see :mod:`mlflow_di.coverage.partials`)."""
         from mlflow_di.coverage.activations import PreprocessedImages, collect_activations
-        from mlflow_di.coverage.partials import FitJob, classic_settings, merge_fit, neuron_columns, read_matrix
+        from mlflow_di.coverage.partials import (FitJob, classic_settings, merge_fit, neuron_columns, read_matrix,
+                                                 relevance_prefix)
 
         criteria, idc, classic = self._estimators(model)
         layers: list[str] = []
@@ -212,7 +234,8 @@ class CoverageSuite(BaseEstimator):
             idc._check_widths({layer: values.shape[1] for layer, values in
                                collect_activations(model.module, probe, layers).items()}, clamp)
         job = FitJob(layers, rule=self.rule, only_correct=self.only_correct,
-                     classic=None if classic is None else classic_settings(classic))
+                     classic=None if classic is None else classic_settings(classic),
+                     relevance_traces=idc is not None and idc.resamples > 0)
         with passes.run(job, model, images, self.batch_size) as output:
             merged = merge_fit(output.partials)
             if idc is not None:
@@ -221,7 +244,11 @@ class CoverageSuite(BaseEstimator):
                 def analysed_columns(layer, neurons):  # only the important neurons' columns are read
                     return read_matrix(output.traces / "idc", merged.starts, n_analysis, neuron_columns(layer, neurons))
 
-                idc.fit_importance(model, images, merged.importance, n_analysis, analysed_columns)
+                def analysed_relevance(layer):  # every neuron's: the resamples choose their own important ones
+                    return read_matrix(output.traces / "idc", merged.starts, n_analysis, neuron_columns(
+                        relevance_prefix(layer), range(len(merged.importance[layer]))))
+
+                idc.fit_importance(model, images, merged.importance, n_analysis, analysed_columns, analysed_relevance)
             if classic is not None:
                 traces = predictions = None
                 if classic.sa_layers_:
@@ -283,10 +310,11 @@ class CoverageSuite(BaseEstimator):
         idc_reports = {}
         if self.idc_ is not None:
             earlier = (accumulate.idc if accumulate is not None else None) or {}
-            idc_reports = {layer: fitted.report(merged.combinations[layer], accumulate=earlier.get(layer), data=name)
+            idc_reports = {layer: fitted.report(merged.combinations[layer], accumulate=earlier.get(layer), data=name,
+                                                resampled=merged.resampled.get(layer))
                            for layer, fitted in self.idc_.fitted_layers_.items()}
         data = f"{accumulate.data} + {name}" if accumulate is not None else name
-        return CoverageResult(idc_reports, self.primary_, criteria_report, data)
+        return CoverageResult(idc_reports, self.primary_, criteria_report, data, self._n_analysis())
 
     def important_neurons_table(self) -> list[dict]:
         """One row per important neuron of every IDC layer: rank, index, importance, clusters."""
