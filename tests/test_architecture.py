@@ -7,7 +7,8 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mlflow_di"
 ENGINES = ("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "reporting", "service")
-FOUNDATIONS = ("models", "data.py", "deviation.py", "results_json.py", "errors.py", "folder_lock.py", "gate.py", "policy.py",
+FOUNDATIONS = ("models", "data.py", "deviation.py", "intervals.py", "results_json.py", "errors.py", "folder_lock.py",
+               "gate.py", "policy.py",
                "progress.py", "registry.py", "settings.py", "extensions.py",
                "_compat.py", "_ray.py")
 
@@ -192,7 +193,7 @@ ENGINE_EDGES = {
     ("compression", "mlflow_di.fuzz.strategies"), ("compression", "mlflow_di.fuzz.realism"),
     ("repair", "mlflow_di.fuzz.mutations"),
     ("inspection", "mlflow_di.coverage.activations"),
-    ("reporting", "mlflow_di.fuzz.per_class"), ("reporting", "mlflow_di.fuzz.realism"),
+    ("reporting", "mlflow_di.fuzz.per_class"), ("reporting", "mlflow_di.fuzz.realism"), ("reporting", "mlflow_di.fuzz.results"),
     ("reporting", "mlflow_di.compression.blame"),
 }
 

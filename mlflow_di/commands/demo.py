@@ -20,20 +20,23 @@ TRAIN_SPEC = "digits[0:1300]"
 TEST_SPEC = "digits[1300:]"
 CALIB_SPEC = "digits[0:300]"
 DEMO_METHODS = ("int8-static", "prune-l1")
-#: The demo's gate policy: the tests must cover at least half of the important behaviours, no
-#: export may lose more than 2 points of accuracy nor answer differently from the CNN on more than
-#: 2% of the evaluation digits (accuracy can stay flat while answers flip both ways), and fuzzing
-#: must need at least 10 queries on average to find a deviation (a compressed model that
-#: deviates at the first mutations fails). Measured on the demo: int8-static differs on 0 of 497
-#: digits, prune-l1 on 6 (1.2%).
-GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "max_disagreement_rate": 0.02, "min_mean_queries": 10.0,
+#: The demo's gate policy: the tests must cover at least half of the important behaviours the training data
+#: reach (reachable IDC), no export may lose more than 2 points of accuracy nor answer differently from the CNN
+#: on more than 5% of the evaluation digits (accuracy can stay flat while answers flip both ways), and fuzzing
+#: must need at least 10 queries on average to find a deviation (a compressed model that deviates at the first
+#: mutations fails). Every check is judged by its 95% interval, so a limit must sit where the evidence can
+#: reach it: the demo has 497 evaluation digits, on which a disagreement rate of 1.2% (6 digits: prune-l1's on
+#: the demo) has an interval up to 2.6%, so a limit of 2% could never be decided for it, while 5% can (a team
+#: with more evaluation data can tighten it). The realism step fuzzes 100 seeds for the same reason: 2 realistic
+#: deviations in 50 seeds reach 13.7%, in 100 seeds 4 reach 9.9%.
+GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.02, "max_disagreement_rate": 0.05, "min_mean_queries": 10.0,
         "max_realistic_success_rate": 0.1}
 #: The realism budget of the demo's gate: the digits have 17 intensity levels, 16 of 255 apart, so a
 #: change of at most 4 levels cannot be told apart at the data's own resolution (SSIM needs images of at
 #: least 11x11 pixels: not these). Inside it the boundary walk looks for deviations on REALISM_SEEDS seeds (fewer
 #: when --fuzz-seeds asks for fewer), at most REALISM_QUERIES queries each after its walks.
 REALISM_BUDGET = "linf=4"
-REALISM_SEEDS = 50
+REALISM_SEEDS = 100
 REALISM_QUERIES = 100
 
 
@@ -73,7 +76,7 @@ def _step(title: str) -> None:
 
 
 def _pipeline(ctx: click.Context, model_uri: str, fuzz_seeds: int, seed: int) -> int:
-    """Steps 2-6 through the real commands; returns the gate's exit code (0 pass, 1 fail)."""
+    """Steps 2-6 through the real commands; returns the gate's exit code (0 PASS, 1 FAIL, 3 INCONCLUSIVE)."""
     from mlflow_di.commands import compress, coverage, fuzz, gate
     from mlflow_di.fuzz import strategies
     from mlflow_di.fuzz.realism import parse_budget
@@ -103,7 +106,9 @@ def _pipeline(ctx: click.Context, model_uri: str, fuzz_seeds: int, seed: int) ->
 
 
 def _where_to_look(model_uri: str, name: str, gate_code: int) -> None:
-    verdict = "passed: alias 'champion' points to it" if gate_code == 0 else "did not pass: alias 'champion' not on it"
+    verdict = {0: "PASS: alias 'champion' points to it",
+               3: "INCONCLUSIVE: the evidence could not decide a check (its message says how much more would); "
+                  "alias 'champion' not on it"}.get(gate_code, "FAIL: alias 'champion' not on it")
     click.echo(f"gate {verdict}")
     click.echo("")
     click.echo("where to look:")
