@@ -132,10 +132,31 @@ class _Difference(nn.Module):
         return self.a(x) - self.b(x)
 
 
-def test_tensor_arithmetic_without_a_canonizer_is_refused_by_module_name():
-    rebuilt = rebuild(exported(nn.Sequential(_Difference()), torch.rand(2, 4)))
-    with pytest.raises(UserError, match=r"module '0' \(_Difference\) subtracts two tensors"):
-        input_relevance(rebuilt, torch.rand(2, 4), progress=False)
+class _Product(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.a(x) * self.b(x)
+
+
+def test_a_difference_conserves_relevance_and_a_product_of_two_signals_is_refused_by_module_and_node():
+    """``a - b`` is the Sum of ``a`` and ``-b`` (relevance a/(a-b) and -b/(a-b)): the input relevance of a bias-free
+    difference sums to its output; a product of two signals (neither a sigmoid gate) has no rule and is refused."""
+    torch.manual_seed(0)
+    difference = _Difference()
+    for layer in (difference.a, difference.b):
+        torch.nn.init.zeros_(layer.bias)
+    x = torch.rand(3, 4)
+    rebuilt = rebuild(exported(nn.Sequential(difference), x))
+    out = rebuilt(x)
+    relevance = input_relevance(rebuilt, x, targets=np.zeros(3, dtype=np.int64), epsilon=1e-20, progress=False)
+    np.testing.assert_allclose(relevance.sum(axis=1), out[:, 0].detach().numpy(), rtol=1e-4)
+    product = rebuild(exported(nn.Sequential(_Product()), x))
+    with pytest.raises(UserError, match=r"module '0' \(_Product\) multiplies two tensors \(node 'mul\w*'\), neither a "
+                                        "sigmoid-like gate"):
+        input_relevance(product, x, progress=False)
 
 
 class _TwoHeads(nn.Module):

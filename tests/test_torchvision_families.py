@@ -73,9 +73,32 @@ class _UnknownResidual(nn.Module):
         return self.head(x + self.conv(x))
 
 
-def test_a_residual_addition_without_a_canonizer_is_refused_by_name():
-    with pytest.raises(UserError, match=r"the model's own forward adds two tensors .* classic criteria"):
-        input_relevance(_UnknownResidual(), torch.rand(2, 3, 8, 8), progress=False)
+def test_a_residual_addition_in_a_models_own_forward_conserves_relevance():
+    """An addition no torchvision block holds (the model's own ``x + conv(x)``) becomes a Sum from the fx trace of
+    its forward: the input relevance of the bias-free model sums to its logit."""
+    model = _UnknownResidual()
+    for layer in (model.conv, model.head[1]):
+        nn.init.zeros_(layer.bias)
+    inputs = torch.rand(2, 3, 8, 8)
+    start = lrp_logits(model, inputs).max(dim=1).values.numpy()
+    relevance = input_relevance(model, inputs, epsilon=1e-20, progress=False)
+    np.testing.assert_allclose(relevance.reshape(2, -1).sum(axis=1) / start, 1.0, atol=2e-3)
+
+
+class _TwoSignals(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 2))
+
+    def forward(self, x):
+        return self.head(x * self.conv(x))
+
+
+def test_a_product_of_two_signals_is_refused_by_name_with_the_way_out():
+    with pytest.raises(UserError, match=r"the model's own forward multiplies two tensors \(node 'mul'\), neither a "
+                                        r"sigmoid-like gate.* classic criteria can"):
+        input_relevance(_TwoSignals(), torch.rand(2, 3, 8, 8), progress=False)
 
 
 @pytest.mark.parametrize("family", ("resnet18", "mobilenet_v3_small", "squeezenet1_0"))

@@ -36,7 +36,7 @@ from zennit.types import Activation, AvgPool, BatchNorm, Linear as LinearOrConv,
 
 from mlflow_di.errors import UserError
 from mlflow_di.models.device import module_device
-from mlflow_di.coverage.canonizers import (canonizers, forward_canonizers, out_of_place, traced_once,
+from mlflow_di.coverage.canonizers import (Mean, Negation, canonizers, forward_canonizers, out_of_place, traced_once,
                                           unhandled_tensor_arithmetic)
 from mlflow_di.coverage.activations import (
     LayerRecorder, RowBuffer, check_layers, eval_mode, iter_batches, neuron_values,
@@ -49,10 +49,10 @@ Z_RULE_EPSILON = 1e-9
 #: Leaf modules whose plain gradient already is the right relevance routing (identity-like or
 #: winner-take-all), so they need no rule.
 _GRADIENT_LEAVES = (
-    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten,
+    Negation, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten,
     nn.Identity, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
 )
-_RULED_LEAVES = (LinearOrConv, Activation, AvgPool, MaxPool, BatchNorm, Sum)
+_RULED_LEAVES = (LinearOrConv, Activation, AvgPool, MaxPool, BatchNorm, Sum, Mean)
 _SOFTMAX = (nn.Softmax, nn.LogSoftmax, nn.Softmin)
 
 
@@ -85,6 +85,7 @@ def lrp_composite(rule: str = "epsilon", epsilon: float | None = None) -> Compos
         (Activation, Pass()),
         (Sum, Norm()),
         (AvgPool, Norm()),
+        (Mean, Norm()),
         (BatchNorm, Pass()),  # only reached by batch norms the canonizer could not merge
         (LinearOrConv, _layer_rule(rule, epsilon)),
     ]
@@ -169,9 +170,9 @@ def _check_canonized(module: nn.Module, example: torch.Tensor) -> None:
             handle.remove()
     if problem:
         raise UserError(
-            f"{problem} in its forward code (e.g. a residual connection or a gate) that relevance propagation has "
-            "no canonizer for, so LRP would count relevance twice; IDC cannot analyse this model, but the classic "
-            f"criteria can ({_classic_only()})"
+            f"{problem} in a way relevance propagation cannot split (see docs/how-to/your-own-models.md for what it "
+            "can: sums, differences, sigmoid gates, concatenations, means); IDC cannot analyse this model, but the "
+            f"classic criteria can ({_classic_only()})"
         )
 
 
