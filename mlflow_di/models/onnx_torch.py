@@ -6,7 +6,8 @@ or a ``.onnx`` file) has neither. :func:`onnx_to_torch` converts the common CNN 
 * layers become the ``torch.nn`` layer they came from, holding the graph's initializers: Conv
   (1-3 d), Gemm and MatMul(+Add) with constant weights -> Linear, BatchNormalization, Relu,
   LeakyRelu, Clip(0, 6) -> ReLU6, Sigmoid, HardSigmoid, HardSwish, Tanh, Elu, Softmax, MaxPool,
-  AveragePool, GlobalAveragePool, spatial ReduceMean -> AdaptiveAvgPool2d, Flatten, Dropout;
+  AveragePool, GlobalAveragePool, spatial ReduceMean -> AdaptiveAvgPool2d (and Flatten without keepdims),
+  Flatten, Dropout;
 * arithmetic and shape operators (Add, Sub, Mul, Div, Concat, Reshape, Transpose, Pad, Identity and
   the Shape/Gather/Unsqueeze/Squeeze/Slice/Cast chains exporters write for ``x.view(x.size(0), -1)``)
   run as functions inside the module that held them, Add and Mul as the ATen operators
@@ -305,7 +306,10 @@ class _Converter:
         self.containers = {node.path.rsplit(".", i)[0] for node in nodes for i in range(1, node.path.count(".") + 1)
                            if node.path} | {""}
         counts = collections.Counter(node.path for node in nodes)
-        self.containers |= {path for path, count in counts.items() if count > 1 and not _same_activation(nodes, path)}
+        self.containers |= {path for path, count in counts.items() if count > 1 and not _same_layer(nodes, path)}
+        #: (container path, child) -> the signature of the nodes its first call ran, and where its outputs came
+        #: from: a later call with the same signature is the same module called again
+        self.calls: dict[tuple[str, str], tuple] = {}
 
     def module(self, path: str, nodes: list[_Node], inputs: list[str], outputs: list[str]) -> nn.Module:
         """The container at ``path`` running ``nodes`` (all under it) from ``inputs`` to ``outputs``."""
@@ -328,13 +332,20 @@ class _Converter:
             if hasattr(root, child) and len(run) == 1 and child_path not in self.containers:
                 env[run[0].proto.output[0]] = graph.call_module(child, (env[run[0].proto.input[0]],))
                 index = run_end
-                continue  # the same activation module called again (torch exporters scope both calls alike)
-            if hasattr(root, child):
-                raise UserError(f"'{self.name}': the graph calls module '{child_path}' in two separate places, "
-                                "which the white-box view of ONNX graphs does not rebuild")
+                continue  # the same layer called again (torch exporters scope both calls alike)
             run_inputs = _external_inputs(run, self.constants)
             later = {v for n in nodes[run_end:] for v in n.proto.input} | set(outputs)
             run_outputs = [out for n in run for out in n.proto.output if out in later]
+            signature = (_signature(run, child_path, self.constants), _positions(run, run_outputs))
+            if hasattr(root, child):  # a block called again: the same module when it runs the same nodes
+                if self.calls.get((path, child)) != signature:
+                    raise UserError(f"'{self.name}': the graph calls module '{child_path}' in two places with different "
+                                    "operators or weights, which the white-box view of ONNX graphs cannot rebuild as "
+                                    "one module; analyse the PyTorch model it was exported from")
+                self._call_again(graph, env, child, run_inputs, run_outputs)
+                index = run_end
+                continue
+            self.calls[(path, child)] = signature
             if child_path in self.containers:
                 submodule = self.module(child_path, run, run_inputs, run_outputs)
             else:
@@ -354,6 +365,15 @@ class _Converter:
         module = RebuiltModule(root, graph, class_name="OnnxModule")
         module.original_type = f"onnx:{path or 'graph'}"
         return module
+
+    def _call_again(self, graph, env, child: str, run_inputs: list[str], run_outputs: list[str]) -> None:
+        """A later call of the block ``child`` that ran the same nodes before: its inputs in, its outputs out."""
+        result = graph.call_module(child, tuple(env[v] for v in run_inputs))
+        if len(run_outputs) == 1:
+            env[run_outputs[0]] = result
+        else:
+            for position, value in enumerate(run_outputs):
+                env[value] = graph.call_function(operator.getitem, (result, position))
 
     def built_layer(self, node: _Node) -> nn.Module | None:
         """The torch.nn layer ``node`` is, or None when it has no layer type (then it runs as a function)."""
@@ -396,10 +416,33 @@ class _Converter:
         return env[name]
 
 
-def _same_activation(nodes: list[_Node], path: str) -> bool:
-    """Whether every node at ``path`` is the same parameter-free activation (one module called twice)."""
-    ops = {(n.op, repr(sorted(n.attrs.items()))) for n in nodes if n.path == path}
-    return len(ops) == 1 and next(iter(ops))[0] in ("Relu", "Sigmoid", "HardSwish", "HardSigmoid", "Tanh")
+def _same_layer(nodes: list[_Node], path: str) -> bool:
+    """Whether every node at ``path`` is the same layer: one operator with a layer type, the same attributes and
+    the same constant inputs (weights), as a pooling or activation module, or a convolution, used twice is."""
+    ops = {(n.op, repr(sorted(n.attrs.items())), tuple(n.proto.input[1:])) for n in nodes if n.path == path}
+    return len(ops) == 1 and next(iter(ops))[0] in _LAYERS
+
+
+def _signature(run: list[_Node], child_path: str, constants: dict) -> tuple:
+    """What a block's call runs: each node's place below the block, operator, attributes and weights (constant
+    inputs by name; computed inputs by their position among the run's)."""
+    produced = {out: (i, j) for i, n in enumerate(run) for j, out in enumerate(n.proto.output)}
+    external = _external_inputs(run, constants)
+
+    def source(value: str):
+        if value in constants:
+            return ("weight", value)
+        return ("node", produced[value]) if value in produced else ("input", external.index(value) if value in external
+                                                                        else value)
+
+    return tuple((n.path[len(child_path):], n.op, repr(sorted(n.attrs.items())),
+                  tuple(source(v) for v in n.proto.input if v)) for n in run)
+
+
+def _positions(run: list[_Node], values: list[str]) -> tuple:
+    """Where in ``run`` each of ``values`` is produced: (node index, output index)."""
+    produced = {out: (i, j) for i, n in enumerate(run) for j, out in enumerate(n.proto.output)}
+    return tuple(produced[value] for value in values)
 
 
 def _child(path: str, node_path: str) -> str | None:
@@ -520,9 +563,10 @@ def _reduce_mean(self: _Converter, node: _Node):
     axes = node.attrs.get("axes")
     if axes is None and len(node.proto.input) > 1 and node.proto.input[1] in self.constants:
         axes = self.constants[node.proto.input[1]].tolist()
-    if sorted(int(a) % 4 for a in axes or []) != [2, 3] or not node.attrs.get("keepdims", 1):
-        return None
-    return nn.AdaptiveAvgPool2d(1)
+    if sorted(int(a) % 4 for a in axes or []) != [2, 3]:
+        return None  # another reduction runs as the ATen mean (its canonizer makes it a pooling module for LRP)
+    return nn.AdaptiveAvgPool2d(1) if node.attrs.get("keepdims", 1) else nn.Sequential(nn.AdaptiveAvgPool2d(1),
+                                                                                        nn.Flatten(1))
 
 
 def _hard_sigmoid(self: _Converter, node: _Node):
@@ -588,6 +632,9 @@ _FUNCTIONS = {
         args[0], args[1], args[2] if len(args) > 2 else None, attrs.get("alpha", 1.0), attrs.get("beta", 1.0),
         attrs.get("transA", 0), attrs.get("transB", 0))),
     "MatMul": _binary(torch.matmul),
+    "ReduceMean": lambda graph, args, attrs: graph.call_function(aten.mean.dim, (
+        args[0], list(args[1]) if len(args) > 1 and args[1] is not None else list(attrs["axes"]),
+        bool(attrs.get("keepdims", 1)))),
     "ConstantOfShape": lambda graph, args, attrs: graph.call_function(onnx_constant_of_shape, (
         args[0], float(attrs["value"].float_data[0]) if "value" in attrs and attrs["value"].float_data else 0.0)),
 }
