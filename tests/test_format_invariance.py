@@ -90,7 +90,9 @@ def test_a_small_cnn_has_one_coverage_in_every_format_and_either_way_of_writing_
 def test_torchvision_networks_have_one_coverage_in_every_format(family, layers, tmp_path):
     """The ONNX exporter folds each batch norm into its convolution, which changes float32 rounding in
     the last bit: KMNC's 1,000 sections per neuron may then see a value land one section over. Every
-    other figure is equal, and KMNC within two of its (neurons x 1000) cells."""
+    other figure is equal, and KMNC within 1e-5 of its (neurons x 1000) cells: how many values cross a
+    section boundary depends on the CPU's convolution kernels (2 on the CI host, 6 of ResNet-18's 1,024,000
+    on an AMD EPYC with AVX2), not on anything the project controls."""
     results = coverage_per_view(family_model(family), (32, 32, 3), tmp_path, 160, 60)
     for view in ("pt2", "onnx"):
         assert results[view][:2] == results["pickle"][:2] == (layers, [layers[-1]])
@@ -98,7 +100,7 @@ def test_torchvision_networks_have_one_coverage_in_every_format(family, layers, 
         assert {k: v for k, v in got.items() if k != "kmnc"} == {k: v for k, v in expected.items() if k != "kmnc"}
         neurons = sum({"conv1": 64, "layer1": 64, "layer2": 128, "layer3": 256, "layer4": 512, "features": 576}[name]
                       for name in layers)
-        assert round(abs(got["kmnc"] - expected["kmnc"]) * neurons * 1000) <= 2
+        assert round(abs(got["kmnc"] - expected["kmnc"]) * neurons * 1000) <= 1e-5 * neurons * 1000
 
 
 def test_a_keras_reference_model_has_one_coverage_as_imported_pt2_and_onnx(shared_dir, tmp_path):
