@@ -117,7 +117,7 @@ def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_w
     capsys.readouterr()
     code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:200]",
                  "--eval-data", "digits[1300:1550]", "--holdout-data", "digits[1550:]", "--diagnosis-images", "64",
-                 "--max-disagreement-rate", "0.03", "--sensitivity", "--triggers", str(campaign),
+                 "--max-disagreement-rate", "0.06", "--sensitivity", "--triggers", str(campaign),
                  "--max-realistic-success-rate", "1", "--fuzz-seeds", "3"])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -128,15 +128,16 @@ def test_a_bounded_export_is_searched_verified_on_held_out_data_and_named_both_w
     search = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/compress/bounded_search.json"))
     chosen = search["kept_float"]
     assert metrics["bounded.exports"] == len(search["trials"]) >= 1
-    assert metrics["disagreements"] <= 0.03 * 250  # the registered export meets the bound on the search data
-    assert metrics["held_out.disagreement_rate"] <= 0.03  # ... and on the held-out data, whose figures the gate judges
+    assert metrics["disagreements"] <= 0.06 * 250  # the registered export meets the bound on the search data
+    # ... and on the held-out data, whose figures the gate judges, with its whole 95% interval
+    assert metrics["held_out.disagreement_rate"] <= metrics["held_out.disagreement_rate_high"] <= 0.06
     assert metrics["held_out.eval_images"] == 247 and "held_out.reference.disagreement_rate" in metrics
     assert run.data.tags["mlflow_di.evidence.role"] == "search"
     assert run.data.tags["mlflow_di.evidence.held_out_data"] == "digits[1550:]"
     assert metrics["bounded.held_out_images"] == 247 and params["holdout_data"] == "digits[1550:]"
-    assert metrics["bounded.meets_held_out"] == 1 and metrics["bounded.held_out_disagreements"] <= 0.03 * 247
+    assert metrics["bounded.meets_held_out"] == 1 and metrics["bounded.held_out_disagreements"] <= 0.06 * 247
     assert 0 < metrics["bounded.held_out_disagreement_upper95"] < 0.05
-    assert params["max_disagreement_rate"] == "0.03" and "max_accuracy_drop" not in params
+    assert params["max_disagreement_rate"] == "0.06" and "max_accuracy_drop" not in params
     assert params["max_realistic_success_rate"] == "1.0" and params["fuzz_seeds"] == "3"
     assert metrics["bounded.held_out_fuzzed_seeds"] == 3 and 0 <= metrics["bounded.held_out_realistic_success_rate"] <= 1
     assert all(trial["search"]["fuzzed"] == 3 for trial in search["trials"])
@@ -233,7 +234,7 @@ def test_an_unreachable_bound_fails_in_one_line_and_keeps_what_the_search_measur
     monkeypatch.setattr(bounded, "search_float_layers", unreachable)
     code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-static", "--calib-data", "digits[0:100]",
                  "--eval-data", "digits[1300:1400]", "--holdout-data", "digits[1400:1500]", "--diagnosis-images", "16",
-                 "--max-disagreement-rate", "0"])
+                 "--max-disagreement-rate", "0.05"])  # 100 held-out images can prove 0.05 (0 of 100: at most 3.6%)
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == "mlflow-di: error: no int8 export meets disagreement rate <= 0: ..."
     runs = mlflow.search_runs(output_format="list", search_all_experiments=True,

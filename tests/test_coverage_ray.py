@@ -91,7 +91,8 @@ def test_a_pass_in_batches_traces_its_model_once(model, monkeypatch):
 
 
 def _gated(model):
-    """``model`` with its logits multiplied by a tensor its forward code computes: arithmetic no canonizer handles."""
+    """``model`` with its logits multiplied by a tensor its forward code computes (no gate): arithmetic LRP has no rule
+    for."""
     from torch import nn
 
     from mlflow_di.models.torch_model import TorchModel
@@ -104,7 +105,7 @@ def _gated(model):
 
         def forward(self, x):
             logits = self.fc(self.inner(x))
-            return logits * logits.detach().sigmoid()
+            return logits * logits.detach()  # a product of two signals, neither a sigmoid gate
 
     return TorchModel(Gated(model.module), model.preprocessing, "gated")
 

@@ -107,7 +107,7 @@ def test_the_gate_entry_point_defaults_are_the_demo_policy():
     policy = load_policy(REPO / "examples" / "policies" / "demo.yaml")
     thresholds = {name: value for name, value in policy.to_dict()["gate"]["thresholds"].items() if value is not None}
     assert {name: float(value) for name, value in defaults.items()
-            if name not in ("promote_alias", "semantics", "realism_budget")} == \
+            if name not in ("promote_alias", "semantics", "realism_budget", "inconclusive")} == \
         {name: float(value) for name, value in thresholds.items()}
     assert defaults["realism_budget"] == policy.gate.realism_budget
     assert defaults["promote_alias"] == policy.gate.promote_alias

@@ -23,29 +23,43 @@ from mlflow_di.models.torch_model import TorchModel
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.fixture(scope="module")
+def bias_free_forms(tmp_path_factory):
+    """Per model: its inputs and its bias-free forms (made once: ONNX's default exporter takes seconds a model)."""
+    made = {}
+
+    def of(name):
+        if name not in made:
+            model_class = MODELS[name]
+            x = torch.rand(4, 1, model_class.size, model_class.size, generator=torch.Generator().manual_seed(1))
+            torch.manual_seed(0)
+            made[name] = x, forms(bias_free(model_class().eval(), x), tmp_path_factory.mktemp(name))
+        return made[name]
+
+    return of
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_lrp_conserves_relevance_through_the_users_own_code_in_every_form(name, tmp_path):
+def test_lrp_conserves_relevance_through_the_users_own_code_in_every_form(name, bias_free_forms):
     """Input relevance sums to the explained logit (bias-free models, LRP-epsilon with a negligible epsilon), to
     2e-3 as for torchvision's families, whichever form the model comes in."""
-    model_class = MODELS[name]
-    x = torch.rand(4, 1, model_class.size, model_class.size, generator=torch.Generator().manual_seed(1))
-    for form, module in forms(bias_free(model_class().eval(), x), tmp_path).items():
+    x, every = bias_free_forms(name)
+    for form, module in every.items():
         start = lrp_logits(module, x).max(dim=1).values.numpy()
         relevance = input_relevance(module, x, epsilon=1e-20, progress=False)
         np.testing.assert_allclose(relevance.reshape(len(x), -1).sum(axis=1) / start, 1.0, atol=2e-3, err_msg=form)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_idc_is_the_same_in_every_form(name, tmp_path):
+def test_idc_is_the_same_in_every_form(name, bias_free_forms):
     """The same important neurons, clusters and IDC of the last hidden layer from the module, its pt2 rebuild and
     its ONNX view (batch norms folded into their convolutions there: the same function)."""
     model_class = MODELS[name]
-    torch.manual_seed(0)
     train, test = load_images("digits[0:300]"), load_images("digits[300:400]")
     preprocessing = Preprocessing(scale=1 / 255, layout="NCHW", input_shape=(model_class.size,) * 2 + (1,),
                                   resize=None if model_class.size == 8 else model_class.size)
     results = {}
-    for form, module in forms(model_class().eval(), tmp_path).items():
+    for form, module in bias_free_forms(name)[1].items():
         model = TorchModel(module, preprocessing, name=f"{name}-{form}")
         idc = ImportanceDrivenCoverage(layers="fc1", only_correct=False, progress=False).fit(model, train)
         report = idc.score(test)

@@ -533,8 +533,9 @@ def _compare_exports(original_model, compressed: list[str], models: list, result
 
     from mlflow_di.fuzz.fitness import labels_differ
 
-    separate = sum(result.run_stats.inputs for result in results)
     shared = results[0].run_stats.shared_original_inputs
+    # a strategy with its own loop (a white-box walk) shares no batched calls of the original: nothing was saved
+    separate = sum(result.run_stats.inputs for result in results) if shared else 0
     triggers = [result.triggers for result in results if len(result.triggers)]
     fools = np.zeros((0, len(models)), bool)
     if triggers:
@@ -575,7 +576,6 @@ def _log_comparison(log, original: str, compressed: list[str], results: list, su
 
 def _print_sharing(comparison: dict) -> None:
     metrics = comparison["metrics"]
-    # a strategy with its own loop (a white-box walk) shares no batched calls: there is nothing saved to say
     shared = (f"original evaluated {metrics['original_inputs_shared']} images for all campaigns instead of "
               f"{metrics['original_inputs_separate']} ({metrics['original_inputs_saved_fraction']:.1%} saved); "
               if metrics["original_inputs_separate"] else "")
@@ -618,6 +618,9 @@ def _print_summary(result, summary: dict, folder: pathlib.Path) -> None:
                            if summary.get(f"trigger_{key}_median") is not None)
         click.echo(f"  realism: {realism_note(summary)}{_spread(summary, 'realistic_success_rate')}; medians {median}"
                    + ("  <- mostly noise-like" if mostly_noise(summary["realistic_triggers"], summary["triggers"]) else ""))
+        if summary.get("realism_min_ssim") is None and summary.get("trigger_ssim_median") is not None:
+            click.echo("  the budget above bounds L-inf only (the campaign's own --max-linf): SSIM is not bounded, while the "
+                       "gate's default budget also asks SSIM >= 0.9; add --min-ssim 0.9 to search inside it")
     if summary.get("host_only_triggers"):
         click.echo(f"  {_plural(summary['host_only_triggers'], 'trigger')} flip only under this host's ONNX Runtime "
                    "kernels (reference semantics agree with the original on them)")

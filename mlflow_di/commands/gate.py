@@ -128,6 +128,8 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
         click.get_current_context().exit(verdict.exit_code)
 
 
+#: what a pipeline calling the gate puts in the click context: its run id (the evidence are its step runs)
+PIPELINE_RUN = "mlflow_di.pipeline_run"
 #: seconds a gate waits for another one writing the same version's verdict (gates take seconds)
 LOCK_WAIT_S = 120.0
 
@@ -201,7 +203,17 @@ def _notes(verdict, version, source, baseline: str | None, promote_alias: str | 
     if verdict.inconclusive:
         notes.append("INCONCLUSIVE: a check's 95% interval holds its threshold, so its evidence can neither pass nor "
                      "fail it; more images or seeds (as each check says) would decide")
-    return tuple(notes)
+    return (*notes, *_unjudged_slowness(verdict))
+
+
+def _unjudged_slowness(verdict) -> list[str]:
+    """A note per export measurably slower than its source (its speedup's whole interval below 1) when no speed
+    check was asked: the verdict says nothing about speed, and must not let that pass unsaid."""
+    if verdict.thresholds.min_speedup is not None:
+        return []
+    return [f"{m.compressed} is measurably slower than its source on its compress run's host (speedup {m.value:.2f}x, "
+            f"95% CI {m.interval[0]:.2f}-{m.interval[1]:.2f}); no --min-speedup was asked, so speed was not judged"
+            for m in verdict.measurements if m.metric == "speedup" and m.found and m.interval and m.interval[1] < 1]
 
 
 def _evidence_notes(verdict, pinned_runs, realism_budget) -> tuple[str, ...]:
@@ -209,7 +221,10 @@ def _evidence_notes(verdict, pinned_runs, realism_budget) -> tuple[str, ...]:
     from mlflow_di.fuzz.realism import DEFAULT_BUDGET
     from mlflow_di.gate import RULE
 
-    notes = [f"evidence: the runs given with --runs ({len(pinned_runs)})" if pinned_runs else
+    pipeline = click.get_current_context().meta.get(PIPELINE_RUN)
+    given = (f"the step runs of pipeline run {pipeline} ({len(pinned_runs or ())})" if pipeline else
+             f"the runs given with --runs ({len(pinned_runs or ())})")
+    notes = [f"evidence: {given}" if pinned_runs else
              f"evidence: for each check, {RULE}; search-split and calibration figures are never judged"]
     if any(c.metric == "realistic_success_rate" for c in verdict.checks):
         budget = (realism_budget or DEFAULT_BUDGET).describe()

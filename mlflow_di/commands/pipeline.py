@@ -58,12 +58,16 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
     folder = pathlib.Path(state_dir) if state_dir else PIPELINES / _slug(model_uri)
     state = _state(folder, policy, model_uri, restart)
     if all(step in state["done"] for step in policy.steps):
+        gate = state["done"]["gate"]
         note = f"every step already finished (state {folder / STATE_FILE}); pass --restart to run them again"
         click.echo(note)
-        _note_in_project_run(note, state["done"]["gate"])
-        if state["done"]["gate"].get("outcome") == "ERROR":
-            raise UserError(state["done"]["gate"]["error"])
-        _exit(ctx, state["done"]["gate"]["exit_code"])
+        click.echo(f"verdict {gate.get('outcome', '?')} (gate run {gate.get('run_id') or '-'}, pipeline run "
+                   f"{state.get('run_id') or '-'})")
+        _where_to_look(model_uri)
+        _note_in_project_run(note, gate)
+        if gate.get("outcome") == "ERROR":
+            raise UserError(gate["error"])
+        _exit(ctx, gate["exit_code"])
         return
     with _one_pipeline_per_version(model_uri):  # a second one refuses (exit 75): two would write two verdicts
         log, gate = _run_steps(ctx, policy, policy_path, model_uri, steps, state, folder)
@@ -83,7 +87,7 @@ def _note_in_project_run(note: str, gate: dict) -> None:
         return  # on the command line the console line says it, and no run is made
     from mlflow_di.mlflow_edge import runs
 
-    with runs.tracked_run("pipeline: nothing to do", tags={
+    with runs.tracked_run(f"pipeline: verdict {gate.get('outcome', '?')} (nothing left to do)", tags={
             "mlflow_di.command": "pipeline", "mlflow_di.note": note, "mlflow_di.verdict": gate.get("outcome", "?"),
             "mlflow_di.gate_run_id": gate.get("run_id") or "-"}):
         pass
@@ -424,6 +428,7 @@ def _run_step(ctx: click.Context, step: str, arguments: dict, state: dict, folde
     from mlflow_di.mlflow_edge import runs
 
     ctx.meta.pop("mlflow_di.gate", None)
+    ctx.meta[gate.PIPELINE_RUN] = state["run_id"]  # how the verdict names its evidence
     evidence = tuple(runs.descendant_run_ids(state["run_id"]))  # this pipeline's own step runs, nothing newer
     try:
         ctx.invoke(gate.command, model_uri=model_uri, compressed=tuple(_exports(state)), pinned_runs=evidence,

@@ -89,7 +89,7 @@ def command(policy_path, state_dir, host, port, workers, poll_seconds, models, b
         click.echo(f"note: {policy.source} trusts no pickled model"
                    + (f" of {', '.join(untrusted)}" if models and policy.trusted_pickles else "")
                    + ": versions logged as pickled PyTorch models will end in error (list their registered models "
-                   "under trust.pickled_models); ONNX and TFLite versions run")
+                   "under trust.pickled_models); pt2 (MLflow's default for PyTorch), ONNX and TFLite versions run")
     workers = workers or max(1, os.cpu_count() or 1)
     service = Service(pathlib.Path(state_dir), policy_path, models, workers, max_attempts, retry_backoff, secret,
                       poll_seconds, backfill)

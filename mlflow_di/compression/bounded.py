@@ -205,9 +205,11 @@ class Bounds(JsonRoundTrip):
                 continue
             unit = "fuzzed seeds" if check.metric == "realistic_success_rate" else "held-out images"
             needed = _smallest(lambda n, metric=check.metric: perfect(metric, n).high <= bound, size)
+            enough = (f"about {needed:,} {unit} would be needed" if needed is not None else
+                      "no amount of data proves a bound of 0 (an interval never closes on it): allow a small rate")
             refused.append(f"{check.option} {bound:g} cannot be proven on {size} {unit}: even with no "
                            f"{'realistic trigger' if unit == 'fuzzed seeds' else 'difference'} its 95% interval "
-                           f"reaches {best:.3g}; about {needed:,} {unit} would be needed")
+                           f"reaches {best:.3g}; {enough}")
         return refused
 
     def describe(self) -> str:
@@ -215,10 +217,13 @@ class Bounds(JsonRoundTrip):
                             for check, bound in self._given()) or "no bound"
 
 
-def _smallest(enough: Callable[[int], bool], start: int) -> int:
-    """The smallest n >= ``start`` for which ``enough(n)`` holds (it holds for every larger n): doubling, then bisection."""
+def _smallest(enough: Callable[[int], bool], start: int) -> int | None:
+    """The smallest n >= ``start`` for which ``enough(n)`` holds (it holds for every larger n): doubling, then
+    bisection; None when no n up to 10^9 does."""
     low, high = start, max(2 * start, 1)
     while not enough(high):
+        if high >= 10**9:
+            return None
         low, high = high, 2 * high
     while high - low > 1:
         middle = (low + high) // 2

@@ -341,8 +341,13 @@ class LayerRecorder(contextlib.AbstractContextManager):
     def _followed(self, argument: torch.Tensor, result) -> None:
         """A follower function ran on ``argument``: the layers recorded there now stand at ``result``."""
         names = self._marks.get(_tensor_key(argument))
-        if names and isinstance(result, torch.Tensor) and result.shape == argument.shape:
-            self._mark(result, set(names))
+        if not names or not isinstance(result, torch.Tensor) or result.shape != argument.shape:
+            return
+        # not onto a result cut from the autograd graph: ``sigmoid`` of a ``detach``ed output shares its memory (so its
+        # key) but no relevance flows back through it
+        names = {name for name in names if result.requires_grad or not self.outputs[name].requires_grad}
+        if names:
+            self._mark(result, names)
 
     def __exit__(self, *exc_info):
         self._tracker.__exit__(*exc_info)

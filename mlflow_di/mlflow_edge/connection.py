@@ -36,6 +36,14 @@ def tracking_uri() -> str:
     return mlflow.get_tracking_uri()
 
 
+def store_hint() -> str:
+    """How to point at another tracking store, for a name that is not found in this one: under ``mlflow run``
+    the options cannot be given, the environment can (a relative sqlite store is the current folder's)."""
+    return ("check the name/version/alias, or point at the store that holds it: --tracking-uri, or "
+            "MLFLOW_TRACKING_URI=sqlite:////ABSOLUTE/PATH/mlflow.db (under `mlflow run` too, which reads the current "
+            "folder's mlflow.db otherwise)")
+
+
 def use_tracking_uri(uri: str | None) -> None:
     """Point MLflow at ``uri`` (None: MLflow's default, ``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``)."""
     if uri:

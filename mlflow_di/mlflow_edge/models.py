@@ -17,7 +17,7 @@ import mlflow
 
 import mlflow_di
 from mlflow_di.errors import UserError
-from mlflow_di.mlflow_edge.connection import mlflow_errors
+from mlflow_di.mlflow_edge.connection import mlflow_errors, store_hint
 from mlflow_di.models.metadata import ModelMetadata
 
 
@@ -50,7 +50,7 @@ def download_model(uri: str) -> DownloadedModel:
             local = pathlib.Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
             model = Model.load(str(local))
     except UserError as exc:
-        raise UserError(f"{exc} (check the name/version, or pass --tracking-uri)") from None
+        raise UserError(f"{exc} ({store_hint()})") from None
     except OSError as exc:
         raise UserError(f"cannot load model '{uri}': {exc}") from None
     found = _model_file(uri, local, model)

@@ -10,7 +10,7 @@ import math
 
 from mlflow_di.errors import UserError
 from mlflow_di.gate import CHECKS, RELATIONS, confidence_text
-from mlflow_di.mlflow_edge.connection import first_line, permission_errors, tracking_uri
+from mlflow_di.mlflow_edge.connection import first_line, permission_errors, store_hint, tracking_uri
 from mlflow_di.models.reference import ModelRef, RefKind
 
 TAG_PREFIX = "mlflow_di."
@@ -50,7 +50,7 @@ def resolve_version(uri: str, client=None):
                             f"{first_line(exc.message)}); it is the server's error, not the name's: try again, or "
                             "check the server's log") from None
         raise UserError(f"cannot find {uri} in the model registry at {tracking_uri()}: "
-                        f"{first_line(exc.message)} (check the name/version/alias, or pass --tracking-uri)") from None
+                        f"{first_line(exc.message)} ({store_hint()})") from None
 
 
 def resolve_if_set(uri: str, client=None):
