@@ -152,10 +152,14 @@ def test_a_version_page_leads_to_its_model_page_with_the_metrics_and_datasets(ml
     assert "\nidc\n" in text and "coverage " in text  # the metric, from the coverage run
 
 
-def test_the_parent_fuzz_report_shows_the_noise_box_and_fits_1280_pixels(registered_cnn, browser, tmp_path, capsys):
-    """The report a reviewer opens first (the parent run of one call fuzzing two exports): the same NOISE
-    box as each campaign's own report, and at 1280 px no table scrolls sideways and no cell is clipped."""
+def test_the_parent_fuzz_report_fits_the_mlflow_uis_preview_pane_at_1280_pixels(registered_cnn, mlflow_server,
+                                                                               use_server, browser, tmp_path, capsys):
+    """The report a reviewer opens first (the parent run of one call fuzzing two exports), opened where a reviewer
+    opens it: the MLflow UI's artifact preview, a window 1280 px wide (the preview pane is 515 px there with the
+    UI's assistant open). The same NOISE box as each campaign's own report; inside the pane no table scrolls
+    sideways, no cell is clipped, and the page itself is no wider than the pane."""
     import mlflow
+    from selenium.webdriver.support.ui import WebDriverWait
 
     from mlflow_di.cli import main
 
@@ -169,15 +173,26 @@ def test_the_parent_fuzz_report_shows_the_noise_box_and_fits_1280_pixels(registe
                   and "," in run.data.params.get("compressed", ""))
     report = pathlib.Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id,
                                                               artifact_path="fuzz/report.html", dst_path=str(tmp_path)))
+    client = use_server(mlflow_server)  # the same page in the UI's preview
+    experiment = client.create_experiment(f"preview-{uuid.uuid4().hex[:8]}")
+    run_id = record_run(client, experiment, "fuzz", tags={"mlflow.runName": "fuzz two exports"})
+    client.log_artifact(run_id, str(report), "fuzz")
     browser.set_window_size(1280, 1000)
-    browser.get(report.as_uri())
+    browser.get(f"{mlflow_server.url}/#/experiments/{experiment}/runs/{run_id}/artifacts/fuzz/report.html")
+    frame = WebDriverWait(browser, WAIT).until(lambda d: (d.find_elements("css selector", "iframe") or [None])[0])
+    pane = frame.size["width"]
+    assert pane < 1280
+    browser.switch_to.frame(frame)
+    WebDriverWait(browser, WAIT).until(lambda d: "Side by side" in d.execute_script("return document.body.innerText"))
     text = browser.execute_script("return document.body.innerText")
     assert "NOISE" in text and "How realistic the triggers are" in text
     assert "#1 models:/cnn-int8-dynamic/1" in text and "#2 models:/cnn-prune-l1/1" in text
-    screenshot(browser, "fuzz-parent-report-1280")
+    browser.switch_to.default_content()
+    screenshot(browser, "fuzz-parent-report-preview-1280")
+    browser.switch_to.frame(frame)
     overflowing = browser.execute_script(
         "const wide = [...document.querySelectorAll('.table-wrap')].filter(w => w.scrollWidth > w.clientWidth + 1);"
         "const cut = [...document.querySelectorAll('th, td')].filter(c => c.scrollWidth > c.clientWidth + 1);"
-        "return [wide.length, cut.map(c => c.innerText)];")
-    assert overflowing == [0, []]
-    assert browser.execute_script("return document.documentElement.scrollWidth") <= 1280
+        "return [wide.map(w => w.previousElementSibling && w.previousElementSibling.innerText), "
+        "cut.map(c => c.innerText), document.documentElement.scrollWidth, document.documentElement.clientWidth];")
+    assert overflowing[:2] == [[], []] and overflowing[2] <= overflowing[3] <= pane, overflowing

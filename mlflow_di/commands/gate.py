@@ -314,6 +314,8 @@ def _print_verdict(verdict, version, source, promote_alias: str | None, run_id: 
         _echo(f"  evidence for {', '.join(labels)}: {evidence}")
     for rule in rules:
         _echo(f"  {rule}")
+    for note in _unjudged_slowness(verdict):
+        _echo(f"  note: {note}")
     _echo(f"verdict: {verdict.outcome} ({verdict.summary().split(': ', 1)[1]})")
     if promote_alias:
         if verdict.passed:

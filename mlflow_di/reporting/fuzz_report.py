@@ -201,21 +201,35 @@ def comparison_report(original: str, compressed: list[str], results: list, summa
     metrics = comparison["metrics"]
     html = rp.HtmlReport(f"Differential fuzzing: {original} vs {len(compressed)} compressed models",
                          subtitle=f"{summaries[0]['strategy']} on {results[0].config.data}, seed {results[0].config.seed}")
+    shared = (f"; the original evaluated {metrics['original_inputs_shared']} images instead of "
+              f"{metrics['original_inputs_separate']} ({metrics['original_inputs_saved_fraction']:.1%} saved by sharing "
+              "its calls)" if metrics["original_inputs_separate"] else "")
     html.verdict(None, f"{metrics['triggers_fooling_all']} of {metrics['triggers_total']} triggers fool every "
-                       f"compressed model; the original evaluated {metrics['original_inputs_shared']} images instead "
-                       f"of {metrics['original_inputs_separate']} "
-                       f"({metrics['original_inputs_saved_fraction']:.1%} saved by sharing its calls)")
+                       f"compressed model{shared}")
     parent_realism_section(html, compressed, summaries)
-    html.section("Side by side").table(comparison["rows"], percent_columns=["success_rate", "realistic_success_rate"],
-                                       caption=(
-        "one campaign per compressed model (each in its own child run, numbered # here); 'fools #k': the share of "
-        "this campaign's triggers on which export #k also disagrees with the original"))
-    html.section("Sharing the original's calls").metrics(metrics, percent_keys=["original_inputs_saved_fraction"])
+    html.section("Side by side").table(side_by_side(comparison["rows"]), caption=(
+        "one campaign per compressed model (each in its own child run, numbered # here), a column each; 'fools #k': "
+        "the share of the campaign's triggers on which export #k also disagrees with the original"))
+    if metrics["original_inputs_separate"]:  # a white-box walk shares no batched calls of the original
+        html.section("Sharing the original's calls").metrics(metrics, percent_keys=["original_inputs_saved_fraction"])
     if fooling_page is not None:
         legend = "; ".join(f"#{number} = {uri}" for number, uri in enumerate(compressed, start=1))
         html.section("Triggers that fool every compressed model").image(
             fooling_page, f"seed | trigger (at most 24 rows); {legend}")
     return html.render()
+
+
+def side_by_side(rows: list[dict]) -> list[dict]:
+    """The exports' rows turned a column each (``#1 models:/...``), one row per figure: a few exports then fit the
+    narrow preview pane of the MLflow UI (515 px at 1280 with its assistant open), where twelve figure columns
+    scrolled sideways."""
+    from mlflow_di.reporting.html import format_value
+
+    percent = {"success_rate", "realistic_success_rate"}
+    figures = [key for key in rows[0] if key not in ("#", "compressed")] if rows else []
+    return [{"figure": key, **{f"#{row['#']} {row['compressed']}": format_value(row[key], key in percent or
+                                                                               key.startswith("fools"))
+                               for row in rows}} for key in figures]
 
 
 def fooling_all_page(results: list, comparison: dict):
