@@ -64,6 +64,10 @@ def cli(ctx: click.Context, tracking_uri: str | None, tracking_timeout: float) -
     _quiet_library_logs()
     connection.bound_http_retries()
     connection.use_tracking_uri(tracking_uri)
+    if os.environ.get("MLFLOW_EXPERIMENT_NAME") is not None:
+        from mlflow_di.mlflow_edge.runs import check_experiment_name
+
+        check_experiment_name(os.environ["MLFLOW_EXPERIMENT_NAME"])
     if tracking_uri and _needs_store(ctx.invoked_subcommand, rest):
         connection.check_reachable(tracking_uri, tracking_timeout)
 

@@ -631,14 +631,14 @@ def _load_npz(arg: str):
 
 
 def _fits_in_memory(arrays: list, name: str) -> None:
-    """A UserError when npz arrays read whole would need more memory than the machine has available."""
-    from mlflow_di.input_files import available_memory
+    """A UserError, before reading, when an npz array read whole would take more memory than allowed
+    (:func:`mlflow_di.input_files.check_allocation`; a zip bomb declares its unpacked size in its header)."""
+    from mlflow_di.input_files import check_allocation
 
-    needed, available = sum(rows.declared_bytes for rows in arrays), available_memory()
-    if available is not None and needed > available // 2:
-        raise UserError(f"npz file '{name}': its arrays need {needed / 2**30:.1f} GiB in memory, more than half of the "
-                        f"{available / 2**30:.1f} GiB available; store x C-ordered (np.savez) so it is read per batch, "
-                        "or split the file")
+    for rows in arrays:
+        check_allocation(f"npz file '{name}': array '{rows.member.removesuffix('.npy')}' of shape {rows.shape}",
+                         rows.declared_bytes, "split the file" if rows.member == "y.npy" else
+                         "store x C-ordered (np.savez) so it is read per batch, or split the file")
 
 
 def _scan_range(rows: _NpyRows, name: str) -> tuple[float, float]:
@@ -723,6 +723,8 @@ def class_names(spec: str) -> dict[int, str] | None:
 
 
 def _load_folder(arg: str):
+    from mlflow_di.input_files import regular_file
+
     root = _existing(arg, "image folder")
     classes = sorted(p for p in root.iterdir() if p.is_dir())
     if not classes:
@@ -733,7 +735,7 @@ def _load_folder(arg: str):
         label = numbers[class_dir.name]
         for file in sorted(class_dir.iterdir()):
             if file.suffix.lower() in _IMAGE_SUFFIXES:
-                paths.append(str(file))
+                paths.append(str(regular_file(file, f"image folder '{arg}': the file", "move it out of the folder")))
                 labels.append(label)
     if not paths:
         raise UserError(f"image folder '{arg}' holds no image files ({', '.join(sorted(_IMAGE_SUFFIXES))})")

@@ -4,6 +4,11 @@
 or a FIFO (opening it blocks until a writer comes). So a file is checked to be regular before it is
 opened, and read with a limit of one byte more than allowed: a file that grows after the check
 still cannot take more memory than that.
+
+What a file *declares* it holds (an npz member's shape, a model's input shape, an archive's unpacked
+size) is checked against :func:`check_allocation` before anything of that size is allocated: one array
+may take at most ``MLFLOW_DI_MAX_ARRAY_BYTES`` (default 1 GiB) and never more than half of the memory
+available, so a zip bomb or a crafted header is one line, not a machine out of memory.
 """
 from __future__ import annotations
 
@@ -14,8 +19,9 @@ import stat
 from mlflow_di.errors import UserError
 
 
-def regular_file(path, what: str) -> pathlib.Path:
-    """``path`` when it is an existing regular file (links followed), else a one-line UserError naming ``what``."""
+def regular_file(path, what: str, advice: str = "save it to a file and name that") -> pathlib.Path:
+    """``path`` when it is an existing regular file (links followed), else a one-line UserError naming ``what``
+    (``advice``: what to do about a FIFO, a device or a socket, which is never opened: reading one can block)."""
     path = pathlib.Path(path).expanduser()
     try:
         mode = os.stat(path).st_mode
@@ -28,7 +34,7 @@ def regular_file(path, what: str) -> pathlib.Path:
     if not stat.S_ISREG(mode):
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
             "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-        raise UserError(f"{what} '{path}' is {kind}, not a regular file; save it to a file and name that")
+        raise UserError(f"{what} '{path}' is {kind}, not a regular file; {advice}")
     return path
 
 
@@ -55,3 +61,48 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+#: Bytes one array that a file declares may take when it is allocated whole (override: MLFLOW_DI_MAX_ARRAY_BYTES).
+MAX_ARRAY_BYTES = 2**30
+
+
+def array_limit() -> int:
+    """The bytes one declared array may take: ``MLFLOW_DI_MAX_ARRAY_BYTES`` (a whole number) or 1 GiB."""
+    text = os.environ.get("MLFLOW_DI_MAX_ARRAY_BYTES", "").strip()
+    if not text:
+        return MAX_ARRAY_BYTES
+    try:
+        limit = int(text.replace("_", ""))
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise UserError(f"MLFLOW_DI_MAX_ARRAY_BYTES must be a positive whole number of bytes, got '{text}'")
+    return limit
+
+
+def check_allocation(what: str, needed: int, advice: str) -> None:
+    """A one-line UserError, before allocating, when ``what`` (one array a file declares) would take more than
+    :func:`array_limit` bytes or more than half the memory available; ``advice`` says what the user can do."""
+    limit = array_limit()
+    if needed > limit:
+        raise UserError(f"{what} would take {amount(needed)}, more than the {amount(limit)} one array may "
+                        f"(MLFLOW_DI_MAX_ARRAY_BYTES); {advice}")
+    check_memory(what, needed, advice)
+
+
+def check_memory(what: str, needed: int, advice: str) -> None:
+    """A one-line UserError, before reading, when ``what`` (e.g. an archive's unpacked members, as its zip
+    directory declares them) would take more than half the memory available."""
+    available = available_memory()
+    if available is not None and needed > available // 2:
+        raise UserError(f"{what} would take {amount(needed)}, more than half of the {amount(available)} of memory "
+                        f"available; {advice}")
+
+
+def amount(size: int) -> str:
+    """``size`` bytes as people read it: ``3,136 bytes``, ``12.3 MiB``, ``2.5 GiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size:,} bytes"

@@ -191,6 +191,7 @@ def assets(tmp_path_factory) -> dict[str, str]:
     path("_campaign", "out/campaign/seeds.jsonl").write_text("{}\n")
     paths["campaign"] = str(root / "out/campaign")
     _fourth_round(path, paths, root)
+    _fifth_round(path, paths, root)
     return paths
 
 
@@ -234,6 +235,44 @@ def _fourth_round(path, paths: dict, root) -> None:
     path("policy_escape", "policies/escape.yaml").write_bytes(b"gate: {thresholds: {min_idc: 0.5}, promote_alias: \x1b[2J}\n")
     path("policy_bad_alias", "policies/bad-alias.yaml").write_text(
         "gate: {thresholds: {min_idc: 0.5}, promote_alias: 'bad alias <script>'}\n")
+
+
+def _fifth_round(path, paths: dict, root) -> None:
+    """Assets of the fifth hardening round: memory bombs declared in headers (an npz member of zeros that
+    unpacks to 1.2 GB from 5 MB, a model folder whose signature says 50,000x50,000 pixels) and a FIFO among
+    a folder's images."""
+    import io
+    import os
+    import re
+    import zipfile
+
+    import mlflow
+    from PIL import Image
+
+    from mlflow_di.models import zoo
+
+    with zipfile.ZipFile(path("npz_zip_bomb", "data/zip-bomb.npz"), "w", compression=zipfile.ZIP_DEFLATED,
+                         compresslevel=1) as archive:
+        images = io.BytesIO()
+        np.save(images, np.zeros((2, 8, 8), np.uint8))
+        archive.writestr("x.npy", images.getvalue())
+        with archive.open("y.npy", "w", force_zip64=True) as labels:  # 150 M int64 labels, streamed in
+            header = io.BytesIO()
+            np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (150_000_000,)})
+            labels.write(header.getvalue())
+            zeros = bytes(2**24)
+            for _ in range(150_000_000 * 8 // len(zeros)):
+                labels.write(zeros)
+            labels.write(bytes(150_000_000 * 8 % len(zeros)))
+    Image.new("L", (8, 8)).save(path("_fifo_image", "data/fifo-folder/0/ok.png"))
+    os.mkfifo(root / "data/fifo-folder/0/pipe.png")  # opening it for reading would block forever
+    paths["folder_fifo"] = str(root / "data/fifo-folder")
+    wide = path("wide_signature", "models/wide-signature")
+    mlflow.pytorch.save_model(zoo.build("digits-cnn", seed=0), str(wide), input_example=np.zeros((2, 1, 8, 8), np.float32))
+    mlmodel, count = re.subn(r'"shape": \[-1,\s*1,\s*8,\s*8\]', '"shape": [-1, 1, 50000, 50000]',
+                             (wide / "MLmodel").read_text())
+    assert count == 1
+    (wide / "MLmodel").write_text(mlmodel)
 
 
 # (id, argv); "{key}" is replaced by the path assets[key]
@@ -518,6 +557,17 @@ CASES = [
     ("data-slice-of-5000-digits", coverage(train="digits[0:" + "9" * 5000 + "]")),
     ("data-folder-decompression-bomb", coverage(train="folder:{folder_bomb}")),
     ("preprocessing-resize-huge", [*COVERAGE, "--preprocessing", "resize=99999999999"]),
+    # ---------------------------------------------------------------- fifth round: bombs, special files, names
+    ("data-npz-zip-bomb", coverage(train="npz:{npz_zip_bomb}")),
+    ("data-folder-fifo", coverage(train="folder:{folder_fifo}")),
+    ("model-signature-50000-wide", ["describe", "{wide_signature}"]),
+    ("compress-register-as-newline", ["compress", "--model-uri", "{pt}", "--method", "prune-l1", "--register-as", "a\nb"]),
+    ("compress-register-as-empty", ["compress", "--model-uri", "{pt}", "--method", "prune-l1", "--register-as", ""]),
+    ("compress-register-as-slash", ["compress", "--model-uri", "{pt}", "--method", "prune-l1", "--register-as",
+                                    "team/digits"]),
+    ("repair-register-as-dot-dot", ["repair", "--compressed", "{pt}", "--campaign", "{campaign}", "--register-as", ".."]),
+    ("import-keras-register-as-escape", ["import-keras", "--arch", "lenet1", "--weights", "{garbage_h5}",
+                                         "--register-as", "x\x1b[2J"]),
     ("gate-max-accuracy-drop-negative", ["gate", "--model-uri", "models:/absent/1", "--max-accuracy-drop", "-1"]),
     ("gate-max-class-accuracy-drop-negative", ["gate", "--model-uri", "models:/absent/1", "--max-class-accuracy-drop",
                                                "-0.5"]),
@@ -738,6 +788,14 @@ FRAGMENTS = {
     "serve-poll-seconds-negative": "--poll-seconds",
     "serve-max-attempts-zero": "--max-attempts",
     "serve-state-dir-is-a-file": "--state-dir",
+    "data-npz-zip-bomb": "array 'y' of shape (150000000,) would take 1.1 GiB",
+    "data-folder-fifo": "pipe.png' is a FIFO",
+    "model-signature-50000-wide": "50000x50000x1",
+    "compress-register-as-newline": "control character \\x0a",
+    "compress-register-as-empty": "it is empty",
+    "compress-register-as-slash": "'/'",
+    "repair-register-as-dot-dot": "path step",
+    "import-keras-register-as-escape": "\\x1b",
 }
 
 #: Cases the current code gets wrong (kept, asserted, reported; remove once fixed).
@@ -894,3 +952,16 @@ def test_a_tracking_server_that_is_not_mlflow_or_hangs_is_one_line_naming_it(imp
     assert code == 2 and len(lines) == 1 and lines[0].startswith(PREFIX), lines
     assert fragment in lines[0] and uri in lines[0] and "models:/m/1" not in lines[0]
     assert seconds < 10, f"took {seconds:.1f} s with --tracking-timeout 3"
+
+
+@pytest.mark.parametrize("name", ["team\nnightly", "", "tab\there"], ids=["newline", "empty", "tab"])
+def test_an_experiment_name_no_one_can_type_is_refused_before_any_run(name, assets, tracking_uri, capsys, monkeypatch):
+    """MLFLOW_EXPERIMENT_NAME with a control character (or empty) is one line and exit 2 before any work: no
+    experiment of that name, no run."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", name)
+    code = main([arg.format(**assets) for arg in COVERAGE])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(PREFIX) and "cannot name an experiment" in lines[0]
+    assert MlflowClient(tracking_uri).get_experiment_by_name(name) is None and running_runs(tracking_uri) == []

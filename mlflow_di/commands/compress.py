@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from mlflow_di.commands.options import (CommaList, FiniteFloat, LayerNames, LazyChoice, device_option,
+from mlflow_di.commands.options import (CommaList, ModelName, FiniteFloat, LayerNames, LazyChoice, device_option,
                                         preprocessing_option)
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 @click.option("--eval-data", default=None, help="Data spec to compare accuracies on (default: --calib-data).")
 @click.option("--amount", type=FiniteFloat(0.0, 1.0, max_open=True), default=0.3, show_default=True,
               help="Pruning fraction (prune-l1: of all weights; prune-structured: of each layer's channels).")
-@click.option("--register-as", default=None, help="Registered model name (default: <source>-<method>).")
+@click.option("--register-as", type=ModelName(), default=None, help="Registered model name (default: <source>-<method>).")
 @click.option("--keep-float", type=LayerNames(), default=None, metavar="LAYER[,LAYER...]",
               help="int8-static: leave these layers (PyTorch module names, e.g. conv2.0) in float.")
 @click.option("--auto-keep-float", type=click.IntRange(0), default=0, show_default=True, metavar="K",

@@ -14,7 +14,7 @@ import time
 
 import click
 
-from mlflow_di.commands.options import seed_option
+from mlflow_di.commands.options import ModelName, seed_option
 
 TRAIN_SPEC = "digits[0:1300]"
 TEST_SPEC = "digits[1300:]"
@@ -41,7 +41,8 @@ REALISM_QUERIES = 100
 
 
 @click.command("demo")
-@click.option("--register-as", default="digits-cnn", show_default=True, help="Registered model name for the trained CNN.")
+@click.option("--register-as", type=ModelName(), default="digits-cnn", show_default=True,
+              help="Registered model name for the trained CNN.")
 @click.option("--epochs", type=click.IntRange(1, 500), default=40, show_default=True, help="Training epochs.")
 @click.option("--train-only", is_flag=True, help="Only train and register the CNN (skip compression, coverage, fuzzing, gate).")
 @click.option("--fuzz-seeds", type=click.IntRange(1), default=100, show_default=True, help="Seeds per fuzzing campaign.")

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import click
 
-from mlflow_di.commands.options import LazyChoice
+from mlflow_di.commands.options import LazyChoice, ModelName
 
 
 @click.command("import-keras")
 @click.option("--arch", required=True, type=LazyChoice("mlflow_di.models.zoo:ARCHITECTURES", "architecture", in_help=False),
               help="Architecture of the file.")
 @click.option("--weights", required=True, type=click.Path(exists=True, dir_okay=False), help="Keras HDF5 file (.h5).")
-@click.option("--register-as", required=True, help="Registered model name to create a version of.")
+@click.option("--register-as", type=ModelName(), required=True, help="Registered model name to create a version of.")
 @click.option("--eval-data", default=None,
               help="Data spec to measure and log the accuracy on, e.g. mnist-test:../shared/data/mnist.")
 def command(arch: str, weights: str, register_as: str, eval_data: str | None) -> None:

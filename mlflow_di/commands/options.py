@@ -412,6 +412,23 @@ class AliasName(click.ParamType):
         return text
 
 
+class ModelName(click.ParamType):
+    """A registered model name as MLflow keeps it: not empty, no control character, no ``/`` or ``:``,
+    not ``.`` or ``..``; checked when the command line is read, so a bad name never costs a run."""
+
+    name = "NAME"
+
+    def convert(self, value, param, ctx):
+        from mlflow_di.printable import name_problem, printable
+
+        text = str(value)
+        problem = name_problem(text, forbidden="/:") or ("it is a path step" if text in (".", "..") else None)
+        if problem:
+            self.fail(f"'{printable(text)}' cannot name a registered model: {problem} (use letters, digits, "
+                      "'-', '_' and '.')", param, ctx)
+        return text
+
+
 class RealismBudget(CheckedBy):
     """``linf=LEVELS``, ``ssim=VALUE`` or both, e.g. ``linf=32,ssim=0.9``: a realism budget (a Constraint)."""
 

@@ -16,7 +16,7 @@ import tempfile
 
 import click
 
-from mlflow_di.commands.options import device_option, json_out_option, seed_option, write_json_out
+from mlflow_di.commands.options import ModelName, device_option, json_out_option, seed_option, write_json_out
 
 RUN_ID = re.compile(r"^(?:runs:/)?([0-9a-f]{32})/?$")
 #: Model references that name one model wherever repair runs (a campaign records anything else by name only).
@@ -35,7 +35,8 @@ ONNX_TOLERANCE = 1e-4
                    "they recorded it as a models:/ or runs:/ URI; required for file and Keras models).")
 @click.option("--eval-data", default=None, help="Labelled data spec for clean-test accuracy before/after, e.g. "
                                                 "mnist:DIR[5000:].")
-@click.option("--register-as", default=None, help="Registered model name (default: <compressed name>-repaired).")
+@click.option("--register-as", type=ModelName(), default=None,
+              help="Registered model name (default: <compressed name>-repaired).")
 @click.option("--folds", type=click.IntRange(2), default=5, show_default=True,
               help="Cross-validation folds (split by seed).")
 @click.option("--mutants", type=click.IntRange(0), default=8, show_default=True,

@@ -19,6 +19,7 @@ import mlflow_di
 from mlflow_di.errors import UserError
 from mlflow_di.mlflow_edge.connection import first_line, tracking_uri
 from mlflow_di.mlflow_edge.run_log import RunLog, close_pending_runs
+from mlflow_di.printable import name_problem, printable
 
 DEFAULT_EXPERIMENT = "mlflow-di"
 #: MLflow's experiment-kind tag: a classic-ML experiment opens on its runs, not on GenAI traces.
@@ -28,8 +29,18 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _project_experiment: str | None = None
 
 
+def check_experiment_name(name: str) -> None:
+    """Refuse an experiment name MLflow would keep but no one could type or read back (empty, a newline
+    or another control character), before any work is done under it."""
+    problem = name_problem(name)
+    if problem:
+        raise UserError(f"'{printable(name)}' cannot name an experiment: {problem}; set MLFLOW_EXPERIMENT_NAME "
+                        "to a name of letters, digits and punctuation, or unset it")
+
+
 def use_experiment(name: str) -> str:
     """The id of experiment ``name``, created as a classic-ML experiment when it does not exist."""
+    check_experiment_name(name)
     client = mlflow.MlflowClient()
     try:
         experiment = client.get_experiment_by_name(name)

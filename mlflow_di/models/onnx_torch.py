@@ -32,6 +32,7 @@ import ast
 import collections
 import dataclasses
 import functools
+import math
 import operator
 import re
 
@@ -40,6 +41,7 @@ import torch
 from torch import nn
 
 from mlflow_di.errors import UserError
+from mlflow_di.input_files import check_allocation
 from mlflow_di.models.pt2 import RebuiltModule, holding
 
 __all__ = ["onnx_to_torch"]
@@ -647,6 +649,8 @@ def _check_against_onnxruntime(model, root: nn.Module, graph_input, name: str) -
 
     dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 2
             for d in graph_input.type.tensor_type.shape.dim]
+    check_allocation(f"the input '{graph_input.name}' of {name} {tuple(dims)} (float32)", 4 * math.prod(dims),
+                     "export the model at the input size it classifies, with a small or dynamic batch")
     probe = np.random.default_rng(0).random(dims, dtype=np.float32)
     from mlflow_di.models.execution import session_options
 

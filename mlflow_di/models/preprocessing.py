@@ -70,6 +70,21 @@ class Preprocessing:
         if self.center_crop is not None:
             crop = _positive_ints("center_crop", self.center_crop, 2)
             object.__setattr__(self, "center_crop", crop * 2 if len(crop) == 1 else crop)
+        self._check_image_size()
+
+    def _check_image_size(self) -> None:
+        """One image as the model takes it (float32) must fit :func:`~mlflow_di.input_files.check_allocation`,
+        checked on the declared sizes before any image of that size is made (a crafted model's input 50,000
+        pixels wide would otherwise take the machine's memory on its first probe)."""
+        from mlflow_di.input_files import check_allocation
+
+        channels = self.input_shape[2] if self.input_shape is not None else 3
+        for field, (height, width) in (("input_shape", (self.input_shape or (0, 0))[:2]),
+                                       ("center_crop", self.center_crop or (0, 0)),
+                                       ("resize", (self.resize or 0, self.resize or 0))):
+            check_allocation(f"one image of the preprocessing's {field} ({height}x{width}x{channels}, float32)",
+                             4 * height * width * channels, "check the model's input size, or set --preprocessing "
+                             f"{field}= to the size the model classifies at")
 
     # ------------------------------------------------------------------ raw-image step
     @property

@@ -28,6 +28,7 @@ Parameters and buffers are the exported tensors; nothing is re-initialised.
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import pathlib
 
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from mlflow_di.errors import UserError
+from mlflow_di.input_files import amount, check_allocation, check_memory
 
 __all__ = ["RebuiltModule", "holding", "load_pt2", "pool_layer", "rebuild"]
 
@@ -62,6 +64,7 @@ def load_pt2(path, name: str = "model", code_may_run: bool = False, trust_hint: 
     """
     from mlflow_di.models.weights_only import CodeInArchive, weights_only_loading
 
+    _check_unpacked_size(path, name)
     try:
         with _quiet_torch_loader(), weights_only_loading():
             program = torch.export.load(str(pathlib.Path(path)))
@@ -79,6 +82,23 @@ def load_pt2(path, name: str = "model", code_may_run: bool = False, trust_hint: 
     except Exception as exc:  # noqa: BLE001 - an exported graph torch itself cannot unflatten or run
         raise UserError(f"cannot rebuild the layers of the pt2 (torch.export) model '{name}': {_first_line(exc)}; "
                         "export it again with torch.export (or log it as ONNX: mlflow.onnx.log_model)") from None
+
+
+def _check_unpacked_size(path, name: str) -> None:
+    """Refuse, before torch reads it, an archive whose members unpack to more than memory can hold (a pt2 is
+    a zip: a deflated member of zeros declares gigabytes in a few kilobytes)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return  # not a zip torch can read either: torch's own error says so below
+    largest = max(members, key=lambda member: member.file_size, default=None)
+    if largest is not None:
+        check_memory(f"the pt2 (torch.export) model '{name}' (its largest member '{largest.filename}' unpacks to "
+                     f"{amount(largest.file_size)})", sum(member.file_size for member in members),
+                     "check that this is the model you meant; a pt2 holds the weights and the graph, no more")
 
 
 def _read_pt2(path, name: str):
@@ -123,7 +143,7 @@ def rebuild(program, name: str = "model") -> nn.Module:
     import warnings
 
     types = module_types(program)
-    example = _probe_input(program)
+    example = _probe_input(program, name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's own deprecation notes while unflattening
         tree = torch.export.unflatten(program)
@@ -379,7 +399,7 @@ def _return_one_tensor(root: torch.fx.GraphModule, name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def _probe_input(program) -> torch.Tensor | None:
+def _probe_input(program, name: str) -> torch.Tensor | None:
     """A random float input of the exported shape (the batch at least 2 when the batch axis is dynamic)."""
     specs = [spec for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
     if len(specs) != 1:
@@ -390,6 +410,9 @@ def _probe_input(program) -> torch.Tensor | None:
     if value is None or not value.dtype.is_floating_point:
         return None
     shape = [dim if isinstance(dim, int) else max(2, int(getattr(dim.node, "hint", None) or 2)) for dim in value.shape]
+    check_allocation(f"the exported input of {name} {tuple(shape)} ({value.dtype})",
+                     math.prod(shape) * value.dtype.itemsize, "export the model at the input size it classifies, "
+                     "with a small or dynamic batch")
     return torch.rand(shape, generator=torch.Generator().manual_seed(0), dtype=value.dtype)
 
 
