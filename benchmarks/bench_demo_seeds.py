@@ -22,6 +22,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.results import write_section  # noqa: E402  (after the path insert)
+from mlflow_di.commands.demo import GATE, REALISM_SEEDS  # noqa: E402
 
 BEGIN, END = "<!-- bench_demo_seeds -->", "<!-- /bench_demo_seeds -->"
 #: the demo's verdicts for seeds 1..6 before (raw IDC against 0.5, every figure a point estimate), as issue #64 reports
@@ -57,14 +58,18 @@ def cell(check: dict) -> str:
     return f"{value:.3f}{spread} {check['outcome']}" if value is not None else check["outcome"]
 
 
+#: The demo's gate in words, from the thresholds the demo command and its policy use.
+POLICY = ("reachable IDC >= {min_idc:g}, accuracy drop <= {max_accuracy_drop:g}, disagreement rate <= "
+          "{max_disagreement_rate:g}, >= {min_mean_queries:g} queries per deviation, realistic deviations <= "
+          "{max_realistic_success_rate:g} on {seeds} boundary-walk seeds").format(**GATE, seeds=REALISM_SEEDS)
+
+
 def render(rows: list[dict]) -> str:
     labels = list(dict.fromkeys(label for row in rows for label in row["checks"]))
     lines = [BEGIN, "## The demo's verdict across training seeds (bench_demo_seeds)", "",
              "`.venv/bin/python -m benchmarks.bench_demo_seeds`: `mlflow-di demo --seed S` (the CNN trained from seed S "
-             "on digits[0:1300], then the demo's policy: reachable IDC >= 0.5, accuracy drop <= 0.02, disagreement "
-             "rate <= 0.05, >= 10 queries per deviation, realistic deviations <= 0.1 on 100 boundary-walk seeds). Each "
-             "cell: the figure, its 95% interval and n, and the check's outcome (PASS/FAIL only when the interval is "
-             "on one side of the limit).", "",
+             f"on digits[0:1300], then the demo's policy: {POLICY}). Each cell: the figure, its 95% interval and n, and "
+             "the check's outcome (PASS/FAIL only when the interval is on one side of the limit).", "",
              "| seed | verdict | seconds | " + " | ".join(labels) + " |", "|---:|---|---:|" + "---|" * len(labels)]
     for row in rows:
         lines.append(f"| {row['seed']} | {row['outcome']} | {row['seconds']:.0f} | "
