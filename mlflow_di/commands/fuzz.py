@@ -126,13 +126,14 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     from mlflow_di.fuzz.runners import run
     from mlflow_di.mlflow_edge import runs
     from mlflow_di.models.device import out_of_memory_as_user_error
+    from mlflow_di.models.stoppable import call_limit
 
     run_name = f"fuzz {models.original_ref.short} vs {', '.join(ref.short for ref in models.compressed_refs)}"
     with runs.tracked_run(run_name, tags=record.tags) as log:
         log.params({**record.params, "compressed": ",".join(choice.compressed), "out_dir": str(plan.folders.folder),
                     "compressed_runs_on": ",".join(m.provider for m in models.compressed_classifiers)})
         _announce(plan, batch, ray_address, workers)
-        with out_of_memory_as_user_error("fuzzing", batch):
+        with out_of_memory_as_user_error("fuzzing", batch), call_limit(timeout, f"fuzz --timeout {timeout:g}"):
             results = run(Campaign(
                 models.original, list(models.compressed), models.search, plan.seeds.seeds, timeout, max_queries, batch,
                 seed, list(plan.folders.exports), resume, choice.executor, models.overlapping), choice.declaration)

@@ -150,7 +150,10 @@ def run_onnx(path, inputs: np.ndarray) -> np.ndarray:
     options = ort.SessionOptions()
     options.log_severity_level = 4  # failures surface as exceptions; ORT's own log would repeat them
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(inputs, np.float32)})[0]
+    from mlflow_di.models import stoppable
+
+    return stoppable.run(session, {session.get_inputs()[0].name: np.ascontiguousarray(inputs, np.float32)},
+                         f"the ONNX export '{path}'")[0]
 
 
 def onnx_opset(path) -> int:

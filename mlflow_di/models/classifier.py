@@ -257,7 +257,9 @@ class OnnxClassifier(Classifier):
                 raise UserError(f"{self.name}: model has a fixed batch size {self.fixed_batch}; "
                                 "export it with a dynamic batch axis")
             return np.concatenate([self._forward(batch[i:i + 1]) for i in range(len(batch))])
-        return self.session.run(None, {self.input_name: batch})[0]
+        from mlflow_di.models import stoppable
+
+        return stoppable.run(self.session, {self.input_name: batch}, self.name)[0]
 
 
 @contextlib.contextmanager

@@ -652,11 +652,12 @@ def _check_against_onnxruntime(model, root: nn.Module, graph_input, name: str) -
     check_allocation(f"the input '{graph_input.name}' of {name} {tuple(dims)} (float32)", 4 * math.prod(dims),
                      "export the model at the input size it classifies, with a small or dynamic batch")
     probe = np.random.default_rng(0).random(dims, dtype=np.float32)
+    from mlflow_di.models import stoppable
     from mlflow_di.models.execution import session_options
 
     session = onnxruntime.InferenceSession(model.SerializeToString(), session_options(),
                                            providers=["CPUExecutionProvider"])
-    expected = session.run(None, {graph_input.name: probe})[0]
+    expected = stoppable.run(session, {graph_input.name: probe}, name)[0]
     if not np.isfinite(expected).all():  # the model itself answers NaN/Inf: not the view's fault
         from mlflow_di.models.classifier import check_finite
 
