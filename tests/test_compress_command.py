@@ -294,3 +294,37 @@ def test_every_export_of_the_model_is_judged_or_named_as_not_judged(registered_c
     assert "models:/cnn-prune-l1/1 0/1 (not judged: realistic_success_rate)" in out
     assert main([*gate, "--exclude-export", "models:/cnn-prune-l1/1"]) == 0
     assert "cnn-prune-l1" not in capsys.readouterr().out.split("verdict:")[-1]
+
+
+def test_a_compress_stopped_before_registering_leaves_no_version_without_its_figures(registered_cnn, monkeypatch,
+                                                                                     capsys):
+    """Ctrl-C (or SIGTERM, the same path) just before the second export is registered: the first is
+    registered with its figures already on its run; the second is not registered at all."""
+    from mlflow_di.mlflow_edge import models
+
+    register, seen = models.register_logged_model, []
+
+    def stopped_at_the_second(info, name, lineage):
+        run = mlflow.MlflowClient().get_run(mlflow.active_run().info.run_id)
+        seen.append((name, set(run.data.metrics)))
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return register(info, name, lineage)
+
+    monkeypatch.setattr(models, "register_logged_model", stopped_at_the_second)
+    code = main(["compress", "--model-uri", registered_cnn, "--method", "fp32,prune-l1", "--amount", "0.2",
+                 "--eval-data", "digits[1300:1400]", "--no-benefit"])
+    assert code == 130, capsys.readouterr().err
+    assert [name for name, _ in seen] == ["cnn-fp32", "cnn-prune-l1"]
+    assert all({"accuracy_drop", "disagreement_rate", "eval_images"} <= metrics for _, metrics in seen)
+    client = mlflow.MlflowClient()
+    first = client.get_model_version("cnn-fp32", str(max(int(v.version) for v in
+                                                           client.search_model_versions("name = 'cnn-fp32'"))))
+    assert "accuracy_drop" in client.get_run(first.run_id).data.metrics
+    assert "mlflow_di.source_uri" in first.tags  # lineage created with the version, not after it
+    stopped = [run for run in client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                                 "tags.`mlflow_di.method` = 'prune-l1'",
+                                                 order_by=["attributes.start_time DESC"], max_results=1)]
+    assert stopped[0].info.status == "KILLED"
+    registered = {v.run_id for v in client.search_model_versions("name = 'cnn-prune-l1'")}
+    assert stopped[0].info.run_id not in registered

@@ -96,3 +96,24 @@ def test_a_campaign_extended_to_more_seeds_keeps_its_records_and_equals_a_fresh_
     with pytest.raises(UserError, match="its 6 seeds are not the first of the new ones"):
         CampaignStore(tmp_path / "fresh").extend(
             12, "x", lambda n: seed_fingerprint(other.subset(slice(0, min(n, 6)))))
+
+
+@pytest.mark.parametrize("tail", [b'{"index": 7, "lab', b"", b"\n"], ids=["torn", "whole", "blank-line"])
+def test_records_appended_after_a_torn_line_start_on_their_own_and_the_torn_line_is_gone(tmp_path, tail):
+    """A full disk or a kill mid-write leaves a record line without its end; the next append (a resumed
+    campaign) cuts it first, so the file holds whole records only."""
+    from mlflow_di.fuzz.results import SeedRecord
+    from mlflow_di.fuzz.store import CampaignStore
+
+    def record(index):
+        return SeedRecord(index=index, label=1, success=False, stop="max_queries", queries=5, seconds=0.0,
+                          seed_labels=(1, 1), seed_probabilities=(1.0, 1.0))
+    whole = record(0).to_json() + "\n" + record(1).to_json() + "\n"
+    (tmp_path / RECORDS).write_bytes(whole.encode() + tail)
+    store = CampaignStore(tmp_path)
+    store.append(record(2), None, None)
+    store.close()
+    lines = (tmp_path / RECORDS).read_text().splitlines()
+    kept = [line for line in lines if line]
+    assert [SeedRecord.from_json(line).index for line in kept] == [0, 1, 2]
+    assert len(lines) == len(kept) + (tail == b"\n")  # a blank line is whole: left as it was

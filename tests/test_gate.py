@@ -644,3 +644,75 @@ def test_min_idc_after_a_classic_only_coverage_run_says_idc_was_not_computed(cli
     assert code == 2
     assert (f"coverage run {run_id} of models:/classic/1 computed nc,kmnc but not idc (the newest coverage run has "
             "none); run `mlflow-di coverage --model-uri models:/classic/1 --criteria idc,...") in err
+
+
+def _state(client, name: str, version: str = "1") -> tuple:
+    """What a reader sees of a version: its verdict tag, the reason an ERROR carries, the verdict heading of its
+    description, and whether the alias champion points at it."""
+    seen = client.get_model_version(name, version)
+    heading = (seen.description or "").split("\n", 1)[0]
+    aliases = client.get_registered_model(name).aliases
+    return (seen.tags.get("mlflow_di.verdict"), seen.tags.get("mlflow_di.verdict_reason", ""), heading,
+            str(aliases.get("champion")) == version)
+
+
+def _consistent(state: tuple) -> bool:
+    """All old, all new, or ERROR with a reason: a PASS or FAIL tag is the heading's, and champion is on the
+    version only when it passed; an ERROR says why."""
+    verdict, reason, heading, champion = state
+    if verdict == "ERROR":
+        return bool(reason)
+    return heading.split()[:4] == ["##", "mlflow-di", "gate:", verdict] and champion == (verdict == "PASS")
+
+
+@pytest.mark.parametrize("first, second", [(("--max-success-rate", "0.9"), ("--max-success-rate", "0.5")),
+                                           (("--max-success-rate", "0.5"), ("--max-success-rate", "0.9"))],
+                         ids=["pass-then-fail", "fail-then-pass"])
+def test_a_gate_killed_after_any_of_its_writes_leaves_a_verdict_whole_or_an_error_with_its_reason(
+        client, history, capsys, monkeypatch, first, second):
+    """kill -9 cannot run a handler: what it leaves is the state after the last write done. Every write the
+    second gate makes is watched, and the version is read after each: never half of one verdict."""
+    from mlflow import MlflowClient
+
+    assert run_gate(capsys, "--model-uri", history.uri, *first, "--promote-alias", "champion")[0] in (0, 1)
+    before = _state(client, "lenet")
+    assert _consistent(before) and before[0] in ("PASS", "FAIL")
+    seen = []
+    for method in ("set_model_version_tag", "delete_model_version_tag", "update_model_version",
+                   "set_registered_model_alias", "delete_registered_model_alias"):
+        original = getattr(MlflowClient, method)
+
+        def watched(self, *args, _original=original, **kwargs):
+            result = _original(self, *args, **kwargs)
+            seen.append(_state(client, "lenet"))
+            return result
+        monkeypatch.setattr(MlflowClient, method, watched)
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, *second, "--promote-alias", "champion")
+    assert code in (0, 1), out + err
+    assert len(seen) >= 5 and seen[-1][0] in ("PASS", "FAIL") and seen[-1][0] != before[0]
+    torn = [state for state in seen if not _consistent(state)]
+    assert torn == [], torn
+
+
+def test_a_write_refused_midway_leaves_error_with_the_reason_in_tag_and_description(client, history, capsys,
+                                                                                      monkeypatch):
+    """The alias move is refused (a server that asks MANAGE to remove an alias): the version says ERROR and why,
+    in its tag and description; the gate run is FAILED, not RUNNING."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
+
+    assert run_gate(capsys, "--model-uri", history.uri, "--max-success-rate", "0.9", "--promote-alias", "champion")[0] == 0
+
+    def refused(self, name, alias):
+        raise MlflowException("Permission denied", error_code=PERMISSION_DENIED)
+    monkeypatch.setattr(MlflowClient, "delete_registered_model_alias", refused)
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, "--max-success-rate", "0.5", "--promote-alias",
+                              "champion")
+    assert code == 2 and err.strip().endswith("may not remove the alias 'champion' from models:/lenet/1 (needs MANAGE "
+                                              "permission on the registered model)"), err
+    verdict, reason, heading, champion = _state(client, "lenet")
+    assert (verdict, heading.split()[:4], champion) == ("ERROR", ["##", "mlflow-di", "gate:", "ERROR"], True)
+    assert "could not finish writing its verdict" in reason and "remove the alias 'champion'" in reason
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.`mlflow_di.command` = 'gate'")
+    assert [r.info.status for r in runs if r.info.status != "FINISHED"] == ["FAILED"]

@@ -13,6 +13,7 @@ from mlflow_di.models.head import ProbabilityHead, RepairedClassifier
 from mlflow_di.repair import (HeadSettings, RepairCounts, RepairSet, collect_images, cross_validate, label_images,
                               repair, seed_folds, train_head)
 from mlflow_di.repair.dataset import KINDS
+from mlflow_di.repair.evaluate import choose_folds
 
 SWAP = np.array([1, 0, 2, 3])  # the "compressed model" swaps classes 0 and 1
 
@@ -56,6 +57,18 @@ def test_folds_split_by_seed_cover_everything_and_are_seeded():
     assert not all(np.array_equal(a, b) for a, b in zip(folds, seed_folds(groups, 5, seed=2)))
     with pytest.raises(UserError, match="at least 5 triggering seeds"):
         seed_folds(np.arange(3), 5)
+
+
+@pytest.mark.parametrize("seeds, stated, expected", [(40, None, 5), (5, None, 5), (4, None, 4), (2, None, 2),
+                                                     (40, 3, 3), (4, 2, 2)])
+def test_the_default_folds_leave_one_seed_out_when_there_are_fewer_than_five(seeds, stated, expected):
+    assert choose_folds(seeds, stated) == expected
+
+
+@pytest.mark.parametrize("seeds, stated", [(1, None), (0, None), (4, 5)])
+def test_too_few_seeds_for_the_folds_is_one_line(seeds, stated):
+    with pytest.raises(UserError, match=f"at least {stated or 2} triggering seeds, the campaigns have {seeds}"):
+        choose_folds(seeds, stated)
 
 
 def test_untrained_head_is_the_identity():
@@ -223,20 +236,28 @@ def test_repair_command_registers_an_onnx_model_that_fuzz_and_gate_accept(regist
     campaign = tmp_path / "campaign"
     assert main(["fuzz", "--original", registered_cnn, "--compressed", "models:/cnn-prune-l1/1",
                  "--seed-data", "digits[1300:1340]", "--max-queries", "300", "--out-dir", str(campaign)]) == 0
+    assert main(["fuzz", "--original", registered_cnn, "--compressed", "models:/cnn-prune-l1/1",
+                 "--seed-data", "digits[1340:1360]", "--max-queries", "300"]) == 0
+    fuzz_runs = [run.info.run_id for run in mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                                                filter_string="tags.`mlflow_di.command` = 'fuzz'",
+                                                                order_by=["attributes.start_time DESC"])]
+    capsys.readouterr()
     out = tmp_path / "repair.json"
-    code = main(["repair", "--compressed", "models:/cnn-prune-l1/1", "--campaign", str(campaign),
+    code = main(["repair", "--compressed", "models:/cnn-prune-l1/1", "--campaign", "all",
                  "--eval-data", "digits[1400:]", "--folds", "3", "--mutants", "4", "--epochs", "200",
                  "--json-out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "repaired model -> models:/cnn-prune-l1-repaired/1 (ONNX graph)" in captured.out
+    assert f"--campaign all: fuzz runs {', '.join(fuzz_runs)}" in captured.out  # both campaigns, named
     report = json.loads(out.read_text())
     assert report["registered"] == "models:/cnn-prune-l1-repaired/1"
     assert 0 <= report["cross_validation"]["pooled"]["repair_ratio"] <= 1
     client = mlflow.MlflowClient()
     version = client.get_model_version("cnn-prune-l1-repaired", "1")
     assert version.tags["mlflow_di.repairs"] == "models:/cnn-prune-l1/1"
-    assert json.loads(version.tags["mlflow_di.repair_campaigns"]) == [str(campaign)]
+    assert json.loads(version.tags["mlflow_di.repair_campaigns"]) == fuzz_runs
+    assert report["training_set"]["seeds"] > 0 and len(fuzz_runs) == 2
     assert version.tags["mlflow_di.source_name"] == "cnn" and version.tags["mlflow_di.method"] == "prune-l1+drepair"
     run = client.get_run(version.run_id)
     assert run.data.tags["mlflow_di.command"] == "repair" and run.info.status == "FINISHED"
@@ -356,9 +377,11 @@ def test_a_repaired_tflite_model_registers_as_a_pyfunc_that_loads_back(tracking_
     head = ProbabilityHead.identity(10, 8, rng)
     head.w2[:] = rng.normal(0, 1, head.w2.shape)
     with tracking.tracked_run("repair"):
-        info = edge_models.log_repaired_pyfunc(lite, head, base.preprocessing, "lenet1-repaired",
-                                               {"mlflow_di.repairs": str(lite)})
-    loaded = load_classifier(f"models:/lenet1-repaired/{info.registered_model_version}")
+        lineage = {"mlflow_di.repairs": str(lite)}
+        info = edge_models.log_repaired_pyfunc(lite, head, base.preprocessing, lineage)
+        version = edge_models.register_logged_model(info, "lenet1-repaired", lineage)
+    assert version.tags["mlflow_di.repairs"] == str(lite)
+    loaded = load_classifier(f"models:/lenet1-repaired/{version.version}")
     images = rng.integers(0, 256, (9, 28, 28, 1), dtype=np.uint8)
     np.testing.assert_allclose(loaded.predict_proba(images), RepairedClassifier(base, head).predict_proba(images),
                                atol=1e-6)

@@ -113,3 +113,14 @@ def test_gate_needs_edit_permission_on_the_registered_model(auth_server, use_ser
     assert code == 0, out + err
     assert editor.get_model_version("guarded", "1").tags["mlflow_di.verdict"] == "PASS"
     assert str(editor.get_model_version_by_alias("guarded", "champion").version) == "1"
+
+    # a failing verdict must take champion off the version; removing an alias asks MANAGE, which the editor lacks:
+    # the version then says ERROR and why (tag and description), never FAIL beside the alias of a PASS
+    code, out, err = run_gate(capsys, "--model-uri", history.uri, "--max-success-rate", "0.5", "--promote-alias",
+                              "champion")
+    assert code == 2 and err.strip() == ("mlflow-di: error: user editor may not remove the alias 'champion' from "
+                                         "models:/guarded/1 (needs MANAGE permission on the registered model)"), out + err
+    seen = admin.get_model_version("guarded", "1")
+    assert seen.tags["mlflow_di.verdict"] == "ERROR" and "MANAGE" in seen.tags["mlflow_di.verdict_reason"]
+    assert seen.description.startswith("## mlflow-di gate: ERROR")
+    assert str(admin.get_model_version_by_alias("guarded", "champion").version) == "1"

@@ -122,6 +122,119 @@ def test_a_second_holder_waits_then_refuses_naming_the_first_and_a_dead_holder_i
             "elsewhere:4242:1"
 
 
+NOW = 1_800_000_000.0
+
+
+def _record(heartbeat=NOW, since="2027-01-15T08:00:00+0000", host="elsewhere", pid="4242") -> dict:
+    return {"mlflow_di.lock.heartbeat": str(heartbeat), "mlflow_di.lock.since": since, "mlflow_di.lock.host": host,
+            "mlflow_di.lock.pid": pid}
+
+
+@pytest.mark.parametrize("tags, host, alive, reason", [
+    (_record(), "here", None, None),  # heard of just now, elsewhere: it holds
+    (_record(heartbeat=NOW - locks.STALE_S + 1), "here", None, None),
+    (_record(heartbeat=NOW - locks.STALE_S - 1), "here", None, "not been heard of for 301 s"),
+    (_record(heartbeat=NOW + locks.CLOCK_SKEW_S - 1), "here", None, None),  # a clock a little ahead
+    (_record(heartbeat=NOW + 3600), "here", None, "heartbeat is 3600 s in the future"),
+    (_record(since="2099-01-01T00:00:00+0000"), "here", None, "started"),
+    ({**_record(), "mlflow_di.lock.heartbeat": "soon"}, "here", None, "no heartbeat"),
+    ({**_record(), "mlflow_di.lock.heartbeat": "nan"}, "here", None, "no heartbeat"),
+    (_record(host="here"), "here", lambda pid: False, "process 4242 on this host, is gone"),
+    (_record(host="here"), "here", lambda pid: True, None),
+    (_record(host="elsewhere"), "here", lambda pid: False, None),  # another host's pids say nothing here
+])
+def test_a_lock_record_holds_only_while_its_holder_is_heard_of_and_plausible(tags, host, alive, reason):
+    found = locks.stale_reason(tags, NOW, host, alive)
+    assert (found is None) if reason is None else (reason in found), found
+
+
+def test_a_users_model_under_the_locks_name_neither_blocks_a_gate_nor_is_deleted(mlflow_client):
+    client = mlflow_client
+    register_version(client, "squatted")
+    squatter = locks.lock_name("squatted", 1)
+    register_version(client, squatter)  # a user's own model, with a version, under the lock's name
+    with locks.version_lock("squatted", 1, "gate", wait_s=0):
+        held = [m.name for m in client.search_registered_models() if m.name.startswith(squatter)]
+        assert sorted(held) == [squatter, f"{squatter}~2"]
+    assert client.get_model_version(squatter, "1") is not None  # untouched
+    assert f"{squatter}~2" not in {m.name for m in client.search_registered_models()}  # released
+
+
+def test_a_forged_lock_with_a_heartbeat_in_the_future_does_not_block(mlflow_client, capsys):
+    register_version(mlflow_client, "forged")
+    _held_elsewhere(mlflow_client, "forged", 1, heartbeat=time.time() + 365 * 86400)
+    started = time.monotonic()
+    with locks.version_lock("forged", 1, "gate", wait_s=60):
+        assert mlflow_client.get_registered_model(locks.lock_name("forged", 1)).tags[locks.HOLDER] != \
+            "elsewhere:4242:1"
+    assert time.monotonic() - started < 30  # taken over at once, not after the 60 s wait
+    err = capsys.readouterr().err
+    assert "took over the lock" in err and "heartbeat is" in err and "in the future" in err, err
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_at_once_and_its_runs_are_marked_killed(mlflow_client):
+    import socket
+
+    client = mlflow_client
+    register_version(client, "orphaned")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    key = locks.lock_name("orphaned", 1)
+    experiment = client.create_experiment("pipelines")
+    holder = f"{socket.gethostname()}:{dead.pid}:1"
+    pipeline = client.create_run(experiment, tags={"mlflow_di.command": "pipeline", "mlflow_di.lock": f"{key} {holder}"})
+    step = client.create_run(experiment, tags={"mlflow.parentRunId": pipeline.info.run_id})
+    unrelated = client.create_run(experiment, tags={"mlflow_di.command": "pipeline"})
+    client.create_registered_model(key, tags={
+        locks.HOLDER: holder, "mlflow_di.lock.command": "mlflow-di pipeline", "mlflow_di.lock.host": socket.gethostname(),
+        "mlflow_di.lock.pid": str(dead.pid), "mlflow_di.lock.run_id": pipeline.info.run_id,
+        "mlflow_di.lock.since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mlflow_di.lock.heartbeat": str(time.time())})
+    started = time.monotonic()
+    with locks.version_lock("orphaned", 1, "gate", wait_s=60):
+        pass
+    assert time.monotonic() - started < 30
+    for run in (pipeline, step):
+        ended = client.get_run(run.info.run_id)
+        assert ended.info.status == "KILLED"
+        assert f"process {dead.pid} on {socket.gethostname()}" in ended.data.tags["mlflow_di.killed_reason"]
+    assert client.get_run(unrelated.info.run_id).info.status == "RUNNING"  # not the dead holder's
+
+
+def test_a_forged_record_cannot_end_a_run_that_does_not_carry_its_lock(mlflow_client):
+    client = mlflow_client
+    register_version(client, "victim")
+    experiment = client.create_experiment("others")
+    someone = client.create_run(experiment, tags={"mlflow_di.command": "fuzz"})
+    client.create_registered_model(locks.lock_name("victim", 1), tags={
+        locks.HOLDER: "elsewhere:1:1", "mlflow_di.lock.host": "elsewhere", "mlflow_di.lock.pid": "1",
+        "mlflow_di.lock.run_id": someone.info.run_id, "mlflow_di.lock.heartbeat": str(time.time() - 3600)})
+    with locks.version_lock("victim", 1, "gate"):
+        pass
+    assert client.get_run(someone.info.run_id).info.status == "RUNNING"
+
+
+def test_a_pipeline_names_its_run_on_its_lock_and_its_gate_does_not_replace_it(registered_cnn, mlflow_client, tmp_path,
+                                                                             monkeypatch):
+    seen = []
+    record = locks.record_holder_run
+
+    def spy(run_id):
+        record(run_id)
+        key = next(iter(locks._held.get()))
+        seen.append((run_id, mlflow_client.get_registered_model(key).tags["mlflow_di.lock.run_id"],
+                     mlflow_client.get_run(run_id).data.tags.get("mlflow_di.lock", "")))
+
+    monkeypatch.setattr(locks, "record_holder_run", spy)
+    policy = tmp_path / "p.yaml"
+    policy.write_text("coverage: {train_data: 'digits[0:60]', test_data: ['digits[60:90]'], criteria: [idc]}\n"
+                      "gate: {thresholds: {min_idc: 0}}\n")
+    assert main(["pipeline", "--policy", str(policy), "--model-uri", registered_cnn, "--state-dir",
+                 str(tmp_path / "state")]) == 0
+    (pipeline_run, on_lock, run_tag), (gate_run, on_lock_later, gate_tag) = seen
+    assert on_lock == on_lock_later == pipeline_run != gate_run
+    assert run_tag.startswith(locks.lock_name("cnn", 1)) and gate_tag == ""
+
+
 def test_a_pipeline_on_a_version_another_pipeline_works_on_refuses_without_writing(registered_cnn, mlflow_client,
                                                                                   tmp_path, capsys):
     policy = tmp_path / "p.yaml"

@@ -277,7 +277,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     import mlflow_di
     from mlflow_di.compression.export_record import export_metrics, export_params
     from mlflow_di.compression.methods import method_declaration
-    from mlflow_di.mlflow_edge import models, registry, runs
+    from mlflow_di.mlflow_edge import models, runs
     from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.reporting.compression_report import compression_report
 
@@ -312,13 +312,13 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
                        "mlflow_di.version": mlflow_di.__version__, **outcome.context.tags(),
                        **(outcome.benefit.tags() if outcome.benefit is not None else {})}
-            info = models.log_onnx_model(result.path, compressed.preprocessing, name, lineage)
-            # logged once the export is a LoggedModel, so they are its own metrics too (its page in the UI)
+            info = models.log_onnx_model(result.path, compressed.preprocessing, lineage)
+            # logged once the export is a LoggedModel, so they are its own metrics too (its page in the UI),
+            # and before it is registered: a compress stopped in between registers nothing
             log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=inputs.get("evaluation"))
-            version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
-            registry.write_version_tags(version, lineage)
-        _echo_summary(declared, name, info.registered_model_version, metrics, deviation, outcome)
-    return f"models:/{name}/{info.registered_model_version}", ""
+            version = models.register_logged_model(info, name, lineage)
+        _echo_summary(declared, name, version.version, metrics, deviation, outcome)
+    return f"models:/{name}/{version.version}", ""
 
 
 def _alone(path, folder: pathlib.Path) -> pathlib.Path:

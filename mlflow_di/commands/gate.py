@@ -151,30 +151,53 @@ class _Written:
 def _write_verdict(verdict, version, source, model_uri: str, baseline, compressed, promote_alias, rules) -> _Written:
     """The gate run, the version's tags, alias and description: every write of one verdict (under its lock)."""
     from mlflow_di.mlflow_edge import recorded, registry, runs
+    from mlflow_di.mlflow_edge.version_lock import record_holder_run
     from mlflow_di.reporting.ci import summary_markdown
 
     checked_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     tags = {"mlflow_di.command": "gate", **registry.version_tags(version, model_uri), "mlflow_di.verdict": verdict.outcome}
     with runs.tracked_run(f"gate {version.name}/{version.version}", tags=tags) as log:
-        version_tags = registry.gate_tags(verdict, checked_at, log.run_id)
-        if source is not None:
-            version_tags["mlflow_di.gate_source"] = registry.version_uri(source)
-        registry.write_version_tags(version, version_tags)
-        registry.remove_version_tags(version, registry.stale_gate_tags(version, version_tags))
-        alias_dropped = False
-        if promote_alias and verdict.passed:
-            registry.set_alias(version, promote_alias)
-        elif promote_alias:
-            alias_dropped = registry.drop_alias_from(version, promote_alias)
-        notes = (*_notes(verdict, version, source, baseline, promote_alias, alias_dropped), *rules,
-                 *recorded.runtime_notes(c.run_id for c in verdict.checks))
-        metrics, report = _log_verdict(log, verdict, compressed, promote_alias, notes)
-        judged = [log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))]
-        run_link = _run_link(judged)  # for CI summaries, read off the UI: absolute links
-        registry.write_verdict_description(version, summary_markdown(
-            verdict, _run_link(judged, relative=True), log.run_id,
-            (f"checked {checked_at}; the report is gate/report.html of the gate run", *notes)))
+        record_holder_run(log.run_id)  # a gate killed from here on: whoever takes its lock over ends this run
+        registry.begin_verdict(version, log.run_id)  # the first write: refused without EDIT, before anything else
+        try:
+            # the alias first: of all the writes it is the one a user with EDIT may still be refused (removing
+            # an alias asks for MANAGE), and nothing else of the new verdict is written yet
+            alias_dropped = False
+            if promote_alias and verdict.passed:
+                registry.set_alias(version, promote_alias)
+            elif promote_alias:
+                alias_dropped = registry.drop_alias_from(version, promote_alias)
+            notes = (*_notes(verdict, version, source, baseline, promote_alias, alias_dropped), *rules,
+                     *recorded.runtime_notes(c.run_id for c in verdict.checks))
+            metrics, report = _log_verdict(log, verdict, compressed, promote_alias, notes)
+            judged = [log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))]
+            run_link = _run_link(judged)  # for CI summaries, read off the UI: absolute links
+            registry.write_verdict_description(version, summary_markdown(
+                verdict, _run_link(judged, relative=True), log.run_id,
+                (f"checked {checked_at}; the report is gate/report.html of the gate run", *notes)))
+            version_tags = registry.gate_tags(verdict, checked_at, log.run_id)
+            if source is not None:
+                version_tags["mlflow_di.gate_source"] = registry.version_uri(source)
+            outcome = version_tags.pop(registry.VERDICT)
+            registry.write_version_tags(version, version_tags)
+            registry.remove_version_tags(version, registry.stale_gate_tags(version, {**version_tags,
+                                                                                       registry.VERDICT: outcome}))
+            registry.commit_verdict(version, outcome)  # the last write
+        except BaseException as exc:
+            registry.abandon_verdict(version, log.run_id, _why_stopped(exc))
+            raise
     return _Written(log.run_id, checked_at, notes, rules, metrics, report, run_link, alias_dropped)
+
+
+def _why_stopped(exc: BaseException) -> str:
+    """What stopped a verdict's writes, in the words the version's ERROR tag keeps."""
+    from mlflow_di.errors import Terminated
+
+    if isinstance(exc, Terminated):
+        return "it was terminated (SIGTERM)"
+    if isinstance(exc, KeyboardInterrupt):
+        return "it was interrupted (Ctrl-C)"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _run_link(run_ids, relative: bool = False):

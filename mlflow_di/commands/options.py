@@ -255,7 +255,10 @@ class WritablePath(click.ParamType):
         if existing != path and not existing.is_dir():
             self.fail(f"cannot create '{value}': '{existing}' is a file, not a folder", param, ctx)
         folder = path if self.kind == "dir" else path.parent
-        problem = probe_writable(folder)
+        if self.kind == "file" and path.exists() and not path.is_file():
+            problem = probe_special_file(path)  # /dev/full takes no byte; a FIFO blocks its writer
+        else:
+            problem = probe_writable(folder)
         if problem is None and path.exists() and not os.access(path, os.W_OK):
             problem = "the file is read-only"
         if problem:
@@ -287,6 +290,26 @@ def probe_writable(folder: pathlib.Path) -> str | None:
                 leftover.rmdir() if leftover.is_dir() else leftover.unlink()
             except OSError:
                 pass
+    return None
+
+
+def probe_special_file(path: pathlib.Path) -> str | None:
+    """Why the command could not write its output to ``path``, an existing file that is not a regular one
+    (None for a character device that takes a block, such as ``/dev/null``): a FIFO or a socket would
+    block or refuse the writer, a block device is no place for a report, ``/dev/full`` takes no byte."""
+    import stat
+
+    mode = os.stat(path).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return f"it is a {'FIFO' if stat.S_ISFIFO(mode) else 'socket'}; give a regular file"
+    if not stat.S_ISCHR(mode):
+        return "it is not a regular file"
+    try:
+        with open(path, "wb") as handle:
+            handle.write(b"\0" * WritablePath.PROBE_BYTES)
+            handle.flush()
+    except OSError as exc:
+        return exc.strerror or str(exc)
     return None
 
 

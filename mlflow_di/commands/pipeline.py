@@ -111,6 +111,7 @@ def _run_steps(ctx: click.Context, policy, policy_path: str, model_uri: str, ste
     """Every step not finished yet, as child runs of the pipeline's run; (its run, the gate's record)."""
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import runs
+    from mlflow_di.mlflow_edge.version_lock import record_holder_run
     from mlflow_di.models.loading import only_trusted_pickles
 
     tags = {"mlflow_di.command": "pipeline", "mlflow_di.pipeline_state": str((folder / STATE_FILE).resolve())}
@@ -119,6 +120,7 @@ def _run_steps(ctx: click.Context, policy, policy_path: str, model_uri: str, ste
             log.params({"policy": str(policy_path), "policy_sha256": policy.sha256, "model_uri": model_uri})
             log.text(pathlib.Path(policy_path).read_text(), "pipeline/policy.yaml")
             state["run_id"] = log.run_id
+            record_holder_run(log.run_id)  # a pipeline killed from here on: whoever takes its lock over ends its runs
             _save(folder, state)
             for number, step in enumerate(policy.steps, 1):
                 title = f"{number}/{len(policy.steps)} {step}"

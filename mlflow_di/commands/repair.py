@@ -27,9 +27,10 @@ ONNX_TOLERANCE = 1e-4
 
 @click.command("repair")
 @click.option("--compressed", required=True, help="The compressed model to repair (models:/NAME/VERSION, .onnx, .tflite).")
-@click.option("--campaign", "campaigns", required=True, multiple=True, metavar="RUN_OR_FOLDER|latest",
+@click.option("--campaign", "campaigns", required=True, multiple=True, metavar="RUN_OR_FOLDER|latest|all",
               help="A fuzz campaign of this compressed model: its folder, or the fuzz run (ID or runs:/ID) that "
-                   "logged it; latest: the newest fuzz run against --compressed, a registered version. Repeatable.")
+                   "logged it; latest: the newest fuzz run against --compressed, a registered version; all: every "
+                   "finished fuzz run against it. Repeatable.")
 @click.option("--original", default=None,
               help="The original model, whose labels are the targets (default: the one the campaigns fuzzed, when "
                    "they recorded it as a models:/ or runs:/ URI; required for file and Keras models).")
@@ -37,8 +38,9 @@ ONNX_TOLERANCE = 1e-4
                                                 "mnist:DIR[5000:].")
 @click.option("--register-as", type=ModelName(), default=None,
               help="Registered model name (default: <compressed name>-repaired).")
-@click.option("--folds", type=click.IntRange(2), default=5, show_default=True,
-              help="Cross-validation folds (split by seed).")
+@click.option("--folds", type=click.IntRange(2), default=None,
+              help="Cross-validation folds (split by seed). Default: 5, or one per triggering seed (leave one "
+                   "seed out) when the campaigns have 2-4.")
 @click.option("--mutants", type=click.IntRange(0), default=8, show_default=True,
               help="Fresh mutants of each triggering seed added as (mostly agreeing) examples.")
 @click.option("--hidden", type=click.IntRange(1), default=32, show_default=True, help="Hidden units of the head.")
@@ -52,14 +54,14 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
 
     Returns the registered version's URI."""
     from mlflow_di.errors import UserError
-    from mlflow_di.mlflow_edge import datasets, registry, runs
+    from mlflow_di.mlflow_edge import datasets, models, registry, runs
     from mlflow_di.models.execution import context_tags
     from mlflow_di.models.loading import load_classifier, resolve
     from mlflow_di.models.reference import ModelRef
     from mlflow_di.repair import HeadSettings, repair, training_set
-    from mlflow_di.repair.evaluate import check_fold_count
+    from mlflow_di.repair.evaluate import choose_folds
 
-    loaded = _load_campaigns([_latest_campaign(compressed) if spec == "latest" else spec for spec in campaigns])
+    loaded = _load_campaigns([run for spec in campaigns for run in _recorded_campaigns(compressed, spec)])
     campaigns, fuzzed = [spec for spec, _ in loaded], [c for _, c in loaded]
     compressed_ref = ModelRef.parse(compressed)
     _check_campaigns_compressed(loaded, compressed_ref.uri)
@@ -73,7 +75,7 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
     original_model = load_classifier(original_ref, device=device)
     raw_test, test = _held_out(eval_data, compressed_model, fuzzed)
     data = training_set(fuzzed, original_model, compressed_model, mutants_per_seed=mutants, seed=seed)
-    check_fold_count(data.counts()["seeds"], folds)
+    folds = choose_folds(data.counts()["seeds"], folds)
     settings = HeadSettings(hidden=hidden, epochs=epochs, seed=seed)
     lineage = _lineage(compressed, campaigns)
     name = register_as or f"{compressed_ref.base_name}-repaired"
@@ -89,17 +91,17 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
         result, head, _ = repair(fuzzed, original_model, compressed_model, settings, folds=folds,
                                  mutants_per_seed=mutants, seed=seed, test_data=test, data=data)
         with tempfile.TemporaryDirectory(prefix="mlflow-di-repair-") as scratch:
-            info, check = _register(source, compressed_model, head, name, lineage, pathlib.Path(scratch), fuzzed,
-                                    device)
+            info, check = _log_repaired(source, compressed_model, head, name, lineage, pathlib.Path(scratch), fuzzed,
+                                        device)
         metrics = _metrics(result)
         if check is not None:
             metrics["onnx_max_abs_diff"] = check
-        log.metrics(metrics)
+        log.metrics(metrics, model_id=getattr(info, "model_id", None))
         log.json(result.to_dict(), "repair/result.json")
-        log.text(_report(compressed, name, info.registered_model_version, result), "repair/report.html")
-        version = registry.resolve_version(f"models:/{name}/{info.registered_model_version}")
-        registry.write_version_tags(version, lineage)
-    uri = f"models:/{name}/{info.registered_model_version}"
+        # registered last, once its figures are logged: a repair stopped before registers nothing
+        version = models.register_logged_model(info, name, lineage)
+        log.text(_report(compressed, name, version.version, result), "repair/report.html")
+    uri = f"models:/{name}/{version.version}"
     _print_summary(uri, result, f"{source.format.title} graph" if source.format.graph else "pyfunc")
     write_json_out({"registered": uri, **result.to_dict()}, json_out)
     return uri
@@ -124,12 +126,16 @@ def _held_out(eval_data: str | None, compressed_model, fuzzed: list) -> tuple:
     return raw_test, test
 
 
-def _latest_campaign(compressed: str) -> str:
-    """The newest fuzz run against the registry version ``compressed`` (``--campaign latest``)."""
+def _recorded_campaigns(compressed: str, spec: str) -> list[str]:
+    """``spec`` itself, or for ``latest`` / ``all`` the newest / every finished fuzz run against the
+    registry version ``compressed``."""
     from mlflow_di.mlflow_edge import recorded, registry
 
+    if spec not in ("latest", "all"):
+        return [spec]
     tags = registry.compressed_model_tags(compressed) if registry.registry_ref(compressed) else {}
-    return recorded.latest_run("--campaign", "fuzz", "success_rate", tags, compressed)
+    return recorded.recorded_run_ids("--campaign", spec, "fuzz", "success_rate", tags, compressed,
+                                     max_results=1 if spec == "latest" else 1000)
 
 
 def _load_campaigns(specs) -> list:
@@ -223,8 +229,9 @@ def _lineage(compressed: str, campaigns) -> dict:
     return tags
 
 
-def _register(source, compressed_model, head, name: str, lineage: dict, scratch: pathlib.Path, campaigns, device):
-    """Log and register the repaired model; for ONNX, also the largest difference between ONNX
+def _log_repaired(source, compressed_model, head, name: str, lineage: dict, scratch: pathlib.Path, campaigns,
+                  device):
+    """Log (not register) the repaired model; for ONNX, also the largest difference between ONNX
     Runtime's outputs and the engine's (compressed model + head) on the campaigns' triggers,
     refused (a UserError, nothing registered) above ONNX_TOLERANCE."""
     import dataclasses
@@ -237,7 +244,7 @@ def _register(source, compressed_model, head, name: str, lineage: dict, scratch:
     from mlflow_di.repair.onnx_graph import append_head
 
     if not source.format.graph:
-        return models.log_repaired_pyfunc(source.path, head, compressed_model.preprocessing, name, lineage), None
+        return models.log_repaired_pyfunc(source.path, head, compressed_model.preprocessing, lineage), None
     path = append_head(source.path, head, compressed_model.preprocessing, scratch / f"{name}.onnx",
                        {"repairs": lineage["mlflow_di.repairs"]})
     repaired = OnnxClassifier(path, name=name, device=device)
@@ -247,7 +254,7 @@ def _register(source, compressed_model, head, name: str, lineage: dict, scratch:
         raise UserError(f"the repaired ONNX graph differs from the compressed model + head by up to {check:.3g} "
                         f"(more than {ONNX_TOLERANCE:g}) on the campaigns' triggers; nothing registered")
     preprocessing = dataclasses.replace(compressed_model.preprocessing, output="probabilities")
-    return models.log_onnx_model(path, preprocessing, name, lineage), check
+    return models.log_onnx_model(path, preprocessing, lineage), check
 
 
 def _metrics(result) -> dict:

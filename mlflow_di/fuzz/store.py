@@ -117,6 +117,7 @@ class CampaignStore:
             with _replacing(path, path.with_suffix(".partial.npz")) as partial:
                 np.savez(partial, trigger=trigger, seed=seed_image)
         if self._records_file is None:
+            _drop_torn_tail(self.directory / RECORDS)
             self._records_file = open(self.directory / RECORDS, "a", encoding="utf-8")
         end = self._records_file.tell()
         try:
@@ -201,3 +202,27 @@ def _replacing(path: pathlib.Path, partial: pathlib.Path):
         with contextlib.suppress(OSError):
             partial.unlink()
         raise
+
+
+def _drop_torn_tail(path: pathlib.Path) -> None:
+    """Cut what follows the last newline of a records file (a line torn by a full disk or a kill mid-write),
+    so records appended now start on a line of their own and the file holds whole records only."""
+    try:
+        with open(path, "rb+") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            position = size
+            while position > 0:
+                step = min(65536, position)
+                handle.seek(position - step)
+                block = handle.read(step)
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    position = position - step + newline + 1
+                    break
+                position -= step
+            if position != size:
+                handle.truncate(position)
+    except FileNotFoundError:
+        return

@@ -155,10 +155,11 @@ def mlflow_errors(what: str):
 
 
 @contextlib.contextmanager
-def permission_errors(uri: str, action: str):
+def permission_errors(uri: str, action: str, needed: str | None = None):
     """Turn the tracking server's 403/401 into one line naming the user and the permission needed.
 
-    ``action`` is a verb phrase about ``uri``: ``"read"``, ``"write tags on"``, ``"move aliases of"``.
+    ``action`` is a verb phrase about ``uri``: ``"read"``, ``"write tags on"``, ``"move aliases of"``;
+    ``needed`` the permission it takes (READ for reading, else EDIT unless given: removing an alias takes MANAGE).
     """
     from mlflow.exceptions import MlflowException
 
@@ -167,7 +168,7 @@ def permission_errors(uri: str, action: str):
     except MlflowException as exc:
         user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(anonymous)"
         if exc.error_code == "PERMISSION_DENIED":
-            needed = "READ" if action == "read" else "EDIT"
+            needed = needed or ("READ" if action == "read" else "EDIT")
             verb = "may not read" if action == "read" else f"may not {action}"
             raise UserError(f"user {user} {verb} {uri} (needs {needed} permission on the registered model)") from None
         if exc.error_code == "UNAUTHENTICATED":

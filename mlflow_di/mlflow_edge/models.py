@@ -175,16 +175,25 @@ def log_torch_model(model, name: str = "model", registered_model_name: str | Non
             pip_requirements=requirements, input_example=example)
 
 
-def log_onnx_model(path, preprocessing, registered_model_name: str, lineage: dict):
-    """Log and register an ONNX file with its preprocessing and ``lineage`` (``mlflow_di.*`` tags)."""
+def log_onnx_model(path, preprocessing, lineage: dict):
+    """Log (not yet register: see :func:`register_logged_model`) an ONNX file with its preprocessing
+    and ``lineage`` (``mlflow_di.*`` tags) in the active run."""
     import onnx
 
     facts = {key.removeprefix("mlflow_di."): value for key, value in lineage.items()}
     metadata = ModelMetadata(preprocessing, facts)
-    with mlflow_errors(f"cannot log/register '{registered_model_name}'"), _quiet_registration():
-        return mlflow.onnx.log_model(onnx.load(str(path)), name="model", registered_model_name=registered_model_name,
-                                     metadata=metadata.to_mlflow(), tags=lineage,
+    with mlflow_errors(f"cannot log the model '{path.name if hasattr(path, 'name') else path}'"):
+        return mlflow.onnx.log_model(onnx.load(str(path)), name="model", metadata=metadata.to_mlflow(), tags=lineage,
                                      pip_requirements=["onnx", "onnxruntime"], save_as_external_data=False)
+
+
+def register_logged_model(info, registered_model_name: str, lineage: dict):
+    """Register the logged model ``info`` as a new version of ``registered_model_name``, its
+    ``lineage`` tags created with it. The commands call this last, once the model's figures are
+    logged: a command stopped before leaves a logged model and no registered version, never a
+    version without its figures. Returns the ModelVersion."""
+    with mlflow_errors(f"cannot register '{registered_model_name}'"), _quiet_registration():
+        return mlflow.register_model(info.model_uri, registered_model_name, tags=lineage)
 
 
 #: Metadata fact of a repaired pyfunc model: the file name of its base (compressed) model in artifacts/.
@@ -215,8 +224,9 @@ with warnings.catch_warnings(record=True):
             return self.classifier.predict_proba(np.asarray(model_input, np.uint8))
 
 
-def log_repaired_pyfunc(base_path, head, preprocessing, registered_model_name: str, lineage: dict):
-    """Log and register a non-ONNX compressed model plus its repair head as a pyfunc (see :class:`RepairedPyfunc`)."""
+def log_repaired_pyfunc(base_path, head, preprocessing, lineage: dict):
+    """Log (not yet register: see :func:`register_logged_model`) a non-ONNX compressed model plus its
+    repair head as a pyfunc (see :class:`RepairedPyfunc`)."""
     import tempfile
 
     base_path = pathlib.Path(base_path)
@@ -226,9 +236,9 @@ def log_repaired_pyfunc(base_path, head, preprocessing, registered_model_name: s
     with tempfile.TemporaryDirectory(prefix="mlflow-di-repair-") as scratch:
         head_path = pathlib.Path(scratch) / REPAIR_HEAD
         head.save(head_path)
-        with mlflow_errors(f"cannot log/register '{registered_model_name}'"), _quiet_registration():
+        with mlflow_errors(f"cannot log the repaired model of '{base_path.name}'"):
             return mlflow.pyfunc.log_model(
-                name="model", python_model=RepairedPyfunc(metadata), registered_model_name=registered_model_name,
+                name="model", python_model=RepairedPyfunc(metadata),
                 artifacts={"base": str(base_path), "head": str(head_path)}, metadata=metadata, tags=lineage,
                 pip_requirements=[f"mlflow-di=={mlflow_di.__version__}", "ai-edge-litert"])
 

@@ -715,14 +715,23 @@ def latest_run(option: str, command: str, metric: str, tags: dict, about: str) -
     logged ``metric`` and carries ``tags`` (the registry version ``about`` names), said on the
     terminal so the run taken is on record. A one-line UserError when ``about`` is no registry
     version (newest of every model's runs would be a guess) or when no such run was recorded."""
+    return recorded_run_ids(option, "latest", command, metric, tags, about, max_results=1)[0]
+
+
+def recorded_run_ids(option: str, word: str, command: str, metric: str, tags: dict, about: str,
+                     max_results: int = 1000) -> list[str]:
+    """The ids of the FINISHED ``mlflow-di COMMAND`` runs (newest first, at most ``max_results``)
+    that logged ``metric`` and carry ``tags``: what ``OPTION WORD`` (latest, all) names, said on the
+    terminal so the runs taken are on record. One-line UserErrors as :func:`latest_run` says."""
     import click
 
     if not tags:
-        raise UserError(f"{option} latest needs a registered model version (models:/NAME/VERSION), not '{about}'; "
+        raise UserError(f"{option} {word} needs a registered model version (models:/NAME/VERSION), not '{about}'; "
                         f"give the run id instead")
-    runs = search_recorded_runs(command, tags, metric, max_results=1)
+    runs = search_recorded_runs(command, tags, metric, max_results=max_results)[:max_results]
     if not runs:
-        raise UserError(f"{option} latest: no finished `mlflow-di {command}` run recorded for {about}; "
+        raise UserError(f"{option} {word}: no finished `mlflow-di {command}` run recorded for {about}; "
                         f"run `mlflow-di {command}` first or give a run id")
-    click.echo(f"{option} latest: {command} run {runs[0].info.run_id}")
-    return runs[0].info.run_id
+    ids = [run.info.run_id for run in runs]
+    click.echo(f"{option} {word}: {command} run{'s' if len(ids) > 1 else ''} {', '.join(ids)}")
+    return ids

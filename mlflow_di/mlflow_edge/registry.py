@@ -242,6 +242,40 @@ def remove_version_tags(version, keys, client=None) -> None:
             write_version_tags(version, {key: "-"}, client)
 
 
+#: The verdict tag (the commit of a verdict: written last) and the reason an ERROR verdict carries.
+VERDICT, VERDICT_REASON = f"{TAG_PREFIX}verdict", f"{TAG_PREFIX}verdict_reason"
+
+
+def begin_verdict(version, run_id: str, client=None) -> None:
+    """The first write of a verdict (it needs EDIT, so a user without it gets one line and nothing is
+    written): ``mlflow_di.verdict`` ERROR, with the reason that gate run ``run_id`` is writing. A reader
+    who looks while the verdict is written, or after the gate was killed mid-write, reads ERROR and why,
+    never half of one verdict and half of another; :func:`commit_verdict` is the last write."""
+    write_version_tags(version, {VERDICT_REASON: f"gate run {run_id} is writing the verdict; if this stays, that gate "
+                                 "was stopped before it finished: gate the version again", VERDICT: "ERROR"}, client)
+
+
+def commit_verdict(version, outcome: str, client=None) -> None:
+    """The last write of a verdict: its outcome in ``mlflow_di.verdict``, the writing note removed."""
+    write_version_tags(version, {VERDICT: outcome}, client)
+    remove_version_tags(version, [VERDICT_REASON], client)
+
+
+def abandon_verdict(version, run_id: str, reason: str, client=None) -> bool:
+    """After a failed write of a verdict: the version says ERROR and why, in its tag and at the top of its
+    description, so tags, description and alias never disagree silently. Best effort (the failure may be
+    the server's); True when both were written."""
+    from mlflow.exceptions import MlflowException
+
+    text = f"gate run {run_id} could not finish writing its verdict: {reason}"
+    try:
+        write_version_tags(version, {VERDICT_REASON: text[:5000], VERDICT: "ERROR"}, client)  # the reason first
+        write_verdict_description(version, f"## mlflow-di gate: ERROR\n\n{text}\n", client)
+    except (MlflowException, UserError, OSError):
+        return False
+    return True
+
+
 #: The line that ends the verdict mlflow-di writes at the top of a version's description; the
 #: user's own text below it is kept when the verdict is written again.
 DESCRIPTION_END = "<!-- end of the mlflow-di verdict; text below is kept -->"
@@ -272,7 +306,7 @@ def drop_alias_from(version, alias: str, client=None) -> bool:
         return False
     if str(current.version) != str(version.version):
         return False
-    with permission_errors(version_uri(version), "move aliases of"):
+    with permission_errors(version_uri(version), f"remove the alias '{alias}' from", "MANAGE"):
         client.delete_registered_model_alias(version.name, alias)
     return True
 

@@ -70,6 +70,18 @@ class RepairCounts(JsonRoundTrip):
         return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
+DEFAULT_FOLDS = 5
+
+
+def choose_folds(seeds: int, folds: int | None) -> int:
+    """The folds to use: ``folds`` when stated (at least that many seeds needed), else
+    :data:`DEFAULT_FOLDS`, or one fold per seed (leave one seed out) when there are fewer seeds."""
+    if folds is None:
+        folds = max(2, min(DEFAULT_FOLDS, seeds))
+    check_fold_count(seeds, folds)
+    return folds
+
+
 def check_fold_count(seeds: int, folds: int) -> None:
     """A one-line :class:`UserError` unless there are at least ``folds`` triggering seeds to split."""
     if seeds < folds:
