@@ -351,6 +351,42 @@ def test_the_poller_sees_new_versions_only_and_never_exports(mlflow_client):
         watch.ensure_webhook("mlflow-di-serve", "http://127.0.0.1:9/webhook", "s")
 
 
+@pytest.mark.parametrize("elapsed, poll_seconds, due", [
+    (0, 60, 60), (10, 60, 70),  # polling: every --poll-seconds
+    (0, 0, 90), (89, 0, 90),  # webhooks only: once more after the server's 60 s webhook cache ...
+    (90, 0, 690), (1000, 0, 1600),  # ... then every 10 minutes
+])
+def test_the_registry_is_read_on_schedule_even_when_webhooks_bring_the_jobs(elapsed, poll_seconds, due):
+    from mlflow_di.commands.serve import poll_due_after
+
+    assert poll_due_after(elapsed, poll_seconds) == due
+
+
+def test_a_job_whose_version_was_deleted_ends_in_error_and_its_tags_are_not_retried(mlflow_client, tmp_path, capsys):
+    from mlflow_di.commands.serve import Service
+    from mlflow_server import register_version
+
+    register_version(mlflow_client, "fleeting")
+    register_version(mlflow_client, "fleeting")
+    service = Service(tmp_path / "state", "unused.yaml", (), workers=1, max_attempts=1, backoff_s=0.0, secret=None,
+                      poll_seconds=0, backfill=True)
+    service.queue = JobQueue(tmp_path / "jobs.sqlite")
+    for version in ("1", "2"):
+        service.queue.enqueue("fleeting", version, "reconcile")
+    running = service.queue.claim()  # version 1 is running when both versions are deleted
+    mlflow_client.delete_model_version("fleeting", "1")
+    mlflow_client.delete_model_version("fleeting", "2")
+    service._sync_tags({})
+    assert service.queue.find("fleeting", "2").state == "error"
+    assert service.queue.find("fleeting", "2").message == "the version was deleted from the registry"
+    assert service.queue.find("fleeting", "1").state == "running" == running.state  # its pipeline decides
+    assert not service.queue.untagged()
+    out = capsys.readouterr().out
+    assert "fleeting/2 is no longer in the registry; error, its tags given up" in out, out
+    service._sync_tags({})  # nothing left to try
+    assert "tags not written" not in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------ end to end
 #: The smallest pipeline that runs every kind of step: seconds per version. It trusts no pickle:
 #: the versions are logged as MLflow users log them (pt2), which runs no code when loaded.

@@ -40,6 +40,12 @@ DEFAULT_PORT = 5055
 WEBHOOK_NAME = "mlflow-di-serve"  # MLflow allows letters, digits, . _ - only
 #: Seconds before a failed tag write is tried again (the registry may be down for a while).
 TAG_RETRY_S = 30.0
+#: With webhooks and --poll-seconds 0, the registry is still read (reconciled) at start, once again after
+#: this many seconds (a tracking server caches its webhook list for MLFLOW_WEBHOOK_CACHE_TTL, 60 s by
+#: default, so a version created just after the webhook was registered is delivered to no one) ...
+RECONCILE_AFTER_START_S = 90.0
+#: ... and then this often, for a delivery lost for any other reason (the service restarting, a network error)
+RECONCILE_S = 600.0
 
 
 @click.command("serve")
@@ -55,7 +61,8 @@ TAG_RETRY_S = 30.0
               help="Pipelines run at the same time (default: one per CPU core); each pipeline's models get the "
                    "cores divided by the workers as threads, so the machine is used without oversubscribing it.")
 @click.option("--poll-seconds", type=FiniteFloat(min=0), default=60.0, show_default=True,
-              help="Look for new versions this often (0: never; then only webhooks bring jobs).")
+              help="Look for new versions this often (0: with webhooks, only a reconciling look at start, 90 s "
+                   "later and every 10 minutes, for what a webhook missed).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="Only versions of this registered model (repeatable; default: every model).")
 @click.option("--backfill", is_flag=True,
@@ -95,6 +102,31 @@ def command(policy_path, state_dir, host, port, workers, poll_seconds, models, b
                       poll_seconds, backfill)
     service.start(host, port, register_webhook)
     service.wait()
+
+
+def poll_due_after(elapsed: float, poll_seconds: float) -> float:
+    """Seconds after the start when the registry is next read, ``elapsed`` seconds after the start:
+    every ``poll_seconds``; with 0 (webhooks bring the jobs), :data:`RECONCILE_AFTER_START_S` after
+    the start, then every :data:`RECONCILE_S`."""
+    if poll_seconds:
+        return elapsed + poll_seconds
+    if elapsed < RECONCILE_AFTER_START_S:
+        return RECONCILE_AFTER_START_S
+    return elapsed + RECONCILE_S
+
+
+def _vanished(job) -> bool:
+    """Whether the job's version is gone from the registry (False when the registry cannot say)."""
+    from mlflow_di.errors import UserError
+    from mlflow_di.mlflow_edge import watch
+
+    try:
+        watch.created_ms(job.model, job.version)
+    except watch.VersionAbsent:
+        return True
+    except UserError:
+        return False
+    return False
 
 
 def _check_steps(policy) -> None:
@@ -207,7 +239,9 @@ class Service:
                         self._report, env=self._child_env(), report_error=self._say)
         for number in range(self.workers):
             self._spawn(runner.loop, f"worker-{number + 1}")
-        polling = f"polling every {self.poll_seconds:g} s" if self.poll_seconds else "not polling"
+        polling = (f"polling every {self.poll_seconds:g} s" if self.poll_seconds else
+                   f"reading the registry at start, {RECONCILE_AFTER_START_S:g} s later and every {RECONCILE_S:g} s "
+                   "for what a webhook missed")
         hooks = "webhooks at POST /webhook" if self.secret else "no webhooks (no --webhook-secret-env)"
         models = ", ".join(self.models) if self.models else "every model"
         self.ready.set()
@@ -316,13 +350,14 @@ class Service:
     # ------------------------------------------------------------------------------ housekeeping
     def _housekeeping(self) -> None:
         """Write the tags the queue's transitions call for; poll the registry when due."""
-        next_poll = time.monotonic() if self.poll_seconds else float("inf")
+        started = time.monotonic()
+        next_poll = started
         retry_at: dict[int, float] = {}
         while not self.stop.is_set():
             try:
                 self._sync_tags(retry_at)
                 if time.monotonic() >= next_poll:
-                    next_poll = time.monotonic() + self.poll_seconds
+                    next_poll = poll_due_after(time.monotonic() - started, self.poll_seconds) + started
                     self._poll()
             except Exception as exc:  # noqa: BLE001 - the service outlives a registry hiccup; the next round retries
                 self._say(f"housekeeping failed ({type(exc).__name__}: {str(exc).strip()[:300]}); going on")
@@ -339,6 +374,11 @@ class Service:
             try:
                 watch.write_status(job.model, job.version, job.state, job.attempts)
             except UserError as exc:
+                if _vanished(job):  # deleted from the registry: nothing left to tag, nor to judge
+                    gone = self.queue.drop_vanished(job.id, "the version was deleted from the registry")
+                    self.queue.mark_tagged(gone.id, gone.tag_mark)
+                    self._say(f"{job.key} is no longer in the registry; {gone.state}, its tags given up")
+                    continue
                 self._say(f"{job.key} tags not written ({exc}); trying again in {TAG_RETRY_S:g} s")
                 retry_at[job.id] = time.monotonic() + TAG_RETRY_S
                 continue
@@ -346,6 +386,8 @@ class Service:
             self.queue.mark_tagged(job.id, job.tag_mark)
 
     def _poll(self) -> None:
+        """Queue every version created since the service first started that no poll queued yet (with
+        ``--poll-seconds 0`` this is the reconciling look behind the webhooks)."""
         from mlflow_di.errors import UserError
         from mlflow_di.mlflow_edge import watch
 
@@ -358,7 +400,8 @@ class Service:
             key = (version.name, str(version.version))
             if key in self._seen or self.stop.is_set():
                 continue
-            status, _ = self.offer(version.name, str(version.version), version.run_id, "poll")
+            status, _ = self.offer(version.name, str(version.version), version.run_id,
+                                   "poll" if self.poll_seconds else "reconcile")
             if status == 200:
                 self._seen.add(key)
 

@@ -175,6 +175,13 @@ class JobQueue:
                     (state, exit_code, message, self._clock(), job_id))
         return self.job(job_id)
 
+    def drop_vanished(self, job_id: int, message: str) -> Job:
+        """A job whose version was deleted: ``error`` with ``message`` when it was still queued (a
+        running one ends by its pipeline's exit code); the job as it is now."""
+        self._write("UPDATE jobs SET state = 'error', message = ?, pid = NULL, updated_at = ? "
+                    "WHERE id = ? AND state = 'queued'", (message, self._clock(), job_id))
+        return self.job(job_id)
+
     def retry(self, job_id: int, exit_code: int | None, message: str, max_attempts: int, base_delay: float) -> Job:
         """After a run that crashed: queued again after :func:`backoff_delay`, or ``error`` once
         ``max_attempts`` runs were made."""
