@@ -96,6 +96,11 @@ def test_a_call_that_returns_gives_onnx_runtimes_own_answer(tmp_path):
 
 
 def _fuzz(never_returns, store, *extra) -> subprocess.Popen:
+    return _command("fuzz", never_returns, store, *extra)
+
+
+def _command(command: str, never_returns, store, *extra) -> subprocess.Popen:
+    """``mlflow-di fuzz`` or ``robustness`` of a PyTorch digits CNN against the never-returning ONNX model."""
     from mlflow_di.models import zoo
     import torch
 
@@ -106,10 +111,12 @@ def _fuzz(never_returns, store, *extra) -> subprocess.Popen:
     torch.save({"module": model.module, "mlflow_di": {"preprocessing": model.preprocessing.to_dict()}}, original)
     _running_runs(store)  # the store made here first: polled while the command creates it, its tables could race
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "mlflow_di.cli", "fuzz", "--original", str(original), "--compressed",
-                             never_returns, "--seed-data", "digits[0:4]", "--num-seeds", "4", "--out-dir",
-                             str(store.parent / "campaign"), *extra], cwd=store.parent, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    argv = {"fuzz": ["--original", str(original), "--compressed", never_returns, "--seed-data", "digits[0:4]",
+                     "--num-seeds", "4", "--out-dir", str(store.parent / "campaign")],
+            "robustness": ["--model-uri", str(original), "--compressed", never_returns, "--data", "digits[0:4]",
+                           "--corruptions", "gaussian_noise", "--severities", "1"]}[command]
+    return subprocess.Popen([sys.executable, "-m", "mlflow_di.cli", command, *argv, *extra], cwd=store.parent, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _running_runs(store) -> list:
@@ -122,20 +129,22 @@ def _running_runs(store) -> list:
 
 
 def _wait_for_the_run(store, process, seconds: float = 120) -> None:
-    """Until the fuzz run exists (the models are loaded and the campaign calls the compressed model)."""
+    """Until the command's run exists (the models are loaded and it calls the compressed model)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and process.poll() is None:
         if _running_runs(store):
             time.sleep(2)  # inside the never-ending call by now
             return
         time.sleep(0.5)
-    raise AssertionError(f"no fuzz run started: {process.poll()} {process.stderr.read() if process.poll() else ''}")
+    raise AssertionError(f"no run started: {process.poll()} {process.stderr.read() if process.poll() else ''}")
 
 
-@pytest.mark.parametrize("stop, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "sigint"])
-def test_a_signal_ends_fuzz_inside_a_call_that_never_returns(stop, code, never_returns, tmp_path):
+@pytest.mark.parametrize("command, stop, code", [("fuzz", signal.SIGTERM, 143), ("fuzz", signal.SIGINT, 130),
+                                                  ("robustness", signal.SIGTERM, 143)],
+                         ids=["fuzz-sigterm", "fuzz-sigint", "robustness-sigterm"])
+def test_a_signal_ends_a_command_inside_a_call_that_never_returns(command, stop, code, never_returns, tmp_path):
     store = tmp_path / "mlflow.db"
-    process = _fuzz(never_returns, store)
+    process = _command(command, never_returns, store)
     try:
         _wait_for_the_run(store, process)
         signalled = time.monotonic()
