@@ -21,7 +21,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import write_section  # noqa: E402  (after the path insert)
+from benchmarks.results import publish  # noqa: E402  (after the path insert)
 from mlflow_di.commands.demo import GATE, REALISM_SEEDS  # noqa: E402
 
 BEGIN, END = "<!-- bench_demo_seeds -->", "<!-- /bench_demo_seeds -->"
@@ -110,9 +110,7 @@ def main() -> None:
                                                if c.get("compressed") else ""): cell(c) for c in verdict["checks"]}})
         print(rows[-1], flush=True)
     section = render(rows)
-    print(section)
-    if not args.no_write:
-        write_section(section, BEGIN, END)
+    publish(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

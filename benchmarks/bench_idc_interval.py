@@ -23,7 +23,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import write_section  # noqa: E402  (after the path insert)
+from benchmarks.results import publish  # noqa: E402  (after the path insert)
 import mlflow_di  # noqa: E402,F401  (torchvision guard first)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -117,9 +117,7 @@ def main() -> None:
         rows.append(measure(seed, train, test))
         print(rows[-1], flush=True)
     section = render(rows)
-    print(section)
-    if not args.no_write:
-        write_section(section, BEGIN, END)
+    publish(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

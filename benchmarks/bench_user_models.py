@@ -27,7 +27,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import write_section  # noqa: E402  (after the path insert)
+from benchmarks.results import publish  # noqa: E402  (after the path insert)
 from benchmarks.user_models import MODELS, log_as_users_do, trained  # noqa: E402
 
 BEGIN, END = "<!-- bench_user_models -->", "<!-- /bench_user_models -->"
@@ -134,9 +134,7 @@ def main() -> None:
         for name in args.models.split(","):
             results[name] = measure(name, folder)
     section = render(results)
-    print(section)
-    if not args.no_write:
-        write_section(section, BEGIN, END)
+    publish(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,13 @@ def write_section(section: str, begin: str, end: str, path: pathlib.Path = RESUL
     path.write_text(text)
 
 
+def publish(section: str, begin: str, end: str, write: bool = True) -> None:
+    """Print a benchmark's section and, unless told not to (``--no-write``), put it in RESULTS.md."""
+    print(section)
+    if write:
+        write_section(section, begin, end)
+
+
 def kept_sections(old: str, new: str) -> str:
     """The marked sections (``<!-- name -->`` ... ``<!-- /name -->``) of ``old`` that ``new`` lacks,
     each on its own paragraph: a renderer that rewrites a whole file keeps what other scripts wrote."""

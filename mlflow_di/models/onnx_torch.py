@@ -344,7 +344,7 @@ class _Converter:
                     raise UserError(f"'{self.name}': the graph calls module '{child_path}' in two places with different "
                                     "operators or weights, which the white-box view of ONNX graphs cannot rebuild as "
                                     "one module; analyse the PyTorch model it was exported from")
-                self._call_again(graph, env, child, run_inputs, run_outputs)
+                self._call(graph, env, child, run_inputs, run_outputs)
                 index = run_end
                 continue
             self.calls[(path, child)] = signature
@@ -355,12 +355,7 @@ class _Converter:
                 if not isinstance(submodule, RebuiltModule):  # one node, one torch.nn layer
                     self.layer_of[run[0].proto.name] = child_path
             root.add_module(child, submodule)
-            result = graph.call_module(child, tuple(env[v] for v in run_inputs))
-            if len(run_outputs) == 1:
-                env[run_outputs[0]] = result
-            else:
-                for position, value in enumerate(run_outputs):
-                    env[value] = graph.call_function(operator.getitem, (result, position))
+            self._call(graph, env, child, run_inputs, run_outputs)
             index = run_end
         returned = [env[value] for value in outputs]
         graph.output(returned[0] if len(returned) == 1 else tuple(returned))
@@ -368,8 +363,9 @@ class _Converter:
         module.original_type = f"onnx:{path or 'graph'}"
         return module
 
-    def _call_again(self, graph, env, child: str, run_inputs: list[str], run_outputs: list[str]) -> None:
-        """A later call of the block ``child`` that ran the same nodes before: its inputs in, its outputs out."""
+    def _call(self, graph, env, child: str, run_inputs: list[str], run_outputs: list[str]) -> None:
+        """A call of the module ``child`` (its first, or a later call of a block that ran the same nodes
+        before): its inputs in, its outputs out."""
         result = graph.call_module(child, tuple(env[v] for v in run_inputs))
         if len(run_outputs) == 1:
             env[run_outputs[0]] = result
