@@ -179,14 +179,14 @@ def _acquire(client, base: str, name: str, version, holder: dict, wait_s: float)
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         tags = _tags(client, key)  # read again: the holder may have changed since
-        if tags is None or _foreign(client, key, tags):
-            continue  # deleted meanwhile, or a user's model appeared under the name: look again
-        why = stale_reason(tags, time.time(), socket.gethostname(), _alive)
+        if tags is not None and _foreign(client, key, tags):
+            continue  # a user's model appeared under the name: the next name
+        why = stale_reason(tags, time.time(), socket.gethostname(), _alive) if tags is not None else None
         if why is not None:
             _take_over(client, key, tags, why)
             continue
-        if time.monotonic() >= deadline:
-            raise VersionBusy(_busy_line(name, version, key, tags))
+        if time.monotonic() >= deadline:  # (tags None: released meanwhile, or unreadable; the next round decides)
+            raise VersionBusy(_busy_line(name, version, key, tags or {}))
         time.sleep(POLL_S)
 
 
