@@ -9,7 +9,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mlflow_di"
 ENGINES = ("coverage", "fuzz", "compression", "repair", "inspection", "robustness", "reporting", "service")
 FOUNDATIONS = ("models", "data.py", "deviation.py", "intervals.py", "results_json.py", "errors.py", "folder_lock.py",
                "gate.py", "policy.py",
-               "progress.py", "registry.py", "settings.py", "extensions.py",
+               "progress.py", "registry.py", "settings.py", "extensions.py", "input_files.py", "printable.py",
+               "processes.py",
                "_compat.py", "_ray.py")
 
 

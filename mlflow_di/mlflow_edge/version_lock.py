@@ -33,7 +33,9 @@ import os
 import socket
 import threading
 import time
+import types
 
+from mlflow_di import processes
 from mlflow_di.errors import UserError
 
 #: seconds between a holder's heartbeats, and without one after which a lock is stale
@@ -54,7 +56,9 @@ class VersionBusy(UserError):
     exit_code = 75
 
 
-_held: contextvars.ContextVar[frozenset] = contextvars.ContextVar("mlflow_di_version_locks", default=frozenset())
+#: the locks this context holds: lock name -> (its client, its holder record)
+_held: contextvars.ContextVar[types.MappingProxyType] = contextvars.ContextVar(
+    "mlflow_di_version_locks", default=types.MappingProxyType({}))
 
 
 def lock_name(name: str, version) -> str:
@@ -74,8 +78,7 @@ def version_lock(name: str, version, command: str, wait_s: float = 0.0, client=N
     client = client or MlflowClient()
     holder = _holder(command)
     key = _acquire(client, base, name, version, holder, wait_s)
-    token = _held.set(_held.get() | {key})
-    _clients[key] = (client, holder)
+    token = _held.set(types.MappingProxyType({**_held.get(), key: (client, holder)}))
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(client, key, stop), name="mlflow-di-lock-heartbeat", daemon=True)
     beat.start()
@@ -85,12 +88,7 @@ def version_lock(name: str, version, command: str, wait_s: float = 0.0, client=N
         stop.set()
         beat.join(5)
         _held.reset(token)
-        _clients.pop(key, None)
         _release(client, key, holder)
-
-
-#: the client and holder record of each lock this process holds (for :func:`record_holder_run`)
-_clients: dict[str, tuple] = {}
 
 
 def record_holder_run(run_id: str) -> None:
@@ -99,9 +97,8 @@ def record_holder_run(run_id: str) -> None:
     this process died can mark that run (and its children) KILLED."""
     from mlflow.exceptions import MlflowException
 
-    for key in _held.get():
-        client, holder = _clients.get(key, (None, None))
-        if client is None or holder.get("mlflow_di.lock.run_id"):
+    for key, (client, holder) in _held.get().items():
+        if holder.get("mlflow_di.lock.run_id"):
             continue
         holder["mlflow_di.lock.run_id"] = run_id
         with contextlib.suppress(MlflowException, OSError):
@@ -143,17 +140,6 @@ def _since_seconds(text: str) -> float | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this host (one we may not signal exists too)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def _holder(command: str) -> dict:
     return {HOLDER: f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}",
             "mlflow_di.lock.command": f"mlflow-di {command}", "mlflow_di.lock.host": socket.gethostname(),
@@ -181,7 +167,7 @@ def _acquire(client, base: str, name: str, version, holder: dict, wait_s: float)
         tags = _tags(client, key)  # read again: the holder may have changed since
         if tags is not None and _foreign(client, key, tags):
             continue  # a user's model appeared under the name: the next name
-        why = stale_reason(tags, time.time(), socket.gethostname(), _alive) if tags is not None else None
+        why = stale_reason(tags, time.time(), socket.gethostname(), processes.alive) if tags is not None else None
         if why is not None:
             _take_over(client, key, tags, why)
             continue

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Callable
 
+from mlflow_di import processes
 from mlflow_di.service.queue import Job, JobQueue, outcome
 
 #: Seconds a terminated pipeline gets to end its runs before it is killed.
@@ -153,15 +154,7 @@ def stop_orphan(pid: int, marker: str, grace: float = STOP_GRACE_S) -> bool:
             return True
         deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 10.0)
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not processes.alive(pid):
                 return True
             time.sleep(0.2)
     return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        status = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return status.rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie is gone (its parent died; init reaps it)
