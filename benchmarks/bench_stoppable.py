@@ -97,12 +97,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="write the section into benchmarks/RESULTS.md")
     args = parser.parse_args()
-    section = render(measure(args.seeds, args.queries, args.repeat))
-    print(section)
-    if args.write:
-        from benchmarks.results import write_section
+    from benchmarks.results import publish
 
-        write_section(section, BEGIN, END)
+    publish(render(measure(args.seeds, args.queries, args.repeat)), BEGIN, END, write=args.write)
 
 
 if __name__ == "__main__":

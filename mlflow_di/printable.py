@@ -18,7 +18,7 @@ def printable(text, keep: str = "") -> str:
 
 
 def name_problem(text, forbidden: str = "") -> str | None:
-    """Why ``text`` cannot name a model, an alias or an experiment (None when it can): empty or blank, a
+    """Why ``text`` cannot name a registered model or an experiment (None when it can): empty or blank, a
     control character (a newline would split every line that names it, and the registry keeps it), or one
     of the ``forbidden`` characters. Checked before any work, so a bad name never costs a run."""
     text = str(text)

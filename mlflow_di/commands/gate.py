@@ -180,8 +180,7 @@ def _write_verdict(verdict, version, source, model_uri: str, baseline, compresse
                 version_tags["mlflow_di.gate_source"] = registry.version_uri(source)
             outcome = version_tags.pop(registry.VERDICT)
             registry.write_version_tags(version, version_tags)
-            registry.remove_version_tags(version, registry.stale_gate_tags(version, {**version_tags,
-                                                                                       registry.VERDICT: outcome}))
+            registry.remove_version_tags(version, registry.stale_gate_tags(version, version_tags))
             registry.commit_verdict(version, outcome)  # the last write
         except BaseException as exc:
             registry.abandon_verdict(version, log.run_id, _why_stopped(exc))

@@ -182,7 +182,7 @@ def log_onnx_model(path, preprocessing, lineage: dict):
 
     facts = {key.removeprefix("mlflow_di."): value for key, value in lineage.items()}
     metadata = ModelMetadata(preprocessing, facts)
-    with mlflow_errors(f"cannot log the model '{path.name if hasattr(path, 'name') else path}'"):
+    with mlflow_errors(f"cannot log the model '{pathlib.Path(path).name}'"):
         return mlflow.onnx.log_model(onnx.load(str(path)), name="model", metadata=metadata.to_mlflow(), tags=lineage,
                                      pip_requirements=["onnx", "onnxruntime"], save_as_external_data=False)
 

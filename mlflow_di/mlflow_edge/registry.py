@@ -5,6 +5,7 @@ Writing version tags always goes through :func:`write_version_tags`, which turns
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -261,19 +262,16 @@ def commit_verdict(version, outcome: str, client=None) -> None:
     remove_version_tags(version, [VERDICT_REASON], client)
 
 
-def abandon_verdict(version, run_id: str, reason: str, client=None) -> bool:
+def abandon_verdict(version, run_id: str, reason: str, client=None) -> None:
     """After a failed write of a verdict: the version says ERROR and why, in its tag and at the top of its
-    description, so tags, description and alias never disagree silently. Best effort (the failure may be
-    the server's); True when both were written."""
+    description, so tags, description and alias never disagree silently. Best effort: the failure may be
+    the server's, and then the ERROR that :func:`begin_verdict` wrote stays."""
     from mlflow.exceptions import MlflowException
 
     text = f"gate run {run_id} could not finish writing its verdict: {reason}"
-    try:
+    with contextlib.suppress(MlflowException, UserError, OSError):
         write_version_tags(version, {VERDICT_REASON: text[:5000], VERDICT: "ERROR"}, client)  # the reason first
         write_verdict_description(version, f"## mlflow-di gate: ERROR\n\n{text}\n", client)
-    except (MlflowException, UserError, OSError):
-        return False
-    return True
 
 
 #: The line that ends the verdict mlflow-di writes at the top of a version's description; the
