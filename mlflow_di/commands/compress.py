@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from mlflow_di.commands.options import (CommaList, ModelName, FiniteFloat, LayerNames, LazyChoice, device_option,
-                                        preprocessing_option)
+from mlflow_di.commands.options import (CommaList, ModelName, FiniteFloat, LayerNames, LazyChoice, RuntimeList,
+                                        device_option, preprocessing_option)
+from mlflow_di.models.runtimes import runtime_help
 
 if TYPE_CHECKING:
     from mlflow_di.compression.export_record import SourceBenefit
@@ -93,19 +94,23 @@ if TYPE_CHECKING:
 @click.option("--sensitivity", is_flag=True, default=False,
               help="int8-static: per layer, the error of quantizing only its weights vs only its input (simulated) "
                    "and the disagreements of an export quantizing it alone / all layers but it (two exports a layer).")
+@click.option("--runtime", "runtimes", type=RuntimeList(), default=None,
+              help=f"Runtimes each export is scored on, the first one's figures as the export's own, the others' "
+                   f"beside them (runtime.NAME.*): {runtime_help()}.")
 @preprocessing_option
 @device_option
 def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep_float, auto_keep_float, triggers,
             diagnosis_images, preprocessing, max_accuracy_drop=None, max_disagreement_rate=None, holdout_data=None,
             sensitivity=False, max_realistic_success_rate=None, fuzz_seeds=50, device="cpu", recipe="u8u8",
             calibration="minmax", per_tensor=False, semantics="host", benefit=True, activation_symmetry="auto",
-            weight_symmetry="auto") -> list[str]:
+            weight_symmetry="auto", runtimes=None) -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
     are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
     from mlflow_di.compression.export_record import SourceBenefit
     from mlflow_di.compression.outcome import Selection, labelled_split, source_probabilities
+    from mlflow_di.compression.recipes import recipe_from_options
     from mlflow_di.data import load_images
     from mlflow_di.mlflow_edge import registry
     from mlflow_di.mlflow_edge.evidence_tags import evidence_line, evidence_tags, searched_on
@@ -122,7 +127,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     source = load_torch_model(resolved, preprocessing)
     graph = str(resolved.path) if resolved.format.graph else None
     keep_float = _kept_float(source, methods, keep_float, auto_keep_float)
-    int8 = _recipe(recipe, calibration, per_tensor, activation_symmetry, weight_symmetry)
+    int8 = recipe_from_options(recipe, calibration, per_tensor, activation_symmetry, weight_symmetry)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
     raw_eval = load_images(eval_data) if eval_data else raw_calib
@@ -145,7 +150,8 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     if held_out is not None:
         evidence = searched_on(evidence, held_out.images.name)
     selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, trigger_images, triggers, graph,
-                          bounds, sensitivity, fuzz_seeds, splits, int8, semantics, benefit, held_out)
+                          bounds, sensitivity, fuzz_seeds, splits, int8, semantics, benefit, held_out,
+                          tuple(runtimes or ()))
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
         baseline = SourceBenefit(source, pathlib.Path(scratch), graph)
         outcomes = [_compress_one(source, ref, method, calib, evaluation, amount,
@@ -193,19 +199,6 @@ def _kept_float(source, methods, keep_float, auto_keep_float):
         keep_float = [name for name, _ in prunable_layers(source.module)]
     check_keep_float(source.module, (methods_that("selective", methods) or methods)[0], keep_float or (), auto_keep_float)
     return keep_float
-
-
-def _recipe(name: str, calibration: str, per_tensor: bool, activation_symmetry: str, weight_symmetry: str):
-    """The int8 :class:`~mlflow_di.compression.recipes.Recipe` the options describe."""
-    from mlflow_di.compression.recipes import recipe
-
-    return recipe(name, calibration=calibration, per_channel=False if per_tensor else None,
-                  symmetric_activations=_symmetry(activation_symmetry), symmetric_weights=_symmetry(weight_symmetry))
-
-
-def _symmetry(choice: str) -> bool | None:
-    """--activation-symmetry / --weight-symmetry as a Recipe field (None: ONNX Runtime's default)."""
-    return {"auto": None, "symmetric": True, "asymmetric": False}[choice]
 
 
 def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate, holdout_data, keep_float,
@@ -275,10 +268,9 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     for a bounded export that misses a bound on its held-out data: such an export is never registered (its
     file and figures stay in the run's artifacts)."""
     import mlflow_di
-    from mlflow_di.compression.export_record import export_metrics, export_params
+    from mlflow_di.compression.export_record import export_metrics, export_params, other_runtimes
     from mlflow_di.compression.methods import method_declaration
     from mlflow_di.mlflow_edge import models, runs
-    from mlflow_di.models.classifier import OnnxClassifier
     from mlflow_di.reporting.compression_report import compression_report
 
     declared = method_declaration(method)
@@ -293,12 +285,15 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             log.params({"model_uri": ref.uri, "method": method,
                         **export_params(declared, amount, calib, outcome, selection),
                         "eval_data": evaluation.name if evaluation is not None else "none"})
-            compressed = OnnxClassifier(result.path, name=f"{name} ({method})", device=device)
+            compressed = selection.primary_runtime.open(result.path, None, f"{name} ({method})", device)
             context = compressed.execution_context
             log.tags(context.tags())
             outcome = outcome.measured_with(context, _benefit(baseline, result) if selection.benefit else None)
             metrics, deviation, outcome = export_metrics(method, name, original, compressed, evaluation, outcome,
                                                          selection, device)
+            judged_on = other_runtimes(selection, compressed, original, evaluation, device)
+            metrics.update(judged_on.metrics)
+            log.tags(judged_on.tags)
             log.json(result.to_dict(), "compress/result.json")
             _log_tables(log, deviation, outcome)
             log.text(compression_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
@@ -306,18 +301,18 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
                 log.metrics(metrics, dataset=inputs.get("evaluation"))
                 log.tags({"mlflow_di.held_out": "missed"})
                 log.folder(_alone(result.path, pathlib.Path(scratch) / "unregistered"), "compress/export")
-                _echo_summary(declared, name, None, metrics, deviation, outcome)
+                _echo_summary(declared, name, None, metrics, deviation, outcome, judged_on)
                 return None, _miss_line(method, outcome.search, selection.held_out.images.name, log.run_id)
             lineage = {**lineage_base, "mlflow_di.method": method,
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
-                       "mlflow_di.version": mlflow_di.__version__, **outcome.context.tags(),
+                       "mlflow_di.version": mlflow_di.__version__, **outcome.context.tags(), **judged_on.tags,
                        **(outcome.benefit.tags() if outcome.benefit is not None else {})}
             info = models.log_onnx_model(result.path, compressed.preprocessing, lineage)
             # logged once the export is a LoggedModel, so they are its own metrics too (its page in the UI),
             # and before it is registered: a compress stopped in between registers nothing
             log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=inputs.get("evaluation"))
             version = models.register_logged_model(info, name, lineage)
-        _echo_summary(declared, name, version.version, metrics, deviation, outcome)
+        _echo_summary(declared, name, version.version, metrics, deviation, outcome, judged_on)
     return f"models:/{name}/{version.version}", ""
 
 
@@ -390,9 +385,9 @@ def _log_tables(log, deviation, outcome: Outcome) -> None:
         log.json(diagnosis.to_dict(), f"compress/diagnosis_{diagnosis.data}.json")
 
 
-def _echo_summary(declared, name: str, version, metrics: dict, deviation, outcome: Outcome) -> None:
+def _echo_summary(declared, name: str, version, metrics: dict, deviation, outcome: Outcome, judged_on) -> None:
     """The export's summary on the console (:func:`~mlflow_di.reporting.compression_console.summary_lines`)."""
-    from mlflow_di.reporting.compression_console import summary_lines
+    from mlflow_di.reporting.compression_console import runtime_lines, summary_lines
 
-    for line in summary_lines(declared, name, version, metrics, outcome, deviation):
+    for line in summary_lines(declared, name, version, metrics, outcome, deviation) + runtime_lines(judged_on, metrics):
         click.echo(line)

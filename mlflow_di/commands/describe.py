@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from mlflow_di.commands.options import device_option, preprocessing_option
+from mlflow_di.commands.options import device_option, preprocessing_option, runtime_option
 
 
 @click.command("describe")
@@ -12,8 +12,10 @@ from mlflow_di.commands.options import device_option, preprocessing_option
 @click.option("--set-preprocessing", "set_preprocessing", default=None, metavar="KEY=VALUE,...",
               help="Record this preprocessing (the model's own, with these fields changed) on the registry version, "
                    "once: every later command, the pipeline and the service use it (an option still wins).")
+@runtime_option("Show what this runtime will compute for an ONNX model (NAME[:PRECISION])")
 @device_option
-def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, device: str = "auto") -> None:
+def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, device: str = "auto",
+            runtime=None) -> None:
     """Show a model's backend, preprocessing, classes and (for PyTorch) its layers.
 
     URI is an MLflow model URI (models:/NAME/VERSION, models:/NAME@ALIAS, runs:/...),
@@ -24,10 +26,10 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     if preprocessing and set_preprocessing:
         raise click.UsageError("give --preprocessing or --set-preprocessing, not both")
     source = loading.resolve(uri)
-    white_box = source.white_box and not source.format.graph  # a graph is listed as its nodes
+    white_box = source.white_box and not source.format.graph and runtime is None  # a graph is listed as its nodes
     override = preprocessing or set_preprocessing
     model = loading.load_torch_model(source, override, device) if white_box else None
-    classifier = model.classifier() if white_box else loading.load_classifier(source, override, device)
+    classifier = model.classifier() if white_box else loading.load_classifier(source, override, device, runtime)
     prep = classifier.preprocessing
     if set_preprocessing:
         import numpy as np
@@ -47,6 +49,9 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
         note = " (nodes listed below; white-box commands use its view as torch layers)"
     click.echo(f"backend:        {classifier.backend}{note}")
     click.echo(f"runs on:        {classifier.provider}")
+    context = getattr(classifier, "execution_context", None)
+    if context is not None:  # what the runtime will compute: its version, precision (never silent), the CPU
+        click.echo(f"runtime:        {context.describe()}")
     click.echo(f"input (HxWxC):  {'x'.join(map(str, prep.input_shape)) if prep.input_shape else 'unknown'}")
     click.echo(f"preprocessing:  x = (raw * {prep.scale:g} - mean {list(prep.mean)}) / std {list(prep.std)}, "
                f"layout {prep.layout}, model outputs {prep.output}")

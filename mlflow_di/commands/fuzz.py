@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import click
 
 from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, LazyChoice, SectionedCommand, WritablePath,
-                                        declared_options, device_option, json_out_option, ray_options, seed_option,
-                                        write_json_out)
+                                        declared_options, device_option, json_out_option, ray_options, runtime_option,
+                                        seed_option, write_json_out)
 from mlflow_di.fuzz import strategies as declared
 from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Access, Declaration, Strategy
 
@@ -100,6 +100,7 @@ def _sections():
               help="Override the exports' preprocessing.")
 @click.option("--semantics", type=click.Choice(["host", "reference"]), default="host", show_default=True,
               help="ONNX exports: this CPU's kernels, or the QDQ graph as written.")
+@runtime_option("The runtime the exports run on (NAME[:PRECISION])")
 @ray_options("the campaign: each loads the models once and searches chunks of --batch seeds (twice that "
              "with --overlap)")
 @seed_option
@@ -108,20 +109,21 @@ def _sections():
 def command(original, compressed, seed_data, num_seeds, timeout, max_queries, strategy, max_linf, min_ssim, batch,
             overlap, out_dir, resume, preprocessing_original, preprocessing_compressed, workers, ray_address,
             cpus_per_worker, gpus_per_worker, seed, json_out, device, semantics="host", confidence=0.95,
-            **own_options) -> None:
+            runtime=None, **own_options) -> None:
     """Search seed images for inputs on which ORIGINAL and COMPRESSED disagree (triggering inputs)."""
     seed_data = seed_data or click.get_current_context().meta.get("--seed-data")  # or its old name, --seeds
     if not seed_data:
         raise click.UsageError("Missing option '--seed-data'.")
     choice = _choose(strategy, tuple(compressed), max_linf, min_ssim, own_options, overlap,
                      (workers, ray_address, cpus_per_worker, gpus_per_worker))
-    models = _load(choice, original, (preprocessing_original, preprocessing_compressed), device, semantics, overlap)
+    models = _load(choice, original, (preprocessing_original, preprocessing_compressed), device, semantics, overlap,
+                   runtime)
     plan = _Plan(choice, models, _seeds(choice, models, seed_data, num_seeds),
                  _folders(choice, original, out_dir, seed, resume))
     if resume:
         _extend(plan)
     record = _run_record(plan, original, seed_data, (num_seeds, timeout, max_queries, max_linf, min_ssim, batch,
-                                                     seed, resume, workers, ray_address, semantics))
+                                                     seed, resume, workers, ray_address, semantics, runtime))
     from mlflow_di.fuzz.contract import Campaign
     from mlflow_di.fuzz.runners import run
     from mlflow_di.mlflow_edge import runs
@@ -244,9 +246,12 @@ def _executor(workers: int, address: str, cpus: float, gpus: float):
     return RayExecutor(workers=workers, address=address, cpus_per_worker=cpus, gpus_per_worker=gpus)
 
 
-def _load(choice: _Choice, original: str, preprocessing: tuple, device, semantics: str, overlap) -> _Models:
-    """Every model as the strategy's declaration needs it, and where its mutations and calls run."""
+def _load(choice: _Choice, original: str, preprocessing: tuple, device, semantics: str, overlap,
+          runtime=None) -> _Models:
+    """Every model as the strategy's declaration needs it, and where its mutations and calls run; ``runtime``
+    (None: each format's own) runs the compressed models."""
     from mlflow_di.fuzz.campaign import overlaps_by_default
+    from mlflow_di.errors import UserError
     from mlflow_di.fuzz.device_mutations import mutation_device, with_operators_on
     from mlflow_di.models.reference import ModelRef
 
@@ -254,8 +259,14 @@ def _load(choice: _Choice, original: str, preprocessing: tuple, device, semantic
     original_ref = ModelRef.parse(original)
     compressed_refs = tuple(ModelRef.parse(uri) for uri in choice.compressed)
     original_model = _model(original_ref, preprocessing[0], device, declaration.original, declaration, "--original")
-    compressed = tuple(_model(ref, preprocessing[1], device, declaration.compressed, declaration, "--compressed")
-                       for ref in compressed_refs)
+    if runtime is not None and declaration.compressed is not Access.BLACK_BOX:
+        raise UserError(f"--runtime runs black-box exports; --strategy {declaration.name} takes the compressed "
+                        "model's gradients in PyTorch (drop --runtime)")
+    if runtime is not None and semantics == "reference" and runtime.name != "onnxruntime":
+        raise UserError(f"--semantics reference is ONNX Runtime's (graph optimizations off), not {runtime.name}'s; "
+                        "drop one of them")
+    compressed = tuple(_model(ref, preprocessing[1], device, declaration.compressed, declaration, "--compressed",
+                              runtime) for ref in compressed_refs)
     if semantics == "reference" and declaration.compressed is Access.BLACK_BOX:
         compressed = tuple(_reference_twin(model, choice.executor) for model in compressed)
     original_classifier = _black_box(original_model, declaration.original)
@@ -276,14 +287,14 @@ def _black_box(model, access: Access):
     return model.classifier() if access is Access.WHITE_BOX else model
 
 
-def _model(ref, preprocessing, device, access, declaration, role: str):
+def _model(ref, preprocessing, device, access, declaration, role: str, runtime=None):
     """One model as ``access`` says: a black-box classifier of any format, or a white-box TorchModel (a
     one-line UserError, with the declaration's advice, for a model that has no PyTorch view)."""
     from mlflow_di.errors import UserError
     from mlflow_di.models.loading import load_classifier, load_torch_model, resolve
 
     if access is Access.BLACK_BOX:
-        return load_classifier(ref, preprocessing, device)
+        return load_classifier(ref, preprocessing, device, runtime)
     source = resolve(ref)
     needs = f"--strategy {declaration.name} needs the gradients of PyTorch models"
     if not source.white_box:
@@ -359,7 +370,8 @@ def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> 
     from mlflow_di.mlflow_edge import registry, runs
 
     choice, models = plan.choice, plan.models
-    num_seeds, timeout, max_queries, max_linf, min_ssim, batch, seed, resume, workers, ray_address, semantics = settings
+    (num_seeds, timeout, max_queries, max_linf, min_ssim, batch, seed, resume, workers, ray_address, semantics,
+     runtime) = settings
     campaign_tag = {"mlflow_di.campaign": str(plan.folders.folder.resolve())}
     if resume:
         closed = runs.close_orphaned_runs(campaign_tag, "a later --resume of the same campaign")
@@ -381,7 +393,8 @@ def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> 
               "min_ssim": min_ssim, "batch": batch, "seed": seed, "resume": resume,
               "original_runs_on": models.original_classifier.provider, "workers": workers,
               **({"ray_address": ray_address} if workers else {}), "mutations_on": str(models.mutations_on or "cpu"),
-              "overlap": models.overlapping, "semantics": semantics, **choice.declaration.own_options(choice.search)}
+              "overlap": models.overlapping, "semantics": semantics, **choice.declaration.own_options(choice.search),
+              **({"runtime": runtime.label} if runtime is not None else {})}
     return _Record(tags, params, compressed_tags, model_ids)
 
 

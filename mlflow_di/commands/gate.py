@@ -21,7 +21,8 @@ import click
 
 from mlflow_di.gate import INCONCLUSIVE_AS
 from mlflow_di.commands.options import (AliasName, FiniteFloat, Fraction, NamedNumber, RealismBudget, RunIds,
-                                        WritablePath, json_out_option, stacked, write_json_out, write_text_out)
+                                        RuntimeName, WritablePath, json_out_option, stacked, write_json_out,
+                                        write_text_out)
 
 
 def threshold_options(relative: bool):
@@ -51,6 +52,10 @@ def threshold_options(relative: bool):
 @click.option("--semantics", type=click.Choice(["host", "reference", "both"]), default="host", show_default=True,
               help="Which answers of an int8 export the compress checks judge: host (ONNX Runtime's kernels on the "
                    "CPU compress ran on), reference (the QDQ graph as written, the same on every CPU) or both.")
+@click.option("--runtime", type=RuntimeName(), default=None,
+              help="Judge the exports' answers on this runtime (NAME[:PRECISION], as compress and fuzz --runtime named "
+                   "it): only campaigns run on it count, and compress's figures on it. Default: whatever runtime each "
+                   "figure was measured on (each named in its evidence).")
 @click.option("--allow-calibration-evidence", is_flag=True,
               help="Judge accuracy and disagreement figures that compress measured on its calibration data or a "
                    "training split (refused by default: they say how an export fits the images it was tuned on).")
@@ -85,7 +90,7 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
             pinned_runs: tuple[str, ...] | None, promote_alias: str | None, json_out: str | None, junit_xml: str | None,
             summary_md: str | None, semantics: str = "host", allow_calibration_evidence: bool = False,
             exclude_export: tuple[str, ...] = (), extra_thresholds: tuple = (), realism_budget=None,
-            inconclusive: str = "inconclusive", **thresholds) -> None:
+            inconclusive: str = "inconclusive", runtime=None, **thresholds) -> None:
     """Pass or fail a registered model version on its recorded coverage, fuzzing, compression and robustness results.
 
     Exit code 0 when every check passes, 1 when one fails, 2 on an error, 3 when the evidence cannot decide
@@ -107,7 +112,7 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     with recorded.only_runs(pinned_runs):
         found = recorded.measurements(model_uri, list(compressed), resolved=(version, source), semantics=semantics,
                                       allow_calibration_evidence=allow_calibration_evidence,
-                                      exclude=tuple(exclude_export), realism_budget=realism_budget)
+                                      exclude=tuple(exclude_export), realism_budget=realism_budget, runtime=runtime)
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared, inconclusive_as=inconclusive)
     with version_lock(version.name, version.version, "gate", wait_s=LOCK_WAIT_S):  # one gate's record, whole

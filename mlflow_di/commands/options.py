@@ -421,6 +421,35 @@ class RayAddress(CheckedBy):
     checker = "mlflow_di._ray:check_address"
 
 
+class RuntimeSpec(CheckedBy):
+    """``NAME[:PRECISION]`` of a declared runtime that is installed here, e.g. ``openvino:f32``
+    (:mod:`mlflow_di.models.runtimes`); a missing extra is the one-line refusal naming it."""
+
+    name = "RUNTIME"
+    checker = "mlflow_di.models.runtimes:installed_runtime"
+
+
+class RuntimeName(CheckedBy):
+    """``NAME[:PRECISION]`` of a declared runtime, installed here or not (the gate reads what others measured)."""
+
+    name = "RUNTIME"
+    checker = "mlflow_di.models.runtimes:RuntimeChoice.parse"
+
+
+class RuntimeList(CheckedBy):
+    """Comma-separated runtimes (``onnxruntime,openvino:f32``), each declared, installed and named once."""
+
+    name = "RUNTIME,..."
+    checker = "mlflow_di.models.runtimes:installed_runtimes"
+
+
+def runtime_option(what: str):
+    """``--runtime``: the declared runtime the exports run on (None: each format's own, ONNX Runtime for ONNX)."""
+    from mlflow_di.models.runtimes import runtime_help
+
+    return click.option("--runtime", type=RuntimeSpec(), default=None, help=f"{what}: {runtime_help()}.")
+
+
 class AliasName(click.ParamType):
     """A registered model alias as MLflow accepts it (letters, digits, ``_`` and ``-``; at most 255
     characters; not ``latest`` nor a version name such as ``v3``), checked before anything is written."""

@@ -112,6 +112,53 @@ def export_metrics(method: str, name: str, original: np.ndarray | None, compress
     return metrics, deviation, outcome
 
 
+@dataclasses.dataclass(frozen=True)
+class OtherRuntimes:
+    """An export's figures on the runtimes asked for after the first (``compress --runtime A,B``): metrics
+    ``runtime.SLUG.NAME`` (and ``held_out.runtime.SLUG.NAME`` beside a bounded export's held-out figures),
+    each runtime's :class:`~mlflow_di.models.execution.ExecutionContext` as ``mlflow_di.runtimes.SLUG.*`` tags,
+    and ``mlflow_di.runtimes``: every runtime the export was judged on, the first one's figures its own."""
+
+    metrics: dict
+    tags: dict
+    contexts: dict  # label -> ExecutionContext
+    primary: str  # the first runtime's label
+
+
+#: the figures measured again on every other runtime (the gate's compress checks and their intervals)
+RUNTIME_FIGURES = ("compressed_accuracy", "accuracy_drop", "disagreements", "disagreement_rate",
+                   "max_class_accuracy_drop", "eval_images", *_HELD_OUT_INTERVALS)
+HELD_OUT_PREFIX = "held_out."
+
+
+def other_runtimes(selection: Selection, compressed, original, evaluation, device) -> OtherRuntimes:
+    """The export (``compressed``, as the first runtime runs it) scored on every other runtime of ``selection``
+    against the source's probabilities ``original`` on ``evaluation`` and on the held-out data, with the images
+    on which that runtime's top-1 differs from the first one's (``runtime.SLUG.top1_differs_from_first``)."""
+    from mlflow_di.compression.evaluation import compare_outputs
+
+    primary = selection.primary_runtime
+    metrics, tags, contexts = {}, {"mlflow_di.runtimes": ",".join(c.label for c in selection.runtimes or (primary,))}, {}
+    import numpy as np
+
+    first = compressed.predict_proba(evaluation.images) if evaluation is not None and selection.runtimes[1:] else None
+    for choice in selection.runtimes[1:]:
+        other = choice.open(compressed.path, compressed.preprocessing, f"{compressed.name} on {choice.label}", device)
+        prefix = f"runtime.{choice.slug}."
+        figures, _ = compare_outputs(original, other, evaluation)
+        metrics.update({prefix + key: figures[key] for key in RUNTIME_FIGURES if key in figures})
+        if first is not None:
+            answers = other.predict_proba(evaluation.images)
+            metrics[prefix + "top1_differs_from_first"] = int(np.sum(answers.argmax(1) != first.argmax(1)))
+            metrics[prefix + "max_probability_difference"] = float(np.max(np.abs(answers - first)))
+        if selection.held_out is not None:
+            figures, _ = compare_outputs(selection.held_out.probabilities, other, selection.held_out.images)
+            metrics.update({HELD_OUT_PREFIX + prefix + key: figures[key] for key in RUNTIME_FIGURES if key in figures})
+        contexts[choice.label] = other.execution_context
+        tags.update(other.execution_context.tags(f"mlflow_di.runtimes.{choice.slug}."))
+    return OtherRuntimes(metrics, tags, contexts, primary.label)
+
+
 def _held_out_metrics(held_out: HeldOut, compressed: OnnxClassifier, method: str, path, device) -> dict:
     """The export's deviation figures on the held-out data, host semantics and (integer methods) reference semantics."""
     from mlflow_di.compression.evaluation import compare_outputs

@@ -14,6 +14,8 @@ import dataclasses
 import pathlib
 from typing import TYPE_CHECKING
 
+from mlflow_di.models.runtimes import RuntimeChoice
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -80,6 +82,12 @@ class Selection:
     semantics: str = "host"  # which answers a bound judges: host, reference or both
     benefit: bool = True  # measure latency, size and memory of each export and its source
     held_out: HeldOut | None = None  # a bounded search's held-out data: the figures the gate judges
+    runtimes: tuple[RuntimeChoice, ...] = ()  # what each export is scored on (empty: the default runtime alone)
+
+    @property
+    def primary_runtime(self) -> RuntimeChoice:
+        """The runtime whose answers are the export's own figures (the first asked for)."""
+        return self.runtimes[0] if self.runtimes else RuntimeChoice()
 
     @property
     def selective(self) -> bool:

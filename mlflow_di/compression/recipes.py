@@ -123,3 +123,11 @@ def portability_note(recipe: Recipe, host_saturates: bool) -> str:
              "this host has an int8 dot product, so its figures hold only on such CPUs")
     return (f"recipe {recipe.name} uses full-range int8 weights: ONNX Runtime's u8s8 kernels saturate on x86 CPUs "
             f"with AVX2 but no VNNI ({where}); deploy it on CPUs with VNNI/AMX or ARM, or use --recipe u8u8")
+
+
+def recipe_from_options(name: str, calibration: str, per_tensor: bool, activation_symmetry: str,
+                        weight_symmetry: str) -> Recipe:
+    """The :class:`Recipe` compress's options describe (``auto`` symmetry: ONNX Runtime's default)."""
+    symmetry = {"auto": None, "symmetric": True, "asymmetric": False}
+    return recipe(name, calibration=calibration, per_channel=False if per_tensor else None,
+                  symmetric_activations=symmetry[activation_symmetry], symmetric_weights=symmetry[weight_symmetry])

@@ -165,7 +165,7 @@ def gate_subject(uri: str, client=None) -> tuple:
 
 def measurements(subject_uri: str, compressed: list[str] | None = None, client=None,
                  resolved: tuple | None = None, semantics: str = "host", allow_calibration_evidence: bool = False,
-                 exclude: tuple[str, ...] = (), realism_budget=None) -> list[Measurement]:
+                 exclude: tuple[str, ...] = (), realism_budget=None, runtime=None) -> list[Measurement]:
     """Every gated value recorded for the version ``subject_uri`` names (see :mod:`mlflow_di.gate`).
 
     ``compressed``: the compressed models to read fuzz/compress results for (URIs as given to
@@ -178,6 +178,9 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     (refused by default, :func:`_compress_evidence`). ``exclude``: exports not to judge (registry URIs).
     ``realism_budget``: the realism check's budget (a :class:`~mlflow_di.fuzz.realism.Constraint`; default
     its DEFAULT_BUDGET): only campaigns that searched inside one at least as strict count for it.
+    ``runtime``: a :class:`~mlflow_di.models.runtimes.RuntimeChoice` whose answers are judged (None: whatever
+    runtime each figure was measured on, named in its evidence): only campaigns run on it count, and a compress
+    run's figures on it (its own, or ``runtime.SLUG.*`` beside them).
     Each measured value carries its :class:`~mlflow_di.gate.Evidence`, chosen by :data:`~mlflow_di.gate.RULE`.
     """
     client = client or _client()
@@ -192,8 +195,8 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
         _recorded_targets(subject_tags, client, robustness_runs)
     excluded = {_CompressedTarget.of(uri, client).key for uri in exclude}
     for target in (t for t in targets if t.key not in excluded):
-        of_target = [*_fuzz(subject_uri, subject_tags, target, client, realism_budget),
-                     *_compress(subject_uri, subject, target, client, semantics, allow_calibration_evidence),
+        of_target = [*_fuzz(subject_uri, subject_tags, target, client, realism_budget, runtime),
+                     *_compress(subject_uri, subject, target, client, semantics, allow_calibration_evidence, runtime),
                      _robustness(subject_uri, target, robustness_runs)]
         method = _method(target, client)
         for measurement in of_target:
@@ -406,7 +409,7 @@ def _fuzz_evidence(run, rule: str) -> Evidence:
 
 
 def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, client,
-          realism_budget=None) -> list[Measurement]:
+          realism_budget=None, runtime=None) -> list[Measurement]:
     """success_rate and mean_queries from the newest unconstrained campaign against ``target``, and
     realistic_success_rate from the newest campaign that searched inside a realism budget at least as strict
     as ``realism_budget`` (default :data:`~mlflow_di.fuzz.realism.DEFAULT_BUDGET`): a campaign that never
@@ -417,12 +420,23 @@ def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, clien
     budget = realism_budget or DEFAULT_BUDGET
     found = recorded_runs("fuzz", {**subject_tags, **target.fuzz_tags}, "success_rate", client, target.model_id,
                           max_results=100)
+    elsewhere = ""
+    if runtime is not None:  # only campaigns whose export ran on the runtime judged
+        others = sorted({runtime_label(run.data.tags) or "no declared runtime" for run in found} - {runtime.label})
+        found = [run for run in found if runtime_label(run.data.tags) == runtime.label]
+        if others:
+            elsewhere = (f" on {runtime.label} (campaigns against it ran on {', '.join(others)}; run "
+                         f"`mlflow-di fuzz ... --runtime {runtime.label}`)")
     rule = PINNED if _pinned.get() is not None else RULE
     plain = _chosen([run for run in found if FUZZ_CONSTRAINT_TAG not in run.data.tags])
     looked = _chosen([run for run in found if _searched_inside(run, budget)])
-    return [*_success_measurements(subject_uri, target, plain, bool(found), rule),
-            _realism_measurement(subject_uri, target, looked, found, budget, rule),
-            *_declared_fuzz_measurements(subject_uri, target, plain, rule)]
+    measured = [*_success_measurements(subject_uri, target, plain, bool(found), rule),
+                _realism_measurement(subject_uri, target, looked, found, budget, rule),
+                *_declared_fuzz_measurements(subject_uri, target, plain, rule)]
+    for measurement in measured:
+        if measurement.value is None and measurement.missing and elsewhere:
+            measurement.missing += elsewhere
+    return measured
 
 
 #: the fuzz checks measured above; any other check declared on a fuzz metric is read by _declared_fuzz_measurements
@@ -587,7 +601,7 @@ def _compress_evidence(run, allow_calibration_evidence: bool) -> tuple[str, str]
 
 
 def _compress(subject_uri: str, subject, target: _CompressedTarget, client, semantics: str = "host",
-              allow_calibration_evidence: bool = False) -> list[Measurement]:
+              allow_calibration_evidence: bool = False, runtime=None) -> list[Measurement]:
     """accuracy_drop, max_class_accuracy_drop, disagreement_rate and speedup from the compress (or repair)
     run that produced the compressed version; ``semantics`` (host, reference or both) picks which answers
     the first three are read for (reference ones name the export with :data:`REFERENCE_SUFFIX`)."""
@@ -610,12 +624,22 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     data, refused = _compress_evidence(run, allow_calibration_evidence)
     held_out = tags.get(EVIDENCE_HELD_OUT)
     rule = PINNED if _pinned.get() is not None else "the run that registered the export"
-    context = context_line(tags)
+    context = timed_on = context_line(tags)
+    on = ""  # the prefix of the judged runtime's figures: "" for the run's own (its first runtime)
+    if runtime is not None and runtime_label(tags) != runtime.label:
+        on = f"runtime.{runtime.slug}."
+        context = context_line(tags, f"{TAG_PREFIX}runtimes.{runtime.slug}.")
+        if not context:
+            judged_on = tags.get(f"{TAG_PREFIX}runtimes") or runtime_label(tags) or "no declared runtime"
+            return [Measurement(metric, None, target.key, run_id, (
+                f"{command} run {run_id} judged {target.key} on {judged_on}, not on {runtime.label}; run "
+                f"`mlflow-di compress --runtime {runtime.label}` (or add it to the list) again")) for metric in
+                compress_metrics()]
 
     def evidence(metric: str, recorded: str) -> Evidence:
         semantic = "reference" if recorded.startswith(("reference.", f"{HELD_OUT}reference.")) else "host"
         if metric not in SEMANTIC_METRICS:  # speedup: timed on the compress run's host, not on data
-            return Evidence(run_id, command, context=context, rule=rule)
+            return Evidence(run_id, command, context=timed_on, rule=rule)
         if recorded.startswith(HELD_OUT):
             return Evidence(run_id, command, "held-out", held_out, context=context, semantics=semantic, rule=rule)
         return Evidence(run_id, command, tags.get(EVIDENCE_ROLE, "held-out"), data, context=context,
@@ -640,7 +664,7 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     found = []
     for metric in compress_metrics():
         if metric not in SEMANTIC_METRICS or semantics in ("host", "both"):
-            found.append(read(metric, metric, target.key))
+            found.append(read(metric, on + metric if metric in SEMANTIC_METRICS else metric, target.key))
         if metric in SEMANTIC_METRICS and semantics in ("reference", "both"):
             int8 = tags.get(f"{TAG_PREFIX}method", "").startswith("int8")
             recorded = f"reference.{metric}" if int8 else metric  # without int8 kernels both semantics are one
@@ -648,13 +672,28 @@ def _compress(subject_uri: str, subject, target: _CompressedTarget, client, sema
     return found
 
 
-def context_line(tags: dict) -> str:
-    """A run's execution context (``mlflow_di.runtime.*`` tags) in one phrase, "" when it recorded none."""
-    prefix = f"{TAG_PREFIX}runtime."
-    if f"{prefix}onnxruntime" not in tags:
+def runtime_label(tags: dict, prefix: str = f"{TAG_PREFIX}runtime.") -> str:
+    """The runtime a run's compressed model ran on, as ``--runtime`` names it (``openvino:f32``); "" when the run
+    recorded none (a TFLite export). Runs before runtimes were declared ran on ONNX Runtime."""
+    name = tags.get(f"{prefix}name", "onnxruntime")
+    if f"{prefix}{name}" not in tags:
         return ""
-    return (f"onnxruntime {tags[f'{prefix}onnxruntime']} {tags.get(f'{prefix}provider', '')} "
-            f"({tags.get(f'{prefix}graph_optimization', 'all')} optimizations) on {tags.get(f'{prefix}cpu', '?')}, "
+    asked = tags.get(f"{prefix}precision_asked", "default")
+    return name if asked == "default" else f"{name}:{asked}"
+
+
+def context_line(tags: dict, prefix: str = f"{TAG_PREFIX}runtime.") -> str:
+    """A run's execution context (``mlflow_di.runtime.*`` tags, or another runtime's under ``prefix``) in one
+    phrase, "" when it recorded none. Runs before runtimes were declared recorded ONNX Runtime's version alone."""
+    runtime = tags.get(f"{prefix}name", "onnxruntime")
+    if f"{prefix}{runtime}" not in tags:
+        return ""
+    precision = tags.get(f"{prefix}precision")
+    asked = tags.get(f"{prefix}precision_asked", "default")
+    said = "" if precision is None else (f", {precision}" + (f" ({asked} asked)" if asked not in ("default", precision)
+                                                              else " pinned" if asked == precision else ""))
+    return (f"{runtime} {tags[f'{prefix}{runtime}']} {tags.get(f'{prefix}provider', '')} "
+            f"({tags.get(f'{prefix}graph_optimization', 'all')} optimizations{said}) on {tags.get(f'{prefix}cpu', '?')}, "
             f"int8 features {tags.get(f'{prefix}int8_features', 'none')}"
             + ("; its u8s8 kernels saturate" if tags.get(f"{prefix}u8s8_saturates") == "true" else ""))
 

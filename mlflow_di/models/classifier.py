@@ -235,31 +235,44 @@ class OnnxClassifier(Classifier):
         return execution_context(self.session, self.semantics)
 
     def _stored_preprocessing(self) -> Preprocessing:
-        from mlflow_di.models.metadata import ModelMetadata
-
-        stored = ModelMetadata.from_onnx_props(self.session.get_modelmeta().custom_metadata_map).preprocessing
-        if stored is not None:
-            return stored
-        shape = self.session.get_inputs()[0].shape  # e.g. ['batch', 1, 28, 28]
-        if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]):
-            if shape[1] in (1, 3) and shape[3] not in (1, 3):
-                return Preprocessing(layout="NCHW", input_shape=(shape[2], shape[3], shape[1]))
-            return Preprocessing(layout="NHWC", input_shape=tuple(shape[1:]))
-        return Preprocessing()
+        return graph_preprocessing(self.session.get_modelmeta().custom_metadata_map, self.session.get_inputs()[0].shape)
 
     def _fixed_batch_size(self) -> int | None:
         first = self.session.get_inputs()[0].shape[0]
         return first if isinstance(first, int) else None
 
     def _forward(self, batch: np.ndarray) -> np.ndarray:
-        if self.fixed_batch and len(batch) != self.fixed_batch:
-            if self.fixed_batch != 1:
-                raise UserError(f"{self.name}: model has a fixed batch size {self.fixed_batch}; "
-                                "export it with a dynamic batch axis")
-            return np.concatenate([self._forward(batch[i:i + 1]) for i in range(len(batch))])
+        return fixed_batch(self._run, batch, self.fixed_batch, self.name)
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
         from mlflow_di.models import stoppable
 
         return stoppable.run(self.session, {self.input_name: batch}, self.name)[0]
+
+
+def graph_preprocessing(metadata: dict, shape) -> Preprocessing:
+    """An ONNX graph's preprocessing, whatever runtime opened it: its ``mlflow_di.preprocessing`` metadata
+    (``metadata``: the graph's props), else what its input ``shape`` (e.g. ``['batch', 1, 28, 28]``) tells."""
+    from mlflow_di.models.metadata import ModelMetadata
+
+    stored = ModelMetadata.from_onnx_props(metadata).preprocessing
+    if stored is not None:
+        return stored
+    if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]):
+        if shape[1] in (1, 3) and shape[3] not in (1, 3):
+            return Preprocessing(layout="NCHW", input_shape=(shape[2], shape[3], shape[1]))
+        return Preprocessing(layout="NHWC", input_shape=tuple(shape[1:]))
+    return Preprocessing()
+
+
+def fixed_batch(forward, batch: np.ndarray, fixed: int | None, name: str) -> np.ndarray:
+    """``forward(batch)`` for a graph whose batch axis is ``fixed`` (None: dynamic): a fixed size of 1 runs image
+    by image, another fixed size that differs from the batch's is a one-line refusal."""
+    if fixed and len(batch) != fixed:
+        if fixed != 1:
+            raise UserError(f"{name}: model has a fixed batch size {fixed}; export it with a dynamic batch axis")
+        return np.concatenate([forward(batch[i:i + 1]) for i in range(len(batch))])
+    return forward(batch)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Where a compressed model's figures were measured: ONNX Runtime, its session settings and the CPU.
+"""Where a compressed model's figures were measured: the runtime, its settings and precision, and the CPU.
 
 An int8 export's answers depend on the CPU's int8 instructions (see
 :mod:`mlflow_di.compression.recipes`), so every figure on a compressed model carries an
@@ -103,15 +103,26 @@ def cpu_model() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ExecutionContext(JsonRoundTrip):
-    """The runtime and CPU a figure was measured with."""
+    """The runtime, precision and CPU a figure was measured with.
 
-    onnxruntime: str
+    ``runtime``: the declared runtime's name (:mod:`mlflow_di.models.runtimes`), ``version`` its version;
+    ``provider``: the device or execution provider it ran on; ``precision``: what it actually computed a
+    float graph in (``f32``, ``bf16``; OpenVINO picks bf16 by itself on CPUs that have it), with
+    ``precision_asked`` what the user pinned (``default``: the runtime's own choice on this host).
+    """
+
+    version: str
     provider: str
     graph_optimization: str  # "all" (host semantics) or "disabled" (reference semantics)
     threads: int
     machine: str  # x86_64, aarch64, ...
     cpu: str
     int8_features: tuple[str, ...]
+    runtime: str = "onnxruntime"
+    precision: str = "f32"
+    precision_asked: str = "default"
+
+    JSON_OPTIONAL = {"runtime": "onnxruntime", "precision": "f32", "precision_asked": "default"}
 
     @property
     def x86(self) -> bool:
@@ -125,22 +136,33 @@ class ExecutionContext(JsonRoundTrip):
     @property
     def u8s8_saturates(self) -> bool:
         """ONNX Runtime's u8s8 kernels saturate here: an x86 CPU with AVX2 but no VNNI or AMX."""
-        return self.x86 and "avx2" in self.int8_features and not self.int8_dot_product
+        return self.runtime == "onnxruntime" and self.x86 and "avx2" in self.int8_features and not self.int8_dot_product
+
+    @property
+    def precision_phrase(self) -> str:
+        """``f32``, or ``bf16 (the host default)``, or ``f32 (bf16 asked; this CPU has no bf16)``."""
+        if self.precision_asked == "default":
+            return self.precision + (" (the host default)" if self.runtime != "onnxruntime" else "")
+        if self.precision_asked != self.precision:
+            return f"{self.precision} ({self.precision_asked} asked; this CPU computes {self.precision})"
+        return f"{self.precision} (pinned)"
 
     def describe(self) -> str:
-        """One line, e.g. ``onnxruntime 1.32.0 CPUExecutionProvider (all optimizations, 2 threads) on AMD EPYC, x86_64
-        with avx2, avx512_vnni (int8 dot product: yes)``."""
+        """One line, e.g. ``onnxruntime 1.32.0 CPUExecutionProvider (all optimizations, f32, 2 threads) on AMD EPYC,
+        x86_64 with avx2, avx512_vnni (int8 dot product: yes)``."""
         features = ", ".join(self.int8_features) or "no int8 extensions"
-        return (f"onnxruntime {self.onnxruntime} {self.provider} ({self.graph_optimization} optimizations, "
-                f"{self.threads} thread{'s' if self.threads != 1 else ''}) on {self.cpu}, {self.machine} with "
-                f"{features} (int8 dot product: {'yes' if self.int8_dot_product else 'no'}"
+        return (f"{self.runtime} {self.version} {self.provider} ({self.graph_optimization} optimizations, "
+                f"{self.precision_phrase}, {self.threads} thread{'s' if self.threads != 1 else ''}) on {self.cpu}, "
+                f"{self.machine} with {features} (int8 dot product: {'yes' if self.int8_dot_product else 'no'}"
                 + ("; u8s8 kernels saturate" if self.u8s8_saturates else "") + ")")
 
     def tags(self, prefix: str = "mlflow_di.runtime.") -> dict[str, str]:
-        """The context as run or version tags."""
-        return {f"{prefix}onnxruntime": self.onnxruntime, f"{prefix}provider": self.provider,
-                f"{prefix}graph_optimization": self.graph_optimization, f"{prefix}threads": str(self.threads),
-                f"{prefix}cpu": self.cpu, f"{prefix}machine": self.machine,
+        """The context as run or version tags (``{prefix}{runtime}`` holds the version, so ONNX Runtime's
+        ``mlflow_di.runtime.onnxruntime`` reads as it always did)."""
+        return {f"{prefix}name": self.runtime, f"{prefix}{self.runtime}": self.version,
+                f"{prefix}provider": self.provider, f"{prefix}graph_optimization": self.graph_optimization,
+                f"{prefix}precision": self.precision, f"{prefix}precision_asked": self.precision_asked,
+                f"{prefix}threads": str(self.threads), f"{prefix}cpu": self.cpu, f"{prefix}machine": self.machine,
                 f"{prefix}int8_features": ",".join(self.int8_features) or "none",
                 f"{prefix}int8_dot_product": str(self.int8_dot_product).lower(),
                 f"{prefix}u8s8_saturates": str(self.u8s8_saturates).lower()}
@@ -151,15 +173,22 @@ def execution_context(session=None, semantics: str = "host", threads: int | None
     import onnxruntime as ort
 
     provider = session.get_providers()[0] if session is not None else "CPUExecutionProvider"
+    return host_context("onnxruntime", ort.__version__, provider, "disabled" if semantics == "reference" else "all",
+                        threads)
+
+
+def host_context(runtime: str, version: str, provider: str, graph_optimization: str = "all",
+                 threads: int | None = None, precision: str = "f32", asked: str = "default") -> ExecutionContext:
+    """An :class:`ExecutionContext` on this process's CPU (any runtime's: the CPU facts are read once here)."""
     if threads is None:
         threads = default_threads()
-    return ExecutionContext(ort.__version__, provider, "disabled" if semantics == "reference" else "all", int(threads),
-                            platform.machine() or "unknown", cpu_model(), int8_features())
+    return ExecutionContext(version, provider, graph_optimization, int(threads), platform.machine() or "unknown",
+                            cpu_model(), int8_features(), runtime, precision, asked)
 
 
 def context_tags(models) -> dict[str, str]:
-    """The ``mlflow_di.runtime.*`` tags of the first of ``models`` that runs in ONNX Runtime (one with an
-    ``execution_context``); {} when none does. Every ONNX session of one process shares the runtime and the CPU."""
+    """The ``mlflow_di.runtime.*`` tags of the first of ``models`` that runs on a declared runtime (one with an
+    ``execution_context``); {} when none does. The exports of one command share the runtime and the CPU."""
     for model in models:
         found = getattr(model, "execution_context", None)
         if found is not None:

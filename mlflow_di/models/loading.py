@@ -26,6 +26,7 @@ from mlflow_di.models.metadata import ModelMetadata
 from mlflow_di.models.origin import origin_of
 from mlflow_di.models.preprocessing import Preprocessing
 from mlflow_di.models.reference import ModelRef, RefKind
+from mlflow_di.models.runtimes import RuntimeChoice
 from mlflow_di.models.torch_model import TorchModel
 from mlflow_di.models.trust import only_trusted_pickles
 
@@ -156,20 +157,27 @@ def _load_torch_model(source: ModelSource, preprocessing) -> TorchModel:
                       metadata=source.metadata.facts)
 
 
-def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None, device=None) -> Classifier:
+def load_classifier(uri: str, preprocessing: str | Preprocessing | None = None, device=None,
+                    runtime: str | RuntimeChoice | None = None) -> Classifier:
     """A black-box :class:`Classifier` for ``uri``, whatever the backend, on ``device`` (see
-    :func:`load_torch_model`; ONNX models choose their execution provider from it, TFLite runs on the CPU)."""
+    :func:`load_torch_model`; ONNX models choose their execution provider from it, TFLite runs on the CPU).
+    ``runtime`` (``NAME[:PRECISION]``, :mod:`mlflow_di.models.runtimes`; None: the format's own) runs the file
+    instead; a format the runtime does not open is a one-line refusal."""
     source = resolve(uri)
-    classifier = _load_classifier(source, preprocessing, device)
-    classifier.origin = origin_of(source, device)  # how a Ray worker loads the same model (models.shipping)
+    choice = None if runtime is None else RuntimeChoice.parse(runtime)
+    classifier = _load_classifier(source, preprocessing, device, choice)
+    classifier.origin = origin_of(source, device, None if choice is None else choice.label)  # for a Ray worker
     return classifier
 
 
-def _load_classifier(source: ModelSource, preprocessing, device) -> Classifier:
+def _load_classifier(source: ModelSource, preprocessing, device, runtime: RuntimeChoice | None = None) -> Classifier:
     fmt = source.format
-    if fmt.open_black_box is None:  # a PyTorch module: it runs as itself
+    if runtime is not None:
+        classifier = runtime.open(source.path, None, source.ref.display_name, device, fmt.name)
+    elif fmt.open_black_box is None:  # a PyTorch module: it runs as itself
         return load_torch_model(source, preprocessing, device).classifier()
-    classifier = fmt.open_black_box(source, device)
+    else:
+        classifier = fmt.open_black_box(source, device)
     classifier.preprocessing = _effective(source, classifier.preprocessing, preprocessing)
     return classifier
 

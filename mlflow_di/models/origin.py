@@ -25,6 +25,7 @@ class Origin:
     in_mlflow_folder: bool
     reference: str
     device: str | None
+    runtime: str | None = None  # the runtime it ran on (``NAME[:PRECISION]``; None: its format's own)
 
     @property
     def root(self) -> pathlib.Path:
@@ -38,13 +39,13 @@ class Origin:
         return root
 
 
-def origin_of(source, device) -> Origin:
+def origin_of(source, device, runtime: str | None = None) -> Origin:
     """The :class:`Origin` of a model :func:`~mlflow_di.models.loading.resolve` found at ``source``."""
     path = pathlib.Path(source.path)
     device = None if device is None else str(device)
     if source.ref.is_mlflow:  # the whole MLflow model folder travels: MLmodel, data, metadata
-        return Origin(path, True, "{root}", device)
+        return Origin(path, True, "{root}", device, runtime)
     reference = "{root}/" + path.name
     if source.format.needs_architecture:
         reference = f"keras:{source.ref.arch}:{reference}"
-    return Origin(path, False, reference, device)
+    return Origin(path, False, reference, device, runtime)

@@ -31,6 +31,8 @@ class Shipment:
     name: str
     #: load it as a white-box ``TorchModel`` (coverage passes) instead of a black-box classifier
     white_box: bool = False
+    #: the runtime it ran on (``NAME[:PRECISION]``; None: its format's own), the same on the worker
+    runtime: str | None = None
 
     @property
     def size(self) -> int:
@@ -52,10 +54,12 @@ class Shipment:
             target = root / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        load = load_torch_model if self.white_box else load_classifier
         reference = self.reference.replace("{root}", str(root))
         with only_trusted_pickles([reference], "the driver"):  # the driver loaded these bytes: its trust travels
-            classifier = load(reference, self.preprocessing, self.device)
+            if self.white_box:
+                classifier = load_torch_model(reference, self.preprocessing, self.device)
+            else:
+                classifier = load_classifier(reference, self.preprocessing, self.device, self.runtime)
         classifier.name = self.name
         return classifier
 
@@ -73,7 +77,7 @@ def ship(model):
     from mlflow_di.models.torch_model import TorchModel
 
     return Shipment(files, origin.reference, model.preprocessing, origin.device, model.name,
-                    white_box=isinstance(model, TorchModel))
+                    white_box=isinstance(model, TorchModel), runtime=origin.runtime)
 
 
 def unship(model):

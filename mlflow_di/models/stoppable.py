@@ -22,6 +22,7 @@ import select
 import signal
 import threading
 import time
+from typing import Callable
 
 from mlflow_di.errors import UserError
 
@@ -163,9 +164,7 @@ def run(session, feeds: dict, name: str, output_names=None) -> list:
         return session.run(output_names, feeds, options)
     except Exception:
         if call.reason == "limit":
-            raise CallStopped(f"{name}: one call ran for more than {limit:g} s and was stopped ({stated_by}); a model "
-                              "that takes this long for one batch cannot be analysed here (an ONNX Loop or "
-                              "Scan that never ends?)") from None
+            raise _past_limit(name, limit, stated_by) from None
         if call.reason == "signal":
             _let_the_signal_handler_run()
             raise CallStopped(f"{name}: stopped by a signal") from None
@@ -173,6 +172,28 @@ def run(session, feeds: dict, name: str, output_names=None) -> list:
     finally:
         with _watch.lock:
             _watch.calls.discard(call)
+
+
+def _past_limit(name: str, limit: float, stated_by: str) -> CallStopped:
+    return CallStopped(f"{name}: one call ran for more than {limit:g} s and was stopped ({stated_by}); a model that "
+                       "takes this long for one batch cannot be analysed here (an ONNX Loop or Scan that never ends?)")
+
+
+def wait_stoppable(start: Callable[[], None], wait: Callable[[int], bool], cancel: Callable[[], None],
+                   name: str) -> None:
+    """An asynchronous call (a runtime's own, e.g. an OpenVINO infer request) that a signal or the current limit
+    stops: ``start()`` begins it, ``wait(milliseconds)`` says whether it finished, ``cancel()`` ends it. Waiting in
+    short slices lets Python run a signal's handler between them; the call is cancelled before that goes on."""
+    limit, stated_by = current_limit()
+    started = time.monotonic()
+    start()
+    try:
+        while not wait(int(_TICK * 1000)):
+            if time.monotonic() - started > limit:
+                raise _past_limit(name, limit, stated_by)
+    except BaseException:
+        cancel()
+        raise
 
 
 def _let_the_signal_handler_run() -> None:

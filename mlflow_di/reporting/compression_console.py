@@ -151,3 +151,23 @@ def _diagnosis_lines(metrics: dict, outcome) -> list[str]:
                          f"differs on {metrics['before_keep_float.disagreements']} images, "
                          f"size {outcome.before.size_bytes / 1024:.1f} KiB")
     return lines
+
+
+def runtime_lines(judged_on, metrics: dict) -> list[str]:
+    """One line per runtime the export was also scored on (``compress --runtime A,B``): where, its
+    disagreement with the source and its accuracy drop with their intervals, and on how many images its top-1
+    differs from the first runtime's (:class:`~mlflow_di.compression.export_record.OtherRuntimes`)."""
+    lines = []
+    for label, context in judged_on.contexts.items():
+        prefix = f"runtime.{label.replace(':', '-')}."
+        figures = {key.removeprefix(prefix): value for key, value in metrics.items() if key.startswith(prefix)}
+        line = f"  on {context.describe()}"
+        if "disagreements" in figures:
+            line += (f": top-1 differs from the source on {figures['disagreements']} of {figures['eval_images']} "
+                     f"images{_spread(figures, 'disagreement_rate')}, accuracy "
+                     f"{points_change(-figures['accuracy_drop'])}{_spread(figures, 'accuracy_drop', points=True)}")
+        if "top1_differs_from_first" in figures:
+            line += (f"; differs from {judged_on.primary} on {figures['top1_differs_from_first']} images (largest "
+                     f"probability difference {figures['max_probability_difference']:.3g})")
+        lines.append(line)
+    return lines
