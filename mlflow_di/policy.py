@@ -58,6 +58,8 @@ class CompressPolicy:
     semantics: str | None = _kind("text", None)
     #: measure each export's latency, size and memory beside its source's (compress --benefit)
     benefit: bool = _kind("boolean", True)
+    #: the runtimes each export is scored on, the first one's figures its own (compress --runtime)
+    runtimes: tuple | None = _kind("names", None)
 
     @property
     def bounded(self) -> bool:
@@ -95,6 +97,8 @@ class FuzzPolicy:
     seed: int = _kind("integer", 0)
     #: how ONNX exports answer (fuzz --semantics: host or reference)
     semantics: str | None = _kind("text", None)
+    #: the runtime the exports run on, NAME[:PRECISION] (fuzz --runtime; default ONNX Runtime)
+    runtime: str | None = _kind("text", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +139,8 @@ class GatePolicy:
     realism_budget: str | None = _kind("text", None)
     #: how a check whose interval holds its threshold counts (gate --inconclusive: inconclusive, fail, pass, error)
     inconclusive: str | None = _kind("text", None)
+    #: judge the exports' answers on this runtime only (gate --runtime; default: each figure's own, named)
+    runtime: str | None = _kind("text", None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -433,7 +433,7 @@ class RuntimeName(CheckedBy):
     """``NAME[:PRECISION]`` of a declared runtime, installed here or not (the gate reads what others measured)."""
 
     name = "RUNTIME"
-    checker = "mlflow_di.models.runtimes:RuntimeChoice.parse"
+    checker = "mlflow_di.models.runtimes:named_runtime"
 
 
 class RuntimeList(CheckedBy):

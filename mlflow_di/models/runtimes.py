@@ -129,13 +129,22 @@ def parse_runtimes(text: str | None) -> tuple[RuntimeChoice, ...]:
     return choices
 
 
-def installed_runtime(text: str) -> RuntimeChoice:
-    """``--runtime``'s value: declared, with a precision it offers, and installed here."""
-    return RuntimeChoice.parse(text).require_installed()
+def named_runtime(text: str | None) -> RuntimeChoice | None:
+    """``gate --runtime``'s value: a declared runtime, installed or not (None when blank: an MLproject's unset
+    parameter)."""
+    return RuntimeChoice.parse(text) if text and str(text).strip() else None
 
 
-def installed_runtimes(text: str) -> tuple[RuntimeChoice, ...]:
-    """``--runtime``'s list (compress): each declared, installed and named once."""
+def installed_runtime(text: str | None) -> RuntimeChoice | None:
+    """``--runtime``'s value: declared, with a precision it offers, and installed here (None when blank)."""
+    choice = named_runtime(text)
+    return None if choice is None else choice.require_installed()
+
+
+def installed_runtimes(text: str | None) -> tuple[RuntimeChoice, ...] | None:
+    """``--runtime``'s list (compress): each declared, installed and named once (None when blank)."""
+    if not text or not str(text).strip():
+        return None
     return tuple(choice.require_installed() for choice in parse_runtimes(text))
 
 
