@@ -106,22 +106,44 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
-@pytest.fixture()
-def registered_cnn(tracking_uri):
-    """digits-cnn trained briefly and registered as models:/cnn/1."""
+#: the weights of :func:`briefly_trained_cnn`, trained once per test process (xdist worker)
+_TRAINED_CNN_STATE: dict = {}
+
+
+def briefly_trained_cnn():
+    """A fresh digits-cnn module (seed 0) trained briefly: 5 epochs on digits[0:600].
+
+    Training is deterministic (seeded batches, no dropout, one thread: mlflow_di.models.training), so
+    it runs once per test process and every later call gets a new module with a copy of those weights:
+    the same model the fixtures trained each time before, without 4-5 s of training per test."""
     import torch
 
-    from mlflow_di.data import load_images
+    from mlflow_di.models import zoo
+
+    if not _TRAINED_CNN_STATE:
+        from mlflow_di.data import load_images
+        from mlflow_di.models.torch_model import TorchModel
+        from mlflow_di.models.training import train_classifier
+
+        model = TorchModel(zoo.build("digits-cnn", seed=0), zoo.architecture("digits-cnn").preprocessing, name="cnn")
+        train = load_images("digits[0:600]")
+        train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
+                         progress=False)
+        _TRAINED_CNN_STATE.update({k: v.detach().clone() for k, v in model.module.state_dict().items()})
+    module = zoo.build("digits-cnn", seed=0)
+    module.load_state_dict(_TRAINED_CNN_STATE)
+    return module.eval()
+
+
+@pytest.fixture()
+def registered_cnn(tracking_uri):
+    """digits-cnn trained briefly (:func:`briefly_trained_cnn`) and registered as models:/cnn/1."""
     from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
     from mlflow_di.models import zoo
     from mlflow_di.models.torch_model import TorchModel
-    from mlflow_di.models.training import train_classifier
 
-    spec = zoo.architecture("digits-cnn")
-    model = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn", metadata={"arch": "digits-cnn"})
-    train = load_images("digits[0:600]")
-    train_classifier(model.module, model.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
-                     progress=False)
+    model = TorchModel(briefly_trained_cnn(), zoo.architecture("digits-cnn").preprocessing, name="cnn",
+                       metadata={"arch": "digits-cnn"})
     with tracking.tracked_run("train"):
         edge_models.log_torch_model(model, registered_model_name="cnn")
     return "models:/cnn/1"
@@ -173,19 +195,12 @@ def ray_cluster():
 def trained_cnns(one_torch_thread):
     """digits-cnn trained briefly (5 epochs on digits[0:600]), and two pruned copies of it (50%
     unstructured, 30% of the channels): versions of one model to fuzz against each other."""
-    import torch
-
     from mlflow_di.compression.prune import prune_l1, prune_structured
-    from mlflow_di.data import load_images
     from mlflow_di.models import zoo
     from mlflow_di.models.torch_model import TorchModel
-    from mlflow_di.models.training import train_classifier
 
     spec = zoo.architecture("digits-cnn")
-    original = TorchModel(zoo.build("digits-cnn", seed=0), spec.preprocessing, name="cnn")
-    train = load_images("digits[0:600]")
-    train_classifier(original.module, original.to_tensor(train.images), torch.from_numpy(train.labels), epochs=5,
-                     progress=False)
+    original = TorchModel(briefly_trained_cnn(), spec.preprocessing, name="cnn")
     pruned = TorchModel(prune_l1(original.module, 0.5).module, spec.preprocessing, name="cnn-pruned")
     channels = TorchModel(prune_structured(original.module, 0.3).module, spec.preprocessing, name="cnn-channels")
     return original, pruned, channels

@@ -193,3 +193,35 @@ def test_runtime_asked_of_a_model_it_does_not_open_is_one_line(registered_cnn, t
                  "--seed-data", "digits[0:2]"])
     err = capsys.readouterr().err
     assert code == 2 and "the runtime 'toy' opens onnx models, not pytorch-pt2 ones" in err
+
+
+needs_nncf = pytest.mark.skipif(importlib.util.find_spec("nncf") is None or importlib.util.find_spec("openvino") is None,
+                                reason="NNCF and OpenVINO are not installed (pip install 'mlflow-di[nncf]')")
+
+
+@needs_nncf
+@pytest.mark.shared
+def test_an_nncf_int8_export_of_lenet5_is_registered_with_lineage_scored_on_openvino_and_gated(tracking_uri,
+                                                                                                shared_dir, capsys):
+    weights = shared_dir / "models" / "deepimportance" / "LeNet5.h5"
+    mnist = shared_dir / "data" / "mnist"
+    assert main(["import-keras", "--arch", "lenet5", "--weights", str(weights), "--register-as", "lenet5"]) == 0
+    assert main(["compress", "--model-uri", "models:/lenet5/1", "--method", "int8-nncf",
+                 "--calib-data", f"mnist-train:{mnist}[0:300]", "--eval-data", f"mnist-test:{mnist}[0:1000]",
+                 "--no-benefit"]) == 0
+    out = capsys.readouterr().out
+    assert "Statistics collection" not in out  # NNCF's own progress bars stay out of the command's lines
+    client = mlflow.MlflowClient()
+    version = client.get_model_version("lenet5-int8-nncf", "1")
+    assert version.tags["mlflow_di.source_uri"] == "models:/lenet5/1" and version.tags["mlflow_di.method"] == "int8-nncf"
+    assert json.loads(version.tags["mlflow_di.params"])["tool"] == "nncf"
+    # made for OpenVINO: scored there too without being asked
+    assert version.tags["mlflow_di.runtimes"] == "onnxruntime,openvino"
+    metrics = client.get_run(version.run_id).data.metrics
+    assert metrics["runtime.openvino.eval_images"] == 1000 and metrics["runtime.openvino.disagreement_rate"] < 0.02
+    assert metrics["compressed_size_bytes"] < metrics["source_size_bytes"] / 2  # int8 weights
+    capsys.readouterr()
+    assert main(["gate", "--model-uri", "models:/lenet5-int8-nncf/1", "--max-disagreement-rate", "0.05",
+                 "--max-accuracy-drop", "0.03", "--runtime", "openvino"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: PASS" in out and "openvino" in out

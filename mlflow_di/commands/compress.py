@@ -274,6 +274,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     from mlflow_di.reporting.compression_report import compression_report
 
     declared = method_declaration(method)
+    selection = selection.scored_also_on(declared.made_for)
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
         tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags, **evidence}
         with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:

@@ -6,6 +6,7 @@
 ``int8-dynamic``       ONNX Runtime dynamic int8 (int8 weights, run-time activation ranges)
 ``prune-l1``           global unstructured L1 magnitude pruning of Conv/Linear weights, then export
 ``prune-structured``   L1 output-channel pruning (all but the logit layer), then export
+``int8-nncf``          NNCF's post-training int8 for OpenVINO (QDQ ONNX, scored on OpenVINO too)
 =====================  ==================================================================
 
 Each method is a :class:`MethodDeclaration`: what it needs and what it is (calibration data, integer
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from mlflow_di.compression.export import OnnxExport, compression_metadata, export_onnx, onnx_opset, set_metadata
+from mlflow_di.compression.nncf_int8 import quantize_with_nncf
 from mlflow_di.compression.onnx_ops import assert_linear_layers_quantized
 from mlflow_di.compression.prune import prunable_layers, prune_l1, prune_structured
 from mlflow_di.compression.recipes import recipe as default_recipe
@@ -58,7 +60,8 @@ class MethodDeclaration:
     data. ``integer``: runs integer kernels (its figures are also measured under reference semantics,
     the QDQ graph as written, and its portability across CPUs is stated). ``prunes``: takes ``--amount``.
     ``selective``: can keep layers in float (``--keep-float``, the layer-wise diagnosis, the bounded
-    search and its recipes).
+    search and its recipes). ``made_for``: the runtime its exports are made for (``openvino`` for NNCF's
+    int8), on which compress also scores them when that runtime is installed.
     """
 
     name: str
@@ -68,6 +71,7 @@ class MethodDeclaration:
     integer: bool = False
     prunes: bool = False
     selective: bool = False
+    made_for: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +248,7 @@ def float_export(module, preprocessing: Preprocessing, out, opset=None, graph=No
 
 def _fp32(job: MethodJob) -> dict:
     export = float_export(job.module, job.preprocessing, job.path, job.opset, job.graph, job.exported)
-    return {"params": _export_params(export), "exporter": export.exporter}
+    return {"params": export_facts(export), "exporter": export.exporter}
 
 
 def _int8(job: MethodJob, quantize: Callable[[pathlib.Path, MethodJob], tuple[dict, dict]]) -> dict:
@@ -254,7 +258,7 @@ def _int8(job: MethodJob, quantize: Callable[[pathlib.Path, MethodJob], tuple[di
         fp32_path = pathlib.Path(work) / "fp32.onnx"
         export = float_export(job.module, job.preprocessing, fp32_path, job.opset, job.graph, job.exported)
         params, extra = quantize(fp32_path, job)
-    params.update(_export_params(export))
+    params.update(export_facts(export))
     return {"params": params, "exporter": export.exporter, **extra,
             "quantized_ops": assert_linear_layers_quantized(job.path, kept_float=list(job.keep_float))}
 
@@ -309,7 +313,7 @@ def _name_weights_by_layer(model, layer_names: dict) -> None:
         node.input[:] = [renamed.get(value, value) for value in node.input]
 
 
-def _export_params(export) -> dict:
+def export_facts(export) -> dict:
     """The export facts worth recording: the opset, and why the dynamo exporter was not used (if so)."""
     params = {"opset": export.opset}
     if export.fallback_reason:
@@ -332,7 +336,7 @@ def _prune_structured(job: MethodJob) -> dict:
 
 def _pruned_export(job: MethodJob, pruned, params: dict) -> dict:
     export = export_onnx(pruned.module, job.preprocessing, job.path, job.opset)
-    params.update(_export_params(export))
+    params.update(export_facts(export))
     return {"params": params, "exporter": export.exporter, "sparsity": pruned.sparsity}
 
 
@@ -348,4 +352,6 @@ METHODS = Registry("compression method", MethodDeclaration, builtins=(
                       prunes=True),
     MethodDeclaration("prune-structured", "L1 output-channel pruning (all but the logit layer)", _prune_structured,
                       prunes=True),
+    MethodDeclaration("int8-nncf", "NNCF's post-training int8 for OpenVINO's CPU plugin (QDQ ONNX; the nncf extra)",
+                      quantize_with_nncf, needs_calibration=True, integer=True, made_for="openvino"),
 ))

@@ -84,6 +84,17 @@ class Selection:
     held_out: HeldOut | None = None  # a bounded search's held-out data: the figures the gate judges
     runtimes: tuple[RuntimeChoice, ...] = ()  # what each export is scored on (empty: the default runtime alone)
 
+    def scored_also_on(self, made_for: str | None) -> Selection:
+        """This selection with the runtime a method's exports are made for after the runtimes asked for (as is
+        when there is none, it is asked already, or it is not installed)."""
+        if made_for is None:
+            return self
+        choice = RuntimeChoice.parse(made_for)
+        asked = self.runtimes or (self.primary_runtime,)
+        if choice.label in {c.label for c in asked} or choice.runtime.missing():
+            return self
+        return dataclasses.replace(self, runtimes=(*asked, choice))
+
     @property
     def primary_runtime(self) -> RuntimeChoice:
         """The runtime whose answers are the export's own figures (the first asked for)."""
