@@ -175,7 +175,9 @@ def test_openvino_runs_an_export_as_onnx_runtime_does_and_names_its_precision(re
 
     # describe says what each runtime will compute
     assert main(["describe", "models:/cnn-int8-static/1", "--runtime", "openvino"]) == 0
-    assert f"openvino {__import__('openvino').__version__.split('-')[0]}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"runtime:        openvino {__import__('openvino').__version__.split('-')[0]} CPU" in out
+    assert "kernels:        Convolution x" in out and " in u8" in out  # the QDQ pairs fused into int8 kernels
 
     # one export compared across runtimes: the original as ONNX Runtime runs it, the export as OpenVINO does
     summary = tmp_path / "fuzz.json"

@@ -19,6 +19,8 @@ from mlflow_di.models.classifier import Classifier, fixed_batch, graph_preproces
 from mlflow_di.models.execution import ExecutionContext, default_threads, host_context
 from mlflow_di.models.preprocessing import Preprocessing
 
+#: the CPU plugin's layer types that carry weights (what "runs in int8" means for a model)
+WEIGHTED_LAYERS = ("Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul")
 #: OpenVINO's element type names -> the precision names the context uses
 _PRECISIONS = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}
 
@@ -83,6 +85,19 @@ class OpenVinoClassifier(Classifier):
         version = openvino.__version__.split("-")[0]
         threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         return host_context("openvino", version, "CPU", "all", threads, self.precision, self.precision_asked)
+
+    def kernels(self) -> str:
+        """What the compiled model's weighted layers compute in, e.g. ``Convolution x2 in u8, FullyConnected x3 in
+        u8`` (u8/i8: fused int8 kernels; f32 or bf16: float), read from OpenVINO's runtime model."""
+        import collections
+
+        counts = collections.Counter()
+        for op in self.compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            kind = info["layerType"].astype(str) if "layerType" in info else ""
+            if kind in WEIGHTED_LAYERS:
+                counts[(kind, info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?")] += 1
+        return ", ".join(f"{kind} x{count} in {precision}" for (kind, precision), count in counts.items())
 
     def _forward(self, batch: np.ndarray) -> np.ndarray:
         return fixed_batch(self._run, batch, self.fixed_batch, self.name)
