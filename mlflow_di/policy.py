@@ -162,6 +162,25 @@ class EvidencePolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class RayPolicy:
+    """Where the fuzz, realism and coverage steps spread their work (not a step): ``workers`` Ray workers (0:
+    everything in the pipeline's own process) on the cluster at ``address`` (``local``: one started on this
+    machine; ``auto``; ``ray://HOST:PORT``), each reserving ``cpus_per_worker`` and ``gpus_per_worker``. The
+    steps' records are the same as without Ray (the commands' ``--workers`` guarantee)."""
+
+    workers: int = _kind("integer", 0)
+    address: str | None = _kind("text", None)
+    cpus_per_worker: float | None = _kind("positive number", None)
+    gpus_per_worker: float | None = _kind("positive number", None)
+
+    def arguments(self) -> dict:
+        """The Ray options of a step's command (``--workers``, ``--ray-address``, ...), those the policy sets."""
+        given = {"workers": self.workers, "ray_address": self.address, "cpus_per_worker": self.cpus_per_worker,
+                 "gpus_per_worker": self.gpus_per_worker}
+        return {key: value for key, value in given.items() if value is not None} if self.workers else {}
+
+
+@dataclasses.dataclass(frozen=True)
 class TrustPolicy:
     """Which pickled models the pipeline may load. A pickle runs code when loaded, and a pipeline (or
     the service) loads whatever version it is given, so a pickled PyTorch model loads only when its
@@ -171,8 +190,9 @@ class TrustPolicy:
     pickled_models: tuple = _kind("texts", ())
 
 
-SECTIONS = {"trust": TrustPolicy, "evidence": EvidencePolicy, "compress": CompressPolicy, "coverage": CoveragePolicy,
-            "fuzz": FuzzPolicy, "realism": RealismPolicy, "robustness": RobustnessPolicy, "gate": GatePolicy}
+SECTIONS = {"trust": TrustPolicy, "evidence": EvidencePolicy, "ray": RayPolicy, "compress": CompressPolicy,
+            "coverage": CoveragePolicy, "fuzz": FuzzPolicy, "realism": RealismPolicy, "robustness": RobustnessPolicy,
+            "gate": GatePolicy}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +205,7 @@ class Policy:
     robustness: RobustnessPolicy | None = None
     trust: TrustPolicy = TrustPolicy()
     evidence: EvidencePolicy = EvidencePolicy()
+    ray: RayPolicy = RayPolicy()
     #: (registered model name, {preprocessing field: value or list}) pairs, as the file states them
     preprocessing: tuple = ()
     source: str = "policy"  # the file it came from, for messages
@@ -211,6 +232,8 @@ class Policy:
         out = {"trust": {"pickled_models": list(self.trusted_pickles)}} if self.trusted_pickles else {}
         if self.evidence != EvidencePolicy():
             out["evidence"] = dataclasses.asdict(self.evidence)
+        if self.ray != RayPolicy():
+            out["ray"] = {key: value for key, value in dataclasses.asdict(self.ray).items() if value is not None}
         if self.preprocessing:
             out["preprocessing"] = {name: dict(fields) for name, fields in self.preprocessing}
         for step in self.steps:
@@ -333,6 +356,8 @@ def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
     if "evidence" in sections and sections["evidence"].growth < 2:
         raise UserError(f"{source}: evidence.growth must be at least 2 (each round multiplies the seeds), got "
                         f"{sections['evidence'].growth}")
+    if "ray" in sections:
+        _check_ray(sections["ray"], source)
     for step in ("fuzz", "realism"):
         if step in sections and "compress" not in sections:
             raise UserError(f"{source}: {step} needs a compress section (the exports to fuzz against the model)")
@@ -342,6 +367,17 @@ def from_mapping(document, source: str = "policy", sha256: str = "") -> Policy:
             raise UserError(f"{source}: compress.holdout_data is required with a bound (images the search does not "
                             "see, which verify the bounded export)")
     return Policy(**sections, source=source, sha256=sha256)
+
+
+def _check_ray(ray: RayPolicy, source: str) -> None:
+    from mlflow_di._ray import check_address
+
+    if ray.workers < 0:
+        raise UserError(f"{source}: ray.workers must be 0 (no Ray) or more, got {ray.workers}")
+    try:
+        check_address(ray.address)
+    except UserError as exc:
+        raise UserError(f"{source}: ray.address: {exc}") from None
 
 
 def _section(name: str, values, cls, source: str):

@@ -421,6 +421,20 @@ class RayAddress(CheckedBy):
     checker = "mlflow_di._ray:check_address"
 
 
+class CountOrPolicy(click.ParamType):
+    """A count of 0 or more, or ``policy`` (also empty, as an MLproject's unset parameter): the policy's own."""
+
+    name = "N|policy"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip()
+        if text in ("", "policy") or value is None:
+            return None
+        if not text.isdigit():
+            self.fail(f"{text!r} is neither a count (0 or more) nor 'policy'", param, ctx)
+        return int(text)
+
+
 class RuntimeSpec(CheckedBy):
     """``NAME[:PRECISION]`` of a declared runtime that is installed here, e.g. ``openvino:f32``
     (:mod:`mlflow_di.models.runtimes`); a missing extra is the one-line refusal naming it."""

@@ -32,7 +32,7 @@ import time
 
 import click
 
-from mlflow_di.commands.options import WritablePath, write_text_out
+from mlflow_di.commands.options import CountOrPolicy, RayAddress, WritablePath, write_text_out
 
 PIPELINES = pathlib.Path("mlflow-di-pipelines")
 STATE_FILE = "state.json"
@@ -47,13 +47,19 @@ STATE_FILE = "state.json"
 @click.option("--restart", type=click.BOOL, is_flag=False, flag_value=True, default=False, metavar="[BOOL]",
               help="Ignore the recorded state and run every step again (also --restart true, as `mlflow run -P "
                    "restart=true` passes it).")
+@click.option("--workers", type=CountOrPolicy(), default=None,
+              help="Ray workers for the fuzz, realism and coverage steps, instead of the policy's ray.workers (0: "
+                   "none); the records are the same either way.")
+@click.option("--ray-address", type=RayAddress(), default=None,
+              help="The Ray cluster for those workers, instead of the policy's ray.address (default local).")
 @click.pass_context
-def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str | None, restart: bool) -> None:
+def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str | None, restart: bool,
+            workers: int | None = None, ray_address: str | None = None) -> None:
     """Run the steps POLICY declares on MODEL-URI (compress, coverage, fuzz, robustness, gate) as child runs of one run."""
     from mlflow_di.errors import UserError
     from mlflow_di.policy import load_policy
 
-    policy = load_policy(policy_path)
+    policy = _with_ray(load_policy(policy_path), workers, ray_address)
     steps = _step_arguments(ctx, policy, model_uri)  # every value checked before any run starts
     folder = pathlib.Path(state_dir) if state_dir else PIPELINES / _slug(model_uri)
     state = _state(folder, policy, model_uri, restart)
@@ -281,6 +287,19 @@ def _save(folder: pathlib.Path, state: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------- steps
 
+def _with_ray(policy, workers: int | None, address: str | None):
+    """``policy`` with the command line's Ray settings in place of its ``ray`` section's (None: the policy's). The
+    policy's fingerprint stays: where the work runs does not change what it records."""
+    import dataclasses
+
+    ray = policy.ray
+    if workers is not None:
+        ray = dataclasses.replace(ray, workers=workers)
+    if address is not None:
+        ray = dataclasses.replace(ray, address=address)
+    return dataclasses.replace(policy, ray=ray)
+
+
 def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dict]:
     """{step: the keyword arguments of its command}, each policy value converted and checked by the
     command's own option type (a bad one is a UserError naming the policy key)."""
@@ -293,6 +312,8 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
         section = policy.to_dict()[step]
         if step == "gate":
             section = {**section.pop("thresholds"), **section}
+        if step in ("coverage", "fuzz", "realism"):  # the policy's Ray settings, as the step's own options
+            section = {**section, **policy.ray.arguments()}
         steps[step] = _converted(ctx, commands[step], section, f"{policy.source}: {step}")
     override = policy.preprocessing_of(_registered_name(model_uri))
     if override:  # the policy's preprocessing for this model, as each step's own option
