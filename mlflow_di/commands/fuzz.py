@@ -140,10 +140,25 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                 models.original, list(models.compressed), models.search, plan.seeds.seeds, timeout, max_queries, batch,
                 seed, list(plan.folders.exports), resume, choice.executor, models.overlapping), choice.declaration)
         summaries, comparison = _log_results(log, plan, record, original, seed_data, num_seeds, results, confidence)
+        _log_ray_stats(log, choice.executor)
         if not all(result.complete for result in results):  # the run ends KILLED; everything found is logged and on disk
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
     write_json_out(summaries[0] if not choice.several else {"campaigns": dict(zip(choice.compressed, summaries)),
                                                             **comparison["metrics"]}, json_out)
+
+
+def _log_ray_stats(log, executor) -> None:
+    """What the Ray workers did (chunks, workers) and, when a worker was lost (its process or its node), how many
+    chunks a restarted one ran: a lost worker costs its chunks' time, never their records."""
+    stats = getattr(executor, "stats", None)
+    if not stats:
+        return
+    log.metrics({"ray.chunks": stats["chunks"], "ray.workers": stats["workers"],
+                 "ray.chunks_on_restarted_workers": stats["chunks_on_restarted_workers"]})
+    if stats["chunks_on_restarted_workers"]:
+        click.echo(f"a Ray worker was lost and restarted: {stats['chunks_on_restarted_workers']} of {stats['chunks']} "
+                   "chunks ran on a restarted worker (those it held ran again from their start; no record is lost or "
+                   "written twice)")
 
 
 @dataclasses.dataclass(frozen=True)

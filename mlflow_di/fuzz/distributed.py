@@ -60,7 +60,8 @@ class RayExecutor:
     gpus_per_worker: float = 0.0
     chunk_size: int | None = None
     max_retries: int = 3
-    #: filled in by :meth:`execute`: chunks, workers started, each chunk's seconds inside its worker
+    #: filled in by :meth:`execute`: chunks, workers started, each chunk's seconds inside its worker, and how many
+    #: chunks a restarted worker ran (among them those it held when its process or node was lost, run again)
     stats: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -95,7 +96,8 @@ class RayExecutor:
                   for _ in range(min(self.workers, len(chunks)))]
         queue = list(reversed(chunks))
         running: dict = {}  # object ref -> (actor, chunk)
-        self.stats = {"chunks": len(chunks), "workers": len(actors), "chunk_seconds": []}
+        self.stats = {"chunks": len(chunks), "workers": len(actors), "chunk_seconds": [],
+                      "chunks_on_restarted_workers": 0}
         try:
             for actor in actors * 2:  # two chunks per worker: the next is there when one finishes
                 if queue:
@@ -115,6 +117,7 @@ class RayExecutor:
                                     "campaign to continue)") from None
                 _save_chunk(runner, outcome)
                 self.stats["chunk_seconds"].append(outcome["seconds"])
+                self.stats["chunks_on_restarted_workers"] += int(outcome.get("restarted", False))
                 if queue:
                     chunk = queue.pop()
                     running[actor.search.remote(_payload(runner, chunk), models)] = (actor, chunk)
@@ -151,8 +154,11 @@ class _Worker:
             lanes.append(lane)
         runner = Lockstep(self.original, lanes, seeds, self.strategy, self.batch, self.overlap)
         runner.run(progress=False)
+        # a restarted worker (its process or its node lost) runs the chunks it held again from their start
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
         return {"lanes": [(lane.records, lane.images, lane.stats) for lane in lanes],
-                "shared_original_inputs": runner.shared_original_inputs, "seconds": time.perf_counter() - began}
+                "shared_original_inputs": runner.shared_original_inputs, "seconds": time.perf_counter() - began,
+                "restarted": bool(restarted)}
 
 
 class _SeedView:
