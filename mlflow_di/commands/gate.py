@@ -117,7 +117,7 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     verdict = decide(model_uri, thresholds, found, compared, inconclusive_as=inconclusive)
     with version_lock(version.name, version.version, "gate", wait_s=LOCK_WAIT_S):  # one gate's record, whole
         written = _write_verdict(verdict, version, source, model_uri, baseline, compressed, promote_alias,
-                                 _evidence_notes(verdict, pinned_runs, realism_budget))
+                                 _evidence_notes(verdict, pinned_runs, realism_budget, runtime))
     # what a pipeline calling this command logs on its own run (see commands/pipeline.py)
     click.get_current_context().meta["mlflow_di.gate"] = {
         "run_id": written.run_id, "outcome": verdict.outcome, "metrics": written.metrics, "report": written.report,
@@ -243,8 +243,9 @@ def _unjudged_slowness(verdict) -> list[str]:
             for m in verdict.measurements if m.metric == "speedup" and m.found and m.interval and m.interval[1] < 1]
 
 
-def _evidence_notes(verdict, pinned_runs, realism_budget) -> tuple[str, ...]:
-    """Which rule chose the runs behind the figures, and the budget realistic deviations were judged in."""
+def _evidence_notes(verdict, pinned_runs, realism_budget, runtime=None) -> tuple[str, ...]:
+    """Which rule chose the runs behind the figures, the runtime whose answers were judged, and the budget realistic
+    deviations were judged in."""
     from mlflow_di.fuzz.realism import DEFAULT_BUDGET
     from mlflow_di.gate import RULE
 
@@ -253,6 +254,9 @@ def _evidence_notes(verdict, pinned_runs, realism_budget) -> tuple[str, ...]:
              f"the runs given with --runs ({len(pinned_runs or ())})")
     notes = [f"evidence: {given}" if pinned_runs else
              f"evidence: for each check, {RULE}; search-split and calibration figures are never judged"]
+    if runtime is not None:
+        notes.append(f"the exports' answers judged as {runtime.label} computes them: only campaigns run on it and "
+                     "compress figures measured on it count")
     if any(c.metric == "realistic_success_rate" for c in verdict.checks):
         budget = (realism_budget or DEFAULT_BUDGET).describe()
         notes.append(f"realistic deviations judged inside {budget}, only from campaigns that searched inside a "
