@@ -40,7 +40,9 @@ def test_a_pipeline_on_ray_workers_gives_the_verdict_and_records_of_one_without(
     from mlflow_di.fuzz.results import comparable_records
 
     policy = tmp_path / "tiny.yaml"
-    policy.write_text(TINY + "ray: {workers: 2, cpus_per_worker: 0.5}\n")
+    assert "criteria: [idc]}" in TINY  # five resamples behind IDC's interval: what is compared is where steps run
+    policy.write_text(TINY.replace("criteria: [idc]}", "criteria: [idc], idc_resamples: 5}")
+                      + "ray: {workers: 2, cpus_per_worker: 0.5}\n")
     local = ["pipeline", "--policy", str(policy), "--model-uri", registered_cnn, "--state-dir", str(tmp_path / "local"),
              "--workers", "0"]  # the command line's --workers wins over the policy's
     spread = ["pipeline", "--policy", str(policy), "--model-uri", registered_cnn, "--state-dir", str(tmp_path / "ray")]
