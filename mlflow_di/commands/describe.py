@@ -12,7 +12,7 @@ from mlflow_di.commands.options import device_option, preprocessing_option, runt
 @click.option("--set-preprocessing", "set_preprocessing", default=None, metavar="KEY=VALUE,...",
               help="Record this preprocessing (the model's own, with these fields changed) on the registry version, "
                    "once: every later command, the pipeline and the service use it (an option still wins).")
-@runtime_option("Show what this runtime will compute for an ONNX model (NAME[:PRECISION])")
+@runtime_option("Show what this runtime computes for an ONNX model")
 @device_option
 def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, device: str = "auto",
             runtime=None) -> None:

@@ -62,7 +62,7 @@ def _sections():
 
 
 @click.command("fuzz", cls=SectionedCommand, sections=_sections())
-@click.option("--original", required=True, help="The original model (any backend: models:/..., .onnx, .tflite, .pt, keras:...).")
+@click.option("--original", required=True, help="The original (any backend: models:/..., .onnx, .pt, keras:...).")
 @click.option("--compressed", "compressed", required=True, multiple=True,
               help="Its compressed version (any backend); repeat it to fuzz several exports in one call, the "
                    "original's calls shared.")
@@ -77,11 +77,11 @@ def _sections():
 @click.option("--strategy", type=LazyChoice("mlflow_di.fuzz.strategies:STRATEGIES", "strategy", in_help=False),
               default=declared.DEFAULT, show_default=True, help=declared.strategy_help())
 @click.option("--max-linf", type=click.IntRange(1, 255), default=None,
-              help="Keep every queried input within this many 8-bit levels of its seed (L-inf). Strategies with a "
-                   "realism budget.")
+              help="Keep every queried input within this many 8-bit levels of its seed (L-inf). Realism "
+                   "strategies.")
 @click.option("--min-ssim", type=FiniteFloat(-1.0, 1.0, min_open=True, max_open=True), default=None,
-              help="Keep each queried input's SSIM to its seed (paper's and whole-image; >= 11x11 images) at "
-                   "least this. Strategies with a realism budget.")
+              help="Least SSIM of each queried input to its seed (paper's and whole-image; >= 11x11 images). "
+                   "Realism strategies.")
 @declared_options(declared.declarations())
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
               help="Seeds searched in lockstep (results do not depend on it, but for int8-dynamic exports).")
@@ -100,7 +100,7 @@ def _sections():
               help="Override the exports' preprocessing.")
 @click.option("--semantics", type=click.Choice(["host", "reference"]), default="host", show_default=True,
               help="ONNX exports: this CPU's kernels, or the QDQ graph as written.")
-@runtime_option("The runtime the exports run on (NAME[:PRECISION])")
+@runtime_option("Run the exports on")
 @ray_options("the campaign: each loads the models once and searches chunks of --batch seeds (twice that "
              "with --overlap)")
 @seed_option

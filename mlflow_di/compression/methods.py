@@ -353,5 +353,6 @@ METHODS = Registry("compression method", MethodDeclaration, builtins=(
     MethodDeclaration("prune-structured", "L1 output-channel pruning (all but the logit layer)", _prune_structured,
                       prunes=True),
     MethodDeclaration("int8-nncf", "NNCF's post-training int8 for OpenVINO's CPU plugin (QDQ ONNX; the nncf extra)",
-                      quantize_with_nncf, needs_calibration=True, integer=True, made_for="openvino"),
+                      lambda job: _int8(job, quantize_with_nncf), needs_calibration=True, integer=True,
+                      made_for="openvino"),
 ))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import tempfile
 
 import numpy as np
 
@@ -22,8 +21,9 @@ from mlflow_di.errors import UserError
 BATCH = 32
 
 
-def quantize_with_nncf(job) -> dict:
-    """The export of ``job`` (a :class:`~mlflow_di.compression.methods.MethodJob`) quantized by ``nncf.quantize``."""
+def quantize_with_nncf(fp32_path: pathlib.Path, job) -> tuple[dict, dict]:
+    """The fp32 graph at ``fp32_path`` quantized by ``nncf.quantize`` on ``job``'s calibration inputs into
+    ``job.path`` (a :class:`~mlflow_di.compression.methods.MethodJob`); (its params, no other result field)."""
     if importlib.util.find_spec("nncf") is None:
         raise UserError("int8-nncf needs NNCF: pip install 'mlflow-di[nncf]'")
     import contextlib
@@ -33,24 +33,17 @@ def quantize_with_nncf(job) -> dict:
     import nncf
     import onnx
 
-    from mlflow_di.compression.methods import export_facts, float_export
-    from mlflow_di.compression.onnx_ops import quantized_ops
     from mlflow_di.compression.quantize import check_calibration_inputs, model_input
 
-    logging.getLogger("nncf").setLevel(logging.ERROR)  # its progress bars and INFO lines: the command says what ran
-    with tempfile.TemporaryDirectory(prefix="mlflow-di-nncf-") as work:
-        fp32_path = pathlib.Path(work) / "fp32.onnx"
-        export = float_export(job.module, job.preprocessing, fp32_path, job.opset, job.graph, job.exported)
-        name, shape = model_input(fp32_path)
-        inputs = check_calibration_inputs(job.calib, shape)
-        batches = [{name: np.ascontiguousarray(inputs[i:i + BATCH], dtype=np.float32)}
-                   for i in range(0, len(inputs), BATCH)]
-        model = onnx.load(str(fp32_path))
-        # NNCF draws its own progress bars (rich, on the console it finds at write time): the command's lines only
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            quantized = nncf.quantize(model, nncf.Dataset(batches), target_device=nncf.TargetDevice.CPU,
-                                      subset_size=len(batches))
-        onnx.save(quantized, str(job.path))
-    params = {"tool": "nncf", "nncf_version": nncf.__version__, "calibration_images": len(inputs),
-              "target_device": "CPU", "preset": "performance", **export_facts(export)}
-    return {"params": params, "exporter": export.exporter, "quantized_ops": quantized_ops(job.path)}
+    logging.getLogger("nncf").setLevel(logging.ERROR)  # its INFO lines: the command says what ran
+    name, shape = model_input(fp32_path)
+    inputs = check_calibration_inputs(job.calib, shape)
+    batches = [{name: np.ascontiguousarray(inputs[i:i + BATCH], dtype=np.float32)} for i in range(0, len(inputs), BATCH)]
+    model = onnx.load(str(fp32_path))
+    # NNCF draws its own progress bars (rich, on the console it finds at write time): the command's lines only
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        quantized = nncf.quantize(model, nncf.Dataset(batches), target_device=nncf.TargetDevice.CPU,
+                                  subset_size=len(batches))
+    onnx.save(quantized, str(job.path))
+    return {"tool": "nncf", "nncf_version": nncf.__version__, "calibration_images": len(inputs),
+            "target_device": "CPU", "preset": "performance"}, {}
