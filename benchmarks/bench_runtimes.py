@@ -1,8 +1,9 @@
 """The same exports on ONNX Runtime and OpenVINO: how many answers differ, and how fast each runs, in one run.
 
 DI LeNet-5 (../shared, imported from its Keras weights) is compressed with ``compress --method
-int8-static,prune-l1`` (calibration mnist-train[0:500]) and each export is scored on the MNIST test images by
-``--runtime onnxruntime,openvino,openvino:f32``: the figures are the command's own metrics
+int8-static,prune-l1,int8-nncf`` (int8-nncf where NNCF is installed; calibration mnist-train[0:500]) and each
+export is scored on the MNIST test images by ``--runtime onnxruntime,openvino,openvino:f32``: the figures are
+the command's own metrics
 (``runtime.SLUG.top1_differs_from_first``, ``max_probability_difference``, disagreement with the source).
 Then each runtime classifies the same images in batches of 256, in turns (``--repeat`` times), for the
 speed ratio OpenVINO / ONNX Runtime. OpenVINO's default precision is the host's (bf16 on CPUs with it).
@@ -12,6 +13,7 @@ speed ratio OpenVINO / ONNX Runtime. OpenVINO's default precision is the host's 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import statistics
@@ -22,6 +24,7 @@ import mlflow_di  # noqa: F401  (torchvision guard first)
 
 BEGIN, END = "<!-- bench_runtimes -->", "<!-- /bench_runtimes -->"
 RUNTIMES = ("onnxruntime", "openvino", "openvino:f32")
+METHODS = ("int8-static", "prune-l1")  # and int8-nncf (NNCF's int8 for OpenVINO) where nncf is installed
 
 
 def measure(images: int, repeat: int, shared: str) -> dict:
@@ -36,7 +39,8 @@ def measure(images: int, repeat: int, shared: str) -> dict:
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder}/mlflow.db"
     model = f"keras:lenet5:{shared}/models/deepimportance/LeNet5.h5"
     data = f"mnist-test:{shared}/data/mnist[0:{images}]"
-    code = main(["compress", "--model-uri", model, "--method", "int8-static,prune-l1", "--calib-data",
+    methods = METHODS + (("int8-nncf",) if importlib.util.find_spec("nncf") else ())
+    code = main(["compress", "--model-uri", model, "--method", ",".join(methods), "--calib-data",
                  f"mnist-train:{shared}/data/mnist[0:500]", "--eval-data", data, "--runtime", ",".join(RUNTIMES),
                  "--no-benefit"])
     if code != 0:
@@ -44,7 +48,7 @@ def measure(images: int, repeat: int, shared: str) -> dict:
     client = mlflow.MlflowClient()
     test = load_images(data).images
     rows = []
-    for method in ("int8-static", "prune-l1"):
+    for method in methods:
         version = client.get_model_version(f"lenet5-{method}", "1")
         metrics, tags = client.get_run(version.run_id).data.metrics, version.tags
         row = {"method": method, "images": int(metrics["eval_images"]), "ort_disagreements": int(metrics["disagreements"])}
@@ -73,7 +77,8 @@ def render(result: dict) -> str:
     ort, ov = result["rows"][0]["versions"]
     lines = [BEGIN, "## The same export on ONNX Runtime and OpenVINO (bench_runtimes)", "",
              f"`.venv/bin/python -m benchmarks.bench_runtimes --images {result['images']} --repeat {result['repeat']} "
-             f"--write`: DI LeNet-5's int8-static and prune-l1 exports (compress, calibration mnist-train[0:500]) on "
+             f"--write`: DI LeNet-5's {', '.join(row['method'] for row in result['rows'])} exports (compress, calibration "
+             f"mnist-train[0:500]) on "
              f"the first {result['images']:,} MNIST test images, scored by `compress --runtime "
              f"{','.join(RUNTIMES)}`; onnxruntime {ort}, openvino {ov}. Machine: {cpu_model()}, "
              f"{os.cpu_count()} cores ({platform.machine()}, int8 features {', '.join(int8_features()) or 'none'}), "
