@@ -37,9 +37,11 @@ def toy_method():
 
 
 def test_the_built_in_methods_say_what_they_need():
-    assert list(METHODS) == ["fp32", "int8-static", "int8-dynamic", "prune-l1", "prune-structured"]
-    assert methods_that("needs_calibration") == ["int8-static"] == methods_that("selective")
-    assert methods_that("integer") == ["int8-static", "int8-dynamic"]
+    assert list(METHODS) == ["fp32", "int8-static", "int8-dynamic", "prune-l1", "prune-structured", "int8-nncf"]
+    assert methods_that("needs_calibration") == ["int8-static", "int8-nncf"]
+    assert methods_that("selective") == ["int8-static"]
+    assert methods_that("integer") == ["int8-static", "int8-dynamic", "int8-nncf"]
+    assert [name for name in METHODS if METHODS[name].made_for] == ["int8-nncf"]  # scored on OpenVINO too
     assert methods_that("prunes") == ["prune-l1", "prune-structured"]
     assert method_declaration("fp32").summary.startswith("plain ONNX export")
 

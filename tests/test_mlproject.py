@@ -31,7 +31,7 @@ def finished_commands(store: pathlib.Path) -> list[str]:
 def test_each_entry_point_runs_with_mlflow_run(tmp_path):
     steps = [
         ("demo", dict(epochs=10, fuzz_seeds=5)),
-        ("coverage", dict(model_uri="models:/digits-cnn/1", top_m=4)),
+        ("coverage", dict(model_uri="models:/digits-cnn/1", top_m=4, idc_resamples=5)),  # the interval is not read
         ("inspect", dict(model_uri="models:/digits-cnn/1", data="digits[0:600]", measures="pearson,probe")),
         ("compress", dict(model_uri="models:/digits-cnn/1", method="int8-dynamic")),
         ("fuzz", dict(original="models:/digits-cnn/1", compressed="models:/digits-cnn-int8-dynamic/1",
@@ -107,8 +107,9 @@ def test_the_gate_entry_point_defaults_are_the_demo_policy():
     policy = load_policy(REPO / "examples" / "policies" / "demo.yaml")
     thresholds = {name: value for name, value in policy.to_dict()["gate"]["thresholds"].items() if value is not None}
     assert {name: float(value) for name, value in defaults.items()
-            if name not in ("promote_alias", "semantics", "realism_budget", "inconclusive")} == \
+            if name not in ("promote_alias", "semantics", "realism_budget", "inconclusive", "runtime")} == \
         {name: float(value) for name, value in thresholds.items()}
     assert defaults["realism_budget"] == policy.gate.realism_budget
     assert defaults["promote_alias"] == policy.gate.promote_alias
     assert defaults["semantics"] == (policy.gate.semantics or "host")  # the policy's, else the command's default
+    assert defaults["runtime"] == (policy.gate.runtime or "")  # empty: each figure's own runtime, as the command
