@@ -1,5 +1,6 @@
 """Shared fixtures. Tests that need ../shared (reference models, MNIST) use ``shared_dir``,
 which skips with a reason when it is absent (a user's fresh clone has no ../shared)."""
+import contextlib
 import os
 import pathlib
 
@@ -16,16 +17,19 @@ def _shared_path() -> pathlib.Path:
     return pathlib.Path(os.environ.get("MLFLOW_DI_SHARED", REPO.parent / "shared")).resolve()
 
 
-#: Files that take about a minute or more here (seconds per file from a --junitxml of ``make test``,
-#: 2026-11-28: 327, 232, 220, 186, 116, 106, 90, 84, 84, 76, 62, 62, 58, 53): collected first, so that with
-#: the two workers of ``make test`` (pytest-xdist, ``--dist loadfile``) neither ends alone on a long file while
-#: the other idles. ``make test`` passes ``--no-loadscope-reorder``: by default xdist sends the files with the
-#: most tests first, which put the one-test README walk and MLproject files last (a 4-minute tail).
-#: Longest first; only the order changes, never which tests run.
-LONG_FILES = ("test_torchvision_families.py", "test_readme_walk.py", "test_mlproject.py", "test_mlflow_native.py",
-              "test_serve.py", "test_rough_edges.py", "test_fuzz_command.py", "test_coverage_ray.py",
-              "test_server_dies.py", "test_compress_command.py", "test_bad_input_battery.py", "test_reproduce.py",
-              "test_disk_full.py", "test_fuzz_load.py")
+#: Files that take about a minute or more here (seconds per file in ``make test``, 2026-11-28, before the shared
+#: stores and smaller campaigns of 2026-11-29: readme_walk 558, mlflow_native 305, mlproject 298, torchvision
+#: 282, serve 187, rough_edges 184, disk_full 166, server_dies 166, compress_command 151, fuzz_command 140,
+#: reproduce 134, coverage_ray 132, user_models 117, stoppable 102, fuzz_load 91, server 89, browser 88, ...):
+#: collected first, so that with the two workers of ``make test`` (pytest-xdist, ``--dist loadfile``) neither
+#: ends alone on a long file while the other idles. ``make test`` passes ``--no-loadscope-reorder``: by default
+#: xdist sends the files with the most tests first, which put the one-test README walk and MLproject files last
+#: (a 4-minute tail). Longest first (as they are now); only the order changes, never which tests run.
+LONG_FILES = ("test_readme_walk.py", "test_mlproject.py", "test_torchvision_families.py", "test_mlflow_native.py",
+              "test_serve.py", "test_server_dies.py", "test_reproduce.py", "test_user_models.py",
+              "test_compress_command.py", "test_coverage_ray.py", "test_disk_full.py", "test_stoppable.py",
+              "test_fuzz_command.py", "test_rough_edges.py", "test_server.py", "test_browser.py",
+              "test_bad_input_battery.py", "test_version_lock.py", "test_pipeline.py", "test_fuzz_load.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -135,17 +139,65 @@ def briefly_trained_cnn():
     return module.eval()
 
 
-@pytest.fixture()
-def registered_cnn(tracking_uri):
-    """digits-cnn trained briefly (:func:`briefly_trained_cnn`) and registered as models:/cnn/1."""
+@contextlib.contextmanager
+def active_store(folder: pathlib.Path):
+    """``folder``/mlflow.db as the tracking store (and ``folder`` as the current folder) for the block, as
+    :func:`tracking_uri` makes a test's store: for fixtures that build a store once and let each test copy it
+    (:func:`copy_store`). Whatever the test had set before (its own tracking_uri) is back afterwards."""
+    import mlflow
+    import mlflow.tracking.fluent as fluent
+
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        patch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+        patch.chdir(folder)
+        mlflow.set_tracking_uri(uri)
+        fluent._active_experiment_id = None
+        try:
+            yield uri
+        finally:
+            while mlflow.active_run():
+                mlflow.end_run()
+            fluent._active_experiment_id = None
+            mlflow.set_tracking_uri(previous)
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)  # set_experiment exported it
+
+
+def copy_store(template: pathlib.Path, folder: pathlib.Path) -> None:
+    """Make ``folder``/mlflow.db (a test's store, not opened yet) a copy of the store file ``template``.
+    Runs and models of the template keep their artifacts where the template's block wrote them (read
+    only by the tests); new runs of an experiment the template created write theirs there too, each in
+    its own run folder."""
+    import shutil
+
+    shutil.copy(template, folder / "mlflow.db")
+
+
+@pytest.fixture(scope="session")
+def registered_cnn_store(empty_store_file, tmp_path_factory) -> pathlib.Path:
+    """A sqlite store in which :func:`briefly_trained_cnn` was logged in a "train" run and registered as
+    models:/cnn/1, made once per test process: :func:`registered_cnn` copies it (logging the model,
+    a torch.export of it, took seconds per test)."""
     from mlflow_di.mlflow_edge import models as edge_models, runs as tracking
     from mlflow_di.models import zoo
     from mlflow_di.models.torch_model import TorchModel
 
+    folder = tmp_path_factory.mktemp("registered-cnn-store")
+    copy_store(empty_store_file, folder)
     model = TorchModel(briefly_trained_cnn(), zoo.architecture("digits-cnn").preprocessing, name="cnn",
                        metadata={"arch": "digits-cnn"})
-    with tracking.tracked_run("train"):
+    with active_store(folder), tracking.tracked_run("train"):
         edge_models.log_torch_model(model, registered_model_name="cnn")
+    return folder / "mlflow.db"
+
+
+@pytest.fixture()
+def registered_cnn(registered_cnn_store, tracking_uri, tmp_path):
+    """digits-cnn trained briefly (:func:`briefly_trained_cnn`), logged in a "train" run and registered
+    as models:/cnn/1 in the fresh store of :func:`tracking_uri` (a copy of :func:`registered_cnn_store`)."""
+    copy_store(registered_cnn_store, tmp_path)  # nothing has opened the empty store yet
     return "models:/cnn/1"
 
 

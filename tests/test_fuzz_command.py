@@ -6,16 +6,29 @@ import mlflow
 import numpy as np
 import pytest
 
+from conftest import active_store, copy_store
 from mlflow_di.cli import main
 from mlflow_di.fuzz import load_campaign
 from mlflow_di.fuzz.results import comparable_records
 
 
+@pytest.fixture(scope="module")
+def exports_store(registered_cnn_store, tmp_path_factory):
+    """The store of registered_cnn after `compress --method int8-dynamic,prune-l1` on models:/cnn/1: made once
+    for the module, copied by :func:`exports` (each compress took 10-15 s per test)."""
+    folder = tmp_path_factory.mktemp("fuzz-command-exports")
+    copy_store(registered_cnn_store, folder)
+    with active_store(folder):
+        code = main(["compress", "--model-uri", "models:/cnn/1", "--method", "int8-dynamic,prune-l1", "--amount",
+                     "0.3", "--eval-data", "digits[1300:1400]"])
+    assert code == 0
+    return folder / "mlflow.db"
+
+
 @pytest.fixture()
-def exports(registered_cnn, capsys):
-    code = main(["compress", "--model-uri", registered_cnn, "--method", "int8-dynamic,prune-l1", "--amount", "0.3",
-                 "--eval-data", "digits[1300:1400]"])
-    assert code == 0, capsys.readouterr().err
+def exports(registered_cnn, exports_store, tmp_path):
+    """models:/cnn/1 and its two exports in the test's fresh store (a copy of :func:`exports_store`)."""
+    copy_store(exports_store, tmp_path)  # replaces registered_cnn's copy, which nothing has opened yet
     return ["models:/cnn-int8-dynamic/1", "models:/cnn-prune-l1/1"]
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import active_store, copy_store
 from mlflow_di.cli import main
 from mlflow_di.models import zoo
 from mlflow_di.models.signature import from_signature
@@ -70,18 +71,32 @@ def log_three_ways(module, tmp_path, prefix: str = "cnn"):
     return module
 
 
+@pytest.fixture(scope="module")
+def three_ways_store(empty_store_file, tmp_path_factory):
+    """A store in which the digits CNN was logged three ways (:func:`log_three_ways`), made once for the
+    module (logging took ~20 s) and copied by :func:`three_ways` into each test's fresh store."""
+    folder = tmp_path_factory.mktemp("three-ways")
+    copy_store(empty_store_file, folder)
+    with active_store(folder):
+        log_three_ways(_digits_cnn(), folder)
+    return folder / "mlflow.db"
+
+
 @pytest.fixture()
-def three_ways(tracking_uri, tmp_path):
-    """The digits CNN logged three ways (:func:`log_three_ways`)."""
-    return log_three_ways(_digits_cnn(), tmp_path)
+def three_ways(three_ways_store, tracking_uri, tmp_path):
+    """The digits CNN logged three ways (:func:`log_three_ways`) in the test's fresh store."""
+    copy_store(three_ways_store, tmp_path)  # nothing has opened tracking_uri's empty store yet
+    return _digits_cnn()
 
 
 def coverage_of_three_ways(prefix: str, tmp_path, capsys) -> dict[str, dict]:
     results = {}
     for name in (f"{prefix}-pt2", f"{prefix}-pickle", f"{prefix}-onnx"):
         out = tmp_path / f"{name}.json"
+        # 5 resamples for the IDC interval (50 by default): the formats must still give the same interval
         assert main(["coverage", "--model-uri", f"models:/{name}/1", "--train-data", "digits[0:300]",
-                     "--test-data", "digits[300:500]", "--json-out", str(out)]) == 0, capsys.readouterr().err
+                     "--test-data", "digits[300:500]", "--idc-resamples", "5", "--json-out", str(out)]) == 0, \
+            capsys.readouterr().err
         results[name] = json.loads(out.read_text())
     return results
 
@@ -209,7 +224,7 @@ def test_a_torchvision_model_logged_with_defaults_runs_through_every_command(tra
     summary = tmp_path / "coverage.json"
     assert main(["coverage", "--model-uri", uri, "--train-data", f"{data}[0:32]", "--test-data", f"{data}[32:48]",
                  "--top-m", "3", "--clusters", "2", "--criteria", "idc,nc,kmnc", "--batch-size", "16",
-                 "--json-out", str(summary)]) == 0, capsys.readouterr().err
+                 "--idc-resamples", "5", "--json-out", str(summary)]) == 0, capsys.readouterr().err
     assert 0 < json.loads(summary.read_text())["idc"] <= 1
     assert main(["compress", "--model-uri", uri, "--method", "int8-dynamic", "--eval-data", f"{data}[32:48]"]) == 0
     assert main(["fuzz", "--original", uri, "--compressed", "models:/resnet18-int8-dynamic/1", "--seed-data",

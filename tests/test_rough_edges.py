@@ -13,7 +13,9 @@ import pytest
 from mlflow_di.cli import main
 
 CLI = [sys.executable, "-m", "mlflow_di.cli"]
-FUZZ = ["fuzz", "--original", "ORIG", "--compressed", "COMP", "--seed-data", "digits[0:300]", "--num-seeds", "300",
+#: a campaign long enough to be stopped while it runs (it is signalled as soon as its first records are on disk),
+#: and short enough that resuming the rest is cheap: 100 seeds (13 batches of 8), 400 queries each at most
+FUZZ = ["fuzz", "--original", "ORIG", "--compressed", "COMP", "--seed-data", "digits[0:100]", "--num-seeds", "100",
         "--timeout", "60", "--batch", "8", "--max-queries", "400"]
 
 

@@ -392,7 +392,7 @@ def test_a_job_whose_version_was_deleted_ends_in_error_and_its_tags_are_not_retr
 #: the versions are logged as MLflow users log them (pt2), which runs no code when loaded.
 TINY = """
 compress: {methods: [int8-dynamic], eval_data: "digits[600:650]"}
-coverage: {train_data: "digits[0:100]", test_data: ["digits[600:650]"], criteria: [idc], clusters: [2]}
+coverage: {train_data: "digits[0:100]", test_data: ["digits[600:650]"], criteria: [idc], clusters: [2], idc_resamples: 5}
 fuzz: {seed_data: "digits[600:650]", num_seeds: 2, max_queries: 10, timeout: 10}
 gate: {thresholds: {min_idc: 0}}
 """

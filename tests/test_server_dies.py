@@ -51,12 +51,14 @@ def test_a_server_that_dies_mid_run_is_one_line_and_the_run_is_ended_when_it_is_
     work.mkdir()
     server = start_server(folder)
     port = int(server.url.rsplit(":", 1)[1])
-    if command == "fuzz":  # long enough to be killed in the middle: 300 seeds, 2,000 queries each at most
+    # each runs for several seconds after its run starts, long enough to be killed in the middle (the server dies
+    # as soon as the run is RUNNING), and goes on to its end with the server gone
+    if command == "fuzz":  # 100 seeds, 2,000 queries each at most
         args = ["fuzz", "--original", str(model_file / "m0.pt"), "--compressed", str(model_file / "m1.pt"),
-                "--seed-data", "digits[0:300]", "--num-seeds", "300", "--max-queries", "2000"]
-    else:
+                "--seed-data", "digits[0:100]", "--num-seeds", "100", "--max-queries", "2000"]
+    else:  # every criterion on 1,200 training images; the IDC interval is not what this test reads
         args = ["coverage", "--model-uri", str(model_file / "m0.pt"), "--train-data", "digits[0:1200]",
-                "--test-data", "digits[1200:]"]
+                "--test-data", "digits[1200:]", "--idc-resamples", "5"]
     process = subprocess.Popen([sys.executable, "-m", "mlflow_di.cli", "--tracking-uri", server.url, *args], cwd=work,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -162,7 +162,7 @@ def test_every_command_runs_on_the_family(registered, tmp_path, capsys):
     summary = tmp_path / "coverage.json"
     assert main(["coverage", "--model-uri", uri, "--train-data", f"{data}[0:32]", "--test-data", f"{data}[32:48]",
                  "--top-m", "3", "--clusters", "2", "--criteria", "idc,nc,kmnc,tknc", "--batch-size", "16",
-                 "--json-out", str(summary)]) == 0, \
+                 "--idc-resamples", "5", "--json-out", str(summary)]) == 0, \
         capsys.readouterr().err
     measured = json.loads(summary.read_text())
     assert 0 < measured["idc"] <= 1 and 0 <= measured["nc"] <= 1
