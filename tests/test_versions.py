@@ -9,6 +9,7 @@ import pytest
 
 from mlflow_di.cli import main
 from mlflow_di.fuzz import STRATEGIES
+from tests.conftest import active_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -39,25 +40,11 @@ def _train_and_register(seed: int, epochs: int) -> None:
 def two_versions_store(tmp_path_factory, empty_store_file, one_torch_thread):
     """A store file with models:/cnn/1 (seed 0, 5 epochs) and models:/cnn/2 (seed 1, 3 epochs), trained
     once for the module; each test gets a copy (the model artifacts are referenced by absolute path)."""
-    import mlflow.tracking.fluent as fluent
-
     folder = tmp_path_factory.mktemp("cnn-versions")
     shutil.copy(empty_store_file, folder / "mlflow.db")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", uri)
-        patch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-        patch.chdir(folder)
-        mlflow.set_tracking_uri(uri)
-        fluent._active_experiment_id = None
-        try:
-            _train_and_register(seed=0, epochs=5)
-            _train_and_register(seed=1, epochs=3)
-        finally:
-            while mlflow.active_run():
-                mlflow.end_run()
-            fluent._active_experiment_id = None
-            mlflow.set_tracking_uri(None)
+    with active_store(folder):
+        _train_and_register(seed=0, epochs=5)
+        _train_and_register(seed=1, epochs=3)
     return folder / "mlflow.db"
 
 
