@@ -229,3 +229,18 @@ def test_an_nncf_int8_export_of_lenet5_is_registered_with_lineage_scored_on_open
     out = capsys.readouterr().out
     assert "verdict: PASS" in out
     assert "the exports' answers judged as openvino computes them" in out
+
+
+@needs_nncf
+def test_nncf_is_imported_with_its_telemetry_off():
+    """NNCF would send usage events to Google Analytics; outside pytest (which NNCF itself checks for) the
+    method's import turns that off."""
+    import subprocess
+    import sys
+
+    code = ("from mlflow_di.compression.nncf_int8 import nncf_module; nncf_module(); "
+            "from nncf.telemetry import wrapper; print(isinstance(wrapper.telemetry, wrapper.NNCFTelemetryStub))")
+    env = {key: value for key, value in __import__("os").environ.items() if key not in ("NNCF_CI", "NNCF_DEV")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True"  # the stub (a MagicMock) that sends nothing

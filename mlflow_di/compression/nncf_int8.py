@@ -21,6 +21,18 @@ from mlflow_di.errors import UserError
 BATCH = 32
 
 
+def nncf_module():
+    """``nncf``, imported with its usage telemetry off. NNCF sends usage events to Google Analytics unless
+    a consent file says no, and mlflow-di sends nothing anywhere; ``NNCF_CI`` is the switch NNCF's telemetry
+    wrapper reads (it changes nothing else in NNCF)."""
+    import os
+
+    os.environ.setdefault("NNCF_CI", "1")
+    import nncf
+
+    return nncf
+
+
 def quantize_with_nncf(fp32_path: pathlib.Path, job) -> tuple[dict, dict]:
     """The fp32 graph at ``fp32_path`` quantized by ``nncf.quantize`` on ``job``'s calibration inputs into
     ``job.path`` (a :class:`~mlflow_di.compression.methods.MethodJob`); (its params, no other result field)."""
@@ -30,11 +42,11 @@ def quantize_with_nncf(fp32_path: pathlib.Path, job) -> tuple[dict, dict]:
     import io
     import logging
 
-    import nncf
     import onnx
 
     from mlflow_di.compression.quantize import check_calibration_inputs, model_input
 
+    nncf = nncf_module()
     logging.getLogger("nncf").setLevel(logging.ERROR)  # its INFO lines: the command says what ran
     name, shape = model_input(fp32_path)
     inputs = check_calibration_inputs(job.calib, shape)
