@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 # What the demo and the commands need: torch, mlflow, ONNX Runtime, LiteRT (DFlare's reference models
 # are TFLite), scikit-learn, ...
 install: $(STAMP)
-# What the test suite and the docs need besides: Ray, pytest, LiteRT, ART, Selenium, MkDocs, ...
+# What the test suite and the docs need besides: Ray, OpenVINO, NNCF, pytest, LiteRT, ART, Selenium, MkDocs, ...
 install-dev: $(DEV_STAMP)
 
 # torch first, pinned: `pip install torch==2.13.0` takes the local CPU wheel, and the
@@ -26,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 $(DEV_STAMP): $(STAMP)
-	@echo "installing the test and docs extras into $(VENV) (Ray, pytest, LiteRT, ART, Selenium, MkDocs; 1-3 minutes)"
+	@echo "installing the test and docs extras into $(VENV) (Ray, OpenVINO, NNCF, pytest, LiteRT, ART, Selenium, MkDocs; 1-3 minutes)"
 	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[dev]"
 	touch $(DEV_STAMP)
 
