@@ -33,6 +33,7 @@ def measure(images: int, repeat: int, shared: str) -> dict:
     from mlflow_di.cli import main
     from mlflow_di.data import load_images
     from mlflow_di.models.loading import load_classifier
+    from mlflow_di.models.runtimes import RuntimeChoice
 
     folder = tempfile.mkdtemp(prefix="bench-runtimes-")
     mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
@@ -53,7 +54,7 @@ def measure(images: int, repeat: int, shared: str) -> dict:
         metrics, tags = client.get_run(version.run_id).data.metrics, version.tags
         row = {"method": method, "images": int(metrics["eval_images"]), "ort_disagreements": int(metrics["disagreements"])}
         for label in RUNTIMES[1:]:
-            slug = label.replace(":", "-")
+            slug = RuntimeChoice.parse(label).slug
             row[label] = {"precision": tags[f"mlflow_di.runtimes.{slug}.precision"],
                           "differs": int(metrics[f"runtime.{slug}.top1_differs_from_first"]),
                           "max_difference": metrics[f"runtime.{slug}.max_probability_difference"],

@@ -52,9 +52,10 @@ def command(uri: str, preprocessing: str | None, set_preprocessing: str | None, 
     context = getattr(classifier, "execution_context", None)
     if context is not None:  # what the runtime will compute: its version, precision (never silent), the CPU
         click.echo(f"runtime:        {context.describe()}")
-    kernels = getattr(classifier, "kernels", None)
-    if kernels is not None and kernels():  # fused int8 or float, as the runtime compiled it
-        click.echo(f"kernels:        {kernels()}")
+    compiled_as = getattr(classifier, "kernels", None)  # a runtime that lists its compiled layers (OpenVINO)
+    kernels = compiled_as() if compiled_as is not None else ""
+    if kernels:  # fused int8 or float, as the runtime compiled it
+        click.echo(f"kernels:        {kernels}")
     click.echo(f"input (HxWxC):  {'x'.join(map(str, prep.input_shape)) if prep.input_shape else 'unknown'}")
     click.echo(f"preprocessing:  x = (raw * {prep.scale:g} - mean {list(prep.mean)}) / std {list(prep.std)}, "
                f"layout {prep.layout}, model outputs {prep.output}")

@@ -14,14 +14,18 @@ def compare_outputs(source_probabilities, compressed, evaluation) -> tuple[dict,
     """Accuracy of source and export on ``evaluation``, how their outputs deviate (top-1
     disagreement rate, flips either way, KL divergence, margins: :func:`~mlflow_di.deviation.output_deviation`),
     and the per-class deviation (``{"matrix": ..., "classes": [ClassAccuracy]}``, None without evaluation data)."""
+    if evaluation is None:
+        return {}, None
+    return compare_probabilities(source_probabilities, compressed.predict_proba(evaluation.images), evaluation)
+
+
+def compare_probabilities(source_probabilities, compressed_probabilities, evaluation) -> tuple[dict, dict]:
+    """:func:`compare_outputs` for the export's probabilities on ``evaluation``, computed already."""
     import numpy as np
 
     from mlflow_di.deviation import (deviation_intervals, deviation_matrix, largest_class_drop, output_deviation,
                                      per_class_accuracy)
 
-    if evaluation is None:
-        return {}, None
-    compressed_probabilities = compressed.predict_proba(evaluation.images)
     original, exported = source_probabilities.argmax(axis=1), compressed_probabilities.argmax(axis=1)
     source_accuracy = float(np.mean(original == evaluation.labels))
     compressed_accuracy = float(np.mean(exported == evaluation.labels))

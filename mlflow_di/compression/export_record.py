@@ -121,40 +121,39 @@ class OtherRuntimes:
 
     metrics: dict
     tags: dict
-    contexts: dict  # label -> ExecutionContext
+    contexts: dict  # RuntimeChoice -> ExecutionContext
     primary: str  # the first runtime's label
 
 
 #: the figures measured again on every other runtime (the gate's compress checks and their intervals)
 RUNTIME_FIGURES = ("compressed_accuracy", "accuracy_drop", "disagreements", "disagreement_rate",
                    "max_class_accuracy_drop", "eval_images", *_HELD_OUT_INTERVALS)
-HELD_OUT_PREFIX = "held_out."
 
 
 def other_runtimes(selection: Selection, compressed, original, evaluation, device) -> OtherRuntimes:
     """The export (``compressed``, as the first runtime runs it) scored on every other runtime of ``selection``
     against the source's probabilities ``original`` on ``evaluation`` and on the held-out data, with the images
     on which that runtime's top-1 differs from the first one's (``runtime.SLUG.top1_differs_from_first``)."""
-    from mlflow_di.compression.evaluation import compare_outputs
+    import numpy as np
+
+    from mlflow_di.compression.evaluation import compare_outputs, compare_probabilities
 
     primary = selection.primary_runtime
     metrics, tags, contexts = {}, {"mlflow_di.runtimes": ",".join(c.label for c in selection.runtimes or (primary,))}, {}
-    import numpy as np
-
     first = compressed.predict_proba(evaluation.images) if evaluation is not None and selection.runtimes[1:] else None
     for choice in selection.runtimes[1:]:
         other = choice.open(compressed.path, compressed.preprocessing, f"{compressed.name} on {choice.label}", device)
         prefix = f"runtime.{choice.slug}."
-        figures, _ = compare_outputs(original, other, evaluation)
-        metrics.update({prefix + key: figures[key] for key in RUNTIME_FIGURES if key in figures})
-        if first is not None:
+        if first is not None:  # each runtime classifies the evaluation images once
             answers = other.predict_proba(evaluation.images)
+            figures, _ = compare_probabilities(original, answers, evaluation)
+            metrics.update({prefix + key: figures[key] for key in RUNTIME_FIGURES if key in figures})
             metrics[prefix + "top1_differs_from_first"] = int(np.sum(answers.argmax(1) != first.argmax(1)))
             metrics[prefix + "max_probability_difference"] = float(np.max(np.abs(answers - first)))
         if selection.held_out is not None:
             figures, _ = compare_outputs(selection.held_out.probabilities, other, selection.held_out.images)
-            metrics.update({HELD_OUT_PREFIX + prefix + key: figures[key] for key in RUNTIME_FIGURES if key in figures})
-        contexts[choice.label] = other.execution_context
+            metrics.update({f"held_out.{prefix}{key}": figures[key] for key in RUNTIME_FIGURES if key in figures})
+        contexts[choice] = other.execution_context
         tags.update(other.execution_context.tags(f"mlflow_di.runtimes.{choice.slug}."))
     return OtherRuntimes(metrics, tags, contexts, primary.label)
 

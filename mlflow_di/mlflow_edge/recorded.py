@@ -678,8 +678,9 @@ def runtime_label(tags: dict, prefix: str = f"{TAG_PREFIX}runtime.") -> str:
     name = tags.get(f"{prefix}name", "onnxruntime")
     if f"{prefix}{name}" not in tags:
         return ""
-    asked = tags.get(f"{prefix}precision_asked", "default")
-    return name if asked == "default" else f"{name}:{asked}"
+    from mlflow_di.models.runtimes import RuntimeChoice
+
+    return RuntimeChoice(name, tags.get(f"{prefix}precision_asked", "default")).label
 
 
 def context_line(tags: dict, prefix: str = f"{TAG_PREFIX}runtime.") -> str:

@@ -158,8 +158,8 @@ def runtime_lines(judged_on, metrics: dict) -> list[str]:
     disagreement with the source and its accuracy drop with their intervals, and on how many images its top-1
     differs from the first runtime's (:class:`~mlflow_di.compression.export_record.OtherRuntimes`)."""
     lines = []
-    for label, context in judged_on.contexts.items():
-        prefix = f"runtime.{label.replace(':', '-')}."
+    for choice, context in judged_on.contexts.items():
+        prefix = f"runtime.{choice.slug}."
         figures = {key.removeprefix(prefix): value for key, value in metrics.items() if key.startswith(prefix)}
         line = f"  on {context.describe()}"
         if "disagreements" in figures:
