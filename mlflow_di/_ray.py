@@ -41,7 +41,7 @@ def connect(address: str, num_cpus: int | None = None):
     """
     # before Ray is imported: no usage statistics sent anywhere, and a local cluster on the loopback address
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address == LOCAL:
+    if address == LOCAL or _on_loopback(address):  # Ray would swap a loopback host for this machine's address
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         import ray
@@ -49,14 +49,68 @@ def connect(address: str, num_cpus: int | None = None):
         raise UserError("running on Ray needs the ray extra: pip install 'mlflow-di[ray]'") from None
     if ray.is_initialized():
         return ray, False
+    unreachable = _unreachable(address)
+    if unreachable:
+        raise UserError(f"cannot reach the Ray cluster at '{address}': {unreachable} (start it with `ray start --head`, "
+                        "or pass the address its head printed)")
     kwargs = dict(include_dashboard=False, configure_logging=False, log_to_driver=False)
     if address == LOCAL and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
+    ours = _sigterm_handler()
     try:
         ray.init(address=address, **kwargs)  # "local", "auto" and HOST:PORT are Ray's own address forms
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise UserError(f"cannot start or join Ray at '{address}': {first_line(exc)}") from None
+    finally:
+        _restore_sigterm(ours)
     return ray, True
+
+
+#: Seconds a cluster's head gets to accept a connection before the address is called unreachable.
+REACH_TIMEOUT_S = 5.0
+
+
+def _unreachable(address: str) -> str:
+    """Why nothing listens at a ``[ray://]HOST:PORT`` address ('' when something does, or for ``local``/``auto``).
+
+    Checked before ``ray.init``, which waits minutes (measured: over 3) on an address where no head listens.
+    """
+    import socket
+
+    if address in (LOCAL, AUTO):
+        return ""
+    host, port = address.removeprefix("ray://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    return ""
+
+
+def _sigterm_handler():
+    """This process's SIGTERM handler (None off the main thread, where none can be set)."""
+    import signal
+    import threading
+
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm(handler) -> None:
+    """Put back the SIGTERM handler ``ray.init`` replaced with ``sys.exit(15)`` (and its native one): a command
+    terminated while on Ray stops as it does without Ray (finished work kept, its run KILLED, exit 143)."""
+    import signal
+
+    if handler is not None:
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _on_loopback(address: str) -> bool:
+    """Whether ``address`` is ``[ray://]HOST:PORT`` with a loopback host (a cluster started on this machine's
+    loopback address, as ``local`` and the tests' clusters are)."""
+    if address in (LOCAL, AUTO):
+        return False
+    host = address.removeprefix("ray://").rsplit(":", 1)[0]
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def first_line(exc: BaseException) -> str:

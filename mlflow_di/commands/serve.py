@@ -7,12 +7,14 @@ first start the service records the time in its state folder; only versions crea
 are jobs, unless ``--backfill`` enqueues the existing ones too. Versions mlflow-di registered
 itself (exports) are never jobs.
 
-Jobs live in a sqlite queue in the state folder (:mod:`mlflow_di.service.queue`): one per
-version, ever; ``--workers`` run at a time, each job's pipeline in a subprocess with its own
-state folder, retried with backoff when it crashes. Each transition is one log line and the
-version's ``mlflow_di.status`` tag (queued, running, passed, failed, inconclusive, error). A pickled PyTorch
-version is loaded only when the policy trusts its registered model (``trust.pickled_models``):
-loading a pickle runs its code, and nobody chose the versions a service is handed.
+Jobs live in a sqlite queue in the state folder (:mod:`mlflow_di.service.queue`): one per version,
+ever; ``--workers`` run at a time, each job's pipeline in a subprocess with its own state folder,
+retried with backoff when it crashes; with ``--ray-address``, each in an actor on a Ray cluster
+(:mod:`mlflow_di.service.ray_jobs`) while the queue, the registry and the webhooks stay here. Each
+transition is one log line and the version's ``mlflow_di.status`` tag (queued, running, passed,
+failed, inconclusive, error). A pickled PyTorch version is loaded only when the policy trusts its
+registered model (``trust.pickled_models``): loading a pickle runs its code, and nobody chose the
+versions a service is handed.
 
 Stopping (Ctrl-C, SIGTERM): the endpoints close, running pipelines are terminated and their jobs
 stay ``running``; the next start puts them back in the queue and the pipeline resumes from its
@@ -33,7 +35,7 @@ import time
 
 import click
 
-from mlflow_di.commands.options import FiniteFloat, WritablePath
+from mlflow_di.commands.options import FiniteFloat, RayAddress, WritablePath
 
 DEFAULT_STATE = "mlflow-di-service"
 DEFAULT_PORT = 5055
@@ -58,8 +60,13 @@ RECONCILE_S = 600.0
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="Port of /health, /jobs and POST /webhook (0: any free port, printed at start).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Pipelines run at the same time (default: one per CPU core); each pipeline's models get the "
-                   "cores divided by the workers as threads, so the machine is used without oversubscribing it.")
+              help="Pipelines run at the same time (default: one per CPU core; with --ray-address, as many as the "
+                   "cluster's CPUs hold); each pipeline's models get the cores divided by the workers as threads, so "
+                   "the machine is used without oversubscribing it.")
+@click.option("--ray-address", type=RayAddress(), default=None,
+              help="Run each job's pipeline in an actor on this Ray cluster (auto, HOST:PORT or ray://HOST:PORT) "
+                   "instead of a subprocess here; the actor reserves the policy's ray resources (see "
+                   "docs/how-to/ray.md). The queue, the registry and the webhooks stay with the service.")
 @click.option("--poll-seconds", type=FiniteFloat(min=0), default=60.0, show_default=True,
               help="Look for new versions this often (0: with webhooks, only a reconciling look at start, 90 s "
                    "later and every 10 minutes, for what a webhook missed).")
@@ -75,8 +82,8 @@ RECONCILE_S = 600.0
               help="Environment variable holding the webhook secret; POST /webhook is refused without it.")
 @click.option("--register-webhook", metavar="URL", default=None,
               help="Register (or update) the registry webhook sending model_version.created to URL at start.")
-def command(policy_path, state_dir, host, port, workers, poll_seconds, models, backfill, max_attempts, retry_backoff,
-            webhook_secret_env, register_webhook) -> None:
+def command(policy_path, state_dir, host, port, workers, ray_address, poll_seconds, models, backfill, max_attempts,
+            retry_backoff, webhook_secret_env, register_webhook) -> None:
     """Run the pipeline POLICY declares for every new model version (webhooks and/or polling)."""
     from mlflow_di.errors import UserError
     from mlflow_di.policy import load_policy
@@ -97,9 +104,8 @@ def command(policy_path, state_dir, host, port, workers, poll_seconds, models, b
                    + (f" of {', '.join(untrusted)}" if models and policy.trusted_pickles else "")
                    + ": versions logged as pickled PyTorch models will end in error (list their registered models "
                    "under trust.pickled_models); pt2 (MLflow's default for PyTorch), ONNX and TFLite versions run")
-    workers = workers or max(1, os.cpu_count() or 1)
     service = Service(pathlib.Path(state_dir), policy_path, models, workers, max_attempts, retry_backoff, secret,
-                      poll_seconds, backfill)
+                      poll_seconds, backfill, ray_address)
     service.start(host, port, register_webhook)
     service.wait()
 
@@ -169,7 +175,8 @@ class Service:
     thread (tags and polling). Built by :func:`command`; ``start`` then ``wait``."""
 
     def __init__(self, state: pathlib.Path, policy_path: str, models, workers: int, max_attempts: int,
-                 backoff_s: float, secret: str | None, poll_seconds: float, backfill: bool):
+                 backoff_s: float, secret: str | None, poll_seconds: float, backfill: bool,
+                 ray_address: str | None = None):
         self.state = state
         self.policy_path = policy_path
         self.models = tuple(models)
@@ -187,6 +194,8 @@ class Service:
         self._threads: list[threading.Thread] = []
         self.server = None
         self._lock = None
+        self.ray_address = ray_address  # set: each job's pipeline runs on that Ray cluster
+        self.launcher = None
 
     # ------------------------------------------------------------------------------ start
     def start(self, host: str, port: int, register_webhook: str | None) -> None:
@@ -203,6 +212,8 @@ class Service:
                 self.queue.close()
             if self._lock is not None:
                 self._lock.release()
+            if self.launcher is not None and hasattr(self.launcher, "close"):
+                self.launcher.close()
             raise
 
     def _start(self, host: str, port: int, register_webhook: str | None) -> None:
@@ -217,6 +228,8 @@ class Service:
         partial = self.state / ".policy.yaml.partial"
         partial.write_bytes(pathlib.Path(self.policy_path).read_bytes())
         os.replace(partial, self.policy)
+        self.launcher = self._launcher()  # an unreachable cluster: one line, before any port is bound
+        self.workers = self.workers or self._default_workers()
         self.queue = JobQueue(self.state / "jobs.sqlite")
         try:
             self.server = ServiceServer(host, port, self, on_error=self._say)
@@ -236,7 +249,7 @@ class Service:
         from mlflow_di.service.worker import Runner
 
         runner = Runner(self.queue, self._argv, self._log_path, self.max_attempts, self.backoff_s, self.stop,
-                        self._report, env=self._child_env(), report_error=self._say)
+                        self._report, env=self._child_env(), report_error=self._say, launcher=self.launcher)
         for number in range(self.workers):
             self._spawn(runner.loop, f"worker-{number + 1}")
         polling = (f"polling every {self.poll_seconds:g} s" if self.poll_seconds else
@@ -245,8 +258,29 @@ class Service:
         hooks = "webhooks at POST /webhook" if self.secret else "no webhooks (no --webhook-secret-env)"
         models = ", ".join(self.models) if self.models else "every model"
         self.ready.set()
+        where = (f"pipelines on Ray at {self.ray_address}, {self.launcher.resources} each" if self.ray_address else
+                 "pipelines in subprocesses")
         self._say(f"serving {self.server.url} for {self.tracking_uri} ({models}; {polling}; {hooks}; "
-                  f"{self.workers} worker(s); state {self.state})")
+                  f"{self.workers} worker(s), {where}; state {self.state})")
+
+    def _launcher(self):
+        """Where the jobs' pipelines run: subprocesses here, or actors on the Ray cluster at ``ray_address``."""
+        from mlflow_di.service.worker import LocalLauncher
+
+        if not self.ray_address:
+            return LocalLauncher()
+        from mlflow_di.policy import load_policy
+        from mlflow_di.service.ray_jobs import RayLauncher, job_resources
+
+        policy = load_policy(str(self.policy))
+        return RayLauncher(self.ray_address, job_resources(policy.ray), self.state / "pipelines",
+                           self.policy.read_text())
+
+    def _default_workers(self) -> int:
+        """One pipeline per CPU core here; on Ray, as many as the cluster's CPUs hold."""
+        if self.ray_address:
+            return self.launcher.default_workers()
+        return max(1, os.cpu_count() or 1)
 
     def _lock_state(self) -> None:
         """One service per state folder: a second one would run the same jobs."""
@@ -287,6 +321,8 @@ class Service:
                 thread.join(timeout=30)
             running = len(self.queue.jobs("running"))
             self.queue.close()
+            if hasattr(self.launcher, "close"):
+                self.launcher.close()
             self._lock and self._lock.release()
         finally:
             for sig, handler in previous.items():
@@ -410,7 +446,7 @@ class Service:
         from mlflow_di import __version__
 
         return {"status": "ok" if self.ready.is_set() else "starting", "version": __version__,
-                "jobs": self.queue.counts(), "workers": self.workers,
+                "jobs": self.queue.counts(), "workers": self.workers, "ray_address": self.ray_address,
                 "poll_seconds": self.poll_seconds, "webhooks": self.secret is not None}
 
     def jobs(self, state: str | None) -> dict:

@@ -1,4 +1,5 @@
-"""Workers: each takes a job from the queue and runs its pipeline in a subprocess.
+"""Workers: each takes a job from the queue and runs its pipeline in a subprocess (or, with ``serve
+--ray-address``, in an actor on a Ray cluster: :mod:`mlflow_di.service.ray_jobs`).
 
 Why a subprocess: a crash, a leak or an out-of-memory kill in one model's pipeline must not take
 the service (and the other jobs) with it. The child runs in its own session (process group), so
@@ -20,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 from mlflow_di import processes
 from mlflow_di.service.queue import Job, JobQueue, outcome
@@ -44,6 +45,7 @@ class Runner:
     env: dict | None = None
     idle_s: float = 0.5
     report_error: Callable[[str], None] = print
+    launcher: "Launcher" = dataclasses.field(default_factory=lambda: LocalLauncher())
 
     def loop(self) -> None:
         """Run jobs until :attr:`stop` is set."""
@@ -68,19 +70,25 @@ class Runner:
             log.write(f"\n{ATTEMPT_HEADER}{job.attempts} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
             log.flush()
             try:
-                child = subprocess.Popen(self.argv(job), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, start_new_session=True)
-            except OSError as exc:
+                pipeline = self.launcher.start(job, self.argv(job), self.env, log)
+            except (OSError, PipelineLost) as exc:
                 return self._after(job, None, f"cannot start the pipeline: {exc}", started)
-            self.queue.set_pid(job.id, child.pid)
-            while child.poll() is None:
+            if pipeline.pid is not None:
+                self.queue.set_pid(job.id, pipeline.pid)
+            while True:
+                try:
+                    code = pipeline.poll()
+                except PipelineLost as exc:
+                    return self._after(job, None, str(exc), started)
+                if code is not None:
+                    break
                 if self.stop.wait(0.5):
-                    stop_group(child)
+                    pipeline.stop()
                     self.report(job, "stopped with the service; it resumes on the next start")
                     return self.queue.job(job.id)
         cause = last_error_line(log_path)
-        return self._after(job, child.returncode, f"pipeline exited with code {child.returncode}"
-                           + (f": {cause}" if cause and child.returncode != 0 else ""), started)
+        return self._after(job, code, f"pipeline exited with code {code}"
+                           + (f": {cause}" if cause and code != 0 else ""), started)
 
     def _after(self, job: Job, code: int | None, message: str, started: float) -> Job:
         seconds = time.monotonic() - started
@@ -96,6 +104,54 @@ class Runner:
             job = self.queue.finish(job.id, result, code, message)
             self.report(job, f"{result} (exit {code}, {seconds:.1f} s)")
         return job
+
+
+class PipelineLost(Exception):
+    """The pipeline's process is gone without an exit code (its Ray actor or node was lost): the job is retried."""
+
+
+class Launcher(Protocol):
+    """Where a job's pipeline runs: :class:`LocalLauncher` (a subprocess here) or
+    :class:`mlflow_di.service.ray_jobs.RayLauncher` (an actor on a Ray cluster)."""
+
+    def start(self, job: Job, argv: list[str], env: dict | None, log) -> "Pipeline":
+        """Start ``argv`` (``python -m mlflow_di.cli pipeline ...``) for ``job``, its output appended to ``log``."""
+
+
+class Pipeline(Protocol):
+    """A started pipeline: ``pid`` (on this machine; None elsewhere), ``poll()`` (its exit code, None while it
+    runs; raises :class:`PipelineLost`) and ``stop()`` (SIGTERM, then SIGKILL after a grace period)."""
+
+    pid: int | None
+
+    def poll(self) -> int | None: ...
+
+    def stop(self) -> None: ...
+
+
+class LocalLauncher:
+    """Each pipeline a subprocess of the service, in its own session (process group)."""
+
+    def start(self, job: Job, argv: list[str], env: dict | None, log) -> "LocalPipeline":
+        return LocalPipeline(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              env=env, start_new_session=True))
+
+
+@dataclasses.dataclass
+class LocalPipeline:
+    """A pipeline subprocess on this machine."""
+
+    child: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+    def poll(self) -> int | None:
+        return self.child.poll()
+
+    def stop(self) -> None:
+        stop_group(self.child)
 
 
 #: The header :meth:`Runner.run` writes before each attempt's output in a job's log.
