@@ -212,7 +212,7 @@ class Service:
                 self.queue.close()
             if self._lock is not None:
                 self._lock.release()
-            if self.launcher is not None and hasattr(self.launcher, "close"):
+            if self.launcher is not None:
                 self.launcher.close()
             raise
 
@@ -321,8 +321,7 @@ class Service:
                 thread.join(timeout=30)
             running = len(self.queue.jobs("running"))
             self.queue.close()
-            if hasattr(self.launcher, "close"):
-                self.launcher.close()
+            self.launcher.close()
             self._lock and self._lock.release()
         finally:
             for sig, handler in previous.items():

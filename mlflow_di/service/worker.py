@@ -117,6 +117,9 @@ class Launcher(Protocol):
     def start(self, job: Job, argv: list[str], env: dict | None, log) -> "Pipeline":
         """Start ``argv`` (``python -m mlflow_di.cli pipeline ...``) for ``job``, its output appended to ``log``."""
 
+    def close(self) -> None:
+        """Release what the launcher holds (a Ray connection) when the service stops."""
+
 
 class Pipeline(Protocol):
     """A started pipeline: ``pid`` (on this machine; None elsewhere), ``poll()`` (its exit code, None while it
@@ -135,6 +138,9 @@ class LocalLauncher:
     def start(self, job: Job, argv: list[str], env: dict | None, log) -> "LocalPipeline":
         return LocalPipeline(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               env=env, start_new_session=True))
+
+    def close(self) -> None:
+        """Nothing to release: each pipeline is stopped by its worker."""
 
 
 @dataclasses.dataclass
