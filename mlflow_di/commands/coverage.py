@@ -114,6 +114,8 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         final = results[-1]
         log.metrics({**final.metrics(), **(by_class.metrics() if by_class else {})}, model_id=model_id,
                     dataset=lineage[-1])
+        if passes is not None:
+            _log_ray_passes(log, passes.stats)
         _log_growth(log, results)
         summary = dict(final.summary(), sets=[r.summary() for r in results])
         if by_class is not None:
@@ -122,6 +124,16 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
         _log_review_artifacts(log, suite, model, tests[0], results, by_class)
     write_json_out(summary, json_out)
     _print_summary(final, by_class)
+
+
+def _log_ray_passes(log, stats: list[dict]) -> None:
+    """The passes' Ray figures (``ray.batches``, ``ray.batches_on_restarted_workers``); a line when a worker was lost."""
+    batches = sum(one["batches"] for one in stats)
+    again = sum(one["batches_on_restarted_workers"] for one in stats)
+    log.metrics({"ray.batches": batches, "ray.batches_on_restarted_workers": again})
+    if again:
+        click.echo(f"a Ray worker was lost and restarted: {again} of {batches} batches ran on a restarted worker "
+                   "(the results are the same)")
 
 
 #: Most points of the ``idc_growth`` step metric (a long test set is sampled evenly, its last input kept).

@@ -41,7 +41,9 @@ class RayPasses:
     through the object store. ``trace_dir``: where workers write trace files (a shared folder on
     a cluster of several machines). ``progress``: a bar of the batches as they come back.
     ``stats`` (filled in per pass): batches, workers, wall seconds, the workers' seconds inside
-    batches, the longest model and data load in a worker.
+    batches, the longest model and data load in a worker, and the batches run by a restarted worker
+    (Ray restarts a worker whose process or node was lost; the batches it held run again, and the
+    results are the same).
     """
 
     workers: int = 2
@@ -125,7 +127,8 @@ class RayPasses:
             done = [p for output in outputs for p in output.partials]
             self.stats.append({"batches": len(items), "workers": workers, "seconds": time.perf_counter() - began,
                                "batch_seconds": sum(p["seconds"] for p in done),
-                               "load_seconds": max(p["load_seconds"] for p in done)})
+                               "load_seconds": max(p["load_seconds"] for p in done),
+                               "batches_on_restarted_workers": sum(p["restarted"] for p in done)})
             yield outputs
         finally:
             for output in outputs:
@@ -153,6 +156,8 @@ class _PassWorker:
         self.load_seconds = time.perf_counter() - began
 
     def __call__(self, batch: dict) -> dict:
+        import ray
+
         partials = []
         for number, start, stop in zip(batch["set"], batch["start"], batch["stop"]):
             number, start, stop = int(number), int(start), int(stop)
@@ -162,7 +167,9 @@ class _PassWorker:
                 partial = self.job(self.model, images[start:stop], labels[start:stop], start, self.traces[number])
             except UserError as exc:
                 partial = {"start": start, "error": str(exc)}
-            partial.update(seconds=time.perf_counter() - began, load_seconds=self.load_seconds)
+            # a restarted actor (its process or its node lost) runs the batches it held again
+            partial.update(seconds=time.perf_counter() - began, load_seconds=self.load_seconds,
+                           restarted=bool(ray.get_runtime_context().was_current_actor_reconstructed))
             partials.append(pickle.dumps(partial))
         return {"set": np.asarray(batch["set"]), "partial": np.array(partials, dtype=object)}
 
