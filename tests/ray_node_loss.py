@@ -6,7 +6,7 @@ worker nodes of one CPU, so each of the two workers sits on its own node and one
 
 - a fuzz campaign: once the first chunk is back, a node that holds a worker (no CPU left) is removed; its worker
   is restarted on the idle node and runs the chunks it held again;
-- coverage fit and score on Ray Data (a node added back first): once the first batch is back, a node holding a
+- coverage fit and score on a pool of Ray actors (a node added back first): once the first batch is back, a node holding a
   worker is removed;
 - a campaign's driver, a process of its own, SIGKILLed once its first chunk is saved; ``resume`` from this
   process completes the campaign.
@@ -116,7 +116,7 @@ def lose_a_node_mid_campaign(cluster, nodes: dict, began: float) -> dict:
     return {"equal": comparable_records(local) == comparable_records(spread),
             "written_equal": comparable_records(written) == comparable_records(local),
             "records": len(written.records), "seeds": len(seeds), "complete": spread.complete,
-            "stats": {k: v for k, v in executor.stats.items() if k != "chunk_seconds"}, "lost": lost}
+            "stats": {k: v for k, v in executor.stats.items() if not k.endswith("_seconds")}, "lost": lost}
 
 
 def _wait(delay: float):
@@ -139,7 +139,7 @@ def _slow_cnn(delay: float):
 
 
 def lose_a_node_mid_pass(cluster, nodes: dict) -> dict:
-    """Coverage fit and score on two Ray Data workers; a node holding one is removed once the fit's first batch is
+    """Coverage fit and score on two Ray workers; a node holding one is removed once the fit's first batch is
     back. Returns whether the fitted suite and the results equal the local path's."""
     from mlflow_di import progress
     from mlflow_di.coverage.distributed import RayPasses

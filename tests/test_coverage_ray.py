@@ -1,7 +1,7 @@
-"""Coverage passes split into batches (in process, and on Ray Data actors) give the local path's results exactly.
+"""Coverage passes split into batches (in process, and on a pool of Ray actors) give the local path's results exactly.
 
 The Ray tests use the session's local cluster (conftest: 2 CPUs); workers ask for half a CPU each
-so two actors and the driver's Ray Data executor never wait on each other.
+so two actors and the driver never wait on each other.
 """
 import json
 import math

@@ -5,7 +5,7 @@ fitted coverage model straight away (so a later failure never loses it), then sc
 set in turn, accumulating: ``--test-data orig --test-data augmented`` reports the coverage of
 the original set and of both together. ``--per-class`` adds IDC fitted and scored for each class
 on its own (on all test sets together), to show which classes the test data exercises least.
-``--workers N`` runs the passes over the images on Ray Data actors (``coverage/distributed.py``)
+``--workers N`` runs the passes over the images on a pool of Ray actors (``coverage/distributed.py``)
 and merges their partial results here: the numbers are those of ``--workers 0``.
 """
 from __future__ import annotations
@@ -195,7 +195,7 @@ def check_layers(model, layers, top_m: int) -> None:
 
 
 def _passes(workers: int, address: str, cpus: float, gpus: float, trace_dir, per_class: bool, specs: list):
-    """None (the passes in this process) for ``--workers 0``, else the Ray Data executor; what it cannot do is one line."""
+    """None (the passes in this process) for ``--workers 0``, else the Ray pool; what it cannot do is one line."""
     if not workers:
         return None
     import importlib.util

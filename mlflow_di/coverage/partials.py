@@ -4,7 +4,7 @@ The expensive part of fitting and scoring coverage is the passes over the images
 recording some layers' neuron values, and for IDC a forward+LRP pass. :class:`FitJob` and
 :class:`ScoreJob` compute what one batch of those passes contributes; a *passes executor* runs a
 job over every batch and hands the partial results back in batch order: :class:`LocalPasses` in
-this process, :class:`~mlflow_di.coverage.distributed.RayPasses` on Ray Data actors.
+this process, :class:`~mlflow_di.coverage.distributed.RayPasses` on a pool of Ray actors.
 ``CoverageSuite.fit``/``score`` with ``passes=`` then merge the partials on the driver.
 
 Same numbers as the local path (``passes=None``):
