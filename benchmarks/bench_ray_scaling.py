@@ -75,9 +75,13 @@ def measure(workers: list[int], seeds: int, delay: float, queries: int, batch: i
             result = run_campaign(Waiting(0.45, delay), Waiting(0.45, delay), seed_set, out_dir=f"{folder}/w{count}",
                                   executor=executor, **settings)
             seconds = time.perf_counter() - began
+            returned = sorted(executor.stats["returned_seconds"])
+            first_wave = returned[min(count, len(returned)) - 1]  # every worker started and one chunk back from each
+            after = len(returned) - count
             rows.append({"workers": count, "seconds": seconds, "seeds_per_s": seeds / seconds,
                          "equal": comparable_records(result) == comparable_records(local),
-                         "calls": sum(r.queries for r in result.records)})
+                         "calls": sum(r.queries for r in result.records), "first_wave": first_wave,
+                         "steady_seeds_per_s": after * batch / (returned[-1] - first_wave) if after > 0 else None})
         executor = RayExecutor(workers=2, address="auto", cpus_per_worker=1, chunk_size=batch)
         began = time.perf_counter()
         run_campaign(Waiting(0.45, 0.0), Waiting(0.47, 0.0), _seeds(ceiling_seeds), out_dir=f"{folder}/ceiling",
@@ -87,8 +91,11 @@ def measure(workers: list[int], seeds: int, delay: float, queries: int, batch: i
         ray.shutdown()
         cluster.shutdown()
     one = rows[0]["seeds_per_s"] / rows[0]["workers"]
+    steady_one = (rows[0]["steady_seeds_per_s"] or 0) / rows[0]["workers"]
     for row in rows:
         row["efficiency"] = row["seeds_per_s"] / (row["workers"] * one)
+        row["steady_efficiency"] = (row["steady_seeds_per_s"] / (row["workers"] * steady_one)
+                                    if row["steady_seeds_per_s"] and steady_one else None)
     return {"rows": rows, "seeds": seeds, "delay": delay, "queries": queries, "batch": batch, "ceiling": ceiling,
             "ceiling_seeds": ceiling_seeds}
 
@@ -105,10 +112,18 @@ def render(result: dict) -> str:
              "head without CPUs (the driver) and one 1-CPU node per worker, on this machine's "
              f"{os.cpu_count()} cores ({platform.machine()}); load average {os.getloadavg()[0]:.2f} at the end. Every "
              "run's per-seed records equal the in-process campaign's (checked).", "",
-             "| workers | seconds | seeds/s | efficiency | records equal |", "|---:|---:|---:|---:|---|"]
+             "| workers | seconds | seeds/s | efficiency | first chunk back from every worker at (s) | seeds/s after "
+             "that | efficiency after that | records equal |", "|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in result["rows"]:
+        steady = (f"{row['steady_seeds_per_s']:.2f} | {row['steady_efficiency']:.0%}" if row["steady_efficiency"]
+                  else "- | -")
         lines.append(f"| {row['workers']} | {row['seconds']:.1f} | {row['seeds_per_s']:.2f} | {row['efficiency']:.0%} | "
-                     f"{'yes' if row['equal'] else 'NO'} |")
+                     f"{row['first_wave']:.1f} | {steady} | {'yes' if row['equal'] else 'NO'} |")
+    lines += ["", "*Efficiency* counts the whole campaign, the workers' start included (each starts a Python "
+              "process, imports mlflow-di and PyTorch and loads both models: CPU work that W workers on this machine's "
+              f"{os.cpu_count()} cores do in turn, and nodes of a real cluster each do on their own). *After that*: the "
+              "chunks that came back after every worker's first one, over the time they took: how the driver and "
+              "Ray keep W busy workers fed."]
     lines += ["", f"The driver's ceiling (a free model, one query per seed, 2 workers, {result['ceiling_seeds']:,} "
               f"seeds): {result['ceiling']:.0f} seeds/s taken in and written to the campaign folder. A real cluster "
               "scales as this table does while the workers' seeds/s stay under that ceiling: W workers each finishing "

@@ -110,8 +110,11 @@ def lose_a_node_mid_campaign(cluster, nodes: dict, began: float) -> dict:
         lost["at"] = time.perf_counter() - began
 
     threading.Thread(target=lose_a_node, daemon=True).start()
+    campaign_began = time.perf_counter()
     spread = run_campaign(Waiting(0.45, 0.05), Waiting(0.47, 0.05), seeds, out_dir=f"{folder}/ray",
                           executor=executor, **SETTINGS)
+    lost["campaign_seconds"] = time.perf_counter() - campaign_began
+    lost["mean_chunk_seconds"] = float(np.mean(executor.stats["chunk_seconds"]))
     written = load_campaign(f"{folder}/ray")
     return {"equal": comparable_records(local) == comparable_records(spread),
             "written_equal": comparable_records(written) == comparable_records(local),
@@ -205,12 +208,14 @@ def lose_the_driver(address: str) -> dict:
     saved = records.read_text().count("\n") if records.exists() else 0
     driver.send_signal(signal.SIGKILL)
     driver.wait(30)
+    resume_began = time.perf_counter()
     resumed = run_campaign(Waiting(0.45, 0.05), Waiting(0.47, 0.05), seeds, out_dir=f"{folder}/ray", resume=True,
                            executor=RayExecutor(workers=2, address="auto", cpus_per_worker=1, chunk_size=4),
                            **SETTINGS)
+    resume_seconds = time.perf_counter() - resume_began
     written = load_campaign(f"{folder}/ray")
     lines = records.read_text().splitlines()
-    return {"saved_before_the_kill": saved, "complete": resumed.complete, "seeds": len(seeds),
+    return {"saved_before_the_kill": saved, "resume_seconds": resume_seconds, "complete": resumed.complete, "seeds": len(seeds),
             "lines": len(lines), "distinct": len({json.loads(line)["index"] for line in lines}),
             "written_equal": comparable_records(written) == comparable_records(local)}
 

@@ -25,6 +25,7 @@ that when the campaign overlaps (two shifts of ``batch`` seeds, see :func:`~mlfl
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -60,7 +61,8 @@ class RayExecutor:
     gpus_per_worker: float = 0.0
     chunk_size: int | None = None
     max_retries: int = 3
-    #: filled in by :meth:`execute`: chunks, workers started, each chunk's seconds inside its worker, and how many
+    #: filled in by :meth:`execute`: chunks, workers started, each chunk's seconds inside its worker, the seconds
+    #: after the start at which each came back, and how many
     #: chunks a restarted worker ran (among them those it held when its process or node was lost, run again)
     stats: dict = dataclasses.field(default_factory=dict)
 
@@ -96,7 +98,8 @@ class RayExecutor:
                   for _ in range(min(self.workers, len(chunks)))]
         queue = list(reversed(chunks))
         running: dict = {}  # object ref -> (actor, chunk)
-        self.stats = {"chunks": len(chunks), "workers": len(actors), "chunk_seconds": [],
+        began = time.perf_counter()
+        self.stats = {"chunks": len(chunks), "workers": len(actors), "chunk_seconds": [], "returned_seconds": [],
                       "chunks_on_restarted_workers": 0}
         try:
             for actor in actors * 2:  # two chunks per worker: the next is there when one finishes
@@ -117,6 +120,7 @@ class RayExecutor:
                                     "campaign to continue)") from None
                 _save_chunk(runner, outcome)
                 self.stats["chunk_seconds"].append(outcome["seconds"])
+                self.stats["returned_seconds"].append(time.perf_counter() - began)
                 self.stats["chunks_on_restarted_workers"] += int(outcome.get("restarted", False))
                 if queue:
                     chunk = queue.pop()
