@@ -165,18 +165,22 @@ class EvidencePolicy:
 class RayPolicy:
     """Where the fuzz, realism and coverage steps spread their work (not a step): ``workers`` Ray workers (0:
     everything in the pipeline's own process) on the cluster at ``address`` (``local``: one started on this
-    machine; ``auto``; ``ray://HOST:PORT``), each reserving ``cpus_per_worker`` and ``gpus_per_worker``. The
-    steps' records are the same as without Ray (the commands' ``--workers`` guarantee)."""
+    machine; ``auto``; ``ray://HOST:PORT``), each reserving ``cpus_per_worker`` and ``gpus_per_worker``; the
+    coverage step's trace files in ``trace_dir``. The steps' records are the same as without Ray (the
+    commands' ``--workers`` guarantee)."""
 
     workers: int = _kind("integer", 0)
     address: str | None = _kind("text", None)
     cpus_per_worker: float | None = _kind("positive number", None)
     gpus_per_worker: float | None = _kind("positive number", None)
+    #: where the coverage step's workers write their trace files: a folder every node sees (coverage --trace-dir)
+    trace_dir: str | None = _kind("text", None)
 
-    def arguments(self) -> dict:
-        """The Ray options of a step's command (``--workers``, ``--ray-address``, ...), those the policy sets."""
+    def arguments(self, step: str) -> dict:
+        """The Ray options of ``step``'s command (``--workers``, ``--ray-address``, ... and, for coverage,
+        ``--trace-dir``), those the policy sets."""
         given = {"workers": self.workers, "ray_address": self.address, "cpus_per_worker": self.cpus_per_worker,
-                 "gpus_per_worker": self.gpus_per_worker}
+                 "gpus_per_worker": self.gpus_per_worker, "trace_dir": self.trace_dir if step == "coverage" else None}
         return {key: value for key, value in given.items() if value is not None} if self.workers else {}
 
 

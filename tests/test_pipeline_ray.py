@@ -15,10 +15,12 @@ GATE = "gate: {thresholds: {min_idc: 0}}\n"
 
 
 def test_the_ray_section_is_checked_and_round_trips():
-    policy = parse_policy(GATE + "ray: {workers: 2, address: auto, cpus_per_worker: 0.5}\n", "p.yaml")
-    assert policy.ray.arguments() == {"workers": 2, "ray_address": "auto", "cpus_per_worker": 0.5}
+    policy = parse_policy(GATE + "ray: {workers: 2, address: auto, cpus_per_worker: 0.5, trace_dir: /shared/t}\n",
+                          "p.yaml")
+    assert policy.ray.arguments("fuzz") == {"workers": 2, "ray_address": "auto", "cpus_per_worker": 0.5}
+    assert policy.ray.arguments("coverage") == {**policy.ray.arguments("fuzz"), "trace_dir": "/shared/t"}
     assert parse_policy(yaml.safe_dump(policy.to_dict()), "p.yaml").ray == policy.ray
-    assert parse_policy(GATE, "p.yaml").ray.arguments() == {}  # no workers: the steps run in the pipeline's process
+    assert parse_policy(GATE, "p.yaml").ray.arguments("coverage") == {}  # no workers: all in the pipeline's process
     for text, fragment in (("ray: {workers: 2, address: 'not an address'}", "p.yaml: ray.address: bad Ray address"),
                            ("ray: {workers: -1}", "p.yaml: ray.workers must be 0 (no Ray) or more, got -1"),
                            ("ray: {nodes: 3}", "p.yaml: unknown key ray.nodes")):

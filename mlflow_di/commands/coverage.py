@@ -112,10 +112,7 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
             results = _score_all(suite, tests, passes)
             by_class = _per_class_idc(suite, model, train, tests) if per_class else None
         final = results[-1]
-        log.metrics({**final.metrics(), **(by_class.metrics() if by_class else {})}, model_id=model_id,
-                    dataset=lineage[-1])
-        if passes is not None:
-            _log_ray_passes(log, passes.stats)
+        _log_metrics(log, final, by_class, model_id, lineage[-1], passes)
         _log_growth(log, results)
         summary = dict(final.summary(), sets=[r.summary() for r in results])
         if by_class is not None:
@@ -126,8 +123,14 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     _print_summary(final, by_class)
 
 
-def _log_ray_passes(log, stats: list[dict]) -> None:
-    """The passes' Ray figures (``ray.batches``, ``ray.batches_on_restarted_workers``); a line when a worker was lost."""
+def _log_metrics(log, final, by_class, model_id, dataset, passes) -> None:
+    """The run's metrics: the last test set's coverage (and per-class IDC), linked to the model and the data, and
+    the Ray passes' figures (``ray.batches``, ``ray.batches_on_restarted_workers``; none for ``--workers 0``) with a
+    line when a worker was lost."""
+    log.metrics({**final.metrics(), **(by_class.metrics() if by_class else {})}, model_id=model_id, dataset=dataset)
+    if passes is None:
+        return
+    stats = passes.stats
     batches = sum(one["batches"] for one in stats)
     again = sum(one["batches_on_restarted_workers"] for one in stats)
     log.metrics({"ray.batches": batches, "ray.batches_on_restarted_workers": again})

@@ -313,7 +313,7 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
         if step == "gate":
             section = {**section.pop("thresholds"), **section}
         if step in ("coverage", "fuzz", "realism"):  # the policy's Ray settings, as the step's own options
-            section = {**section, **policy.ray.arguments()}
+            section = {**section, **policy.ray.arguments(step)}
         steps[step] = _converted(ctx, commands[step], section, f"{policy.source}: {step}")
     override = policy.preprocessing_of(_registered_name(model_uri))
     if override:  # the policy's preprocessing for this model, as each step's own option
