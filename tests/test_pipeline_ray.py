@@ -1,6 +1,7 @@
 """The pipeline on Ray: a policy's ``ray`` section (or ``pipeline --workers``) spreads the fuzz and coverage
 steps over Ray workers, and the verdict and the campaign's records are those of the same pipeline without Ray."""
 import json
+import pathlib
 import sys
 
 import pytest
@@ -56,3 +57,19 @@ def test_a_pipeline_on_ray_workers_gives_the_verdict_and_records_of_one_without(
     assert states[0]["done"]["gate"]["outcome"] == states[1]["done"]["gate"]["outcome"]
     campaigns = [load_campaign(state["done"]["fuzz"]["campaign"]) for state in states]
     assert comparable_records(campaigns[0]) == comparable_records(campaigns[1]) and campaigns[1].complete
+
+    # the MLproject's pipeline entry point, -P workers=2 (its own local Ray cluster, in mlflow run's process)
+    import mlflow
+
+    from tests.test_mlproject import mlflow_run
+
+    store = pathlib.Path(mlflow.get_tracking_uri().removeprefix("sqlite:///")).parent
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(policy.read_text().split("ray:")[0])  # no ray section: the parameter alone spreads the steps
+    done = mlflow_run("pipeline", store, policy=plain, model_uri=registered_cnn, workers=2,
+                      state_dir=tmp_path / "mlflow-run")
+    assert done.returncode == codes[0], done.stderr[-3000:]
+    assert "on 2 Ray workers" in done.stdout
+    state = json.loads((tmp_path / "mlflow-run" / "state.json").read_text())
+    assert state["done"]["gate"]["outcome"] == states[0]["done"]["gate"]["outcome"]
+    assert comparable_records(load_campaign(state["done"]["fuzz"]["campaign"])) == comparable_records(campaigns[0])
