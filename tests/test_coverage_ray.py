@@ -132,7 +132,7 @@ def ray(ray_cluster):
 
 
 @pytest.mark.slow
-def test_ray_data_passes_equal_the_local_path(ray, model):
+def test_passes_on_a_ray_pool_equal_the_local_path(ray, model):
     from mlflow_di.coverage.distributed import RayPasses
 
     # TRAIN is read by the workers from its spec, the test sets travel through the object store
