@@ -43,9 +43,9 @@ class CompressPolicy:
     calib_data: str | None = _kind("text", None)
     eval_data: str | None = _kind("text", None)
     amount: float = _kind("fraction", 0.3)
-    max_accuracy_drop: float | None = _kind("fraction", None)
-    max_disagreement_rate: float | None = _kind("fraction", None)
-    max_realistic_success_rate: float | None = _kind("fraction", None)
+    max_accuracy_drop: float | None = _kind("rate", None)
+    max_disagreement_rate: float | None = _kind("rate", None)
+    max_realistic_success_rate: float | None = _kind("rate", None)
     holdout_data: str | None = _kind("text", None)
     fuzz_seeds: int = _kind("positive integer", 50)
     #: int8-static's recipe and calibration (compress --recipe, --calibration, --per-tensor)
@@ -91,8 +91,8 @@ class FuzzPolicy:
     #: None: the fuzz command's default strategy (mlflow_di.fuzz.strategies.DEFAULT)
     strategy: str | None = _kind("text", None)
     #: the realism budget the search keeps to (fuzz --max-linf / --min-ssim; dflare strategies and boundary)
-    max_linf: int | None = _kind("positive integer", None)
-    min_ssim: float | None = _kind("fraction", None)
+    max_linf: int | None = _kind("intensity levels", None)
+    min_ssim: float | None = _kind("ssim", None)
     batch: int = _kind("positive integer", 64)
     seed: int = _kind("integer", 0)
     #: how ONNX exports answer (fuzz --semantics: host or reference)
@@ -459,13 +459,15 @@ def _value(path: str, value, kind: str, source: str):
         if not isinstance(value, bool):
             raise bad("true or false")
         return value
-    if kind in ("integer", "positive integer"):
-        if not _is_int(value) or (kind == "positive integer" and value < 1):
-            raise bad(f"a {kind}")
+    if kind in INTEGER_RANGES:
+        accepts, wanted = INTEGER_RANGES[kind]
+        if not _is_int(value) or not accepts(value):
+            raise bad(wanted)
         return value
-    if kind in ("positive number", "fraction"):
-        if not _is_number(value) or (kind == "positive number" and value <= 0) or (kind == "fraction" and not 0 <= value < 1):
-            raise bad("a positive number" if kind == "positive number" else "a number from 0 to below 1")
+    if kind in NUMBER_RANGES:
+        accepts, wanted = NUMBER_RANGES[kind]
+        if not _is_number(value) or not accepts(value):
+            raise bad(wanted)
         return float(value)
     if kind == "thresholds":
         return _thresholds(path, value, source)
@@ -489,6 +491,22 @@ def _thresholds(path: str, value, source: str) -> dict:
             raise UserError(f"{source}: {path}: {exc}") from None
         raise UserError(f"{source}: {path}.{option[2:].replace('-', '_')} {message}") from None
     return {name: float(number) for name, number in value.items()}
+
+
+#: An integer kind: (whether a value is in its range, what the error says it must be); as NUMBER_RANGES.
+INTEGER_RANGES = {
+    "integer": (lambda value: True, "an integer"),  # seeds, resamples: their options' own ranges, when converted
+    "positive integer": (lambda value: value >= 1, "a positive integer"),
+    "intensity levels": (lambda value: 1 <= value <= 255, "an integer from 1 to 255"),  # fuzz --max-linf
+}
+#: A numeric kind: (whether a value is in its range, what the error says it must be). Each equals the range of the
+#: command option its fields stand for (a test holds every field to its option's).
+NUMBER_RANGES = {
+    "positive number": (lambda value: value > 0, "a positive number"),
+    "fraction": (lambda value: 0 <= value < 1, "a number from 0 to below 1"),  # compress --amount
+    "rate": (lambda value: 0 <= value <= 1, "a number from 0 to 1"),  # compress's bounds, --max-*-rate/--max-*-drop
+    "ssim": (lambda value: -1 < value < 1, "a number above -1 and below 1"),  # fuzz --min-ssim
+}
 
 
 def _is_int(value) -> bool:
