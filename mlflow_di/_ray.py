@@ -79,7 +79,7 @@ def _unreachable(address: str) -> str:
 
     if address in (LOCAL, AUTO):
         return ""
-    host, port = address.removeprefix("ray://").rsplit(":", 1)
+    host, port = _host_and_port(address)
     try:
         socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
@@ -109,8 +109,14 @@ def _on_loopback(address: str) -> bool:
     loopback address, as ``local`` and the tests' clusters are)."""
     if address in (LOCAL, AUTO):
         return False
-    host = address.removeprefix("ray://").rsplit(":", 1)[0]
+    host = _host_and_port(address)[0]
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _host_and_port(address: str) -> tuple[str, str]:
+    """(host, port) of a ``[ray://]HOST:PORT`` address (one :func:`check_address` accepted)."""
+    host, port = address.removeprefix("ray://").rsplit(":", 1)
+    return host, port
 
 
 def first_line(exc: BaseException) -> str:

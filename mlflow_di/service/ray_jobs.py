@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from mlflow_di.service.worker import STOP_GRACE_S, Job, PipelineLost
+from mlflow_di.service.worker import STOP_GRACE_S, PipelineLost
 
 #: The file in the service's pipelines folder whose token a node reads to know it sees that folder.
 MARKER = ".mlflow-di-service-token"
@@ -43,10 +43,9 @@ POLL_BYTES = 1 << 20
 WAITING_SAID_AFTER_S = 10.0
 #: Seconds one call to an actor may take before the actor counts as lost.
 CALL_TIMEOUT_S = 60.0
-#: Environment variables the pipeline gets from the service (the tracking server, its credentials, threads):
-#: everything else is the node's own.
-PASSED_PREFIXES = ("MLFLOW_", "MLFLOW_DI_", "AWS_", "AZURE_", "GOOGLE_APPLICATION_CREDENTIALS", "OMP_NUM_THREADS",
-                   "PYTHONUNBUFFERED")
+#: Environment variables the pipeline gets from the service (the tracking server, its credentials, mlflow-di's own;
+#: the thread counts come from the job's CPUs): everything else is the node's own.
+PASSED_PREFIXES = ("MLFLOW_", "AWS_", "AZURE_", "GOOGLE_APPLICATION_CREDENTIALS")
 
 
 @dataclasses.dataclass
@@ -85,7 +84,6 @@ class RayLauncher:
         from mlflow_di._ray import connect
 
         self.ray, self._started = connect(address)
-        self.address = address
         self.resources = resources
         self.pipelines = pipelines
         self.policy_text = policy_text
@@ -94,14 +92,12 @@ class RayLauncher:
         (pipelines / MARKER).write_text(self.token)
         self._actor_class = self.ray.remote(PipelineProcess)
 
-    def cluster_cpus(self) -> float:
-        return float(self.ray.cluster_resources().get("CPU", 0.0))
-
     def default_workers(self) -> int:
         """Jobs the cluster's CPUs hold at once."""
-        return max(1, int(self.cluster_cpus() // max(self.resources.cpus, 1e-9)))
+        cpus = float(self.ray.cluster_resources().get("CPU", 0.0))
+        return max(1, int(cpus // max(self.resources.cpus, 1e-9)))
 
-    def start(self, job: Job, argv: list[str], env: dict | None, log) -> "RayPipeline":
+    def start(self, argv: list[str], env: dict | None, log) -> "RayPipeline":
         arguments, paths = _without_paths(argv[argv.index("mlflow_di.cli") + 1:])  # the node's Python, its paths
         folder_name = pathlib.Path(paths["--state-dir"]).name
         actor = self._actor_class.options(num_cpus=self.resources.cpus, num_gpus=self.resources.gpus,

@@ -70,7 +70,7 @@ class Runner:
             log.write(f"\n{ATTEMPT_HEADER}{job.attempts} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
             log.flush()
             try:
-                pipeline = self.launcher.start(job, self.argv(job), self.env, log)
+                pipeline = self.launcher.start(self.argv(job), self.env, log)
             except (OSError, PipelineLost) as exc:
                 return self._after(job, None, f"cannot start the pipeline: {exc}", started)
             if pipeline.pid is not None:
@@ -114,8 +114,8 @@ class Launcher(Protocol):
     """Where a job's pipeline runs: :class:`LocalLauncher` (a subprocess here) or
     :class:`mlflow_di.service.ray_jobs.RayLauncher` (an actor on a Ray cluster)."""
 
-    def start(self, job: Job, argv: list[str], env: dict | None, log) -> "Pipeline":
-        """Start ``argv`` (``python -m mlflow_di.cli pipeline ...``) for ``job``, its output appended to ``log``."""
+    def start(self, argv: list[str], env: dict | None, log) -> "Pipeline":
+        """Start ``argv`` (``python -m mlflow_di.cli pipeline ...`` for a job), its output appended to ``log``."""
 
     def close(self) -> None:
         """Release what the launcher holds (a Ray connection) when the service stops."""
@@ -135,7 +135,7 @@ class Pipeline(Protocol):
 class LocalLauncher:
     """Each pipeline a subprocess of the service, in its own session (process group)."""
 
-    def start(self, job: Job, argv: list[str], env: dict | None, log) -> "LocalPipeline":
+    def start(self, argv: list[str], env: dict | None, log) -> "LocalPipeline":
         return LocalPipeline(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               env=env, start_new_session=True))
 
