@@ -274,7 +274,7 @@ class Service:
 
         policy = load_policy(str(self.policy))
         return RayLauncher(self.ray_address, job_resources(policy.ray), self.state / "pipelines",
-                           self.policy.read_text())
+                           self.policy.read_text(), steps_address=policy.ray.address)
 
     def _default_workers(self) -> int:
         """One pipeline per CPU core here; on Ray, as many as the cluster's CPUs hold."""

@@ -77,16 +77,19 @@ class RayLauncher:
 
     ``pipelines``: the service's folder of per-job pipeline folders (a marker token is written in
     it so that nodes can tell whether they see it); ``policy_text``: the policy every job runs,
-    sent with the job so that nodes need not see the service's files.
+    sent with the job so that nodes need not see the service's files; ``steps_address``: the
+    policy's ``ray.address``, where the steps' own Ray workers go (None: the cluster the job runs on).
     """
 
-    def __init__(self, address: str, resources: JobResources, pipelines: pathlib.Path, policy_text: str):
+    def __init__(self, address: str, resources: JobResources, pipelines: pathlib.Path, policy_text: str,
+                 steps_address: str | None = None):
         from mlflow_di._ray import connect
 
         self.ray, self._started = connect(address)
         self.resources = resources
         self.pipelines = pipelines
         self.policy_text = policy_text
+        self.steps_address = steps_address
         pipelines.mkdir(parents=True, exist_ok=True)
         self.token = secrets.token_hex(16)
         (pipelines / MARKER).write_text(self.token)
@@ -100,6 +103,8 @@ class RayLauncher:
     def start(self, argv: list[str], env: dict | None, log) -> "RayPipeline":
         arguments, paths = _without_paths(argv[argv.index("mlflow_di.cli") + 1:])  # the node's Python, its paths
         folder_name = pathlib.Path(paths["--state-dir"]).name
+        if self.steps_address is not None:  # named, so the actor does not point the steps at its own cluster
+            arguments = [*arguments, "--ray-address", self.steps_address]
         actor = self._actor_class.options(num_cpus=self.resources.cpus, num_gpus=self.resources.gpus,
                                           max_restarts=0, max_task_retries=0).remote()
         passed = {name: value for name, value in (env or os.environ).items() if name.startswith(PASSED_PREFIXES)}
