@@ -22,6 +22,10 @@ The papers analyse importance on the training split and measure coverage on the 
 write ``mnist-train:`` and ``mnist-test:`` when the split matters: they never substitute one split
 for the other, and their errors name the split they looked for.
 
+Each form is a :class:`DataSource` declaration in :data:`SOURCES`; an installed extension adds its
+own with :func:`register_source`, and its specs then work wherever a spec is read (every command, the
+policy, MLflow's dataset records, the Ray workers).
+
 Any spec may end with ``[start:stop]`` to keep a slice, e.g. ``mnist-train:../shared/data/mnist[0:5000]``.
 The slice means what it means in Python: either bound may be left out and negative bounds count
 from the end, so ``digits[-50:]`` is the last 50 images and ``digits[:-100]`` all but the last 100.
@@ -69,9 +73,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from mlflow_di.errors import UserError
+from mlflow_di.registry import Registry
 
-SPEC_HELP = ("digits, mnist-train:DIR, mnist-test:DIR, mnist:DIR, npz:FILE, folder:DIR or cifar10:DIR, "
-             "optionally ending in [start:stop]")
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
 
@@ -302,8 +305,9 @@ def shared_images(reference: ImageSet, data: ImageSet, batch_size: int = BATCH_S
 
 
 def is_training_split(spec: str) -> bool:
-    """Whether a data spec names a training split by its kind (``mnist-train:``)."""
-    return spec.strip().startswith("mnist-train:")
+    """Whether a data spec names a training split by its source (``mnist-train:``; see ``DataSource.training_split``)."""
+    source, _ = _source_of(spec.strip())
+    return source is not None and source.training_split
 
 
 class _ArrayRows:
@@ -451,26 +455,79 @@ def _local_data_offset(path: pathlib.Path, info: zipfile.ZipInfo) -> int:
 def load_images(spec: str) -> ImageSet:
     """Load the :class:`ImageSet` a data spec names (see the module docstring for the forms)."""
     if not isinstance(spec, str) or not spec.strip():
-        raise UserError(f"empty data spec; give one of: {SPEC_HELP}")
+        raise UserError(f"empty data spec; give one of: {spec_help()}")
     spec = spec.strip()
     base, window = _split_slice(spec)
-    kind, _, arg = base.partition(":")
-    loaders = {"digits": _load_digits, "mnist": _load_mnist, "mnist-test": _load_mnist_test,
-               "mnist-train": _load_mnist_train, "npz": _load_npz, "folder": _load_folder,
-               "cifar10": _load_cifar10}
-    if kind not in loaders:
-        raise UserError(f"unknown data spec '{spec}'; give one of: {SPEC_HELP}")
-    if kind != "digits" and not arg:
-        raise UserError(f"data spec '{spec}' needs a path after '{kind}:'")
-    if kind == "digits" and arg:
-        raise UserError(f"data spec 'digits' takes no path (got '{spec}')")
-    images, labels = loaders[kind](arg)
+    source, arg = _source_of(base)
+    if source is None:
+        from mlflow_di.extensions import load_extensions
+
+        load_extensions()  # a process the command line did not start (a Ray worker, Python) may name an extension's source
+        source, arg = _source_of(base)
+    if source is None:
+        raise UserError(f"unknown data spec '{spec}'; give one of: {spec_help()}")
+    if source.argument and not arg:
+        what = "a path" if source.argument in ("DIR", "FILE") else source.argument
+        raise UserError(f"data spec '{spec}' needs {what} after '{source.name}:' (write {source.form})")
+    if not source.argument and arg:
+        raise UserError(f"data spec '{source.name}' takes no path (got '{spec}')")
+    images, labels = source.load(arg)
+    if not isinstance(images, LazyImages):
+        images = to_uint8(images, spec)
     data = ImageSet(images, labels, spec)
     if window is not None:
         data = data.subset(slice(*window), spec)
     if len(data) == 0:
         raise UserError(f"data spec '{spec}' selects no images; check the path and the [start:stop] slice")
     return data
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSource:
+    """One form of data spec, ``name`` or ``name:ARGUMENT``: what the command line, the policy, MLflow's
+    dataset records and the Ray workers all read through :func:`load_images`.
+
+    ``load(argument)`` returns ``(images, labels)``: images as (N, H, W[, C]) uint8, floats in 0..1 or
+    0..255 (scaled to uint8 here), or a :class:`LazyImages`; labels as whole class numbers. ``argument``
+    names what follows the colon ("DIR", "FILE"), or is None for a source that takes nothing (``digits``).
+    ``training_split``: its images are a training split (evidence measured on them is labelled so).
+    ``class_names(argument)``: label -> class name where the source knows names, else None.
+    """
+
+    name: str
+    summary: str
+    load: Callable[[str], tuple]
+    argument: str | None = "DIR"
+    training_split: bool = False
+    class_names: Callable[[str], dict[int, str] | None] | None = None
+
+    @property
+    def form(self) -> str:
+        """How a spec of this source is written: ``mnist-test:DIR``, ``digits``."""
+        return f"{self.name}:{self.argument}" if self.argument else self.name
+
+
+def register_source(source: DataSource) -> DataSource:
+    """Declare a data source: its specs work in every command, policy and dataset record at once."""
+    return SOURCES.register(source)
+
+
+def unregister_source(name: str) -> None:
+    """Forget a registered source (the built-in ones stay)."""
+    SOURCES.unregister(name)
+
+
+def spec_help() -> str:
+    """The declared forms, for help texts and errors: ``digits, mnist-train:DIR, ... or cifar10:DIR, ...``."""
+    forms = [source.form for source in SOURCES.values()]
+    listed = ", ".join(forms[:-1]) + f" or {forms[-1]}" if len(forms) > 1 else forms[0]
+    return f"{listed}, optionally ending in [start:stop]"
+
+
+def _source_of(base: str) -> tuple["DataSource | None", str]:
+    """The declared source a spec (without its slice) names, and its argument ('' when none)."""
+    name, _, arg = base.partition(":")
+    return SOURCES.get(name), arg
 
 
 def _class_numbers(labels, name: str) -> np.ndarray:
@@ -571,14 +628,6 @@ def _load_mnist_split(arg: str, split: str):
     if pair is None:
         raise UserError(f"no MNIST {split} split in '{arg}'; expected {_expected_files(split)} there")
     return _read_mnist_pair(*pair)
-
-
-def _load_mnist_test(arg: str):
-    return _load_mnist_split(arg, "test")
-
-
-def _load_mnist_train(arg: str):
-    return _load_mnist_split(arg, "train")
 
 
 def _load_mnist(arg: str):
@@ -711,12 +760,17 @@ def folder_labels(root: pathlib.Path) -> dict[str, int]:
 
 
 def class_names(spec: str) -> dict[int, str] | None:
-    """Label -> class folder name for a ``folder:`` spec (the mapping :func:`folder_labels` made); None
-    for other specs, whose labels are numbers already."""
+    """Label -> class name for a spec whose source knows names (``folder:``: the mapping :func:`folder_labels`
+    made); None for other specs, whose labels are numbers already."""
     base, _ = _split_slice(spec.strip()) if isinstance(spec, str) else (None, None)
-    if not base or not base.startswith("folder:"):
+    source, arg = _source_of(base) if base else (None, "")
+    if source is None or source.class_names is None:
         return None
-    root = pathlib.Path(base[len("folder:"):]).expanduser()
+    return source.class_names(arg)
+
+
+def _folder_class_names(arg: str) -> dict[int, str] | None:
+    root = pathlib.Path(arg).expanduser()
     if not root.is_dir():
         return None
     return {label: name for name, label in sorted(folder_labels(root).items(), key=lambda item: item[1])}
@@ -835,3 +889,20 @@ def _read_cifar10_batch(batch: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(f"CIFAR-10 batch '{batch}' holds {data.shape} data for {len(labels)} labels, "
                         f"not N×3072 for N labels; {fix}")
     return data.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
+
+
+def _mnist_loader(split: str) -> Callable[[str], tuple]:
+    return lambda arg: _load_mnist_split(arg, split)
+
+
+#: The declared data sources, built-ins first (extensions add theirs with :func:`register_source`).
+SOURCES = Registry("data source", DataSource, builtins=(
+    DataSource("digits", "scikit-learn's bundled 8x8 digits (1,797 images)", _load_digits, argument=None),
+    DataSource("mnist-train", "MNIST's training split (IDX files in DIR)", _mnist_loader("train"), training_split=True),
+    DataSource("mnist-test", "MNIST's test split (IDX files in DIR)", _mnist_loader("test")),
+    DataSource("mnist", "MNIST's test split, else its training split (IDX files in DIR)", _load_mnist),
+    DataSource("npz", "arrays x (N,H,W[,C]) and y (N,) of an .npz file, read per batch", _load_npz, argument="FILE"),
+    DataSource("folder", "one sub-folder per class, image files inside, read per batch", _load_folder,
+               class_names=_folder_class_names),
+    DataSource("cifar10", "CIFAR-10 python batches (test_batch, else data_batch_*)", _load_cifar10),
+))

@@ -1,10 +1,11 @@
 """Installed extensions: packages that declare their own strategies, compression methods, criteria, gate
-checks or model formats, and have the command line know them.
+checks, model formats, runtimes or data sources, and have the command line know them.
 
 An extension is a module named by an entry point of the group :data:`GROUP` in its package's metadata
 (``[options.entry_points] mlflow_di.extensions = toy = my_package.mlflow_di_plugin``). Importing it
 registers its declarations (``mlflow_di.fuzz.register``, ``register_method``, ``register_criterion``,
-``register_check``, ``register_format``); the command line imports every installed one before it reads
+``register_check``, ``register_format``, ``register_runtime``, ``mlflow_di.data.register_source``); the
+command line imports every installed one before it reads
 any option, so their names appear in ``--help`` and the policy. Nothing is loaded that a person did
 not install.
 """

@@ -1,5 +1,5 @@
 """Named declarations of one kind (fuzzing strategies, compression methods, coverage criteria, gate checks,
-relative checks, model formats): one small registry.
+relative checks, model formats, runtimes, data sources): one small registry.
 
 A :class:`Registry` is a live mapping from a declaration's ``name`` (or the attribute ``key`` names, e.g. a
 gate check's ``metric``) to the declaration, in declaration order, so whatever reads

@@ -49,3 +49,22 @@ def test_a_broken_extension_is_one_line(tmp_path, source):
     result = _cli(_install(tmp_path, "broken_extension", textwrap.dedent(source)), "describe", "x.onnx")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "extension 'toy' (broken_extension, from broken_extension) failed to load" in result.stderr
+
+
+SOURCE_PLUGIN = """
+import numpy as np
+
+from mlflow_di.data import DataSource, register_source
+
+register_source(DataSource("ones", "four white 2x2 images", lambda _: (np.ones((4, 2, 2)), [0, 1, 2, 3]), argument=None))
+"""
+
+
+def test_a_process_the_command_line_did_not_start_finds_an_installed_source(tmp_path):
+    """A Ray worker or a Python caller reads a spec without the command line: the unknown name makes
+    load_images import the installed extensions once."""
+    code = "from mlflow_di.data import load_images; data = load_images('ones[1:3]'); print(data.images.max(), len(data))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "PYTHONPATH": _install(tmp_path, "source_extension",
+                                                                                    SOURCE_PLUGIN)})
+    assert result.returncode == 0 and result.stdout.split() == ["255", "2"], result.stderr
