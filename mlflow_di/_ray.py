@@ -73,7 +73,7 @@ REACH_TIMEOUT_S = 5.0
 def _unreachable(address: str) -> str:
     """Why nothing listens at a ``[ray://]HOST:PORT`` address ('' when something does, or for ``local``/``auto``).
 
-    Checked before ``ray.init``, which waits minutes (measured: over 3) on an address where no head listens.
+    Checked before ``ray.init``, which waits minutes on an address where no head listens.
     """
     import socket
 

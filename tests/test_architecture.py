@@ -331,3 +331,25 @@ def test_the_readme_fits_on_a_screen_and_its_links_resolve():
     assert len(text.splitlines()) < 110
     targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)]+)\)", text) if not t.startswith(("http", "#"))]
     assert targets and [t for t in targets if not (PACKAGE.parent / t).exists()] == []
+
+
+#: a measured speed: "1.8 ms", "25-42 µs", "5x faster"; such figures belong in benchmarks/RESULTS.md
+MEASURED_SPEED = re.compile(r"\b\d[\d.,]*(?:-\d[\d.,]*)? ?(?:ms|µs|us)\b|\b\d[\d.]*x (?:faster|slower)\b")
+
+
+def _comments_and_docstrings(source: str):
+    import io
+    import tokenize
+
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT or (token.type == tokenize.STRING and token.string.startswith(('"""', "'''"))):
+            yield token.start[0], token.string
+
+
+def test_comments_say_why_and_leave_measured_speeds_to_the_results():
+    quoting = [f"{path.relative_to(PACKAGE.parent)}:{line}: {found.group(0)}"
+               for path in sorted(PACKAGE.rglob("*.py"))
+               for line, text in _comments_and_docstrings(path.read_text())
+               for found in [MEASURED_SPEED.search(text)] if found]
+    assert not quoting, "figures that belong in benchmarks/RESULTS.md:\n" + "\n".join(quoting)
+    assert MEASURED_SPEED.search("# took 1.8 ms per image") and MEASURED_SPEED.search('"""5x faster"""')

@@ -100,10 +100,10 @@ class PreprocessedImages:
     """Raw uint8 images that become float model input one slice at a time (so big sets stay uint8 in memory).
 
     ``device``: where a slice is preprocessed (:meth:`Preprocessing.tensor_on`). On a GPU the uint8
-    slice travels and torch does the arithmetic there: NumPy's arithmetic took 1.8 ms per 224x224
-    image on an H100 machine's host, more than the relevance pass itself. On the CPU (None or
-    ``cpu``) the table lookup does it (0.23 ms per 224x224 image on a 2-core machine; torch's
-    arithmetic took 1.5). :func:`iter_batches` moves the preprocessing to the device its batches go to.
+    slice travels and torch does the arithmetic there: on a GPU host NumPy's arithmetic cost more than
+    the relevance pass itself (benchmarks/RESULTS.md, "Realistic size on cuda:0"). On the CPU (None or
+    ``cpu``) the table lookup does it, cheaper there than torch's arithmetic (benchmarks/RESULTS.md,
+    "Preprocessing"). :func:`iter_batches` moves the preprocessing to the device its batches go to.
     """
 
     def __init__(self, images: np.ndarray, preprocessing: Preprocessing, device=None):

@@ -63,8 +63,8 @@ def out_of_place(module: nn.Module):
     recorder keeps and zennit's rules may read. zennit's hooks already hand each hooked module a
     copy of its input, so this is a safeguard rather than a fix: with the switch left out,
     EfficientNet-B0's conservation and ResNet-18's recorded ``bn1`` activations were the same
-    (measured). The 0.8-1.3x once put down to in-place activations was the float32 conditioning of
-    the bias-free test models (benchmarks/check_lrp_conservation.py).
+    (measured). The conservation error once put down to in-place activations was the float32
+    conditioning of the bias-free test models (benchmarks/check_lrp_conservation.py).
     """
     switched = [leaf for leaf in module.modules() if getattr(leaf, "inplace", False) is True]
     for leaf in switched:
@@ -272,8 +272,8 @@ def traced_once(facts: dict | None = None):
     """Within: what an fx trace tells about a module's structure (its batch-norm pairs, its unhandled tensor
     arithmetic) is found once per module and kept in ``facts`` (default: the enclosing scope's, else a new
     one). A relevance pass traces its model once for both; a pass split into batches
-    (:class:`~mlflow_di.coverage.partials.FitJob`) keeps one ``facts`` for all of them: each batch traced
-    the model twice, 56-67 ms for mobilenet_v3_small on this project's 2-core machine."""
+    (:class:`~mlflow_di.coverage.partials.FitJob`) keeps one ``facts`` for all of them, where each batch
+    used to trace the model twice."""
     if facts is None:
         facts = _TRACED.get()
         facts = {} if facts is None else facts

@@ -2,8 +2,8 @@
 
 The functions of :mod:`mlflow_di.coverage.criteria_neuron` take NumPy arrays, so on a GPU every
 batch's neuron values had to travel to the host before a criterion could read them, and the
-host then spent 0.08 ms per image on the criteria (KMNC's sections and TKNC's sorts, for
-ResNet-18's 1,024 hidden neurons, on this project's 2-core machine; ``benchmarks/bench_criteria_cells``).
+host then worked through the criteria (KMNC's sections and TKNC's sorts) while the GPU waited (what
+each side costs: ``benchmarks/bench_criteria_cells``, benchmarks/RESULTS.md).
 These are the same criteria in torch, for tensors on any device: each gives the cells one batch
 covers, and since covering is a union over inputs, the cells of the batches ``|``-ed together are
 the cells of the whole set. :class:`~mlflow_di.coverage.criteria.DeviceCells` runs them during a

@@ -47,9 +47,9 @@ DEFAULT_MAX_QUERIES = 2000
 
 #: The safety net, in CPU seconds per seed (:mod:`mlflow_di.fuzz.charge`): a seed that reaches it is
 #: recorded as stopped at ``timeout``, the campaign is INCOMPLETE, and ``resume`` searches it again.
-#: Sized so that the work budget binds first: 2,000 queries of two 224-pixel ResNet-18s take about a
-#: minute of CPU here, and a busy runner charges a seed up to twice its idle CPU time (benchmarks/RESULTS.md,
-#: bench_load).
+#: Sized so that the work budget binds first: a default budget of queries on two 224-pixel ResNet-18s stays
+#: well inside it even on a busy runner, which charges a seed more than its idle CPU time
+#: (benchmarks/RESULTS.md, bench_load).
 DEFAULT_TIMEOUT = 600.0
 
 

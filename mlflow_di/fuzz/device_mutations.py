@@ -1,8 +1,8 @@
 """DFlare's seven mutation operators on a torch device: the GPU the models already run on.
 
-At 224x224x3 the two noise operators cost ~1.6 ms per call on the CPU (150,528 normal draws), the median
-blur up to 4.5 ms (k = 7) and the box and Gaussian blurs 0.04-0.08 ms, while a GPU runs both models in
-~0.17 ms per input (benchmarks/RESULTS.md, bench_scale). :func:`on_device` swaps the operators for
+At 224x224x3 the noise operators (150,528 normal draws per call) and the median blur cost the CPU
+several times what a GPU spends running both models on one input (benchmarks/RESULTS.md, bench_scale),
+so a campaign on a GPU would wait on its host. :func:`on_device` swaps the operators for
 versions that do the per-value work on the device, and a campaign's population
 (:mod:`~mlflow_di.fuzz.population`) makes all mutants of one operator in a step with one batched call
 (:meth:`DeviceOperator.make_many`): the step's x_max images go to the device together, the mutants and

@@ -95,9 +95,8 @@ class _Shift:
 
     def rows(self, lane: int, count: int, image_shape: tuple, filled: int = 0) -> np.ndarray:
         """A lane's batch buffer with room for at least ``count`` inputs, reused from call to call: a
-        fresh array per call pays for its pages (64 inputs at 224 px: 25-42 µs per input copied into a
-        new array, 19-21 into a reused one, on a 2-core machine). Growing it keeps its first ``filled``
-        rows (the searches' views of the old rows stay valid: they keep the old array alive). The
+        fresh array per call pays for its pages on every call, which shows per input at 224 px. Growing it
+        keeps its first ``filled`` rows (the searches' views of the old rows stay valid: they keep the old array alive). The
         models read a batch before this shift's next iteration rewrites it; the other shift has its own."""
         buffer = self._buffers[lane]
         if buffer is None or len(buffer) < count:

@@ -132,9 +132,9 @@ class TorchClassifier(Classifier):
         return (outputs if outputs.dtype == torch.float32 else outputs.float()).cpu().numpy()
 
     def _predict_batch(self, images: np.ndarray) -> np.ndarray:
-        """Preprocessing runs on the model's device (measured on an H100 at 224 px: NumPy's
-        arithmetic took 1.8 ms per image, 20x the model's own forward pass; the table lookup that
-        replaced it is ~5x faster, still more than the GPU's own work and 4x the bytes to copy)."""
+        """Preprocessing runs on the model's device: on a GPU host the host's preprocessing, even the table
+        lookup, cost more than the GPU's own forward pass and copied 4x the bytes
+        (benchmarks/RESULTS.md, "Realistic size on cuda:0")."""
         torch = self._torch
         device = self.device
         if device.type == "cpu":

@@ -155,9 +155,9 @@ class Preprocessing:
         """Raw uint8 (N, H, W, C) -> float32 model input in ``layout`` (after the raw-image step, if needed).
 
         uint8 pixels take 256 values per channel, so their inputs are looked up in a table of
-        :meth:`arithmetic`'s own float32 results (:func:`_levels`), the same bits: 5-8x faster at
-        224x224 than the arithmetic on every value, which at that size cost a CPU about as much
-        as a small CNN's forward pass (benchmarks/RESULTS.md, "Preprocessing").
+        :meth:`arithmetic`'s own float32 results (:func:`_levels`), the same bits: at 224x224 the
+        arithmetic on every value cost a CPU about as much as a small CNN's forward pass, and the
+        lookup is several times cheaper (benchmarks/RESULTS.md, "Preprocessing").
         """
         self.check_images(images)
         if self.has_raw_step and self.needs_raw_step(*images.shape[1:3]):

@@ -3,8 +3,8 @@
 Batches are shuffled by an explicit ``torch.Generator`` seeded with ``seed`` and nothing else is
 random, so the same module, data and seed give the same weights and losses. Training runs on one
 CPU thread by default: float sums depend on the thread count, so this keeps results the same on
-any machine, and a model this small trains faster without thread synchronisation (on a busy
-2-core machine two threads were 10-30x slower than one).
+any machine, and a model this small trains faster without thread synchronisation, which costs
+most on a busy machine.
 Interrupting (Ctrl-C, or SIGTERM where the caller made it one) raises on to the caller with the
 module back in eval mode: a half-trained model is not what anyone asked for, and a harness that
 trains many models must stop rather than go on with the next one.
