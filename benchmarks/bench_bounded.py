@@ -36,6 +36,7 @@ import torch
 
 from mlflow_di.compression import compress, diagnose
 from mlflow_di.compression.bounded import (
+    BoundedTarget,
     Bounds,
     LabelledSplit,
     UnreachableBounds,
@@ -152,8 +153,9 @@ def one_model(args, name, bounds_list, work):
     for value in bounds_list:
         start = time.perf_counter()
         try:
-            _, record = bounded_int8_static(source.module, source.preprocessing, calib, search, held_out,
-                                            Bounds(max_disagreement_rate=value), ranking, work / name / str(value),
+            _, record = bounded_int8_static(source.module, source.preprocessing, calib,
+                                            BoundedTarget(Bounds(max_disagreement_rate=value), search, held_out,
+                                                          tuple(ranking)), work / name / str(value),
                                             first=plain, progress=False)
         except UnreachableBounds as unreachable:
             rows.append({"model": name, "bound": value, "layers": len(layers), "error": str(unreachable)})

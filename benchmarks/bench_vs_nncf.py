@@ -50,7 +50,7 @@ import onnxruntime as ort
 
 from benchmarks.bench_bounded import reference_lenet, splits
 from benchmarks.results import write_section
-from mlflow_di.compression.bounded import Bounds, UnreachableBounds, bounded_int8_static
+from mlflow_di.compression.bounded import BoundedTarget, Bounds, UnreachableBounds, bounded_int8_static
 from mlflow_di.compression.methods import float_export
 from mlflow_di.compression.prune import prunable_layers
 
@@ -244,8 +244,9 @@ def activation_quantizers(quantized_path) -> int:
 def run_mlflow_di(source, calib, search, held_out, bounds: Bounds, ranking, out_dir) -> dict:
     start = time.perf_counter()
     try:
-        result, record = bounded_int8_static(source.module, source.preprocessing, calib, search, held_out, bounds,
-                                             ranking, out_dir, progress=False)
+        result, record = bounded_int8_static(source.module, source.preprocessing, calib,
+                                             BoundedTarget(bounds, search, held_out, tuple(ranking)), out_dir,
+                                             progress=False)
     except UnreachableBounds as unreachable:
         return {"error": f"UnreachableBounds: {unreachable}", "seconds": time.perf_counter() - start}
     seconds = time.perf_counter() - start

@@ -699,8 +699,9 @@ def _check(criterion: CheckDeclaration, threshold: float, measurement: Measureme
         outcome = judge(spread, value, threshold, criterion.greater_is_better)
         message = "; ".join(filter(None, (_undecided(criterion, threshold, measurement, spread)
                                           if outcome == INCONCLUSIVE else "", measurement.note)))
-    return Check(criterion.metric, measurement.compressed, value, float(threshold), criterion.greater_is_better,
-                 outcome == PASS, measurement.run_id, message, data=measurement.data, evidence=measurement.evidence,
+    return Check(criterion.metric, measurement.compressed, value, threshold=float(threshold),
+                 greater_is_better=criterion.greater_is_better, passed=outcome == PASS, run_id=measurement.run_id,
+                 message=message, data=measurement.data, evidence=measurement.evidence,
                  interval=None if spread is None else (spread.low, spread.high), n=measurement.n,
                  interval_method=measurement.interval_method, confidence=measurement.confidence, outcome=outcome)
 
@@ -734,9 +735,9 @@ def _to_decide(criterion: CheckDeclaration, threshold: float, measurement: Measu
 
 
 def _relative_check(relation: Relation, threshold: float, measurement: Measurement, baseline: Baseline) -> Check:
-    check = Check(relation.metric, measurement.compressed, measurement.value, float(threshold),
-                  relation.greater_is_better, False, measurement.run_id, relation=relation.kind, data=measurement.data,
-                  evidence=measurement.evidence, outcome=MISSING)
+    check = Check(relation.metric, measurement.compressed, measurement.value, threshold=float(threshold),
+                  greater_is_better=relation.greater_is_better, passed=False, run_id=measurement.run_id,
+                  relation=relation.kind, data=measurement.data, evidence=measurement.evidence, outcome=MISSING)
     if baseline.uri is None:  # none yet (--baseline-optional): nothing to fall behind
         check.outcome, check.message = PASS, baseline.absent or "no baseline"
         return check

@@ -353,3 +353,46 @@ def test_comments_say_why_and_leave_measured_speeds_to_the_results():
                for found in [MEASURED_SPEED.search(text)] if found]
     assert not quoting, "figures that belong in benchmarks/RESULTS.md:\n" + "\n".join(quoting)
     assert MEASURED_SPEED.search("# took 1.8 ms per image") and MEASURED_SPEED.search('"""5x faster"""')
+
+
+def _is_click_command(node) -> bool:
+    return any("click" in ast.unparse(d) or "option" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _parameters(node) -> int:
+    """What a caller can pass (self and cls not counted)."""
+    a = node.args
+    names = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+    skip = 1 if a.args and a.args[0].arg in ("self", "cls") else 0
+    return len(names) - skip + bool(a.vararg) + bool(a.kwarg)
+
+
+def test_functions_take_at_most_ten_parameters_and_calls_name_what_they_pass():
+    """Values between steps are records, not long argument lists: no function outside the click commands takes
+    more than 10 parameters, and no call passes more than 6 arguments by position (the rest by name). The
+    scikit-learn estimators' constructors are the exception scikit-learn's own contract makes: get_params and
+    clone read every hyperparameter from the signature (no **kwargs), as its own estimators' do."""
+    tree_of = {path: ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))}
+    estimators = {node.name for tree in tree_of.values() for node in ast.walk(tree)
+                  if isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "BaseEstimator" for b in node.bases)}
+    variadic = {"zip", "print", "max", "min"} | {node.name for tree in tree_of.values() for node in ast.walk(tree)
+                                                   if isinstance(node, ast.FunctionDef) and node.args.vararg}
+    long, positional = [], []
+    for path, tree in tree_of.items():
+        for cls in [None, *[n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]]:
+            body = tree.body if cls is None else cls.body
+            for node in body:
+                if isinstance(node, ast.FunctionDef) and _parameters(node) > 10 and not _is_click_command(node) \
+                        and not (cls is not None and cls.name in estimators and node.name == "__init__"):
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({_parameters(node)})")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.col_offset and not any(
+                    node in getattr(parent, "body", ()) for parent in ast.walk(tree) if isinstance(parent, ast.ClassDef)):
+                if _parameters(node) > 10:  # a nested function
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({_parameters(node)})")
+            if isinstance(node, ast.Call) and len(node.args) > 6:
+                callee = ast.unparse(node.func).rsplit(".", 1)[-1]
+                if callee not in variadic:
+                    positional.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {callee} ({len(node.args)})")
+    assert long == [], "functions of more than 10 parameters: pass a record"
+    assert positional == [], "calls passing more than 6 arguments by position: name them"

@@ -49,8 +49,8 @@ ESTIMATORS = [
     ImportanceDrivenCoverage(layers=["conv1", "fc1"], top_m=2, clusters=[2, 5], rule="z", epsilon=1e-3,
                              only_correct=False, seed=4, batch_size=7, progress=False, reference_quirks=True),
     ClassicCoverage(),
-    ClassicCoverage(criteria=("nc", "dsc"), layers=["fc1"], nc_threshold=0.5, kmnc_sections=9, sa_layers=["fc1"],
-                    batch_size=3, progress=False),
+    ClassicCoverage(criteria=("nc", "dsc"), layers=["fc1"], sa_layers=["fc1"], batch_size=3, progress=False,
+                    criterion_settings={"nc_threshold": 0.5, "kmnc_sections": 9}),
     CoverageSuite(),
     CoverageSuite(criteria="idc,nc", layers="all", top_m=2, clusters=(2, 3), rule="zplus", seed=1, progress=False),
 ]

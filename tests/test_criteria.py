@@ -15,7 +15,7 @@ from torch import nn
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.coverage.criteria import CRITERIA, ClassicCoverage, CriteriaReport
+from mlflow_di.coverage.criteria import CRITERIA, CRITERION, ClassicCoverage, CriteriaReport, criterion_settings
 from mlflow_di.coverage.criteria_neuron import (
     boundary_cells,
     multisection_cells,
@@ -247,8 +247,9 @@ def test_sadl_coverage_is_the_reference_formula(values):
 def test_sadl_rule_merges_by_recomputing_on_all_values():
     # Under SADL's rule the buckets start at each set's minimum, so united cells would be wrong.
     train = np.random.default_rng(3).normal(size=(60, 5))
-    coverage = ClassicCoverage(criteria=("lsc", "dsc"), layers=["a"], sa_layers=["a"], lsc_upper=20.0,
-                               lsc_buckets=10, dsc_buckets=10, surprise_bucket_rule="sadl", progress=False)
+    coverage = ClassicCoverage(criteria=("lsc", "dsc"), layers=["a"], sa_layers=["a"], progress=False,
+                               criterion_settings={"lsc_upper": 20.0, "lsc_buckets": 10, "dsc_buckets": 10,
+                                                   "surprise_bucket_rule": "sadl"})
     coverage.fit_activations({"a": train}, _classes(train))
     first, second = np.random.default_rng(4).normal(size=(8, 5)), np.random.default_rng(5).normal(2, 1, size=(8, 5))
     both = np.vstack([first, second])
@@ -265,7 +266,7 @@ def test_sadl_rule_merges_by_recomputing_on_all_values():
 
 def test_an_unknown_bucket_rule_is_a_user_error():
     with pytest.raises(UserError, match="surprise_bucket_rule 'kim'"):
-        ClassicCoverage(surprise_bucket_rule="kim").fit(_picking_model(), _images([(1, 2)]))
+        ClassicCoverage(criterion_settings={"surprise_bucket_rule": "kim"}).fit(_picking_model(), _images([(1, 2)]))
 
 
 # ------------------------------------------------------------ estimator, tiny net
@@ -296,8 +297,8 @@ def test_estimator_on_a_hand_set_network():
     # neuron 0 -> floor(5/10*10) = section 5; neuron 1: 25 > 20, no section -> 1 / 20.
     # NBC: only neuron 1's upper corner -> 1/4; SNAC 1/2. TKNC k=1: neuron 1 is top -> 1/2.
     model = _picking_model()
-    coverage = ClassicCoverage(criteria=("nc", "kmnc", "nbc", "snac", "tknc"), kmnc_sections=10, tknc_k=1,
-                               progress=False).fit(model, _images([(0, 0), (10, 20)]))
+    coverage = ClassicCoverage(criteria=("nc", "kmnc", "nbc", "snac", "tknc"), progress=False,
+                               criterion_settings={"kmnc_sections": 10, "tknc_k": 1}).fit(model, _images([(0, 0), (10, 20)]))
     assert coverage.layers_ == ["fc1"] and coverage.layer_sizes_ == [2]
     assert coverage.low_.tolist() == [0, 0] and coverage.high_.tolist() == [10, 20]
     report = coverage.score(_images([(5, 25)]))
@@ -338,7 +339,7 @@ def _random_images(rng, count: int, name: str) -> ImageSet:
 def tiny_fit(rng):
     model = _tiny_cnn()
     train = _random_images(rng, 300, "train")
-    coverage = ClassicCoverage(kmnc_sections=50, lsc_upper=50.0, progress=False).fit(model, train)
+    coverage = ClassicCoverage(progress=False, criterion_settings={"kmnc_sections": 50, "lsc_upper": 50.0}).fit(model, train)
     return model, train, coverage
 
 
@@ -367,7 +368,7 @@ def test_estimator_equals_the_pure_functions_on_collected_activations(tiny_fit, 
 
 
 def test_chosen_layers_with_the_default_sa_layer(rng):
-    coverage = ClassicCoverage(layers=["pool1"], kmnc_sections=10, progress=False)
+    coverage = ClassicCoverage(layers=["pool1"], progress=False, criterion_settings={"kmnc_sections": 10})
     report = coverage.fit(_tiny_cnn(), _random_images(rng, 100, "train")).score(_random_images(rng, 20, "t"))
     assert coverage.layers_ == ["pool1"] and coverage.sa_layers_ == ["fc1"]
     assert report.cells.kmnc.shape == (4, 10) and report.lsa.shape == (20,)
@@ -376,7 +377,7 @@ def test_chosen_layers_with_the_default_sa_layer(rng):
 def test_fit_and_score_are_deterministic(tiny_fit, rng):
     model, train, coverage = tiny_fit
     test = _random_images(rng, 80, "test")
-    again = ClassicCoverage(kmnc_sections=50, lsc_upper=50.0, progress=False).fit(model, train)
+    again = ClassicCoverage(progress=False, criterion_settings={"kmnc_sections": 50, "lsc_upper": 50.0}).fit(model, train)
     assert coverage.score(test).to_json() == again.score(test).to_json()
 
 
@@ -414,7 +415,7 @@ def test_merged_reports_equal_the_report_of_the_union(tiny_fit, rng):
 
 def test_merge_refuses_reports_with_other_settings(tiny_fit, rng):
     model, train, coverage = tiny_fit
-    other = ClassicCoverage(kmnc_sections=20, lsc_upper=50.0, progress=False).fit(model, train)
+    other = ClassicCoverage(progress=False, criterion_settings={"kmnc_sections": 20, "lsc_upper": 50.0}).fit(model, train)
     test = _random_images(rng, 10, "t")
     with pytest.raises(UserError, match="cannot merge"):
         coverage.score(test).merge(other.score(test))
@@ -425,7 +426,7 @@ def test_user_errors_say_what_is_wrong():
     with pytest.raises(UserError, match="unknown criteria"):
         ClassicCoverage(criteria=("nc", "idc")).fit(model, _images([(1, 2)]))
     with pytest.raises(UserError, match="lsc_upper must be greater"):
-        ClassicCoverage(lsc_upper=-1.0).fit(model, _images([(1, 2)]))
+        ClassicCoverage(criterion_settings={"lsc_upper": -1.0}).fit(model, _images([(1, 2)]))
     with pytest.raises(UserError, match="unknown layer 'fc9'"):
         ClassicCoverage(criteria=("nc",), layers=["fc9"], progress=False).fit(model, _images([(1, 2)]))
     with pytest.raises(UserError, match="not fitted"):
@@ -449,9 +450,10 @@ def _classes(values: np.ndarray) -> np.ndarray:
 
 
 _TRAIN = np.random.default_rng(1).normal(size=(80, 5))
-_MONOTONE = ClassicCoverage(layers=["a", "b"], sa_layers=["a"], kmnc_sections=20, tknc_k=1,
-                            lsc_lower=-10.0, lsc_upper=10.0, lsc_buckets=40, dsc_buckets=40,
-                            progress=False).fit_activations(_activations(_TRAIN), _classes(_TRAIN))
+_MONOTONE = ClassicCoverage(layers=["a", "b"], sa_layers=["a"], progress=False,
+                            criterion_settings={"kmnc_sections": 20, "tknc_k": 1, "lsc_lower": -10.0, "lsc_upper": 10.0,
+                                                "lsc_buckets": 40, "dsc_buckets": 40}
+                            ).fit_activations(_activations(_TRAIN), _classes(_TRAIN))
 
 
 @settings(max_examples=60, deadline=None)
@@ -541,5 +543,28 @@ def test_a_criterion_is_one_record_the_estimator_the_passes_and_the_command_line
         capsys.readouterr()
         assert main([*command, "--criterion-setting", "positive_margin=-1"]) == 2
         assert "positive_margin must be at least 0" in capsys.readouterr().err
+        # a built-in criterion's setting goes through the same door, on the command line and in Python
+        sections = ClassicCoverage(criteria=("kmnc",), criterion_settings={"kmnc_sections": 7}, progress=False)
+        built_in = sections.fit(model, train).score(test).coverage["kmnc"]
+        builtin_command = [*command[:-4], "--criteria", "kmnc", "--json-out", str(out)]
+        assert main([*builtin_command, "--criterion-setting", "kmnc_sections=7"]) == 0, capsys.readouterr().err
+        assert json.loads(out.read_text())["kmnc"] == pytest.approx(built_in)
+        assert main([*builtin_command, "--criterion-setting", "kmnc_sections=0"]) == 2
+        assert "kmnc_sections must be at least 1" in capsys.readouterr().err
     finally:
         unregister_criterion("positive")
+
+
+@pytest.mark.parametrize("name", list(CRITERION))
+def test_every_declared_criterion_keeps_the_contract(name):
+    """Each criterion's record (built-in or registered, one kind of record): it fills cells or has an adequacy
+    model, and each setting it declares has a default inside its own range that the estimator reads back."""
+    criterion = CRITERION[name]
+    assert criterion.cell and criterion.fields and callable(criterion.count)
+    assert (criterion.score is not None) != (criterion.adequacy is not None)
+    estimator = ClassicCoverage(criteria=(name,))
+    for spec in criterion.settings:
+        assert spec.check(spec.default, name) == spec.default and criterion_settings([name])[spec.field] == spec
+        assert estimator.setting(spec.field) == spec.default
+    with pytest.raises(UserError, match="no chosen criterion has the setting"):
+        ClassicCoverage(criteria=(name,), criterion_settings={"unheard_of": 1}).setting("nc_threshold")

@@ -151,7 +151,8 @@ def _assert_same_report(on_device, on_host) -> None:
 @pytest.mark.parametrize("batch_size", [7, 64])
 def test_the_device_pass_gives_the_host_pass_s_report(rng, monkeypatch, batch_size):
     model, train, test = _tiny_cnn(), _random_images(rng, 150, "train"), _random_images(rng, 50, "test")
-    coverage = ClassicCoverage(kmnc_sections=50, lsc_upper=50.0, batch_size=batch_size, progress=False).fit(model, train)
+    coverage = ClassicCoverage(batch_size=batch_size, progress=False,
+                               criterion_settings={"kmnc_sections": 50, "lsc_upper": 50.0}).fit(model, train)
     on_host = coverage.score(test)
     assert "activations" in coverage.seconds_
     monkeypatch.setattr(criteria_module, "cells_on_device", lambda device: True)

@@ -206,7 +206,7 @@ def test_the_criteria_s_cells_scored_on_the_gpu_are_the_host_s(monkeypatch):
     rng = np.random.default_rng(0)
     train, test = (ImageSet(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), np.zeros(n, np.int64), name)
                    for n, name in ((300, "train"), (70, "test")))
-    coverage = ClassicCoverage(kmnc_sections=100, batch_size=32, progress=False).fit(model, train)
+    coverage = ClassicCoverage(batch_size=32, progress=False, criterion_settings={"kmnc_sections": 100}).fit(model, train)
     on_gpu = coverage.score(test)
     assert "activations_and_cells" in coverage.seconds_
     monkeypatch.setattr(criteria_module, "cells_on_device", lambda device: False)  # LSA and DSA on the host too

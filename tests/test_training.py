@@ -38,7 +38,7 @@ def test_an_interrupt_goes_on_to_the_caller_with_the_module_in_eval_mode(monkeyp
 
     calls = []
 
-    def one_epoch(*args):
+    def one_epoch(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt

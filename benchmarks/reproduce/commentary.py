@@ -75,7 +75,7 @@ NOTES: dict[str, str] = {
         "(11.3 -> 13.8) and DSC (54.4 -> 54.9): SADL's 1,000 buckets start at the test set's lowest SA value, ours "
         "at 0, so the same inputs fall into other buckets. The product keeps the fixed range by default because "
         "buckets that depend on the test set make two test sets' LSC incomparable; "
-        "`ClassicCoverage(surprise_bucket_rule=\"sadl\")` "
+        "`--criterion-setting surprise_bucket_rule=sadl` "
         "gives the reference numbers. On LeNet-1 the layer set decides whether NC is 0 at all (0.0 with conv1 and "
         "conv2 only, 23.8 with the pooling layers and the softmax output). Rows for LeNet-1 and LeNet-4 were not "
         "found in the paper."

@@ -50,9 +50,10 @@ def estimator(setting: str, name: str) -> ClassicCoverage:
     if setting == "defaults":
         return ClassicCoverage(progress=False)
     if setting == "sadl buckets":
-        return ClassicCoverage(surprise_bucket_rule="sadl", progress=False)
+        return ClassicCoverage(progress=False, criterion_settings={"surprise_bucket_rule": "sadl"})
     layers, sa_layer = REFERENCE_LAYERS[name]
-    return ClassicCoverage(layers=list(layers), sa_layers=[sa_layer], surprise_bucket_rule="sadl", progress=False)
+    return ClassicCoverage(layers=list(layers), sa_layers=[sa_layer], progress=False,
+                           criterion_settings={"surprise_bucket_rule": "sadl"})
 
 
 def run(config: Config, subjects, log: Log) -> ExperimentResult:

@@ -29,7 +29,7 @@ from mlflow_di.commands.options import (CommaList, ModelName, FiniteFloat, Layer
 from mlflow_di.models.runtimes import runtime_help
 
 if TYPE_CHECKING:
-    from mlflow_di.compression.export_record import SourceBenefit
+    from mlflow_di.compression.export_record import CompressionSource, SourceBenefit
     from mlflow_di.compression.outcome import HeldOut, Outcome, Selection
 
 
@@ -108,7 +108,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
     are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
-    from mlflow_di.compression.export_record import SourceBenefit
+    from mlflow_di.compression.export_record import CompressionSource, SourceBenefit
     from mlflow_di.compression.outcome import Selection, labelled_split, source_probabilities
     from mlflow_di.compression.recipes import recipe_from_options
     from mlflow_di.data import load_images
@@ -117,10 +117,11 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     from mlflow_di.models.loading import load_torch_model, resolve
     from mlflow_di.models.reference import ModelRef
 
-    _check_options(methods, calib_data, register_as, keep_float, auto_keep_float, triggers, sensitivity,
-                   diagnosis_images)
-    bounds = _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate, holdout_data,
-                     keep_float, auto_keep_float, diagnosis_images)
+    _check_options(methods, calib_data, register_as, keep_float=keep_float, auto_keep_float=auto_keep_float,
+                   triggers=triggers, sensitivity=sensitivity, diagnosis_images=diagnosis_images)
+    bounds = _bounds(methods, max_accuracy_drop, max_disagreement_rate,
+                     max_realistic_success_rate=max_realistic_success_rate, holdout_data=holdout_data,
+                     keep_float=keep_float, auto_keep_float=auto_keep_float, diagnosis_images=diagnosis_images)
     trigger_images = _trigger_images(triggers) if triggers else None
     ref = ModelRef.parse(model_uri)
     resolved = resolve(ref)
@@ -138,26 +139,31 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     if evidence_line(evidence):
         click.echo(f"NOTE: {evidence_line(evidence)}")
     source_tags = registry.model_version_tags(model_uri)
-    lineage_base = {"mlflow_di.source_uri": model_uri,
-                    "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
-                    "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
     original = source_probabilities(source, evaluation, device)  # once: exports and pruning work on copies
     held_out = _held_out(source, holdout_data, inputs, device) if bounds is not None else None
     if held_out is not None:
         held_out.require_provable(bounds, fuzz_seeds)  # one line before any export, when it could never show a bound
+        evidence = searched_on(evidence, held_out.images.name)
     splits = (labelled_split(evaluation, original), held_out.split if held_out else None) \
         if bounds is not None or sensitivity else ()
-    if held_out is not None:
-        evidence = searched_on(evidence, held_out.images.name)
-    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, trigger_images, triggers, graph,
-                          bounds, sensitivity, fuzz_seeds, splits, int8, semantics, benefit, held_out,
-                          tuple(runtimes or ()))
+    selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, trigger_images=trigger_images,
+                          triggers_folder=triggers, graph=graph, bounds=bounds, sensitivity=sensitivity,
+                          fuzz_seeds=fuzz_seeds, splits=splits, recipe=int8, semantics=semantics, benefit=benefit,
+                          held_out=held_out, runtimes=tuple(runtimes or ()))
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
-        baseline = SourceBenefit(source, pathlib.Path(scratch), graph)
-        outcomes = [_compress_one(source, ref, method, calib, evaluation, amount,
-                                  register_as or f"{ref.base_name}-{method}", lineage_base, source_tags, device,
-                                  selection, inputs, original, evidence, baseline) for method in methods]
+        compressed = CompressionSource(source, ref, source_tags, lineage=_lineage(ref, source_tags), probabilities=original,
+                                       benefit=SourceBenefit(source, pathlib.Path(scratch), graph), device=device)
+        outcomes = [_compress_one(compressed, method, register_as or f"{ref.base_name}-{method}", amount=amount,
+                                  calib=calib, evaluation=evaluation, selection=selection, inputs=inputs,
+                                  evidence=evidence) for method in methods]
     return _registered(outcomes)
+
+
+def _lineage(ref, source_tags: dict) -> dict:
+    """The lineage tags every export records of its source (its URI, registered name and version)."""
+    return {"mlflow_di.source_uri": ref.uri,
+            "mlflow_di.source_name": source_tags.get("mlflow_di.model_name", ref.base_name),
+            "mlflow_di.source_version": source_tags.get("mlflow_di.model_version", "")}
 
 
 def _registered(outcomes: list) -> list[str]:
@@ -259,12 +265,10 @@ def _inputs(raw_calib, raw_eval) -> dict:
     return inputs
 
 
-def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_base, source_tags, device,
-                  selection: Selection, inputs: dict, original, evidence: dict,
-                  baseline: SourceBenefit) -> tuple[str | None, str]:
-    """One method's run and registered export; ``original``: the source's probabilities on ``evaluation``;
-    ``evidence``: the provenance tags of its figures (:mod:`~mlflow_di.mlflow_edge.evidence_tags`);
-    ``baseline``: the source's side of the benefit. Returns (the registered version's URI, ""), or (None, why)
+def _compress_one(source: CompressionSource, method: str, name: str, amount: float, calib, evaluation,
+                  selection: Selection, inputs: dict, evidence: dict) -> tuple[str | None, str]:
+    """One method's run and registered export, named ``name``; ``evidence``: the provenance tags of its figures
+    (:mod:`~mlflow_di.mlflow_edge.evidence_tags`). Returns (the registered version's URI, ""), or (None, why)
     for a bounded export that misses a bound on its held-out data: such an export is never registered (its
     file and figures stay in the run's artifacts)."""
     import mlflow_di
@@ -276,35 +280,36 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
     declared = method_declaration(method)
     selection = selection.scored_also_on(declared.made_for)
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
-        tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source_tags, **evidence}
-        with runs.tracked_run(f"compress {ref.short} {method}", tags=tags) as log:
+        tags = {"mlflow_di.command": "compress", "mlflow_di.method": method, **source.tags, **evidence}
+        with runs.tracked_run(f"compress {source.ref.short} {method}", tags=tags) as log:
             log.inputs((dataset, context) for context, dataset in inputs.items()
                        if context != "calibration" or declared.needs_calibration)
-            outcome = _export_keeping_search(log, source, method, calib, evaluation, amount, pathlib.Path(scratch),
-                                             selection)
+            outcome = _export_keeping_search(log, source.model, method, calib=calib, evaluation=evaluation,
+                                             amount=amount, scratch=pathlib.Path(scratch), selection=selection)
             result = outcome.result
-            log.params({"model_uri": ref.uri, "method": method,
+            log.params({"model_uri": source.ref.uri, "method": method,
                         **export_params(declared, amount, calib, outcome, selection),
                         "eval_data": evaluation.name if evaluation is not None else "none"})
-            compressed = selection.primary_runtime.open(result.path, None, f"{name} ({method})", device)
+            compressed = selection.primary_runtime.open(result.path, None, f"{name} ({method})", source.device)
             context = compressed.execution_context
             log.tags(context.tags())
-            outcome = outcome.measured_with(context, _benefit(baseline, result) if selection.benefit else None)
-            metrics, deviation, outcome = export_metrics(method, name, original, compressed, evaluation, outcome,
-                                                         selection, device)
-            judged_on = other_runtimes(selection, compressed, original, evaluation, device)
+            outcome = outcome.measured_with(context, _benefit(source.benefit, result) if selection.benefit else None)
+            metrics, deviation, outcome = export_metrics(method, name, source.probabilities, compressed=compressed,
+                                                         evaluation=evaluation, outcome=outcome, selection=selection,
+                                                         device=source.device)
+            judged_on = other_runtimes(selection, compressed, source.probabilities, evaluation, source.device)
             metrics.update(judged_on.metrics)
             log.tags(judged_on.tags)
             log.json(result.to_dict(), "compress/result.json")
             _log_tables(log, deviation, outcome)
-            log.text(compression_report(ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
+            log.text(compression_report(source.ref.uri, name, result, metrics, deviation, outcome), "compress/report.html")
             if outcome.search is not None and outcome.search.held_out_failures:
                 log.metrics(metrics, dataset=inputs.get("evaluation"))
                 log.tags({"mlflow_di.held_out": "missed"})
                 log.folder(_alone(result.path, pathlib.Path(scratch) / "unregistered"), "compress/export")
-                _echo_summary(declared, name, None, metrics, deviation, outcome, judged_on)
+                _echo_summary(declared, name, None, metrics=metrics, deviation=deviation, outcome=outcome, judged_on=judged_on)
                 return None, _miss_line(method, outcome.search, selection.held_out.images.name, log.run_id)
-            lineage = {**lineage_base, "mlflow_di.method": method,
+            lineage = {**source.lineage, "mlflow_di.method": method,
                        "mlflow_di.params": json.dumps(result.params, sort_keys=True),
                        "mlflow_di.version": mlflow_di.__version__, **outcome.context.tags(), **judged_on.tags,
                        **(outcome.benefit.tags() if outcome.benefit is not None else {})}
@@ -313,7 +318,7 @@ def _compress_one(source, ref, method, calib, evaluation, amount, name, lineage_
             # and before it is registered: a compress stopped in between registers nothing
             log.metrics(metrics, model_id=getattr(info, "model_id", None), dataset=inputs.get("evaluation"))
             version = models.register_logged_model(info, name, lineage)
-        _echo_summary(declared, name, version.version, metrics, deviation, outcome, judged_on)
+        _echo_summary(declared, name, version.version, metrics=metrics, deviation=deviation, outcome=outcome, judged_on=judged_on)
     return f"models:/{name}/{version.version}", ""
 
 
@@ -342,7 +347,7 @@ def _export_keeping_search(log, source, method, calib, evaluation, amount, scrat
     from mlflow_di.compression.outcome import export_outcome
 
     try:
-        return export_outcome(source, method, calib, evaluation, amount, scratch, selection)
+        return export_outcome(source, method, calib, evaluation=evaluation, amount=amount, scratch=scratch, selection=selection)
     except UnreachableBounds as unreachable:
         _log_search(log, unreachable.search)
         raise

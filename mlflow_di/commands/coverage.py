@@ -78,8 +78,8 @@ def command(model_uri, train_data, test_data, layer, layers, top_m, clusters, ru
     criteria = criteria or ALL_CRITERIA
     if per_class and "idc" not in criteria:
         raise UserError("--per-class needs idc among --criteria; add idc to --criteria or leave out --per-class")
-    passes = _passes(workers, ray_address, cpus_per_worker, gpus_per_worker, trace_dir, per_class,
-                     [train_data, *test_data])
+    passes = _passes(workers, ray_address, cpus_per_worker, gpus=gpus_per_worker, trace_dir=trace_dir, per_class=per_class,
+                     specs=[train_data, *test_data])
     ref = ModelRef.parse(model_uri)
     model = load_torch_model(ref, preprocessing, device)
     subject_layers = layers or ([layer] if layer else None)

@@ -114,10 +114,10 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     seed_data = seed_data or click.get_current_context().meta.get("--seed-data")  # or its old name, --seeds
     if not seed_data:
         raise click.UsageError("Missing option '--seed-data'.")
-    choice = _choose(strategy, tuple(compressed), max_linf, min_ssim, own_options, overlap,
-                     (workers, ray_address, cpus_per_worker, gpus_per_worker))
-    models = _load(choice, original, (preprocessing_original, preprocessing_compressed), device, semantics, overlap,
-                   runtime)
+    choice = _choose(strategy, tuple(compressed), max_linf, min_ssim=min_ssim, own_options=own_options, overlap=overlap,
+                     ray=(workers, ray_address, cpus_per_worker, gpus_per_worker))
+    models = _load(choice, original, (preprocessing_original, preprocessing_compressed), device=device,
+                   semantics=semantics, overlap=overlap, runtime=runtime)
     plan = _Plan(choice, models, _seeds(choice, models, seed_data, num_seeds),
                  _folders(choice, original, out_dir, seed, resume))
     if resume:
@@ -136,10 +136,12 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
                     "compressed_runs_on": ",".join(m.provider for m in models.compressed_classifiers)})
         _announce(plan, batch, ray_address, workers)
         with out_of_memory_as_user_error("fuzzing", batch), call_limit(timeout, f"fuzz --timeout {timeout:g}"):
-            results = run(Campaign(
-                models.original, list(models.compressed), models.search, plan.seeds.seeds, timeout, max_queries, batch,
-                seed, list(plan.folders.exports), resume, choice.executor, models.overlapping), choice.declaration)
-        summaries, comparison = _log_results(log, plan, record, original, seed_data, num_seeds, results, confidence)
+            results = run(Campaign(models.original, list(models.compressed), models.search, seeds=plan.seeds.seeds,
+                                   timeout=timeout, max_queries=max_queries, batch=batch, seed=seed,
+                                   out_dirs=list(plan.folders.exports), resume=resume, executor=choice.executor,
+                                   overlap=models.overlapping), choice.declaration)
+        summaries, comparison = _log_results(log, plan, record, original=original, seed_data=seed_data,
+                                             num_seeds=num_seeds, results=results, confidence=confidence)
         _log_ray_stats(log, choice.executor)
         if not all(result.complete for result in results):  # the run ends KILLED; everything found is logged and on disk
             raise KeyboardInterrupt  # the CLI tells Ctrl-C (130) from SIGTERM (143)
@@ -280,8 +282,8 @@ def _load(choice: _Choice, original: str, preprocessing: tuple, device, semantic
     if runtime is not None and semantics == "reference" and runtime.name != "onnxruntime":
         raise UserError(f"--semantics reference is ONNX Runtime's (graph optimizations off), not {runtime.name}'s; "
                         "drop one of them")
-    compressed = tuple(_model(ref, preprocessing[1], device, declaration.compressed, declaration, "--compressed",
-                              runtime) for ref in compressed_refs)
+    compressed = tuple(_model(ref, preprocessing[1], device, access=declaration.compressed, declaration=declaration,
+                              role="--compressed", runtime=runtime) for ref in compressed_refs)
     if semantics == "reference" and declaration.compressed is Access.BLACK_BOX:
         compressed = tuple(_reference_twin(model, choice.executor) for model in compressed)
     original_classifier = _black_box(original_model, declaration.original)
@@ -293,8 +295,9 @@ def _load(choice: _Choice, original: str, preprocessing: tuple, device, semantic
     if declaration.overlap:
         overlapping = overlap if overlap is not None else overlaps_by_default(
             original_classifier, compressed_classifiers, choice.executor)
-    return _Models(original_ref, compressed_refs, original_model, compressed, original_classifier,
-                   compressed_classifiers, search, mutations_on, overlapping)
+    return _Models(original_ref, compressed_refs, original_model, compressed=compressed,
+                   original_classifier=original_classifier, compressed_classifiers=compressed_classifiers,
+                   search=search, mutations_on=mutations_on, overlapping=overlapping)
 
 
 def _black_box(model, access: Access):
@@ -452,8 +455,9 @@ def _log_results(log, plan: _Plan, record: _Record, original: str, seed_data: st
     log.input(lineage, "seeds")
     if not choice.several:
         log.tags(context_tags(models.compressed_classifiers))
-        _log_campaign(log, results[0], plan.folders.folder, original, ", ".join(choice.compressed), summaries[0],
-                      record.model_ids[0] if len(choice.compressed) == 1 else None, lineage)
+        _log_campaign(log, results[0], plan.folders.folder, original=original, compressed=", ".join(choice.compressed),
+                      summary=summaries[0], model_id=record.model_ids[0] if len(choice.compressed) == 1 else None,
+                      dataset=lineage)
         _print_summary(results[0], summaries[0], plan.folders.folder)
         return summaries, {}
     for uri, ref, model, result, summary, sub, own_tags, model_id in zip(
@@ -464,7 +468,8 @@ def _log_results(log, plan: _Plan, record: _Record, original: str, seed_data: st
             child.params({**record.params, "compressed": uri, "out_dir": str(sub), "compressed_runs_on": model.provider})
             child.tags(context_tags([model]))
             child.input(lineage, "seeds")
-            _log_campaign(child, result, sub, original, uri, summary, model_id, lineage)
+            _log_campaign(child, result, sub, original=original, compressed=uri, summary=summary, model_id=model_id,
+                          dataset=lineage)
         click.echo(f"{uri}:")
         _print_summary(result, summary, sub)
     comparison = _compare_exports(models.original_classifier, list(choice.compressed),
@@ -549,7 +554,8 @@ def _log_campaign(log, result, folder: pathlib.Path, original: str, compressed: 
             log.image(page, f"fuzz/trigger_grid_{number}.png")
         log.table(distance_rows(result.records), "fuzz/trigger_distances.json")
         log.table(matrix_rows(trigger_matrix(result.records)), "fuzz/trigger_matrix.json")
-    log.text(fuzz_report.campaign_report(result, original, compressed, summary, rows, by_class, pages),
+    log.text(fuzz_report.campaign_report(result, original, compressed, summary=summary, rows=rows, by_class=by_class,
+                                         pages=pages),
              "fuzz/report.html")
 
 

@@ -116,17 +116,19 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared, inconclusive_as=inconclusive)
     with version_lock(version.name, version.version, "gate", wait_s=LOCK_WAIT_S):  # one gate's record, whole
-        written = _write_verdict(verdict, version, source, model_uri, baseline, compressed, promote_alias,
-                                 _evidence_notes(verdict, pinned_runs, realism_budget, runtime))
+        written = _write_verdict(verdict, version, source, model_uri=model_uri, baseline=baseline,
+                                 compressed=compressed, promote_alias=promote_alias,
+                                 rules=_evidence_notes(verdict, pinned_runs, realism_budget, runtime))
     # what a pipeline calling this command logs on its own run (see commands/pipeline.py)
     click.get_current_context().meta["mlflow_di.gate"] = {
         "run_id": written.run_id, "outcome": verdict.outcome, "metrics": written.metrics, "report": written.report,
         "inconclusive": [{"metric": c.metric, "label": c.label, "n": c.n} for c in verdict.inconclusive]}
     write_json_out({**verdict.to_dict(), "outcome": verdict.outcome, "checked_at": written.checked_at,
                     "run_id": written.run_id}, json_out)
-    _write_ci_reports(verdict, written.checked_at, written.run_id, junit_xml, summary_md, written.notes,
-                      written.run_link)
-    _print_verdict(verdict, version, source, promote_alias, written.run_id, written.alias_dropped, written.rules)
+    _write_ci_reports(verdict, written.checked_at, written.run_id, junit_xml=junit_xml, summary_md=summary_md,
+                      notes=written.notes, run_link=written.run_link)
+    _print_verdict(verdict, version, source, promote_alias=promote_alias, run_id=written.run_id,
+                   alias_dropped=written.alias_dropped, rules=written.rules)
     if verdict.outcome == "ERROR":
         raise UserError(f"the gate could not judge {model_uri}: {verdict.cause}")
     if verdict.exit_code:
@@ -190,7 +192,8 @@ def _write_verdict(verdict, version, source, model_uri: str, baseline, compresse
         except BaseException as exc:
             registry.abandon_verdict(version, log.run_id, _why_stopped(exc))
             raise
-    return _Written(log.run_id, checked_at, notes, rules, metrics, report, run_link, alias_dropped)
+    return _Written(log.run_id, checked_at, notes, rules=rules, metrics=metrics, report=report, run_link=run_link,
+                    alias_dropped=alias_dropped)
 
 
 def _why_stopped(exc: BaseException) -> str:

@@ -82,7 +82,8 @@ def command(model_uri, data_spec, layer, units, coverage, top_m, importance_inpu
                     "batch_size": batch_size})
         log.input(datasets.spec_dataset(raw), "inspection")
         with out_of_memory_as_user_error("inspect", batch_size):
-            important = _important_neurons(fitted_idc, model, data, layer, units, top_m, importance_inputs, seed)
+            important = _important_neurons(fitted_idc, model, data, layer=layer, units=units, top_m=top_m,
+                                           importance_inputs=importance_inputs, seed=seed)
             selected = important if units == "important" else None
             groups = {"important": important} if important is not None else {}
             click.echo(f"inspecting layer {layer} on {data.name} ({len(data)} images, {len(hypotheses)} hypotheses, "

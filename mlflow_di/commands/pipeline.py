@@ -76,7 +76,7 @@ def command(ctx: click.Context, policy_path: str, model_uri: str, state_dir: str
         _exit(ctx, gate["exit_code"])
         return
     with _one_pipeline_per_version(model_uri):  # a second one refuses (exit 75): two would write two verdicts
-        log, gate = _run_steps(ctx, policy, policy_path, model_uri, steps, state, folder)
+        log, gate = _run_steps(ctx, policy, policy_path, model_uri=model_uri, steps=steps, state=state, folder=folder)
     click.echo("")
     click.echo(f"pipeline run {log.run_id}: verdict {gate['outcome']}; state {folder / STATE_FILE}")
     _where_to_look(model_uri)

@@ -91,8 +91,8 @@ def command(compressed, campaigns, original, eval_data, register_as, folds, muta
         result, head, _ = repair(fuzzed, original_model, compressed_model, settings, folds=folds,
                                  mutants_per_seed=mutants, seed=seed, test_data=test, data=data)
         with tempfile.TemporaryDirectory(prefix="mlflow-di-repair-") as scratch:
-            info, check = _log_repaired(source, compressed_model, head, name, lineage, pathlib.Path(scratch), fuzzed,
-                                        device)
+            info, check = _log_repaired(source, compressed_model, head, name=name, lineage=lineage,
+                                        scratch=pathlib.Path(scratch), campaigns=fuzzed, device=device)
         metrics = _metrics(result)
         if check is not None:
             metrics["onnx_max_abs_diff"] = check

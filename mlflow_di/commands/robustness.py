@@ -85,7 +85,7 @@ def command(model_uri, compressed, data, corruptions, severities, num_images, ba
             result = run_suite(models[0], models[1:], images, names, severities, seed=seed, batch=batch)
         summary = _summary(result, model_uri, compressed, slugs)
         log.metrics(_metrics(result, slugs))
-        _log_artifacts(log, result, model_uri, compressed, slugs, images, summary)
+        _log_artifacts(log, result, model_uri, compressed=compressed, slugs=slugs, images=images, summary=summary)
         _print_summary(result, compressed)
     write_json_out(summary, json_out)
 

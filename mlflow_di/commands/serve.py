@@ -104,8 +104,9 @@ def command(policy_path, state_dir, host, port, workers, ray_address, poll_secon
                    + (f" of {', '.join(untrusted)}" if models and policy.trusted_pickles else "")
                    + ": versions logged as pickled PyTorch models will end in error (list their registered models "
                    "under trust.pickled_models); pt2 (MLflow's default for PyTorch), ONNX and TFLite versions run")
-    service = Service(pathlib.Path(state_dir), policy_path, models, workers, max_attempts, retry_backoff, secret,
-                      poll_seconds, backfill, ray_address)
+    service = Service(pathlib.Path(state_dir), policy_path, models, workers=workers, max_attempts=max_attempts,
+                      backoff_s=retry_backoff, secret=secret, poll_seconds=poll_seconds, backfill=backfill,
+                      ray_address=ray_address)
     service.start(host, port, register_webhook)
     service.wait()
 
@@ -248,8 +249,9 @@ class Service:
         self._spawn(self._housekeeping, "housekeeping")
         from mlflow_di.service.worker import Runner
 
-        runner = Runner(self.queue, self._argv, self._log_path, self.max_attempts, self.backoff_s, self.stop,
-                        self._report, env=self._child_env(), report_error=self._say, launcher=self.launcher)
+        runner = Runner(self.queue, self._argv, self._log_path, max_attempts=self.max_attempts,
+                        backoff_s=self.backoff_s, stop=self.stop, report=self._report, env=self._child_env(),
+                        report_error=self._say, launcher=self.launcher)
         for number in range(self.workers):
             self._spawn(runner.loop, f"worker-{number + 1}")
         polling = (f"polling every {self.poll_seconds:g} s" if self.poll_seconds else

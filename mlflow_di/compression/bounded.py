@@ -514,22 +514,34 @@ class RealisticProbe:
         return count, realism_summary(result.records, count, search.constraint)["realistic_triggers"]
 
 
-def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSplit, held_out: LabelledSplit,
-                        bounds: Bounds, ranking: list[str], out_dir, graph=None, device=None, first=None,
-                        progress: bool = True, realistic: RealisticProbe | None = None, recipe=None,
-                        semantics: str = "host"):
-    """Search (on ``search``) and verify (on ``held_out``) the int8-static export with the fewest of
-    ``ranking``'s layers in float that meets ``bounds``; returns ``(CompressionResult, BoundedSearch)``.
+@dataclasses.dataclass(frozen=True)
+class BoundedTarget:
+    """What a bounded export must meet and where it is measured: ``bounds``, searched for on ``search`` and
+    verified on ``held_out``, with ``ranking``'s layers (the order that breaks ties between equally helpful
+    ones) the candidates for float. ``semantics``: whose answers the bounds judge (``host``, ``reference`` or
+    ``both``, see :meth:`LabelledSplit.score`); ``realistic``: how each candidate is fuzzed for
+    ``bounds.max_realistic_success_rate``."""
+
+    bounds: Bounds
+    search: LabelledSplit
+    held_out: LabelledSplit
+    ranking: tuple[str, ...]
+    semantics: str = "host"
+    realistic: RealisticProbe | None = None
+
+
+def bounded_int8_static(module, preprocessing, calib_inputs, target: BoundedTarget, out_dir, graph=None, device=None,
+                        first=None, progress: bool = True, recipe=None):
+    """Search (on ``target.search``) and verify (on ``target.held_out``) the int8-static export with the fewest
+    of ``target.ranking``'s layers in float that meets ``target.bounds``; returns ``(CompressionResult,
+    BoundedSearch)``.
 
     Every candidate is a real ONNX Runtime export (:func:`~mlflow_di.compression.methods.compress`
-    with ``keep_float``) run on the split with ``semantics`` (``host``, ``reference`` or ``both``,
-    see :meth:`LabelledSplit.score`). ``recipe``: the :class:`~mlflow_di.compression.recipes.Recipe`
-    tried first (None: the default); the recipes that cannot saturate come next (and, searching with host
-    semantics on a CPU whose int8 kernels do not saturate, those that would elsewhere). ``first``: the
-    fully quantized export with ``recipe`` when the caller has made it already. ``ranking``: the
-    layers, in the order that breaks ties between equally helpful ones. With
-    ``bounds.max_realistic_success_rate``, ``realistic`` says how each candidate is fuzzed. Raises
-    :class:`UnreachableBounds` as :func:`search_float_layers` does.
+    with ``keep_float``) run on the split with ``target.semantics``. ``recipe``: the
+    :class:`~mlflow_di.compression.recipes.Recipe` tried first (None: the default); the recipes that cannot
+    saturate come next (and, searching with host semantics on a CPU whose int8 kernels do not saturate, those
+    that would elsewhere). ``first``: the fully quantized export with ``recipe`` when the caller has made it
+    already. Raises :class:`UnreachableBounds` as :func:`search_float_layers` does.
     """
     import pathlib
 
@@ -538,6 +550,7 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
     from mlflow_di.models.execution import execution_context
     from mlflow_di.progress import progress_bar
 
+    bounds, semantics, realistic = target.bounds, target.semantics, target.realistic
     if bounds.max_realistic_success_rate is not None and realistic is None:
         raise UserError("--max-realistic-success-rate needs the original model to fuzz each candidate with")
     out_dir = pathlib.Path(out_dir)
@@ -572,6 +585,6 @@ def bounded_int8_static(module, preprocessing, calib_inputs, search: LabelledSpl
             bar.update(1)
             bar.set_postfix(kept=len(trial.kept_float), disagreements=trial.search.disagreements)
 
-        record = search_float_layers(ranking, measure_on(search), bounds, list(recipes), on_trial)
-    verify(record, measure_on(held_out))
+        record = search_float_layers(list(target.ranking), measure_on(target.search), bounds, list(recipes), on_trial)
+    verify(record, measure_on(target.held_out))
     return export(tuple(record.kept_float), record.recipe), record

@@ -2,7 +2,8 @@
 and every figure measured on it (:func:`export_metrics`: deviation from the source, reference
 semantics, size, what it buys, the all-int8 export it was compared with, the bounded search and the
 held-out figures the gate judges), with the fp32 source measured once for every export's benefit
-(:class:`SourceBenefit`). Models and values in, dictionaries out: the command logs them.
+(:class:`SourceBenefit`), and the source every method's run shares (:class:`CompressionSource`). Models
+and values in, dictionaries out: the command logs them.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from mlflow_di.data import ImageSet
     from mlflow_di.models.benefit import Comparison
     from mlflow_di.models.classifier import OnnxClassifier
+    from mlflow_di.models.reference import ModelRef
     from mlflow_di.models.torch_model import TorchModel
 
 #: the figures measured again on a bounded export's held-out data (``held_out.NAME``, ``held_out.reference.NAME``):
@@ -50,6 +52,21 @@ class SourceBenefit:
             self._measured = (fp32.path, benefit.measure(fp32.path))
         fp32_path, measured = self._measured
         return benefit.compare(fp32_path, export_path, source=measured)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionSource:
+    """The model every method of one command compresses, and what each method's run shares about it: its
+    reference and registry tags, the lineage every export records, its probabilities on the evaluation data
+    (None without), its side of the benefit, and the device the exports are scored on."""
+
+    model: TorchModel
+    ref: ModelRef
+    tags: dict
+    lineage: dict
+    probabilities: np.ndarray | None
+    benefit: SourceBenefit
+    device: str = "cpu"
 
 
 def export_params(declared: MethodDeclaration, amount: float, calib: ImageSet | None, outcome: Outcome,

@@ -182,36 +182,26 @@ def calibration_inputs(calib_inputs, preprocessing: Preprocessing) -> np.ndarray
     return calib_inputs
 
 
-def compress(
-    module: nn.Module,
-    preprocessing: Preprocessing,
-    method: str,
-    out_dir,
-    calib_inputs=None,
-    amount: float = 0.3,
-    opset: int | None = None,
-    keep_float=(),
-    graph=None,
-    exported: OnnxExport | None = None,
-    recipe=None,
-) -> CompressionResult:
+def compress(module: nn.Module, preprocessing: Preprocessing, method: str, out_dir, calib_inputs=None,
+             **settings) -> CompressionResult:
     """Compress ``module`` with ``method`` into ``out_dir/<method>.onnx``.
 
-    ``calib_inputs`` (int8-static only) are raw uint8 NHWC images (an array or lazy images, read
-    and preprocessed one calibration batch at a time) or preprocessed float inputs;
-    ``amount`` is the pruning fraction (prune-l1: of all weights, prune-structured: of each
-    layer's output channels). The ONNX file carries the preprocessing and a
-    ``mlflow_di.compression`` metadata entry with the method and its parameters. ``keep_float``
-    (int8-static only): layers (PyTorch module names, e.g. ``conv1.0``) left in float.
-    int8-static also keeps the float graph it quantized as ``out_dir/<method>.float.onnx``.
-    ``graph``: the ONNX file ``module`` is the white-box view of (an ONNX original): fp32 and the
-    int8 methods then start from that graph itself instead of an export of the view; pruning
-    prunes the view's weights and exports it. ``exported``: an fp32 export of ``module`` made
-    earlier (:func:`float_export`) that fp32 and the int8 methods copy instead of exporting again
-    (a search that quantizes one model many times exports it once). ``recipe`` (int8-static): a
-    :class:`~mlflow_di.compression.recipes.Recipe` (None: the default, which does not saturate on any CPU).
+    ``calib_inputs`` (int8-static only) are raw uint8 NHWC images (an array or lazy images, read and
+    preprocessed one calibration batch at a time) or preprocessed float inputs. ``settings``: the other
+    :class:`MethodJob` fields, declared there with their defaults: ``amount`` is the pruning fraction
+    (prune-l1: of all weights, prune-structured: of each layer's output channels), ``opset``. The ONNX file
+    carries the preprocessing and a ``mlflow_di.compression`` metadata entry with the method and its
+    parameters. ``keep_float`` (int8-static only): layers (PyTorch module names, e.g. ``conv1.0``) left in
+    float. int8-static also keeps the float graph it quantized as ``out_dir/<method>.float.onnx``.
+    ``graph``: the ONNX file ``module`` is the white-box view of (an ONNX original): fp32 and the int8
+    methods then start from that graph itself instead of an export of the view; pruning prunes the view's
+    weights and exports it. ``exported``: an fp32 export of ``module`` made earlier (:func:`float_export`)
+    that fp32 and the int8 methods copy instead of exporting again (a search that quantizes one model many
+    times exports it once). ``recipe`` (int8-static): a :class:`~mlflow_di.compression.recipes.Recipe`
+    (None: the default, which does not saturate on any CPU).
     """
     declared = method_declaration(method)
+    keep_float = tuple(settings.pop("keep_float", ()))
     if keep_float and not declared.selective:
         raise UserError(f"--keep-float applies to {', '.join(methods_that('selective'))} only, not {method}")
     if not isinstance(module, nn.Module):
@@ -223,8 +213,7 @@ def compress(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{method}.onnx"
     start = time.perf_counter()
-    fields = declared.export(MethodJob(module, preprocessing, method, path, calib, amount, opset, tuple(keep_float),
-                                       graph, exported, recipe))
+    fields = declared.export(MethodJob(module, preprocessing, method, path, calib, keep_float=keep_float, **settings))
     seconds = time.perf_counter() - start
     set_metadata(path, compression_metadata(method, fields["params"]))
     return CompressionResult(

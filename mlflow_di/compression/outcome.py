@@ -219,7 +219,7 @@ def _bounded(source: TorchModel, calib_images, scratch: pathlib.Path, selection:
              outcome: Outcome) -> Outcome:
     """The bounded search (ties in its measured ranking broken by the evaluation data's diagnosis, worst
     layer first): the chosen export becomes the result, the fully quantized one ``before``."""
-    from mlflow_di.compression.bounded import RealisticProbe, bounded_int8_static, rank_layers
+    from mlflow_di.compression.bounded import BoundedTarget, RealisticProbe, bounded_int8_static, rank_layers
     from mlflow_di.compression.prune import prunable_layers
 
     ranking = rank_layers(outcome.diagnoses[0], [name for name, _ in prunable_layers(source.module)])
@@ -227,10 +227,9 @@ def _bounded(source: TorchModel, calib_images, scratch: pathlib.Path, selection:
     fully_quantized = outcome.result
     realistic = RealisticProbe(source, seeds=selection.fuzz_seeds) \
         if selection.bounds.max_realistic_success_rate is not None else None
-    chosen, search = bounded_int8_static(
-        source.module, source.preprocessing, calib_images, search_split, held_out, selection.bounds, ranking,
-        scratch / "bounded", graph=selection.graph, first=fully_quantized, realistic=realistic,
-        recipe=selection.recipe, semantics=selection.semantics)
+    target = BoundedTarget(selection.bounds, search_split, held_out, tuple(ranking), selection.semantics, realistic)
+    chosen, search = bounded_int8_static(source.module, source.preprocessing, calib_images, target, scratch / "bounded",
+                                         graph=selection.graph, first=fully_quantized, recipe=selection.recipe)
     outcome = dataclasses.replace(outcome, result=chosen, search=search)
     if search.kept_float or search.recipe != selection.recipe.name:
         outcome = dataclasses.replace(outcome, before=fully_quantized, kept_float=tuple(search.kept_float))

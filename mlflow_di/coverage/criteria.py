@@ -76,7 +76,7 @@ class Adequacy:
 
 
 def _fit_likelihood(estimator, traces, predictions, _nearest_other, _device):
-    return LikelihoodSurprise(estimator.var_threshold).fit(traces, predictions)  # cheap: always on the host
+    return LikelihoodSurprise(estimator.setting("var_threshold")).fit(traces, predictions)  # cheap: on the host
 
 
 def _fit_distance(estimator, traces, predictions, nearest_other, device):
@@ -149,16 +149,34 @@ def _boundary_on_device(batch: Batch, _estimator) -> dict:
     return {"below": below, "above": above}
 
 
+def _buckets(name: str, upper: float) -> tuple[OptionSpec, ...]:
+    """A surprise criterion's buckets and their range (SA values from ``lower`` to ``upper``)."""
+    label = name.upper()
+    return (OptionSpec(f"{name}_buckets", f"{label}'s buckets.", "int", low=1, default=1000),
+            OptionSpec(f"{name}_lower", f"{label}'s lowest bucket edge.", "float", default=0.0),
+            OptionSpec(f"{name}_upper", f"{label}'s top bucket edge.", "float", default=upper))
+
+
+#: how SA values map to LSC's and DSC's buckets (both declare it; one value serves both)
+_BUCKET_RULE = OptionSpec("surprise_bucket_rule", "How SA values map to LSC's and DSC's buckets: fixed (the ranges) "
+                          "or sadl (Kim et al.'s rule).", "choice", choices=BUCKET_RULES, default="fixed")
+
 #: Every classic criterion, in the order reports list them (a live registry: :func:`register_criterion` adds one).
+#: Each declares its own settings (defaults as in DeepImportance's ``run.py`` / Kim et al.), read by ``score``
+#: with ``estimator.setting(field)``, exactly as a registered criterion's are.
 CRITERION = Registry("coverage criterion", Criterion, builtins=(
     Criterion("nc", "a neuron whose scaled output exceeds nc_threshold", ("nc",),
-              score=lambda batch, e: {"nc": neuron_coverage_cells(batch.scaled, e.nc_threshold)},
-              device_score=lambda batch, e: {"nc": on_device.neuron_coverage_cells(batch.scaled, e.nc_threshold)}),
+              score=lambda batch, e: {"nc": neuron_coverage_cells(batch.scaled, e.setting("nc_threshold"))},
+              device_score=lambda batch, e: {"nc": on_device.neuron_coverage_cells(batch.scaled,
+                                                                                   e.setting("nc_threshold"))},
+              settings=(OptionSpec("nc_threshold", "NC's threshold on per-input min-max scaled outputs.", "float",
+                                   low=0, high=1, default=0.75),)),
     Criterion("kmnc", "one of kmnc_sections sections of a neuron's training range", ("kmnc",), needs_bounds=True,
               score=lambda batch, e: {"kmnc": multisection_cells(batch.values, batch.low, batch.high,
-                                                                 e.kmnc_sections)},
+                                                                 e.setting("kmnc_sections"))},
               device_score=lambda batch, e: {"kmnc": on_device.multisection_cells(batch.values, batch.low, batch.high,
-                                                                                  e.kmnc_sections)}),
+                                                                                  e.setting("kmnc_sections"))},
+              settings=(OptionSpec("kmnc_sections", "KMNC's sections per neuron.", "int", low=1, default=1000),)),
     Criterion("nbc", "a neuron's region below or above its training range", ("below", "above"), needs_bounds=True,
               score=_boundary, device_score=_boundary_on_device, timer="nbc_snac",
               count=lambda cells: (int(cells.below.sum() + cells.above.sum()), 2 * int(cells.above.size))),
@@ -166,17 +184,25 @@ CRITERION = Registry("coverage criterion", Criterion, builtins=(
               score=_boundary, device_score=_boundary_on_device, timer="nbc_snac",
               count=lambda cells: (int(cells.above.sum()), int(cells.above.size))),
     Criterion("tknc", "a neuron among the tknc_k most active of its layer", ("tknc",),
-              score=lambda batch, e: {"tknc": top_k_cells(batch.values, batch.layer_sizes, e.tknc_k)},
+              score=lambda batch, e: {"tknc": top_k_cells(batch.values, batch.layer_sizes, e.setting("tknc_k"))},
               device_score=lambda batch, e: {"tknc": on_device.top_k_cells(batch.values, batch.layer_sizes,
-                                                                           e.tknc_k)}),
+                                                                           e.setting("tknc_k"))},
+              settings=(OptionSpec("tknc_k", "TKNC's top neurons per layer.", "int", low=1, default=3),)),
     Criterion("lsc", "one of lsc_buckets buckets of likelihood surprise", ("lsc",), merge="per-input",
-              adequacy=Adequacy("likelihood_", "lsa", "lsa_fit", _fit_likelihood)),
+              adequacy=Adequacy("likelihood_", "lsa", "lsa_fit", _fit_likelihood),
+              settings=(*_buckets("lsc", 2000.0), _BUCKET_RULE,
+                        OptionSpec("var_threshold", "LSA drops neurons with a lower in-class variance.", "float", low=0,
+                                   default=VAR_THRESHOLD))),
     Criterion("dsc", "one of dsc_buckets buckets of distance surprise", ("dsc",), merge="per-input",
-              adequacy=Adequacy("distance_", "dsa", "dsa_fit", _fit_distance)),
+              adequacy=Adequacy("distance_", "dsa", "dsa_fit", _fit_distance),
+              settings=(*_buckets("dsc", 2.0), _BUCKET_RULE)),
 ))
 #: The built-in criteria (the default of :class:`ClassicCoverage`); :func:`register_criterion` adds others.
 CRITERIA = CRITERION.builtins
 _SURPRISE = {c.name for c in CRITERION.values() if c.surprise}
+#: ``{field: OptionSpec}`` of the built-in criteria's settings: reported by every ClassicCoverage (its settings format)
+_BUILT_IN_SETTINGS = {spec.field: spec for name in CRITERIA for spec in CRITERION[name].settings}
+_BATCH_SIZE = OptionSpec("batch_size", "Images per pass.", "int", low=1)
 
 
 def register_criterion(criterion: Criterion) -> Criterion:
@@ -446,35 +472,25 @@ class CriteriaReport:
         return cls.from_dict(json.loads(text))
 
 
-#: :class:`ClassicCoverage`'s settings with a range, checked at fit (one table; a registered criterion's own
-#: settings are its record's ``settings``)
-CLASSIC_SETTINGS = (
-    OptionSpec("nc_threshold", "NC's threshold on per-input min-max scaled outputs.", "float", low=0, high=1),
-    *(OptionSpec(field, help, "int", low=1) for field, help in (
-        ("kmnc_sections", "KMNC's sections per neuron."), ("tknc_k", "TKNC's top neurons per layer."),
-        ("lsc_buckets", "LSC's buckets."), ("dsc_buckets", "DSC's buckets."), ("batch_size", "Images per pass."))),
-    OptionSpec("lsc_lower", "LSC's lowest bucket edge.", "float"), OptionSpec("lsc_upper", "LSC's top edge.", "float"),
-    OptionSpec("dsc_lower", "DSC's lowest bucket edge.", "float"), OptionSpec("dsc_upper", "DSC's top edge.", "float"),
-    OptionSpec("surprise_bucket_rule", "How SA values map to LSC's and DSC's buckets.", "choice", choices=BUCKET_RULES),
-    OptionSpec("var_threshold", "LSA drops neurons with a lower in-class variance.", "float", low=0),
-)
-
-
 class ClassicCoverage(BaseEstimator):
     """NC, KMNC, NBC, SNAC, TKNC, LSC and DSC from one activation pass per data set.
 
-    Parameters (defaults as in DeepImportance's ``run.py`` / Kim et al.):
-    ``criteria`` any subset of :data:`CRITERIA`; ``layers`` the layers whose neurons NC, KMNC,
-    NBC, SNAC and TKNC count (None: all hidden layers); ``nc_threshold`` 0.75 on per-input
-    min-max scaled outputs; ``kmnc_sections`` 1000; ``tknc_k`` 3; ``lsc_buckets``/``lsc_lower``/
-    ``lsc_upper`` 1000 over [0, 2000]; ``dsc_buckets``/``dsc_lower``/``dsc_upper`` 1000 over
-    [0, 2]; ``surprise_bucket_rule`` how SA values map to LSC's and DSC's buckets: ``"fixed"``
-    (default: the ranges above; a value below the lower bound, e.g. a negative LSA, counts in
-    the first bucket) or ``"sadl"`` (Kim et al.'s rule, to reproduce their numbers: buckets from
-    the test set's smallest value up to the upper bound, the lower bounds unused; coverage can
-    then fall as inputs are added), see :mod:`mlflow_di.coverage.criteria_surprise`;
-    ``sa_layers`` the layers whose neurons, side by side, form the SA trace (None: the last
-    hidden layer); ``var_threshold`` 1e-5 (LSA drops neurons with lower in-class variance).
+    Parameters: ``criteria`` any subset of :data:`CRITERION` (default: the built-in ones); ``layers``
+    the layers whose neurons NC, KMNC, NBC, SNAC and TKNC count (None: all hidden layers); ``sa_layers``
+    the layers whose neurons, side by side, form the SA trace (None: the last hidden layer);
+    ``criterion_settings`` ``{field: value}`` of the criteria's own settings, each declared once in its
+    criterion's record (:data:`CRITERION`) with its range and default, built-in and registered criteria
+    alike: ``nc_threshold`` 0.75 on per-input min-max scaled outputs; ``kmnc_sections`` 1000;
+    ``tknc_k`` 3; ``lsc_buckets``/``lsc_lower``/``lsc_upper`` 1000 over [0, 2000];
+    ``dsc_buckets``/``dsc_lower``/``dsc_upper`` 1000 over [0, 2] (defaults as in DeepImportance's
+    ``run.py`` / Kim et al.); ``surprise_bucket_rule`` how SA values map to LSC's and DSC's buckets:
+    ``"fixed"`` (default: the ranges above; a value below the lower bound, e.g. a negative LSA, counts
+    in the first bucket) or ``"sadl"`` (Kim et al.'s rule, to reproduce their numbers: buckets from
+    the test set's smallest value up to the upper bound, the lower bounds unused; coverage can then
+    fall as inputs are added), see :mod:`mlflow_di.coverage.criteria_surprise`; ``var_threshold``
+    1e-5 (LSA drops neurons with lower in-class variance). The built-in criteria's settings are
+    reported whichever criteria are chosen; a registered criterion's only when it is chosen.
+    ``batch_size``: images per pass; ``progress``: a progress bar.
 
     Fitted attributes: ``layers_``, ``layer_sizes_``, ``low_``/``high_`` (per-neuron training
     bounds), ``sa_layers_``, ``sa_traces_``/``sa_classes_`` (training SA traces and predicted
@@ -484,40 +500,12 @@ class ClassicCoverage(BaseEstimator):
     (time per stage of the last fit/score, for benchmarks).
     """
 
-    def __init__(
-        self,
-        criteria: Sequence[str] = CRITERIA,
-        layers: Sequence[str] | None = None,
-        nc_threshold: float = 0.75,
-        kmnc_sections: int = 1000,
-        tknc_k: int = 3,
-        lsc_buckets: int = 1000,
-        lsc_lower: float = 0.0,
-        lsc_upper: float = 2000.0,
-        dsc_buckets: int = 1000,
-        dsc_lower: float = 0.0,
-        dsc_upper: float = 2.0,
-        surprise_bucket_rule: str = "fixed",
-        sa_layers: Sequence[str] | None = None,
-        var_threshold: float = VAR_THRESHOLD,
-        criterion_settings: Mapping | None = None,
-        batch_size: int = 256,
-        progress: bool = True,
-    ):
+    def __init__(self, criteria: Sequence[str] = CRITERIA, layers: Sequence[str] | None = None,
+                 sa_layers: Sequence[str] | None = None, criterion_settings: Mapping | None = None,
+                 batch_size: int = 256, progress: bool = True):
         self.criteria = criteria
         self.layers = layers
-        self.nc_threshold = nc_threshold
-        self.kmnc_sections = kmnc_sections
-        self.tknc_k = tknc_k
-        self.lsc_buckets = lsc_buckets
-        self.lsc_lower = lsc_lower
-        self.lsc_upper = lsc_upper
-        self.dsc_buckets = dsc_buckets
-        self.dsc_lower = dsc_lower
-        self.dsc_upper = dsc_upper
-        self.surprise_bucket_rule = surprise_bucket_rule
         self.sa_layers = sa_layers
-        self.var_threshold = var_threshold
         self.criterion_settings = criterion_settings
         self.batch_size = batch_size
         self.progress = progress
@@ -526,36 +514,36 @@ class ClassicCoverage(BaseEstimator):
     def settings(self) -> dict:
         """The settings that decide the numbers (what a report must share to be merged)."""
         criteria = self._criteria()
+        value = self._settings_of(criteria)
         return {
             "criteria": list(criteria),
-            "nc_threshold": float(self.nc_threshold),
-            "kmnc_sections": int(self.kmnc_sections),
-            "tknc_k": int(self.tknc_k),
-            "lsc_buckets": int(self.lsc_buckets),
-            "lsc_range": [float(self.lsc_lower), float(self.lsc_upper)],
-            "dsc_buckets": int(self.dsc_buckets),
-            "dsc_range": [float(self.dsc_lower), float(self.dsc_upper)],
-            "surprise_bucket_rule": str(self.surprise_bucket_rule),
-            "var_threshold": float(self.var_threshold),
-            "criterion_settings": self._own_settings(criteria),
+            "nc_threshold": float(value["nc_threshold"]),
+            "kmnc_sections": int(value["kmnc_sections"]),
+            "tknc_k": int(value["tknc_k"]),
+            "lsc_buckets": int(value["lsc_buckets"]),
+            "lsc_range": [float(value["lsc_lower"]), float(value["lsc_upper"])],
+            "dsc_buckets": int(value["dsc_buckets"]),
+            "dsc_range": [float(value["dsc_lower"]), float(value["dsc_upper"])],
+            "surprise_bucket_rule": str(value["surprise_bucket_rule"]),
+            "var_threshold": float(value["var_threshold"]),
+            "criterion_settings": {field: v for field, v in value.items() if field not in _BUILT_IN_SETTINGS},
             "layers": list(getattr(self, "layers_", self.layers or [])),
             "sa_layers": list(getattr(self, "sa_layers_", self.sa_layers or [])),
         }
 
     def setting(self, field: str):
-        """A registered criterion's own setting: the value given in ``criterion_settings``, else its default."""
-        return self._own_settings(self._criteria())[field]
+        """One of the criteria's own settings: the value given in ``criterion_settings``, else its default."""
+        return self._settings_of(self._criteria())[field]
 
-    def _own_settings(self, criteria) -> dict:
-        """``{field: value}`` of every setting the chosen ``criteria`` declare, checked (defaults filled in); a
-        one-line UserError for a setting none of them declares."""
-        declared = criterion_settings(criteria)
+    def _settings_of(self, criteria) -> dict:
+        """``{field: value}`` of every built-in criterion's setting and of those the chosen registered ``criteria``
+        declare, checked (defaults filled in); a one-line UserError for a setting none of them declares."""
+        declared = {**_BUILT_IN_SETTINGS, **criterion_settings(criteria)}
         given = dict(self.criterion_settings or {})
         unknown = sorted(set(given) - set(declared))
         if unknown:
-            raise UserError(f"no chosen criterion has the setting {unknown[0]}"
-                            + (f"; theirs: {', '.join(declared)}" if declared else ""))
-        return {field: spec.check(given[field], f"criterion {_owner(field, criteria)}") if field in given
+            raise UserError(f"no chosen criterion has the setting {unknown[0]}; theirs: {', '.join(declared)}")
+        return {field: spec.check(given[field], f"criterion {_owner(field, CRITERION)}") if field in given
                 else spec.default for field, spec in declared.items()}
 
     def _criteria(self) -> tuple[str, ...]:
@@ -566,13 +554,12 @@ class ClassicCoverage(BaseEstimator):
         return tuple(c for c in CRITERION if c in criteria)  # canonical order, no duplicates
 
     def _check_settings(self) -> None:
-        for spec in CLASSIC_SETTINGS:
-            spec.check(getattr(self, spec.field), "ClassicCoverage")
+        _BATCH_SIZE.check(self.batch_size, "ClassicCoverage")
+        value = self._settings_of(self._criteria())
         for name in ("lsc", "dsc"):
-            lower, upper = getattr(self, f"{name}_lower"), getattr(self, f"{name}_upper")
+            lower, upper = value[f"{name}_lower"], value[f"{name}_upper"]
             if not upper > lower:
                 raise UserError(f"{name}_upper must be greater than {name}_lower, got [{lower}, {upper}]")
-        self._own_settings(self._criteria())
 
     @property
     def reductions(self) -> dict:
@@ -649,8 +636,9 @@ class ClassicCoverage(BaseEstimator):
             raise UserError(f"{len(neuron_values)} activation rows but {len(predictions)} predictions")
         low, high = neuron_bounds(neuron_values) if _bounded(self._criteria()) else (None, None)
         traces = _side_by_side(activations, self.sa_layers_) if self.sa_layers_ else None
-        return self.fit_statistics(layer_sizes, low, high, traces, predictions, len(predictions), train_name,
-                                   nearest_other, device)
+        return self.fit_statistics(layer_sizes, low, high, traces=traces, predictions=predictions,
+                                   num_train=len(predictions), train_name=train_name, nearest_other=nearest_other,
+                                   device=device)
 
     def fit_statistics(self, layer_sizes: Sequence[int], low: np.ndarray | None, high: np.ndarray | None,
                        traces: np.ndarray | None, predictions: np.ndarray | None, num_train: int,
@@ -762,8 +750,8 @@ class ClassicCoverage(BaseEstimator):
                     values[adequacy.values_field] = getattr(self, adequacy.attribute).score_samples(traces, predictions,
                                                                                                     device)
                     setattr(cells, criterion, _surprise_cells(values[adequacy.values_field], settings, criterion))
-        return CriteriaReport(data_name, len(predictions), criteria, cells, values.get("lsa"), values.get("dsa"),
-                              settings)
+        return CriteriaReport(data_name, len(predictions), criteria, cells=cells, lsa=values.get("lsa"), dsa=values.get("dsa"),
+                              settings=settings)
 
     # --------------------------------------------------------------- save/load
     def save(self, directory) -> pathlib.Path:
@@ -796,16 +784,15 @@ class ClassicCoverage(BaseEstimator):
         check_saved(meta, KIND, f"'{paths[0]}'")
         with np.load(paths[1]) as archive:
             arrays = {name: archive[name] for name in archive.files}
-        coverage = cls(
-            criteria=meta["criteria"], layers=meta["layers"], nc_threshold=meta["nc_threshold"],
-            kmnc_sections=meta["kmnc_sections"], tknc_k=meta["tknc_k"],
-            lsc_buckets=meta["lsc_buckets"], lsc_lower=meta["lsc_range"][0], lsc_upper=meta["lsc_range"][1],
-            dsc_buckets=meta["dsc_buckets"], dsc_lower=meta["dsc_range"][0], dsc_upper=meta["dsc_range"][1],
-            surprise_bucket_rule=meta.get("surprise_bucket_rule", "fixed"),  # files saved before the rule existed
-            sa_layers=meta["sa_layers"] or None, var_threshold=meta["var_threshold"],
-            criterion_settings=meta.get("criterion_settings") or None,  # files saved before criteria had settings
-            batch_size=meta.get("batch_size", 256), progress=progress,
-        )
+        built_in = {"nc_threshold": meta["nc_threshold"], "kmnc_sections": meta["kmnc_sections"],
+                    "tknc_k": meta["tknc_k"], "lsc_buckets": meta["lsc_buckets"], "lsc_lower": meta["lsc_range"][0],
+                    "lsc_upper": meta["lsc_range"][1], "dsc_buckets": meta["dsc_buckets"],
+                    "dsc_lower": meta["dsc_range"][0], "dsc_upper": meta["dsc_range"][1],
+                    "surprise_bucket_rule": meta.get("surprise_bucket_rule", "fixed"),  # saved before the rule existed
+                    "var_threshold": meta["var_threshold"]}
+        coverage = cls(criteria=meta["criteria"], layers=meta["layers"], sa_layers=meta["sa_layers"] or None,
+                       criterion_settings={**built_in, **(meta.get("criterion_settings") or {})},
+                       batch_size=meta.get("batch_size", 256), progress=progress)
         coverage.layers_, coverage.sa_layers_ = list(meta["layers"]), list(meta["sa_layers"])
         coverage.layer_sizes_ = [int(v) for v in meta["layer_sizes"]]
         coverage.train_name_, coverage.num_train_ = meta["train_name"], int(meta["num_train"])

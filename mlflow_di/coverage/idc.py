@@ -480,8 +480,8 @@ class ImportanceDrivenCoverage(BaseEstimator):
             relevance = attribution.relevance[layer][analysed]
             fitted[layer] = self._fit_layer(
                 layer, exact_column_sums(relevance), int(analysed.sum()),
-                lambda neurons, values=activations, rows=analysed: values[:, neurons][rows],
-                min(self.top_m, widths[layer]), ks, lambda values=relevance: values)
+                analysed_columns=lambda neurons, values=activations, rows=analysed: values[:, neurons][rows],
+                top_m=min(self.top_m, widths[layer]), ks=ks, analysed_relevance=lambda values=relevance: values)
         return self._fitted(model, images, layers, fitted)
 
     def fit_importance(self, model: TorchModel, images: ImageSet, importance: Mapping[str, np.ndarray],
@@ -502,9 +502,9 @@ class ImportanceDrivenCoverage(BaseEstimator):
         if self.resamples and analysed_relevance is None:
             raise UserError("resampling the analysis data needs its per-input relevance (analysed_relevance)")
         fitted = {layer: self._fit_layer(layer, np.asarray(importance[layer], np.float64), n_analysis,
-                                         lambda neurons, layer=layer: analysed_columns(layer, neurons),
-                                         min(self.top_m, widths[layer]), ks,
-                                         lambda layer=layer: analysed_relevance(layer))
+                                         analysed_columns=lambda neurons, layer=layer: analysed_columns(layer, neurons),
+                                         top_m=min(self.top_m, widths[layer]), ks=ks,
+                                         analysed_relevance=lambda layer=layer: analysed_relevance(layer))
                   for layer in layers}
         return self._fitted(model, images, layers, fitted)
 

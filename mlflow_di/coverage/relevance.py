@@ -210,7 +210,8 @@ def _batched_relevance(module, inputs, layers, include_input, rule, epsilon, tar
     # traced_once: the check's fx trace also gives the batch-norm pairs the composite's canonizer merges
     with eval_mode(module), logits_of(module), out_of_place(module), traced_once():
         _check_canonized(module, next(iter_batches(inputs[0:1], 1, module_device(module))))
-        yield from _hooked_batches(module, composite, inputs, layers, include_input, rule, targets, batch_size, progress)
+        yield from _hooked_batches(module, composite, inputs, layers=layers, include_input=include_input, rule=rule,
+                                   targets=targets, batch_size=batch_size, progress=progress)
 
 
 def _hooked_batches(module, composite, inputs, layers, include_input, rule, targets, batch_size, progress):
@@ -318,7 +319,8 @@ def layer_relevance(
     if len(inputs) == 0:
         raise UserError("no inputs to compute relevance for (empty data)")
     targets = _check_targets(targets, len(inputs))
-    rows = _gathered(_batched_relevance(module, inputs, layers, False, rule, epsilon, targets, batch_size, progress),
+    rows = _gathered(_batched_relevance(module, inputs, layers, include_input=False, rule=rule, epsilon=epsilon,
+                                        targets=targets, batch_size=batch_size, progress=progress),
                      len(inputs), ("predictions", "targets", "start"), layers)
     return LayerRelevance(
         relevance={layer: rows[f"relevance:{layer}"] for layer in layers},
@@ -353,5 +355,6 @@ def input_relevance(
     if len(inputs) == 0:
         raise UserError("no inputs to compute relevance for (empty data)")
     targets = _check_targets(targets, len(inputs))
-    parts = _batched_relevance(module, inputs, [], True, rule, epsilon, targets, batch_size, progress)
+    parts = _batched_relevance(module, inputs, [], include_input=True, rule=rule, epsilon=epsilon, targets=targets,
+                               batch_size=batch_size, progress=progress)
     return _gathered(parts, len(inputs), ("input",))["input"]

@@ -151,11 +151,12 @@ def walk(campaign: Campaign) -> list[CampaignResult]:
 def _walk_one(campaign: Campaign, compressed, out_dir) -> CampaignResult:
     """One export's campaign: its session, the seeds walked one at a time, the result saved."""
     original, seeds, strategy = campaign.original, campaign.seeds, campaign.strategy
-    check_arguments(seeds, campaign.timeout, campaign.max_queries, 1, None if out_dir is None else [out_dir],
-                    campaign.resume, strategy)
+    check_arguments(seeds, campaign.timeout, campaign.max_queries, batch=1, out_dirs=None if out_dir is None else [out_dir],
+                    resume=campaign.resume, strategy=strategy)
     refuse_raw_resize(original, seeds, "the boundary walk")
-    config = campaign_config(strategy, seeds, campaign.timeout, campaign.max_queries, campaign.seed, original.name,
-                             getattr(compressed, "name", ""), campaign.progress)
+    config = campaign_config(strategy, seeds, campaign.timeout, max_queries=campaign.max_queries, seed=campaign.seed,
+                             original=original.name, compressed=getattr(compressed, "name", ""),
+                             progress=campaign.progress)
     with CampaignSession(config, out_dir, campaign.resume) as session:
         walker = _Walker(original, compressed, strategy, config)
         if len(seeds):

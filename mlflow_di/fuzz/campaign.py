@@ -48,7 +48,7 @@ import numpy as np
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Access, Campaign, SearchStrategy
+from mlflow_di.fuzz.contract import Access, Campaign, SearchStrategy
 from mlflow_di.fuzz.distributed import searches_share_the_models_gpu
 from mlflow_di.fuzz.fitness import labels_differ
 from mlflow_di.fuzz.lockstep import Lane, Lockstep
@@ -59,38 +59,34 @@ from mlflow_di.fuzz.strategies import declaration_of, make_strategy
 from mlflow_di.progress import progress_bar as tqdm
 
 
-def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", timeout: float = DEFAULT_TIMEOUT,
-                 max_queries: int | None = DEFAULT_MAX_QUERIES, batch: int = 64, seed: int = 0, out_dir=None,
-                 resume: bool = False, progress: bool = True, executor=None,
-                 overlap: bool | None = None) -> CampaignResult:
+def run_campaign(original, compressed, seeds: ImageSet, strategy="dflare", out_dir=None, **settings) -> CampaignResult:
     """Search each seed for an input on which ``original`` and ``compressed`` disagree.
 
     ``original``/``compressed``: black boxes with ``predict_proba(uint8 NHWC) -> (N, C)``.
     ``strategy``: a name of :data:`~mlflow_di.fuzz.strategies.STRATEGIES` ('dflare', 'dflare-paper', ...,
-    'diffchaser') or a strategy object.
-    ``timeout`` (seconds) and ``max_queries`` limit each seed's search. ``batch``: seeds
-    searched in lockstep (results do not depend on it). ``out_dir``: where records and
-    triggers are saved as seeds finish; ``resume=True`` continues a campaign found there.
+    'diffchaser') or a strategy object. ``out_dir``: where records and triggers are saved as seeds finish.
+    ``settings``: the :class:`~mlflow_di.fuzz.contract.Campaign` fields, declared there once with their
+    defaults: ``timeout`` (CPU seconds) and ``max_queries`` limit each seed's search, ``batch`` seeds are
+    searched in lockstep (results do not depend on it), ``seed``, ``resume=True`` continues a campaign
+    found in ``out_dir``, ``progress``, and ``executor``/``overlap`` (see :func:`run_campaigns`).
 
     A KeyboardInterrupt stops the campaign early: finished seeds are kept (on disk too) and
-    the returned result has ``complete=False``. ``executor`` and ``overlap``: see :func:`run_campaigns`.
+    the returned result has ``complete=False``.
     """
-    return run_campaigns(original, [compressed], seeds, strategy=strategy, timeout=timeout, max_queries=max_queries,
-                         batch=batch, seed=seed, out_dirs=None if out_dir is None else [out_dir], resume=resume,
-                         progress=progress, executor=executor, overlap=overlap)[0]
+    return run_campaigns(original, [compressed], seeds, strategy, out_dirs=None if out_dir is None else [out_dir],
+                         **settings)[0]
 
 
-def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare", timeout: float = DEFAULT_TIMEOUT,
-                  max_queries: int | None = DEFAULT_MAX_QUERIES, batch: int = 64, seed: int = 0, out_dirs: list | None = None,
-                  resume: bool = False, progress: bool = True, executor=None,
-                  overlap: bool | None = None) -> list[CampaignResult]:
+def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare", **settings) -> list[CampaignResult]:
     """One campaign per model in ``compressed``, all against ``original``, sharing its calls.
 
     Each campaign is the one :func:`run_campaign` would run for that pair (per-seed records are
     the same), but the campaigns advance together: each lockstep iteration sends the inputs of
     every campaign through ``original`` in one call, each distinct image once (the searches of
     one seed against two exports propose the same mutants until their paths part), and each
-    campaign's own inputs through its compressed model. ``out_dirs``: one folder per campaign.
+    campaign's own inputs through its compressed model. ``settings``: the
+    :class:`~mlflow_di.fuzz.contract.Campaign` fields, as for :func:`run_campaign`, with ``out_dirs``
+    (one folder per campaign) in place of ``out_dir``.
     The results' ``run_stats.original_inputs`` say how many images the original evaluated for
     that campaign's share; :attr:`RunStats.shared_original_inputs` how many all campaigns needed.
 
@@ -104,8 +100,7 @@ def run_campaigns(original, compressed: list, seeds: ImageSet, strategy="dflare"
     :func:`~mlflow_di.fuzz.device_mutations.mutation_device` is). Per-seed records do not change, only
     times do (unless a model's output for an image depends on the rest of its batch, as with ``batch``).
     """
-    return lockstep(Campaign(original, list(compressed), make_strategy(strategy), seeds, timeout, max_queries, batch,
-                             seed, out_dirs, resume, executor, overlap, progress))
+    return lockstep(Campaign(original, list(compressed), make_strategy(strategy), seeds, **settings))
 
 
 def lockstep(campaign: Campaign) -> list[CampaignResult]:
@@ -124,7 +119,8 @@ def lockstep(campaign: Campaign) -> list[CampaignResult]:
     out_dirs = campaign.out_dirs
     if out_dirs is not None and len(out_dirs) != len(compressed):
         raise UserError(f"{len(compressed)} compressed models but {len(out_dirs)} output folders")
-    check_arguments(seeds, campaign.timeout, campaign.max_queries, campaign.batch, out_dirs, campaign.resume, strategy)
+    check_arguments(seeds, campaign.timeout, campaign.max_queries, batch=campaign.batch, out_dirs=out_dirs,
+                    resume=campaign.resume, strategy=strategy)
     settings = dict(strategy=strategy.name, strategy_options=strategy.options(), timeout=float(campaign.timeout),
                     max_queries=campaign.max_queries, seed=int(campaign.seed), data=seeds.name, seed_count=len(seeds),
                     image_shape=tuple(seeds.image_shape), original=model_name(original, "original"),

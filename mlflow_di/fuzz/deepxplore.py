@@ -299,8 +299,9 @@ def run_deepxplore(models: list, seeds: ImageSet, strategy: DeepXplore | None = 
     """
     if len(models) < 2:
         raise UserError(_TWO_MODELS)
-    return explore(Campaign(models[0], list(models[1:]), strategy or DeepXplore(), seeds, timeout, max_queries, batch,
-                            seed, None if out_dir is None else [out_dir], resume, progress=progress))[0]
+    return explore(Campaign(models[0], list(models[1:]), strategy or DeepXplore(), seeds=seeds, timeout=timeout,
+                            max_queries=max_queries, batch=batch, seed=seed,
+                            out_dirs=None if out_dir is None else [out_dir], resume=resume, progress=progress))[0]
 
 
 def explore(campaign: Campaign) -> list[CampaignResult]:
@@ -324,8 +325,9 @@ def explore(campaign: Campaign) -> list[CampaignResult]:
     for model in models:
         model.preprocessing.check_images(seeds.images[:1])
         refuse_raw_resize(model, seeds, "DeepXplore")
-    config = campaign_config(strategy, seeds, campaign.timeout, campaign.max_queries, campaign.seed, models[0].name,
-                             ",".join(model.name for model in models[1:]), campaign.progress)
+    config = campaign_config(strategy, seeds, campaign.timeout, max_queries=campaign.max_queries, seed=campaign.seed,
+                             original=models[0].name, compressed=",".join(model.name for model in models[1:]),
+                             progress=campaign.progress)
     with CampaignSession(config, out_dir, campaign.resume) as session:
         runner = _Runner(models, seeds, strategy, config, session, campaign.batch)
         runner.check_seeds(campaign.progress)
@@ -469,8 +471,9 @@ class _Runner:
         if going:
             value = objective([output[going] for output, _ in passes],
                               [[out[going] for out in activations] for _, activations in passes],
-                              [active[b].label for b in going], [active[b].target for b in going],
-                              [active[b].neurons for b in going], self.strategy.lambda1, self.strategy.lambda2)
+                              [active[b].label for b in going], targets=[active[b].target for b in going],
+                              neurons=[active[b].neurons for b in going], lambda1=self.strategy.lambda1,
+                              lambda2=self.strategy.lambda2)
             value.sum().backward()
             gradients = pixels.grad.numpy()
             for b in going:

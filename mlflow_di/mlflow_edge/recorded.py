@@ -196,7 +196,8 @@ def measurements(subject_uri: str, compressed: list[str] | None = None, client=N
     excluded = {_CompressedTarget.of(uri, client).key for uri in exclude}
     for target in (t for t in targets if t.key not in excluded):
         of_target = [*_fuzz(subject_uri, subject_tags, target, client, realism_budget, runtime),
-                     *_compress(subject_uri, subject, target, client, semantics, allow_calibration_evidence, runtime),
+                     *_compress(subject_uri, subject, target, client=client, semantics=semantics,
+                                allow_calibration_evidence=allow_calibration_evidence, runtime=runtime),
                      _robustness(subject_uri, target, robustness_runs)]
         method = _method(target, client)
         for measurement in of_target:
@@ -403,9 +404,10 @@ def _chosen(runs: list):
 def _fuzz_evidence(run, rule: str) -> Evidence:
     params, tags = run.data.params, run.data.tags
     searched = _searched_budget(run)
-    return Evidence(run.info.run_id, "fuzz", "seeds", data_param(run, "seed_data"), params.get("strategy", ""),
-                    searched.describe() if searched is not None else "none", _complete(run), context_line(tags),
-                    params.get("semantics", ""), rule)
+    return Evidence(run.info.run_id, "fuzz", "seeds", data=data_param(run, "seed_data"),
+                    strategy=params.get("strategy", ""), budget=searched.describe() if searched is not None else "none",
+                    complete=_complete(run), context=context_line(tags), semantics=params.get("semantics", ""),
+                    rule=rule)
 
 
 def _fuzz(subject_uri: str, subject_tags: dict, target: _CompressedTarget, client,

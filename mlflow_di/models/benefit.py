@@ -248,8 +248,9 @@ def _child(path: str, runs: int, batch: int, threads: int, warmup: int) -> dict:
             timed.append(time.perf_counter() - start)
         latencies[size] = float(np.median(timed)) * 1000
     peak = _peak_resident_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return dataclasses.asdict(Benefit(latencies[1], latencies[batch], batch, batch / latencies[batch] * 1000,
-                                      pathlib.Path(path).stat().st_size, peak / 1024, runs, threads))
+    return dataclasses.asdict(Benefit(latencies[1], latencies[batch], batch, throughput=batch / latencies[batch] * 1000,
+                                      size_bytes=pathlib.Path(path).stat().st_size, peak_memory_mib=peak / 1024,
+                                      runs=runs, threads=threads))
 
 
 def _paired_child(source: str, export: str, runs: int, batch: int, threads: int, warmup: int) -> dict:

@@ -182,8 +182,9 @@ def host_context(runtime: str, version: str, provider: str, graph_optimization: 
     """An :class:`ExecutionContext` on this process's CPU (any runtime's: the CPU facts are read once here)."""
     if threads is None:
         threads = default_threads()
-    return ExecutionContext(version, provider, graph_optimization, int(threads), platform.machine() or "unknown",
-                            cpu_model(), int8_features(), runtime, precision, asked)
+    return ExecutionContext(version, provider, graph_optimization, threads=int(threads),
+                            machine=platform.machine() or "unknown", cpu=cpu_model(), int8_features=int8_features(),
+                            runtime=runtime, precision=precision, precision_asked=asked)
 
 
 def context_tags(models) -> dict[str, str]:

@@ -84,7 +84,8 @@ class OpenVinoClassifier(Classifier):
 
         version = openvino.__version__.split("-")[0]
         threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
-        return host_context("openvino", version, "CPU", "all", threads, self.precision, self.precision_asked)
+        return host_context("openvino", version, "CPU", graph_optimization="all", threads=threads,
+                            precision=self.precision, asked=self.precision_asked)
 
     def kernels(self) -> str:
         """What the compiled model's weighted layers compute in, e.g. ``Convolution x2 in u8, FullyConnected x3 in

@@ -56,7 +56,8 @@ def train_classifier(
         torch.set_num_threads(num_threads)
     try:
         for _ in bar:
-            losses.append(_train_one_epoch(module, inputs, targets, batch_size, optimizer, loss_fn, generator))
+            losses.append(_train_one_epoch(module, inputs, targets, batch_size=batch_size, optimizer=optimizer,
+                                           loss_fn=loss_fn, generator=generator))
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
     finally:  # interrupted (Ctrl-C, SIGTERM): the interrupt goes on to the caller; a half-trained model is not one
         torch.set_num_threads(previous_threads)

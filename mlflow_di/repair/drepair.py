@@ -52,4 +52,5 @@ def repair(campaigns, original, compressed, settings: HeadSettings = HeadSetting
     validation = cross_validate(data, settings, folds, seed)
     head = train_head(data.probabilities, data.original_labels, settings, data.deviating)
     clean = clean_accuracy(original, compressed, head, test_data, batch_size) if test_data is not None else None
-    return RepairResult(settings, folds, mutants_per_seed, seed, data.counts(), validation, clean), head, data
+    return RepairResult(settings, folds, mutants_per_seed, seed=seed, training_set=data.counts(),
+                        cross_validation=validation, clean=clean), head, data

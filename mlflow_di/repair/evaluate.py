@@ -152,6 +152,7 @@ def clean_accuracy(original, compressed, head: ProbabilityHead, data, batch_size
     compressed_labels = probabilities.argmax(axis=1)
     repaired_labels = head.predict(probabilities)
     return CleanAccuracy(data.name, len(labels), float(np.mean(original_labels == labels)),
-                         float(np.mean(compressed_labels == labels)), float(np.mean(repaired_labels == labels)),
-                         RepairCounts.of(original_labels, compressed_labels, repaired_labels),
-                         deviation_intervals(labels, original_labels, repaired_labels))
+                         compressed_accuracy=float(np.mean(compressed_labels == labels)),
+                         repaired_accuracy=float(np.mean(repaired_labels == labels)),
+                         deviations=RepairCounts.of(original_labels, compressed_labels, repaired_labels),
+                         intervals=deviation_intervals(labels, original_labels, repaired_labels))

@@ -86,8 +86,8 @@ def trigger_grid_layout(rows: int, image_height: int, image_width: int, truncate
     """Layout of a trigger grid of ``rows`` rows of image_height×image_width images; ``truncated``
     reserves a footer line, ``caption_lines`` the most caption lines of a row."""
     scale = upscale_factor(image_height, image_width)
-    return TriggerGridLayout(rows, image_height * scale, image_width * scale, scale, truncated, caption_width,
-                             caption_lines)
+    return TriggerGridLayout(rows, image_height * scale, image_width * scale, scale=scale, truncated=truncated,
+                             caption_width=caption_width, caption_lines=caption_lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,13 +171,14 @@ def trigger_grid(
     rows are drawn, and the picture then says how many there were; :func:`trigger_grid_pages`
     draws them all.
     """
-    seeds, triggers, sizes = _checked_pairs(seeds, triggers, original_labels, compressed_labels, true_labels, notes,
-                                            operators)
+    seeds, triggers, sizes = _checked_pairs(seeds, triggers, original_labels, compressed_labels=compressed_labels,
+                                            true_labels=true_labels, notes=notes, operators=operators)
     total = len(seeds)
     rows = min(total, max(1, int(max_rows)))
     footer = f"showing the first {rows} of {total} triggers" if rows < total else None
-    return _draw_trigger_grid(seeds[:rows], triggers[:rows], sizes, original_labels, compressed_labels, true_labels,
-                              class_names, notes, operators, first=0, footer=footer)
+    texts = _TriggerTexts(original_labels, compressed_labels, sizes, true_labels=true_labels, class_names=class_names,
+                          notes=notes, operators=operators)
+    return _draw_trigger_grid(seeds[:rows], triggers[:rows], texts, first=0, footer=footer)
 
 
 def trigger_grid_pages(
@@ -196,17 +197,18 @@ def trigger_grid_pages(
     Same arguments as :func:`trigger_grid`; rows are numbered across pages (#17 opens page 2 of
     16 per page), and each page of several says which triggers it holds ("triggers 17–32 of 40").
     """
-    seeds, triggers, sizes = _checked_pairs(seeds, triggers, original_labels, compressed_labels, true_labels, notes,
-                                            operators)
+    seeds, triggers, sizes = _checked_pairs(seeds, triggers, original_labels, compressed_labels=compressed_labels,
+                                            true_labels=true_labels, notes=notes, operators=operators)
     total, per_page = len(seeds), max(1, int(per_page))
+    texts = _TriggerTexts(original_labels, compressed_labels, sizes, true_labels=true_labels, class_names=class_names,
+                          notes=notes, operators=operators)
     starts = range(0, total, per_page)
     pages = []
     for number, start in enumerate(starts, 1):
         stop = min(start + per_page, total)
         footer = (f"triggers {start + 1}–{stop} of {total} (page {number} of {len(starts)})"
                   if len(starts) > 1 else None)
-        pages.append(_draw_trigger_grid(seeds[start:stop], triggers[start:stop], sizes, original_labels, compressed_labels,
-                                        true_labels, class_names, notes, operators, first=start, footer=footer))
+        pages.append(_draw_trigger_grid(seeds[start:stop], triggers[start:stop], texts, first=start, footer=footer))
     return pages
 
 
@@ -223,17 +225,35 @@ def _checked_pairs(seeds, triggers, original_labels, compressed_labels, true_lab
     return rgb_seeds, rgb_triggers, perturbation_sizes(seeds, triggers)
 
 
-def _draw_trigger_grid(seeds, triggers, sizes, original_labels, compressed_labels, true_labels, class_names, notes,
-                       operators, first: int, footer: str | None) -> np.ndarray:
-    """The picture of rows ``first``.. (``seeds``/``triggers`` hold just those rows; ``sizes`` and
-    the other sequences cover every trigger and are indexed from ``first``)."""
+@dataclasses.dataclass(frozen=True)
+class _TriggerTexts:
+    """What each trigger's caption says, one entry per trigger of the whole set: both models' labels, its
+    perturbation size, and optionally its true label, note and operators (labels named by ``class_names``)."""
+
+    original_labels: Sequence
+    compressed_labels: Sequence
+    sizes: Sequence
+    true_labels: Sequence | None = None
+    class_names: Sequence[str] | None = None
+    notes: Sequence[str] | None = None
+    operators: Sequence[str] | None = None
+
+    def caption(self, row: int) -> list:
+        """The (text, colour, bold) lines of trigger ``row``."""
+        def of(values):
+            return None if values is None else values[row]
+
+        return _trigger_caption(row, self.original_labels[row], self.compressed_labels[row], true=of(self.true_labels),
+                                size=self.sizes[row], class_names=self.class_names, note=of(self.notes),
+                                operators=of(self.operators))
+
+
+def _draw_trigger_grid(seeds, triggers, texts: _TriggerTexts, first: int, footer: str | None) -> np.ndarray:
+    """The picture of rows ``first``.. (``seeds``/``triggers`` hold just those rows; ``texts`` covers every
+    trigger and is indexed from ``first``)."""
     rows = len(seeds)
     differences = [amplified_difference(seeds[row], triggers[row]) for row in range(rows)]
-    captions = [_trigger_caption(first + row, original_labels[first + row], compressed_labels[first + row],
-                                 None if true_labels is None else true_labels[first + row], sizes[first + row],
-                                 class_names, None if notes is None else notes[first + row],
-                                 None if operators is None else operators[first + row])
-                for row in range(rows)]
+    captions = [texts.caption(first + row) for row in range(rows)]
     layout = trigger_grid_layout(rows, seeds.shape[1], seeds.shape[2], truncated=footer is not None,
                                  caption_width=max(CAPTION_WIDTH, _caption_width(captions)),
                                  caption_lines=max(len(lines) for lines in captions))

@@ -139,12 +139,14 @@ def run_suite(original, compressed: Sequence, data, corruptions: Sequence[str] |
     accuracy, agreement = correct / n, agree / n
     result_cells = [Cell(name, severity, float(accuracy[row, 0]), [float(a) for a in accuracy[row, 1:]],
                          [float(a) for a in agreement[row]]) for row, (name, severity) in enumerate(cells, start=1)]
-    summary = [_summary(getattr(model, "name", str(model)), k, accuracy, agreement, cells, agree[1:, k], n)
-               for k, model in enumerate(compressed)]
+    summary = [_summary(getattr(model, "name", str(model)), k, accuracy, agreement=agreement, cells=cells,
+                        agreeing=agree[1:, k], n=n) for k, model in enumerate(compressed)]
     return RobustnessResult(getattr(original, "name", str(original)), [getattr(m, "name", str(m)) for m in compressed],
-                            data.name, n, seed, list(corruptions), list(severities), float(accuracy[0, 0]),
-                            [float(a) for a in accuracy[0, 1:]], [float(a) for a in agreement[0]],
-                            float(np.mean(accuracy[1:, 0])), result_cells, summary)
+                            data.name, images=n, seed=seed, corruptions=list(corruptions), severities=list(severities),
+                            clean_accuracy=float(accuracy[0, 0]),
+                            clean_compressed_accuracy=[float(a) for a in accuracy[0, 1:]],
+                            clean_agreement=[float(a) for a in agreement[0]],
+                            accuracy_mean=float(np.mean(accuracy[1:, 0])), cells=result_cells, summary=summary)
 
 
 def _summary(name: str, k: int, accuracy: np.ndarray, agreement: np.ndarray, cells: list, agreeing: np.ndarray,
@@ -156,8 +158,10 @@ def _summary(name: str, k: int, accuracy: np.ndarray, agreement: np.ndarray, cel
     _, spread = extreme([(count / n, lambda confidence, count=int(count): clopper_pearson(count, n, confidence))
                          for count in agreeing], largest=False)
     return CompressedSummary(name, float(accuracy[0, 1 + k]), float(agreement[0, k]),
-                             float(np.mean(accuracy[1:, 1 + k])), float(np.mean(corrupted)), float(corrupted[worst]),
-                             cells[worst][0], int(cells[worst][1]), spread.low, spread.high)
+                             accuracy_mean=float(np.mean(accuracy[1:, 1 + k])), agreement_mean=float(np.mean(corrupted)),
+                             agreement_min=float(corrupted[worst]), worst_corruption=cells[worst][0],
+                             worst_severity=int(cells[worst][1]), agreement_min_low=spread.low,
+                             agreement_min_high=spread.high)
 
 
 def example_rows(image: np.ndarray, corruptions: Sequence[str], severities: Sequence[int], seed: int = 0,
