@@ -1,22 +1,23 @@
 """A pipeline policy: what ``mlflow-di pipeline`` runs for a model, read from a YAML file.
 
 Pure: YAML in, frozen dataclasses out. Every section is optional but ``gate``; a key a section
-does not know, a value of the wrong type or out of range is a :class:`UserError` of one line that
-names the file and the key path (``policy.yaml: fuzz.max_queries must be a positive integer, got
-'ten'``). Which names a list may hold (compression methods, criteria, strategies, corruptions)
-is the commands' business: ``commands/pipeline.py`` checks those values with the commands' own
-option types before any run starts, naming the same key path.
+does not know or a value of the wrong shape is a :class:`UserError` of one line that names the file and
+the key path (``policy.yaml: fuzz.max_queries must be an integer, got 'ten'``).
 
 Each section's keys are the options of the command it runs, with underscores (``calib_data`` is
-``compress --calib-data``), except ``compress.methods`` (the repeatable ``--method``) and
-``gate.thresholds`` (the mapping of ``--min-idc`` and the other thresholds). The ``trust`` section is not a step:
-``trust.pickled_models`` names
-the registered models whose pickled PyTorch versions the pipeline may load (loading a pickle runs
-its code; see :func:`mlflow_di.models.loading.only_trusted_pickles`). The ``preprocessing``
-section is not a step either: it maps a registered model's name to the preprocessing fields its
-steps use (``digits-cnn: {mean: [0.1307], std: [0.3081]}``), above what the model records and
-below a command-line option (see docs/how-to/your-own-models.md). Nor is ``evidence``: how many
-times the gate may look at growing fuzz evidence (:class:`EvidencePolicy`).
+``compress --calib-data``), and hold no default or range of their own: a key left out gets the option's
+default, and a value's range, like the names a list may hold (compression methods, criteria, strategies,
+corruptions), is checked by the option's own type (``commands/pipeline.py``, before any step runs, naming
+the same key path). The exceptions are ``compress.methods`` (the repeatable ``--method``) and
+``gate.thresholds`` (the mapping of ``--min-idc`` and the other thresholds, checked by the gate's own
+records). The ``trust`` section is not a step: ``trust.pickled_models`` names the registered models whose
+pickled PyTorch versions the pipeline may load (loading a pickle runs its code; see
+:func:`mlflow_di.models.loading.only_trusted_pickles`). The ``preprocessing`` section is not a step
+either: it maps a registered model's name to the preprocessing fields its steps use (``digits-cnn:
+{mean: [0.1307], std: [0.3081]}``), above what the model records and below a command-line option (see
+docs/how-to/your-own-models.md). Nor are ``evidence`` (how many times the gate may look at growing fuzz
+evidence, :class:`EvidencePolicy`) and ``ray`` (where the steps' work runs, :class:`RayPolicy`), the
+policy's own settings, with their own defaults and ranges.
 """
 from __future__ import annotations
 
@@ -42,22 +43,22 @@ class CompressPolicy:
     methods: tuple = _kind("names")
     calib_data: str | None = _kind("text", None)
     eval_data: str | None = _kind("text", None)
-    amount: float = _kind("fraction", 0.3)
-    max_accuracy_drop: float | None = _kind("rate", None)
-    max_disagreement_rate: float | None = _kind("rate", None)
-    max_realistic_success_rate: float | None = _kind("rate", None)
+    amount: float | None = _kind("number", None)
+    max_accuracy_drop: float | None = _kind("number", None)
+    max_disagreement_rate: float | None = _kind("number", None)
+    max_realistic_success_rate: float | None = _kind("number", None)
     holdout_data: str | None = _kind("text", None)
-    fuzz_seeds: int = _kind("positive integer", 50)
+    fuzz_seeds: int | None = _kind("integer", None)
     #: int8-static's recipe and calibration (compress --recipe, --calibration, --per-tensor)
     recipe: str | None = _kind("text", None)
     calibration: str | None = _kind("text", None)
-    per_tensor: bool = _kind("boolean", False)
+    per_tensor: bool | None = _kind("boolean", None)
     activation_symmetry: str | None = _kind("text", None)
     weight_symmetry: str | None = _kind("text", None)
     #: which answers a bound judges (compress --semantics: host, reference or both)
     semantics: str | None = _kind("text", None)
     #: measure each export's latency, size and memory beside its source's (compress --benefit)
-    benefit: bool = _kind("boolean", True)
+    benefit: bool | None = _kind("boolean", None)
     #: the runtimes each export is scored on, the first one's figures its own (compress --runtime)
     runtimes: tuple | None = _kind("names", None)
 
@@ -74,10 +75,10 @@ class CoveragePolicy:
     test_data: tuple = _kind("texts")
     criteria: tuple | None = _kind("names", None)
     layer: str | None = _kind("text", None)
-    top_m: int = _kind("positive integer", 6)
-    clusters: tuple = _kind("integers", (2, 3, 4))
-    per_class: bool = _kind("boolean", False)
-    seed: int = _kind("integer", 0)
+    top_m: int | None = _kind("integer", None)
+    clusters: tuple | None = _kind("integers", None)
+    per_class: bool | None = _kind("boolean", None)
+    seed: int | None = _kind("integer", None)
     #: resamples of the training data behind reachable IDC's 95% interval (coverage --idc-resamples)
     idc_resamples: int | None = _kind("integer", None)
 
@@ -85,16 +86,16 @@ class CoveragePolicy:
 @dataclasses.dataclass(frozen=True)
 class FuzzPolicy:
     seed_data: str = _kind("text")
-    num_seeds: int = _kind("positive integer", 500)
-    timeout: float = _kind("positive number", 600.0)
-    max_queries: int = _kind("positive integer", 2000)
+    num_seeds: int | None = _kind("integer", None)
+    timeout: float | None = _kind("number", None)
+    max_queries: int | None = _kind("integer", None)
     #: None: the fuzz command's default strategy (mlflow_di.fuzz.strategies.DEFAULT)
     strategy: str | None = _kind("text", None)
     #: the realism budget the search keeps to (fuzz --max-linf / --min-ssim; dflare strategies and boundary)
-    max_linf: int | None = _kind("intensity levels", None)
-    min_ssim: float | None = _kind("ssim", None)
-    batch: int = _kind("positive integer", 64)
-    seed: int = _kind("integer", 0)
+    max_linf: int | None = _kind("integer", None)
+    min_ssim: float | None = _kind("number", None)
+    batch: int | None = _kind("integer", None)
+    seed: int | None = _kind("integer", None)
     #: how ONNX exports answer (fuzz --semantics: host or reference)
     semantics: str | None = _kind("text", None)
     #: the runtime the exports run on, NAME[:PRECISION] (fuzz --runtime; default ONNX Runtime)
@@ -107,32 +108,29 @@ class RealismPolicy(FuzzPolicy):
     judges (a campaign that did not search inside the budget cannot show that no realistic deviation
     exists). The budget is the gate's (``gate.realism_budget``, default L-inf <= 32 and SSIM >= 0.9, SSIM
     left out on images too small for it) unless ``max_linf``/``min_ssim`` name one here; by default the
-    declared realism strategy (:data:`mlflow_di.fuzz.strategies.REALISM`, the boundary walk) searches it,
-    on 100 seeds."""
-
-    num_seeds: int = _kind("positive integer", 100)
-    strategy: str | None = _kind("text", None)
+    declared realism strategy (:data:`mlflow_di.fuzz.strategies.REALISM`) searches it, on
+    :data:`mlflow_di.fuzz.realism.REALISM_SEEDS` seeds."""
 
 
 @dataclasses.dataclass(frozen=True)
 class RobustnessPolicy:
     data: str = _kind("text")
-    corruptions: tuple = _kind("names", ("all",))
-    severities: tuple = _kind("integers", (1, 2, 3, 4, 5))
-    num_images: int = _kind("positive integer", 1000)
-    seed: int = _kind("integer", 0)
+    corruptions: tuple | None = _kind("names", None)
+    severities: tuple | None = _kind("integers", None)
+    num_images: int | None = _kind("integer", None)
+    seed: int | None = _kind("integer", None)
 
 
 @dataclasses.dataclass(frozen=True)
 class GatePolicy:
     thresholds: dict = _kind("thresholds")
     baseline: str | None = _kind("text", None)
-    baseline_optional: bool = _kind("boolean", False)
+    baseline_optional: bool | None = _kind("boolean", None)
     promote_alias: str | None = _kind("text", None)
     #: which answers of an int8 export the compress checks judge (gate --semantics: host, reference or both)
     semantics: str | None = _kind("text", None)
     #: judge compress figures measured on calibration or training data (gate --allow-calibration-evidence)
-    allow_calibration_evidence: bool = _kind("boolean", False)
+    allow_calibration_evidence: bool | None = _kind("boolean", None)
     #: exports of the model the gate does not judge, each named (gate --exclude-export)
     exclude_export: tuple | None = _kind("texts", None)
     #: the budget max_realistic_success_rate judges, e.g. "linf=32,ssim=0.9" (gate --realism-budget)
@@ -493,19 +491,17 @@ def _thresholds(path: str, value, source: str) -> dict:
     return {name: float(number) for name, number in value.items()}
 
 
-#: An integer kind: (whether a value is in its range, what the error says it must be); as NUMBER_RANGES.
+#: An integer kind: (whether a value is in its range, what the error says it must be); as NUMBER_RANGES. A key
+#: that stands for a command option is only "integer" or "number" here: its range is the option's own, checked
+#: by ``commands/pipeline.py`` with the option's type before any step runs. The positive kinds are for the
+#: policy's own settings (``evidence``, ``ray``), which no command has.
 INTEGER_RANGES = {
-    "integer": (lambda value: True, "an integer"),  # seeds, resamples: their options' own ranges, when converted
+    "integer": (lambda value: True, "an integer"),
     "positive integer": (lambda value: value >= 1, "a positive integer"),
-    "intensity levels": (lambda value: 1 <= value <= 255, "an integer from 1 to 255"),  # fuzz --max-linf
 }
-#: A numeric kind: (whether a value is in its range, what the error says it must be). Each equals the range of the
-#: command option its fields stand for (a test holds every field to its option's).
 NUMBER_RANGES = {
+    "number": (lambda value: True, "a number"),
     "positive number": (lambda value: value > 0, "a positive number"),
-    "fraction": (lambda value: 0 <= value < 1, "a number from 0 to below 1"),  # compress --amount
-    "rate": (lambda value: 0 <= value <= 1, "a number from 0 to 1"),  # compress's bounds, --max-*-rate/--max-*-drop
-    "ssim": (lambda value: -1 < value < 1, "a number above -1 and below 1"),  # fuzz --min-ssim
 }
 
 

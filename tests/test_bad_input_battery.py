@@ -797,7 +797,7 @@ FRAGMENTS = {
     "pipeline-policy-recursive-alias": "cannot be recursive",
     "serve-policy-alias-bomb": "aliases expand to more than 10,000 values",
     "pipeline-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
-    "pipeline-policy-bad-value": "bad-value.yaml: fuzz.max_queries must be a positive integer, got 'ten'",
+    "pipeline-policy-bad-value": "bad-value.yaml: fuzz.max_queries must be an integer, got 'ten'",
     "gate-summary-md-is-a-dir": "--summary-md",
     "serve-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
     "serve-policy-missing": "absent.yaml",

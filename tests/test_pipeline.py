@@ -18,8 +18,9 @@ GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
 
 @pytest.mark.parametrize("text, fragment", [
     (GATE + "fuzz:\n  seed_data: digits\n  max_queries: ten\ncompress: {methods: [fp32]}\n",
-     "policy.yaml: fuzz.max_queries must be a positive integer, got 'ten'"),
-    (GATE + "fuzz: {seed_data: digits, num_seeds: 0}\ncompress: {methods: [fp32]}\n", "fuzz.num_seeds must be a positive"),
+     "policy.yaml: fuzz.max_queries must be an integer, got 'ten'"),
+    (GATE + "fuzz: {seed_data: digits, num_seeds: 0}\ncompress: {methods: [fp32]}\n",
+     "fuzz.num_seeds: 0 is not in the range x>=1"),
     (GATE + "compress: {methods: [fp32], colour: red}\n", "unknown key compress.colour"),
     (GATE + "deploy: {}\n", "unknown section deploy"),
     ("compress: {methods: [fp32]}\n", "the gate section is required"),
@@ -29,17 +30,19 @@ GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
     ("gate: {thresholds: {}}\n", "gate.thresholds must be a mapping of at least one threshold"),
     (GATE + "coverage: {train_data: digits}\n", "coverage.test_data is required"),
     (GATE + "coverage: {train_data: digits, test_data: [digits], per_class: 1}\n", "coverage.per_class must be true or false"),
-    (GATE + "compress: {methods: [fp32], amount: 1.5}\n", "compress.amount must be a number from 0 to below 1"),
+    (GATE + "compress: {methods: [fp32], amount: 1.5}\n", "compress.amount: 1.5 is not in the range 0.0<=x<1.0"),
     (GATE + "robustness: {data: digits, severities: [high]}\n", "robustness.severities must be a list of integers"),
     (GATE + "fuzz: {seed_data: digits}\n", "fuzz needs a compress section"),
     (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: 0.01}\n",
      "compress.holdout_data is required with a bound"),
     (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: .nan, holdout_data: d}\n",
-     "compress.max_accuracy_drop must be a number from 0 to 1"),
+     "compress.max_accuracy_drop must be a number, got nan"),
+    (GATE + "compress: {methods: [int8-static], calib_data: digits, max_accuracy_drop: 2, holdout_data: d}\n",
+     "compress.max_accuracy_drop: 2.0 is not in the range 0.0<=x<=1.0"),
     (GATE + "compress: {methods: [fp32]}\nfuzz: {seed_data: digits, min_ssim: 1.5}\n",
-     "fuzz.min_ssim must be a number above -1 and below 1"),
+     "fuzz.min_ssim: 1.5 is not in the range -1.0<x<1.0"),
     (GATE + "compress: {methods: [fp32]}\nfuzz: {seed_data: digits, max_linf: -3}\n",
-     "fuzz.max_linf must be an integer from 1 to 255"),
+     "fuzz.max_linf: -3 is not in the range 1<=x<=255"),
     ("- gate\n", "a policy is a mapping of sections"),
     (GATE + "preprocessing: {cnn: {colour: red}}\n", "unknown key preprocessing.cnn.colour"),
     (GATE + "preprocessing: {cnn: {std: [0]}}\n", "preprocessing.cnn: preprocessing std must not contain 0"),
@@ -47,16 +50,31 @@ GATE = "gate: {thresholds: {min_idc: 0.5}}\n"
     ("gate: [1\n", "not valid YAML"),
 ])
 def test_a_bad_policy_is_one_line_naming_the_key(text, fragment):
+    """Shapes are the policy's to check, a value's range and names its command option's: both before any step."""
+    import click
+
+    from mlflow_di.commands.pipeline import _step_arguments, command
+
     with pytest.raises(UserError) as error:
-        parse_policy(text, "policy.yaml")
+        with click.Context(command) as ctx:
+            _step_arguments(ctx, parse_policy(text, "policy.yaml"), "models:/m/1")
     message = str(error.value)
     assert fragment in message and "\n" not in message and message.startswith("policy.yaml: ")
 
 
-def test_a_valid_policy_round_trips_and_has_defaults():
-    policy = parse_policy(GATE + "compress: {methods: [int8-dynamic, int8-dynamic]}\nfuzz: {seed_data: 'digits[0:9]'}\n")
-    assert policy.steps == ("compress", "fuzz", "gate")
-    assert policy.compress.methods == ("int8-dynamic",) and policy.fuzz.num_seeds == 500
+def test_a_valid_policy_round_trips_and_its_steps_get_their_commands_defaults():
+    import click
+
+    from mlflow_di.commands.pipeline import _step_arguments, command
+
+    policy = parse_policy(GATE + "compress: {methods: [int8-dynamic, int8-dynamic]}\nfuzz: {seed_data: 'digits[0:9]'}\n"
+                          "realism: {seed_data: 'digits[0:9]'}\n")
+    assert policy.steps == ("compress", "fuzz", "realism", "gate")
+    assert policy.compress.methods == ("int8-dynamic",) and policy.fuzz.num_seeds is None  # the option's default
+    with click.Context(command) as ctx:
+        arguments = _step_arguments(ctx, policy, "models:/m/1")
+    assert arguments["fuzz"]["num_seeds"] == 500 and arguments["realism"]["num_seeds"] == 100
+    assert "max_queries" not in arguments["fuzz"]  # left to the fuzz command, which fills its own default
     again = parse_policy(yaml.safe_dump(policy.to_dict()))
     assert again.to_dict() == policy.to_dict() and isinstance(again, Policy)
     assert policy.sha256 and policy.sha256 != again.sha256  # of the bytes
@@ -88,8 +106,10 @@ def test_a_policy_fuzzes_inside_a_realism_budget_with_the_fuzz_commands_own_opti
     with click.Context(command) as ctx:
         fuzz = _step_arguments(ctx, policy, "models:/m/1")["fuzz"]
     assert (fuzz["strategy"], fuzz["max_linf"], fuzz["min_ssim"]) == ("boundary", 32, 0.9)
-    with pytest.raises(UserError, match="fuzz.max_linf must be an integer from 1 to 255, got 300"):  # --max-linf's
-        parse_policy(GATE + "compress: {methods: [int8-dynamic]}\nfuzz: {seed_data: digits, max_linf: 300}\n")
+    with pytest.raises(UserError, match="fuzz.max_linf: 300 is not in the range 1<=x<=255"), \
+            click.Context(command) as ctx:  # --max-linf's own range
+        _step_arguments(ctx, parse_policy(GATE + "compress: {methods: [int8-dynamic]}\n"
+                                          "fuzz: {seed_data: digits, max_linf: 300}\n"), "models:/m/1")
 
 
 def test_the_demo_policy_is_what_the_demo_runs():
@@ -252,11 +272,13 @@ def test_every_policy_field_is_an_option_of_its_steps_command():
     assert set(threshold_records()) <= {param.name for param in gate.command.params}
 
 
-#: Policy fields whose default differs from their option's on purpose (None in a policy means "the command's own
-#: default" and is not listed): the realism step searches 100 seeds, not fuzz's 500 (RealismPolicy's docstring).
-OWN_DEFAULTS = {("realism", "num_seeds")}
-#: Values a numeric field is probed with: each must be accepted by the policy exactly when its option accepts it.
+#: Values a numeric key is probed with: each must be accepted by the pipeline exactly when its option accepts it.
 PROBES = (-2, -1, -0.5, 0, 0.3, 0.5, 0.999, 1, 1.5, 2, 255, 256, 4294967295, 4294967296)
+#: The least a policy needs around a probed key, so that only the probe can be refused.
+BASE_POLICY = {"compress": {"methods": ["int8-static"], "calib_data": "digits", "holdout_data": "digits"},
+               "coverage": {"train_data": "digits", "test_data": ["digits"]}, "fuzz": {"seed_data": "digits"},
+               "realism": {"seed_data": "digits"}, "robustness": {"data": "digits"},
+               "gate": {"thresholds": {"min_idc": 0.5}}}
 
 
 def _step_sections():
@@ -268,53 +290,50 @@ def _step_sections():
             "robustness": (policy.RobustnessPolicy, robustness.command), "gate": (policy.GatePolicy, gate.command)}
 
 
-def test_every_policy_default_and_range_is_its_command_options():
-    """A policy field stands for its command's option: where it states a default, that is the option's (save the
-    listed exceptions), and a number it accepts is one the option accepts, no more and no fewer (checked on
-    boundary values). #69 will generate both from one declaration; until then this holds the copies to it."""
+def test_every_policy_key_has_its_command_options_default_and_range():
+    """A step's key stands for its command's option and has no default or range of its own: left out, the step gets
+    the option's default; given, the value is accepted exactly when the option accepts it (probed on boundary values
+    through the pipeline's own check, which runs before any step)."""
+    import copy
     import dataclasses
 
     import click
 
-    from mlflow_di.policy import _value
+    from mlflow_di.commands.pipeline import _step_arguments, command
+    from mlflow_di.policy import from_mapping
 
     checked = 0
-    for step, (section, command) in _step_sections().items():
-        options = {param.name: param for param in command.params}
+    for step, (section, step_command) in _step_sections().items():
+        options = {param.name: param for param in step_command.params}
         for field in dataclasses.fields(section):
             option = options.get(field.name)
             if option is None:
                 continue
-            default = field.default
-            if default not in (None, dataclasses.MISSING) and (step, field.name) not in OWN_DEFAULTS:
-                stated = option.type.convert(option.default, option, None) if isinstance(option.default, str) \
-                    else option.default
-                if getattr(option, "is_flag", False) and not isinstance(stated, bool):
-                    stated = False  # a flag left unset is off
-                assert tuple(default) == tuple(stated) if isinstance(default, tuple) else default == stated, \
-                    f"{step}.{field.name}: policy {default!r}, option {stated!r}"
-            kind = field.metadata["kind"]
-            if kind not in ("integer", "positive integer", "intensity levels", "positive number", "fraction", "rate",
-                            "ssim"):
+            assert field.default in (None, dataclasses.MISSING), f"{step}.{field.name} states a default of its own"
+            assert field.metadata["kind"] in ("text", "texts", "names", "integers", "boolean", "integer", "number")
+            if field.metadata["kind"] not in ("integer", "number"):
                 continue
             for probe in PROBES:
+                document = copy.deepcopy(BASE_POLICY)
+                document[step][field.name] = probe
                 try:
-                    _value(f"{step}.{field.name}", probe, kind, "p.yaml")
+                    with click.Context(command) as ctx:
+                        _step_arguments(ctx, from_mapping(document, "p.yaml"), "models:/m/1")
                     in_policy = True
-                except UserError:
+                except UserError as refused:
+                    assert f"{step}.{field.name}" in str(refused), str(refused)
                     in_policy = False
                 try:
                     option.type.convert(probe, option, None)
-                    in_option = True
+                    in_option = not (field.metadata["kind"] == "integer" and isinstance(probe, float))
                 except click.BadParameter:
                     in_option = False
-                if kind in ("integer", "positive integer", "intensity levels") and isinstance(probe, float):
-                    continue  # YAML's 0.5 is no integer in either; click would round-trip it through int()
-                if in_policy and not in_option and kind == "integer":
-                    continue  # a policy integer's range is its option's own (seeds, resamples): checked when converted
                 assert in_policy == in_option, f"{step}.{field.name}={probe}: policy {in_policy}, option {in_option}"
                 checked += 1
-    assert checked > 100
+    assert checked > 200
+    with click.Context(command) as ctx:  # left out: the step's own command fills the option's default
+        bare = _step_arguments(ctx, from_mapping(copy.deepcopy(BASE_POLICY), "p.yaml"), "models:/m/1")
+    assert bare["compress"] == {"methods": ("int8-static",), "calib_data": "digits", "holdout_data": "digits"}
 
 
 def test_an_inconclusive_fuzz_check_gets_more_seeds_in_rounds_until_the_rounds_are_spent(registered_cnn, mlflow_client,

@@ -15,6 +15,7 @@ import time
 import click
 
 from mlflow_di.commands.options import ModelName, seed_option
+from mlflow_di.fuzz import contract
 
 TRAIN_SPEC = "digits[0:1300]"
 TEST_SPEC = "digits[1300:]"
@@ -36,7 +37,7 @@ GATE = {"min_idc": 0.5, "max_accuracy_drop": 0.03, "max_disagreement_rate": 0.05
 #: least 11x11 pixels: not these). Inside it the boundary walk looks for deviations on REALISM_SEEDS seeds (fewer
 #: when --fuzz-seeds asks for fewer), at most REALISM_QUERIES queries each after its walks.
 REALISM_BUDGET = "linf=4"
-REALISM_SEEDS = 100
+REALISM_SEEDS = contract.REALISM_SEEDS
 REALISM_QUERIES = 100
 
 

@@ -323,10 +323,13 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
             if step in steps:
                 steps[step][key] = override
     from mlflow_di.fuzz import strategies
+    from mlflow_di.fuzz.contract import REALISM_SEEDS
 
+    seeds = {"fuzz": _default(fuzz.command, "num_seeds"), "realism": REALISM_SEEDS}
     for step, default in (("fuzz", strategies.DEFAULT), ("realism", strategies.REALISM)):
         if step in steps:  # the policy left it out: the declared default
             steps[step].setdefault("strategy", default)
+            steps[step].setdefault("num_seeds", seeds[step])  # what each round's growth starts from
             steps[step]["confidence"] = policy.evidence.confidence  # growing evidence is looked at up to rounds times
     _check_strategies_take_exports(steps, policy.source)
     if policy.compress is not None:
@@ -370,6 +373,11 @@ def _registered_name(model_uri: str) -> str | None:
 
     ref = ModelRef.parse(model_uri)
     return ref.name if ref.kind is RefKind.REGISTRY else None
+
+
+def _default(command: click.Command, name: str):
+    """The default of ``command``'s option ``name``: what a step gets for a key its policy leaves out."""
+    return next(param.default for param in command.params if param.name == name)
 
 
 def _converted(ctx: click.Context, command: click.Command, values: dict, where: str) -> dict:
