@@ -1,6 +1,6 @@
 """The quality gate's decision: thresholds + measured values -> one verdict per check.
 
-Pure logic, no MLflow: :mod:`mlflow_di.mlflow_edge.recorded` finds the measurements in the tracking
+Pure logic, no MLflow: :mod:`mlflow_di.mlflow_edge.gate_evidence` finds the measurements in the tracking
 store and :mod:`mlflow_di.commands.gate` prints, tags and promotes. Each check is one record
 (:class:`CheckDeclaration` in :data:`CHECKS`, :class:`Relation` in :data:`RELATIONS`): the metric, the
 command whose runs record it, the threshold's name, range and help. The command's options, a
@@ -188,7 +188,7 @@ CHECKS = Registry("gate check", CheckDeclaration, key="metric", builtins=[
 def register_check(criterion: CheckDeclaration) -> CheckDeclaration:
     """Add a gate check: ``Thresholds``, ``gate --threshold NAME=VALUE``, a policy's ``gate.thresholds``
     and the reports know it from now on; the recorded runs of its ``command`` give its values
-    (:mod:`mlflow_di.mlflow_edge.recorded`)."""
+    (:mod:`mlflow_di.mlflow_edge.gate_evidence`)."""
     if criterion.range not in RANGES:
         raise UserError(f"a check's range is one of {', '.join(RANGES)}, got {criterion.range!r}")
     return CHECKS.register(criterion)

@@ -114,7 +114,7 @@ def test_outputs_that_are_not_regular_files_are_written_in_place_and_checked(tmp
     /dev/stdout) is written through, never replaced by a renamed file; a regular file is replaced whole."""
     import threading
 
-    from mlflow_di.commands.options import WriteFailed, write_text_out
+    from mlflow_di.commands.output_files import WriteFailed, write_text_out
 
     if os.path.exists("/dev/full"):
         with pytest.raises(WriteFailed, match="No space left on device"):

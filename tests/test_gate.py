@@ -114,9 +114,9 @@ def _values(found):
 
 
 def test_measurements_are_the_newest_finished_runs_of_that_version(client, history):
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
-    found = recorded.measurements(history.uri)
+    found = gate_evidence.measurements(history.uri)
     assert _values(found) == {
         ("idc", None): 0.62,
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
@@ -139,11 +139,11 @@ def test_measurements_are_the_newest_finished_runs_of_that_version(client, histo
 
 def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client, history):
     """Coverage cannot be measured on an ONNX export: the gate follows the export's source tags."""
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
     client.set_model_version_tag("lenet-int8", "1", "mlflow_di.source_name", "lenet")
     client.set_model_version_tag("lenet-int8", "1", "mlflow_di.source_version", "1")
-    found = recorded.measurements("models:/lenet-int8/1")
+    found = gate_evidence.measurements("models:/lenet-int8/1")
     assert _values(found) == {
         ("idc", None): 0.62,  # the source's coverage, not a 'run coverage on the export' message
         ("success_rate", "models:/lenet-int8/1"): 0.30, ("mean_queries", "models:/lenet-int8/1"): 120.0,
@@ -156,19 +156,19 @@ def test_gating_an_export_reads_coverage_from_its_source_through_lineage(client,
 
 
 def test_measurements_only_for_the_compressed_models_asked_for(client, history):
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
     client.set_registered_model_alias("lenet-int8", "edge", "1")
-    found = recorded.measurements(history.uri, ["models:/lenet-int8@edge"])
+    found = gate_evidence.measurements(history.uri, ["models:/lenet-int8@edge"])
     assert {m.compressed for m in found if m.compressed} == {"models:/lenet-int8/1"}
     assert _values(found)[("success_rate", "models:/lenet-int8/1")] == 0.30
 
 
 def test_a_compressed_model_never_fuzzed_is_reported_missing(client, history):
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
     lonely = register_version(client, "lenet-onnx")
-    found = {m.metric: m for m in recorded.measurements(history.uri, ["models:/lenet-onnx/1", "local.tflite"])
+    found = {m.metric: m for m in gate_evidence.measurements(history.uri, ["models:/lenet-onnx/1", "local.tflite"])
              if m.compressed == "models:/lenet-onnx/1"}
     assert found["success_rate"].value is None and found["accuracy_drop"].value is None
     assert found["success_rate"].missing == (
@@ -177,41 +177,41 @@ def test_a_compressed_model_never_fuzzed_is_reported_missing(client, history):
 
 
 def test_a_compress_run_without_per_class_figures_says_so(client, history):
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
     experiment = client.get_experiment_by_name("recorded").experiment_id
     run_id = record_run(client, experiment, "compress", history.subject, {"accuracy_drop": 0.01})
     register_version(client, "lenet-old", run_id)
-    found = {m.metric: m for m in recorded.measurements(history.uri, ["models:/lenet-old/1"]) if m.compressed}
+    found = {m.metric: m for m in gate_evidence.measurements(history.uri, ["models:/lenet-old/1"]) if m.compressed}
     assert found["accuracy_drop"].value == 0.01
     assert found["max_class_accuracy_drop"].value is None
     assert found["max_class_accuracy_drop"].missing.startswith(f"compress run {run_id} recorded no max_class_accuracy_drop")
 
 
 def test_a_fuzz_run_without_deviations_measures_infinite_queries(client, history):
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
     from mlflow_server import fuzz_tags
 
     experiment = client.get_experiment_by_name("recorded").experiment_id
     record_run(client, experiment, "fuzz", history.subject, {"success_rate": 0.0, "triggers": 0},
                tags=fuzz_tags(history.compressed), start_time=1_800_000_000_000)
-    found = _values(recorded.measurements(history.uri, ["models:/lenet-int8/1"]))
+    found = _values(gate_evidence.measurements(history.uri, ["models:/lenet-int8/1"]))
     assert found[("success_rate", "models:/lenet-int8/1")] == 0.0
     assert found[("mean_queries", "models:/lenet-int8/1")] == math.inf
 
 
 def test_a_compressed_model_with_only_a_robustness_run_is_gated_and_one_never_measured_is_missing(client, history):
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
     lonely = register_version(client, "lenet-onnx")
     experiment = client.get_experiment_by_name("recorded").experiment_id
     record_run(client, experiment, "robustness", history.subject,
                {"robustness_agreement_min": 0.7, "robustness_agreement_min.local_onnx": 0.7},
                tags={"mlflow_di.robustness_compressed": '{"local.onnx": "local_onnx"}'}, start_time=1_800_000_000_000)
-    found = _values(recorded.measurements(history.uri))
+    found = _values(gate_evidence.measurements(history.uri))
     assert found[("robustness_agreement_min", "local.onnx")] == 0.7  # found from its robustness run alone
     assert found[("success_rate", "local.onnx")] is None
-    missing = {m.metric: m for m in recorded.measurements(history.uri, [f"models:/lenet-onnx/{lonely.version}"])}
+    missing = {m.metric: m for m in gate_evidence.measurements(history.uri, [f"models:/lenet-onnx/{lonely.version}"])}
     assert missing["robustness_agreement_min"].value is None
     assert missing["robustness_agreement_min"].missing == (
         f"no robustness run recorded for {history.uri} against models:/lenet-onnx/1; run `mlflow-di robustness "
@@ -522,14 +522,14 @@ def test_a_model_name_with_both_kinds_of_quote_is_found_exactly(client):
     """MLflow's filter has no literal for it: LIKE with ' as a wildcard, then the exact tags."""
     import mlflow
 
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
     name = """it's a "model\""""
     for value, idc in ((name, 0.5), ("itXs a \"model\"", 0.9)):  # the second matches the LIKE pattern too
         with mlflow.start_run():
             mlflow.set_tags({"mlflow_di.command": "coverage", "mlflow_di.model_name": value})
             mlflow.log_metric("idc", idc)
-    found = recorded.search_recorded_runs("coverage", {"mlflow_di.model_name": name}, "idc", client)
+    found = gate_evidence.search_recorded_runs("coverage", {"mlflow_di.model_name": name}, "idc", client)
     assert [run.data.metrics["idc"] for run in found] == [0.5]
 
 

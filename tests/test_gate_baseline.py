@@ -191,9 +191,9 @@ def _rows(out: str, start: str) -> list[list[str]]:
 
 
 def test_measurements_carry_the_compression_method_of_each_export(client, versions):
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
-    found = recorded.measurements("models:/lenet/3")
+    found = gate_evidence.measurements("models:/lenet/3")
     assert {(m.compressed, m.method) for m in found if m.compressed} == {("models:/lenet-int8/2", "int8"),
                                                                          ("models:/lenet-prune/2", "prune")}
 

@@ -200,7 +200,7 @@ def test_data_read_in_two_roles_is_one_input_naming_both(tracking_uri):
 
 
 def test_the_gate_reads_coverage_from_the_models_own_page_first(registered_cnn, mlflow_client):
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
 
     assert main(["coverage", "--model-uri", registered_cnn, "--train-data", "digits[0:300]",
                  "--test-data", "digits[600:700]", "--criteria", "idc", "--top-m", "3"]) == 0
@@ -211,9 +211,9 @@ def test_the_gate_reads_coverage_from_the_models_own_page_first(registered_cnn, 
                                                        "mlflow_di.model_version": "1"})
     mlflow_client.log_metric(stray.info.run_id, "idc", 0.01)
     mlflow_client.set_terminated(stray.info.run_id, "FINISHED")
-    idc = next(m for m in recorded.measurements(registered_cnn, client=mlflow_client) if m.metric == "idc")
+    idc = next(m for m in gate_evidence.measurements(registered_cnn, client=mlflow_client) if m.metric == "idc")
     assert idc.run_id == measured.info.run_id and idc.value == pytest.approx(measured.data.metrics["idc"])
     # without a LoggedModel to read, the newest recorded run counts, as before
-    runs = recorded.recorded_runs("coverage", {"mlflow_di.model_name": "cnn", "mlflow_di.model_version": "1"}, "idc",
+    runs = gate_evidence.recorded_runs("coverage", {"mlflow_di.model_name": "cnn", "mlflow_di.model_version": "1"}, "idc",
                                   mlflow_client, model_id=None)
     assert runs[0].info.run_id == stray.info.run_id

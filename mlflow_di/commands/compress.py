@@ -30,7 +30,8 @@ from mlflow_di.models.runtimes import runtime_help
 
 if TYPE_CHECKING:
     from mlflow_di.compression.export_record import CompressionSource, SourceBenefit
-    from mlflow_di.compression.outcome import HeldOut, Outcome, Selection
+    from mlflow_di.compression.outcome import Outcome
+    from mlflow_di.compression.selection import HeldOut, Selection
 
 
 @click.command("compress")
@@ -109,9 +110,10 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
     are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
     from mlflow_di.compression.export_record import CompressionSource, SourceBenefit
-    from mlflow_di.compression.outcome import Selection, labelled_split, source_probabilities
+    from mlflow_di.compression.selection import Selection, labelled_split, source_probabilities
     from mlflow_di.compression.recipes import recipe_from_options
     from mlflow_di.data import load_images
+    from mlflow_di.fuzz import load_campaign
     from mlflow_di.mlflow_edge import registry
     from mlflow_di.mlflow_edge.evidence_tags import evidence_line, evidence_tags, searched_on
     from mlflow_di.models.loading import load_torch_model, resolve
@@ -122,7 +124,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     bounds = _bounds(methods, max_accuracy_drop, max_disagreement_rate,
                      max_realistic_success_rate=max_realistic_success_rate, holdout_data=holdout_data,
                      keep_float=keep_float, auto_keep_float=auto_keep_float, diagnosis_images=diagnosis_images)
-    trigger_images = _trigger_images(triggers) if triggers else None
+    trigger_images = load_campaign(triggers).triggers if triggers else None  # --triggers' campaign
     ref = ModelRef.parse(model_uri)
     resolved = resolve(ref)
     source = load_torch_model(resolved, preprocessing)
@@ -237,20 +239,13 @@ def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_suc
 
 def _held_out(source, holdout_data: str, inputs: dict, device) -> HeldOut:
     """The bounded search's held-out images with the source's answers (recorded as the run's held-out input)."""
-    from mlflow_di.compression.outcome import HeldOut
+    from mlflow_di.compression.selection import HeldOut
     from mlflow_di.data import load_images
     from mlflow_di.mlflow_edge import datasets
 
     raw_held_out = load_images(holdout_data)
     inputs["held-out"] = datasets.spec_dataset(raw_held_out)
     return HeldOut.measure(source, source.preprocessing.prepare(raw_held_out), device)
-
-
-def _trigger_images(folder: str):
-    """The triggers of the fuzz campaign in ``folder`` (--triggers)."""
-    from mlflow_di.fuzz import load_campaign
-
-    return load_campaign(folder).triggers
 
 
 def _inputs(raw_calib, raw_eval) -> dict:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import typing
 
 import click
 
-from mlflow_di.commands.options import (RAY_OPTIONS, ClusterCounts, CommaList, LayerNames, LazyChoice,
-                                        SectionedCommand, SettingAssignment, WritablePath, batch_size_option, device_option,
-                                        json_out_option, preprocessing_option, ray_options, seed_option,
-                                        write_json_out)
+from mlflow_di.commands.options import (RAY_OPTIONS, ClusterCounts, CommaList, LayerNames, LazyChoice, SectionedCommand,
+                                        SettingAssignment, WritablePath, batch_size_option, device_option,
+                                        json_out_option, preprocessing_option, ray_options, seed_option)
+from mlflow_di.commands.output_files import write_json_out
 
 HEATMAP_INPUTS = 8
 #: ``--idc-resamples`` by default (mlflow_di.coverage.idc.RESAMPLES, kept here so that --help imports no torch)
@@ -178,6 +179,34 @@ def _layers_param(layers, layer) -> str:
     if isinstance(layers, (list, tuple)):
         return ",".join(layers)
     return layers or layer or "default"
+
+
+class ModelOnData(typing.NamedTuple):
+    """What ``inspect`` and ``generate`` start from: the model, the coverage run they read (``latest``
+    resolved to its id, or None), and the data as the spec loads it (``raw``) and as the model takes it."""
+
+    ref: object
+    coverage: str | None
+    model: object
+    raw: object
+    data: object
+
+
+def model_on_data(model_uri: str, coverage: str | None, data_spec: str, preprocessing, device) -> ModelOnData:
+    """Load ``model_uri`` on ``device``, resolve its coverage run, and load and prepare ``data_spec`` for it
+    (checked against the model's input on its first image)."""
+    from mlflow_di.data import load_images
+    from mlflow_di.mlflow_edge.run_artifacts import latest_coverage
+    from mlflow_di.models.loading import load_torch_model
+    from mlflow_di.models.reference import ModelRef
+
+    ref = ModelRef.parse(model_uri)
+    coverage = latest_coverage(coverage, model_uri)
+    model = load_torch_model(ref, preprocessing, device)
+    raw = load_images(data_spec)
+    data = model.preprocessing.prepare(raw)
+    model.preprocessing.check_images(data.images[:1])
+    return ModelOnData(ref, coverage, model, raw, data)
 
 
 def check_layers(model, layers, top_m: int) -> None:

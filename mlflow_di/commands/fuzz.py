@@ -23,7 +23,8 @@ import click
 
 from mlflow_di.commands.options import (RAY_OPTIONS, FiniteFloat, LazyChoice, SectionedCommand, WritablePath,
                                         declared_options, device_option, json_out_option, ray_options, runtime_option,
-                                        seed_option, write_json_out)
+                                        seed_option)
+from mlflow_di.commands.output_files import write_json_out
 from mlflow_di.fuzz import strategies as declared
 from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Access, Declaration, Strategy
 

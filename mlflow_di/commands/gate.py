@@ -21,8 +21,8 @@ import click
 
 from mlflow_di.gate import INCONCLUSIVE_AS
 from mlflow_di.commands.options import (AliasName, FiniteFloat, Fraction, NamedNumber, RealismBudget, RunIds,
-                                        RuntimeName, WritablePath, json_out_option, stacked, write_json_out,
-                                        write_text_out)
+                                        RuntimeName, WritablePath, json_out_option, stacked)
+from mlflow_di.commands.output_files import write_json_out, write_text_out
 
 
 def threshold_options(relative: bool):
@@ -98,7 +98,7 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     """
     from mlflow_di.errors import UserError
     from mlflow_di.gate import Thresholds, decide
-    from mlflow_di.mlflow_edge import recorded
+    from mlflow_di.mlflow_edge import gate_evidence
     from mlflow_di.mlflow_edge.version_lock import version_lock
 
     thresholds = Thresholds(**{**thresholds, **dict(extra_thresholds)}).require_any()
@@ -106,14 +106,14 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     thresholds.require_baseline(baseline is not None)
     if baseline and baseline.strip() == model_uri.strip():
         raise UserError(f"--baseline {baseline} is the candidate itself (--model-uri); compare with another version")
-    baseline_version = (recorded.baseline_version(baseline, baseline_optional, candidate_uri=model_uri)
+    baseline_version = (gate_evidence.baseline_version(baseline, baseline_optional, candidate_uri=model_uri)
                         if baseline else None)  # its errors first
-    version, source = recorded.gate_subject(model_uri)
-    with recorded.only_runs(pinned_runs):
-        found = recorded.measurements(model_uri, list(compressed), resolved=(version, source), semantics=semantics,
+    version, source = gate_evidence.gate_subject(model_uri)
+    with gate_evidence.only_runs(pinned_runs):
+        found = gate_evidence.measurements(model_uri, list(compressed), resolved=(version, source), semantics=semantics,
                                       allow_calibration_evidence=allow_calibration_evidence,
                                       exclude=tuple(exclude_export), realism_budget=realism_budget, runtime=runtime)
-    compared = recorded.baseline(baseline, baseline_version, version) if baseline else None
+    compared = gate_evidence.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared, inconclusive_as=inconclusive)
     with version_lock(version.name, version.version, "gate", wait_s=LOCK_WAIT_S):  # one gate's record, whole
         written = _write_verdict(verdict, version, source, model_uri=model_uri, baseline=baseline,
@@ -157,7 +157,7 @@ class _Written:
 
 def _write_verdict(verdict, version, source, model_uri: str, baseline, compressed, promote_alias, rules) -> _Written:
     """The gate run, the version's tags, alias and description: every write of one verdict (under its lock)."""
-    from mlflow_di.mlflow_edge import recorded, registry, runs
+    from mlflow_di.mlflow_edge import gate_evidence, registry, runs
     from mlflow_di.mlflow_edge.version_lock import record_holder_run
     from mlflow_di.reporting.ci import summary_markdown
 
@@ -175,7 +175,7 @@ def _write_verdict(verdict, version, source, model_uri: str, baseline, compresse
             elif promote_alias:
                 alias_dropped = registry.drop_alias_from(version, promote_alias)
             notes = (*_notes(verdict, version, source, baseline, promote_alias, alias_dropped), *rules,
-                     *recorded.runtime_notes(c.run_id for c in verdict.checks))
+                     *gate_evidence.runtime_notes(c.run_id for c in verdict.checks))
             metrics, report = _log_verdict(log, verdict, compressed, promote_alias, notes)
             judged = [log.run_id, *(r for c in verdict.checks for r in (c.run_id, c.baseline_run_id))]
             run_link = _run_link(judged)  # for CI summaries, read off the UI: absolute links

@@ -14,8 +14,8 @@ import pathlib
 
 import click
 
-from mlflow_di.commands.options import (WritablePath, device_option, json_out_option, preprocessing_option,
-                                        seed_option, write_json_out)
+from mlflow_di.commands.options import WritablePath, device_option, json_out_option, preprocessing_option, seed_option
+from mlflow_di.commands.output_files import write_json_out
 
 PREVIEW_ROWS = 16
 #: Where the generated set is written when --out is not given (one file per run).
@@ -49,21 +49,15 @@ NPZ_ARTIFACT = "generation/generated.npz"
 def command(model_uri, coverage, data_spec, budget, num_seeds, layer, max_depth, batch, out, seed, json_out,
             preprocessing, device) -> None:
     """Generate inputs that cover IDC combinations MODEL-URI's seeds leave uncovered."""
+    from mlflow_di.commands.coverage import model_on_data
     from mlflow_di.coverage.generation import generate
     from mlflow_di.data import load_images
     from mlflow_di.errors import UserError
     from mlflow_di.mlflow_edge import datasets, registry, runs
-    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc, latest_coverage
+    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
-    from mlflow_di.models.loading import load_torch_model
-    from mlflow_di.models.reference import ModelRef
 
-    ref = ModelRef.parse(model_uri)
-    coverage = latest_coverage(coverage, model_uri)
-    model = load_torch_model(ref, preprocessing, device)
-    raw = load_images(data_spec)
-    data = model.preprocessing.prepare(raw)
-    model.preprocessing.check_images(data.images[:1])
+    ref, coverage, model, raw, data = model_on_data(model_uri, coverage, data_spec, preprocessing, device)
     seeds = data.subset(slice(0, num_seeds), f"{data.name}[0:{num_seeds}]") if num_seeds < len(data) else data
     idc = coverage_idc(coverage, model)
     layer = layer or None  # MLproject passes an empty string for "not given"

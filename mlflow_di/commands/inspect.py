@@ -12,7 +12,8 @@ from __future__ import annotations
 import click
 
 from mlflow_di.commands.options import (CommaList, FiniteFloat, batch_size_option, device_option, json_out_option,
-                                        preprocessing_option, seed_option, write_json_out)
+                                        preprocessing_option, seed_option)
+from mlflow_di.commands.output_files import write_json_out
 
 EXAMPLE_UNITS = 3  # units per hypothesis shown with their most activating inputs
 
@@ -50,22 +51,14 @@ EXAMPLE_UNITS = 3  # units per hypothesis shown with their most activating input
 def command(model_uri, data_spec, layer, units, coverage, top_m, importance_inputs, hypothesis_specs, measures,
             tolerance, confidence, early_stop, seed, json_out, preprocessing, device, batch_size) -> None:
     """Find which hypotheses MODEL-URI's hidden units respond to (DeepBase affinity)."""
-    from mlflow_di.commands.coverage import check_layers
+    from mlflow_di.commands.coverage import check_layers, model_on_data
     from mlflow_di.coverage.activations import default_layer
-    from mlflow_di.data import load_images
     from mlflow_di.inspection import Inspection
     from mlflow_di.mlflow_edge import datasets, registry, runs
-    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc, latest_coverage
+    from mlflow_di.mlflow_edge.run_artifacts import coverage_idc
     from mlflow_di.models.device import describe_device, out_of_memory_as_user_error
-    from mlflow_di.models.loading import load_torch_model
-    from mlflow_di.models.reference import ModelRef
 
-    ref = ModelRef.parse(model_uri)
-    coverage = latest_coverage(coverage, model_uri)
-    model = load_torch_model(ref, preprocessing, device)
-    raw = load_images(data_spec)
-    data = model.preprocessing.prepare(raw)
-    model.preprocessing.check_images(data.images[:1])
+    ref, coverage, model, raw, data = model_on_data(model_uri, coverage, data_spec, preprocessing, device)
     hypotheses = _hypotheses(hypothesis_specs, data)
     fitted_idc = coverage_idc(coverage, model) if coverage else None
     layer = layer or (fitted_idc.layers_[0] if fitted_idc is not None else default_layer(model.module))

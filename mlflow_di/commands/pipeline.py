@@ -32,7 +32,8 @@ import time
 
 import click
 
-from mlflow_di.commands.options import CountOrPolicy, RayAddress, WritablePath, write_text_out
+from mlflow_di.commands.options import CountOrPolicy, RayAddress, WritablePath
+from mlflow_di.commands.output_files import write_text_out
 
 PIPELINES = pathlib.Path("mlflow-di-pipelines")
 STATE_FILE = "state.json"

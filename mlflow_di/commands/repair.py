@@ -16,7 +16,8 @@ import tempfile
 
 import click
 
-from mlflow_di.commands.options import ModelName, device_option, json_out_option, seed_option, write_json_out
+from mlflow_di.commands.options import ModelName, device_option, json_out_option, seed_option
+from mlflow_di.commands.output_files import write_json_out
 
 RUN_ID = re.compile(r"^(?:runs:/)?([0-9a-f]{32})/?$")
 #: Model references that name one model wherever repair runs (a campaign records anything else by name only).
@@ -129,12 +130,12 @@ def _held_out(eval_data: str | None, compressed_model, fuzzed: list) -> tuple:
 def _recorded_campaigns(compressed: str, spec: str) -> list[str]:
     """``spec`` itself, or for ``latest`` / ``all`` the newest / every finished fuzz run against the
     registry version ``compressed``."""
-    from mlflow_di.mlflow_edge import recorded, registry
+    from mlflow_di.mlflow_edge import gate_evidence, registry
 
     if spec not in ("latest", "all"):
         return [spec]
     tags = registry.compressed_model_tags(compressed) if registry.registry_ref(compressed) else {}
-    return recorded.recorded_run_ids("--campaign", spec, "fuzz", "success_rate", tags, compressed,
+    return gate_evidence.recorded_run_ids("--campaign", spec, "fuzz", "success_rate", tags, compressed,
                                      max_results=1 if spec == "latest" else 1000)
 
 

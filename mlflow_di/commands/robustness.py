@@ -15,7 +15,8 @@ import re
 import click
 
 from mlflow_di.commands.options import (CommaList, Severities, device_option, json_out_option, preprocessing_option,
-                                        seed_option, write_json_out)
+                                        seed_option)
+from mlflow_di.commands.output_files import write_json_out
 
 #: Run tag mapping each compressed model's gate key (models:/NAME/VERSION or its URI) to its metric slug.
 COMPRESSED_TAG = "mlflow_di.robustness_compressed"

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
     from mlflow_di.compression.bounded import BoundedSearch
     from mlflow_di.compression.methods import MethodDeclaration
-    from mlflow_di.compression.outcome import HeldOut, Outcome, Selection
+    from mlflow_di.compression.outcome import Outcome
+    from mlflow_di.compression.selection import HeldOut, Selection
     from mlflow_di.data import ImageSet
     from mlflow_di.models.benefit import Comparison
     from mlflow_di.models.classifier import OnnxClassifier

@@ -3,7 +3,7 @@ role (``held-out``; ``search`` when a bounded search chose the export on it; ``c
 ``training``), how many of its images are calibration images, and a bounded search's held-out data.
 ``mlflow-di compress`` writes them (:func:`evidence_tags`, :func:`searched_on`) and says in one line
 when its figures are not held-out ones (:func:`evidence_line`); the gate reads them
-(:mod:`~mlflow_di.mlflow_edge.recorded`) and judges figures measured on calibration or training
+(:mod:`~mlflow_di.mlflow_edge.gate_evidence`) and judges figures measured on calibration or training
 images only when told to.
 """
 from __future__ import annotations

@@ -41,10 +41,10 @@ def add_text_artifact(run_id: str, text: str, artifact_path: str) -> None:
 
 def latest_coverage(coverage: str | None, model_uri: str) -> str | None:
     """``coverage`` as given, or for ``latest`` the newest coverage run of the registry version
-    ``model_uri`` (:func:`~mlflow_di.mlflow_edge.recorded.latest_run`)."""
+    ``model_uri`` (:func:`~mlflow_di.mlflow_edge.gate_evidence.latest_run`)."""
     if coverage != "latest":
         return coverage
-    from mlflow_di.mlflow_edge.recorded import latest_run
+    from mlflow_di.mlflow_edge.gate_evidence import latest_run
     from mlflow_di.mlflow_edge.registry import model_version_tags
 
     return latest_run("--coverage", "coverage", "idc", model_version_tags(model_uri), model_uri)

@@ -205,7 +205,7 @@ def close_orphaned_runs(tags: dict, reason: str) -> list[str]:
 
     Returns their ids. The run keeps everything it logged; the tag ``mlflow_di.closed_by`` says why.
     """
-    from mlflow_di.mlflow_edge.recorded import experiment_ids, matching, tag_filter
+    from mlflow_di.mlflow_edge.gate_evidence import experiment_ids, matching, tag_filter
 
     client = mlflow.MlflowClient()
     ids = experiment_ids(client)
