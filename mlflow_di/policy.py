@@ -81,6 +81,8 @@ class CoveragePolicy:
     seed: int | None = _kind("integer", None)
     #: resamples of the training data behind reachable IDC's 95% interval (coverage --idc-resamples)
     idc_resamples: int | None = _kind("integer", None)
+    #: the criteria's own settings, {field: value} (coverage --criterion-setting FIELD=VALUE), e.g. kmnc_sections
+    criterion_settings: dict | None = _kind("settings", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,6 +469,11 @@ def _value(path: str, value, kind: str, source: str):
         if not _is_number(value) or not accepts(value):
             raise bad(wanted)
         return float(value)
+    if kind == "settings":
+        if not isinstance(value, dict) or not value or not all(
+                isinstance(key, str) and isinstance(item, (str, int, float, bool)) for key, item in value.items()):
+            raise bad("a mapping of setting names to values, e.g. {kmnc_sections: 100}")
+        return dict(value)
     if kind == "thresholds":
         return _thresholds(path, value, source)
     raise AssertionError(f"unknown kind {kind}")  # pragma: no cover - a field declared wrongly

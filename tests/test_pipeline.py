@@ -62,6 +62,21 @@ def test_a_bad_policy_is_one_line_naming_the_key(text, fragment):
     assert fragment in message and "\n" not in message and message.startswith("policy.yaml: ")
 
 
+def test_a_policy_sets_a_criterions_own_setting_through_the_commands_option():
+    import click
+
+    from mlflow_di.commands.pipeline import _step_arguments, command
+
+    text = GATE + "coverage: {train_data: digits, test_data: [digits], criterion_settings: {kmnc_sections: %s}}\n"
+    with click.Context(command) as ctx:
+        coverage = _step_arguments(ctx, parse_policy(text % 7, "p.yaml"), "models:/m/1")["coverage"]
+        assert coverage["criterion_settings"] == (("kmnc_sections", 7),)
+        with pytest.raises(UserError, match="p.yaml: coverage.criterion_settings: .*kmnc_sections must be at least 1"):
+            _step_arguments(ctx, parse_policy(text % 0, "p.yaml"), "models:/m/1")
+    with pytest.raises(UserError, match="coverage.criterion_settings must be a mapping of setting names"):
+        parse_policy(text % "[1, 2]", "p.yaml")
+
+
 def test_a_valid_policy_round_trips_and_its_steps_get_their_commands_defaults():
     import click
 
@@ -310,7 +325,8 @@ def test_every_policy_key_has_its_command_options_default_and_range():
             if option is None:
                 continue
             assert field.default in (None, dataclasses.MISSING), f"{step}.{field.name} states a default of its own"
-            assert field.metadata["kind"] in ("text", "texts", "names", "integers", "boolean", "integer", "number")
+            assert field.metadata["kind"] in ("text", "texts", "names", "integers", "boolean", "integer", "number",
+                                              "settings")
             if field.metadata["kind"] not in ("integer", "number"):
                 continue
             for probe in PROBES:

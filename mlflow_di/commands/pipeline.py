@@ -390,6 +390,8 @@ def _converted(ctx: click.Context, command: click.Command, values: dict, where: 
         if value is None:
             continue
         param = params[key]
+        if isinstance(value, dict):  # a mapping of settings: the option's repeated FIELD=VALUE form
+            value = [f"{field}={item}" for field, item in value.items()]
         if isinstance(value, list) and not param.multiple:
             value = ",".join(str(item) for item in value)  # the option's comma-separated form
         try:
