@@ -754,7 +754,7 @@ FRAGMENTS = {
     "device-cuda-index-not-a-number": "cpu, cuda or cuda:N",
     "coverage-batch-size-zero": "--batch-size",
     "coverage-criterion-setting-no-equals": "as FIELD=VALUE",
-    "coverage-criterion-setting-undeclared": "unknown criterion setting 'margin'; no registered one declares a setting",
+    "coverage-criterion-setting-undeclared": "unknown criterion setting 'margin'; choose one of: nc_threshold, kmnc_sections",
     "inspect-hypotheses-module-absent": "no_such_module_xyz",
     "inspect-hypotheses-not-module-attribute": "MODULE:ATTRIBUTE",
     "inspect-hypotheses-repeated": "unique",
