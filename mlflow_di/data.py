@@ -460,11 +460,6 @@ def load_images(spec: str) -> ImageSet:
     base, window = _split_slice(spec)
     source, arg = _source_of(base)
     if source is None:
-        from mlflow_di.extensions import load_extensions
-
-        load_extensions()  # a process the command line did not start (a Ray worker, Python) may name an extension's source
-        source, arg = _source_of(base)
-    if source is None:
         raise UserError(f"unknown data spec '{spec}'; give one of: {spec_help()}")
     if source.argument and not arg:
         what = "a path" if source.argument in ("DIR", "FILE") else source.argument
@@ -525,8 +520,14 @@ def spec_help() -> str:
 
 
 def _source_of(base: str) -> tuple["DataSource | None", str]:
-    """The declared source a spec (without its slice) names, and its argument ('' when none)."""
+    """The declared source a spec (without its slice) names, and its argument ('' when none). A name not
+    declared imports the installed extensions first (once per process): a process the command line did not
+    start (a Ray worker, a Python caller) may name an extension's source."""
     name, _, arg = base.partition(":")
+    if name not in SOURCES:
+        from mlflow_di.extensions import load_extensions
+
+        load_extensions()
     return SOURCES.get(name), arg
 
 

@@ -111,7 +111,7 @@ class RealismPolicy(FuzzPolicy):
     exists). The budget is the gate's (``gate.realism_budget``, default L-inf <= 32 and SSIM >= 0.9, SSIM
     left out on images too small for it) unless ``max_linf``/``min_ssim`` name one here; by default the
     declared realism strategy (:data:`mlflow_di.fuzz.strategies.REALISM`) searches it, on
-    :data:`mlflow_di.fuzz.realism.REALISM_SEEDS` seeds."""
+    :data:`mlflow_di.fuzz.contract.REALISM_SEEDS` seeds."""
 
 
 @dataclasses.dataclass(frozen=True)
