@@ -1,6 +1,6 @@
 """One constraints table for a declared thing's own settings: :class:`OptionSpec`.
 
-A strategy's own options (DeepXplore's ``--dx-*``), and a registered coverage criterion's settings, are
+A strategy's own options (DeepXplore's ``--dx-*``), and every coverage criterion's settings (built-in or registered), are
 each declared once as an :class:`OptionSpec`: the command line builds its option from it
 (``commands/options.py: declared_option``), and the engine checks a value given in Python with
 :meth:`OptionSpec.check`, so the range a user meets is the same on either side and a refusal is always one

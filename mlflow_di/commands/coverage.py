@@ -43,7 +43,8 @@ IDC_RESAMPLES = 50
               default=None, help="Criteria to measure (default: IDC and every classic criterion).")
 @click.option("--criterion-setting", "criterion_settings", multiple=True, metavar="FIELD=VALUE",
               type=SettingAssignment("mlflow_di.coverage.criteria:criterion_settings", "criterion setting"),
-              help="A registered criterion's own setting (repeat for several); its declaration gives the range.")
+              help="A criterion's own setting, e.g. kmnc_sections=100 (repeat for several); its declaration gives the "
+                   "range and default.")
 @click.option("--all-inputs", is_flag=True, help="Analyse all training inputs, not only those the model classifies correctly.")
 @click.option("--reference-quirks", is_flag=True,
               help="Cluster as DeepImportance's code does (drop zeros, round centroids) instead of as the paper says.")
