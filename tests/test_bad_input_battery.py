@@ -161,6 +161,11 @@ def assets(tmp_path_factory) -> dict[str, str]:
         "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, budget: 10}\ncompress: {methods: [fp32]}\n")
     path("policy_bad_value", "policies/bad-value.yaml").write_text(
         "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, max_queries: ten}\ncompress: {methods: [fp32]}\n")
+    path("policy_out_of_range", "policies/out-of-range.yaml").write_text(
+        "gate: {thresholds: {min_idc: 0.5}}\nfuzz: {seed_data: digits, num_seeds: 0}\ncompress: {methods: [fp32]}\n")
+    path("policy_bad_criterion_setting", "policies/bad-setting.yaml").write_text(
+        "gate: {thresholds: {min_idc: 0.5}}\n"
+        "coverage: {train_data: digits, test_data: [digits], criterion_settings: {kmnc_sections: 0}}\n")
     laughs = "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
     path("policy_alias_bomb", "policies/laughs.yaml").write_text("a: &a [x,x,x,x,x,x,x,x,x]\n" + laughs)  # 9^9 values
     path("policy_recursive", "policies/recursive.yaml").write_text("gate: &g {thresholds: {min_idc: 0.5}, again: *g}\n")
@@ -541,6 +546,9 @@ CASES = [
     ("pipeline-policy-missing", ["pipeline", "--policy", "{empty_dir}/absent.yaml", "--model-uri", "models:/m/1"]),
     ("pipeline-policy-unknown-key", ["pipeline", "--policy", "{policy_unknown_key}", "--model-uri", "models:/m/1"]),
     ("pipeline-policy-bad-value", ["pipeline", "--policy", "{policy_bad_value}", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-out-of-range", ["pipeline", "--policy", "{policy_out_of_range}", "--model-uri", "models:/m/1"]),
+    ("pipeline-policy-bad-criterion-setting", ["pipeline", "--policy", "{policy_bad_criterion_setting}", "--model-uri",
+                                               "models:/m/1"]),
     ("pipeline-policy-preprocessing-unknown-key", ["pipeline", "--policy", "{policy_preprocessing_key}",
                                                    "--model-uri", "models:/m/1"]),
     # ---------------------------------------------------------------- serve (refused before any port is bound)
@@ -798,6 +806,9 @@ FRAGMENTS = {
     "serve-policy-alias-bomb": "aliases expand to more than 10,000 values",
     "pipeline-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
     "pipeline-policy-bad-value": "bad-value.yaml: fuzz.max_queries must be an integer, got 'ten'",
+    "pipeline-policy-out-of-range": "out-of-range.yaml: fuzz.num_seeds: 0 is not in the range x>=1",
+    "pipeline-policy-bad-criterion-setting": ("bad-setting.yaml: coverage.criterion_settings: criterion setting's "
+                                              "kmnc_sections must be at least 1, got 0"),
     "gate-summary-md-is-a-dir": "--summary-md",
     "serve-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
     "serve-policy-missing": "absent.yaml",
