@@ -85,7 +85,7 @@ def recipes_section(args, work: pathlib.Path) -> str:
         np.save(work / f"{model}-labels.npy", source.classifier().predict(test))
         for name, recipe in RECIPES.items():
             made = compress(source.module, source.preprocessing, "int8-static", work / model / name, calib_inputs=calib,
-                            recipe=recipe)
+                            settings=recipe)
             shutil.copyfile(made.path, work / f"{model}-{name}.onnx")
             latency[model, name] = measure(work / f"{model}-{name}.onnx")
     native = score(work, models, list(RECIPES), emulated=False)

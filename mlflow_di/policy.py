@@ -49,18 +49,15 @@ class CompressPolicy:
     max_realistic_success_rate: float | None = _kind("number", None)
     holdout_data: str | None = _kind("text", None)
     fuzz_seeds: int | None = _kind("integer", None)
-    #: int8-static's recipe and calibration (compress --recipe, --calibration, --per-tensor)
-    recipe: str | None = _kind("text", None)
-    calibration: str | None = _kind("text", None)
-    per_tensor: bool | None = _kind("boolean", None)
-    activation_symmetry: str | None = _kind("text", None)
-    weight_symmetry: str | None = _kind("text", None)
     #: which answers a bound judges (compress --semantics: host, reference or both)
     semantics: str | None = _kind("text", None)
     #: measure each export's latency, size and memory beside its source's (compress --benefit)
     benefit: bool | None = _kind("boolean", None)
     #: the runtimes each export is scored on, the first one's figures its own (compress --runtime)
     runtimes: tuple | None = _kind("names", None)
+    #: the compression methods' own options, each a key of its own in the section (``recipe: s8s8`` is
+    #: ``compress --recipe s8s8``): {field: value}, checked against the methods' declarations by the pipeline
+    method_options: dict = dataclasses.field(default_factory=dict, metadata={"kind": "method options"})
 
     @property
     def bounded(self) -> bool:
@@ -242,6 +239,7 @@ class Policy:
             out["preprocessing"] = {name: dict(fields) for name, fields in self.preprocessing}
         for step in self.steps:
             section = dataclasses.asdict(getattr(self, step))
+            section.update(section.pop("method_options", {}))  # each method's option a key of the section
             out[step] = {key: list(value) if isinstance(value, tuple) else value for key, value in section.items()}
         return out
 
@@ -387,13 +385,30 @@ def _check_ray(ray: RayPolicy, source: str) -> None:
 def _section(name: str, values, cls, source: str):
     if not isinstance(values, dict):
         raise UserError(f"{source}: {name} must be a mapping of keys, got {_shown(values)}")
-    fields = {field.name: field for field in dataclasses.fields(cls)}
+    fields = {field.name: field for field in dataclasses.fields(cls) if field.metadata["kind"] != "method options"}
+    if cls is CompressPolicy:  # each compression method's own options, as its declaration holds them
+        own = _method_options(values, fields, source)
+        values = {key: value for key, value in values.items() if key not in own}
+        return cls(**{key: _value(f"{name}.{key}", value, fields[key].metadata["kind"], source)
+                      for key, value in values.items()}, method_options=own)
     _no_unknown(values, fields, source, f"{name}.", "key")
     for field in fields.values():
         if field.default is dataclasses.MISSING and field.name not in values:
             raise UserError(f"{source}: {name}.{field.name} is required")
     return cls(**{key: _value(f"{name}.{key}", value, fields[key].metadata["kind"], source)
                   for key, value in values.items()})
+
+
+def _method_options(values: dict, fields: dict, source: str) -> dict:
+    """The compress section's keys that are not its own: the compression methods' own options (``recipe``), each
+    a value or a list of values here. Which keys the declared methods hold, and each value's range, are checked
+    by the pipeline with compress's options (a foundation does not read the engines' declarations)."""
+    own = {key: value for key, value in values.items() if key not in fields}
+    for key, value in own.items():
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(isinstance(item, (str, int, float, bool)) for item in items):
+            raise UserError(f"{source}: compress.{key} must be a value or a list of values, got {_shown(value)}")
+    return own
 
 
 def _preprocessing(values, source: str) -> tuple:
@@ -455,6 +470,10 @@ def _value(path: str, value, kind: str, source: str):
         if not isinstance(value, list) or not value or not all(_is_int(v) for v in value):
             raise bad("a list of integers")
         return tuple(value)
+    if kind == "numbers":
+        if not isinstance(value, list) or not value or not all(_is_number(v) for v in value):
+            raise bad("a list of numbers")
+        return tuple(float(v) for v in value)
     if kind == "boolean":
         if not isinstance(value, bool):
             raise bad("true or false")

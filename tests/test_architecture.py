@@ -256,7 +256,7 @@ def test_no_strategy_is_named_outside_its_engine_and_declarations():
 def test_no_compression_method_is_named_outside_its_engine():
     """Outside ``compression/`` the house asks a method's declaration what it needs (``methods_that``), so a new
     method needs no edit elsewhere. The demo alone picks, by name, the methods it shows."""
-    from mlflow_di.compression.methods import METHODS
+    from mlflow_di.compression.declarations import METHODS
 
     names = set(METHODS)
     named = [f"{path.relative_to(PACKAGE)}:{line} {text[:50]!r}"
@@ -264,6 +264,19 @@ def test_no_compression_method_is_named_outside_its_engine():
              if "compression" not in path.relative_to(PACKAGE).parts and path.name != "demo.py"
              for line, text in _code_strings(path)
              if text.strip().lower() in names or set(re.findall(r"--method[ =]([a-z0-9-]+)", text.lower())) & names]
+    assert named == []
+
+
+def test_the_compress_command_names_no_method_even_in_its_help():
+    """compress's options, help texts and checks come from the methods' declarations (their own options, which
+    method calibrates, prunes or keeps layers in float): not one method name in the command's modules, so adding a
+    method, or an option to one, is one edit in its declaration."""
+    from mlflow_di.compression.declarations import METHODS
+
+    pattern = re.compile("|".join(rf"(?<![\w-]){re.escape(name)}(?![\w-])" for name in METHODS))
+    named = [f"{name}:{number} {line.strip()[:60]!r}" for name in ("compress.py", "method_options.py")
+             for number, line in enumerate((PACKAGE / "commands" / name).read_text().splitlines(), 1)
+             if pattern.search(line)]
     assert named == []
 
 

@@ -3,12 +3,14 @@ compression methods, coverage criteria, gate checks and relative checks, model f
 A registry is parametrized as it stands when the tests are collected, so a declaration added to the product is
 checked without naming it here; each passes the checks of its kind (what its declaration promises the code that
 reads it), and every registry refuses an unknown name in one line that lists the declared ones."""
+import dataclasses
 import json
 
 import click
 import pytest
 
-from mlflow_di.compression.methods import METHODS, MethodJob
+from mlflow_di.compression.declarations import METHODS
+from mlflow_di.compression.methods import MethodJob
 from mlflow_di.coverage.criteria import CRITERION
 from mlflow_di.data import SOURCES
 from mlflow_di.errors import UserError
@@ -60,8 +62,20 @@ def test_every_strategy_makes_a_strategy_that_says_what_it_records(name):
 
 @pytest.mark.parametrize("name", _declared("method"))
 def test_every_method_says_what_it_needs_and_exports_through_one_job(name):
+    import pkgutil
+
+    from mlflow_di.commands import compress
+
     declared = METHODS[name]
-    assert declared.summary and callable(declared.export)
+    export = pkgutil.resolve_name(declared.export) if isinstance(declared.export, str) else declared.export
+    assert declared.summary and callable(export)
+    options = {param.name: param for param in compress.command.params}
+    for spec in declared.options:  # each own option is compress's --FIELD, its default inside its range
+        assert spec.field in options and options[spec.field].default == spec.default, spec.field
+        assert spec.check(spec.default, name) == spec.default
+    defaults = declared.configure()
+    assert defaults == declared.configure({spec.field: spec.default for spec in declared.options})
+    assert dataclasses.is_dataclass(defaults) and defaults.__dataclass_params__.frozen  # a typed, frozen record
     assert all(isinstance(getattr(declared, flag), bool) for flag in ("needs_calibration", "integer", "prunes",
                                                                        "selective"))
     assert declared.made_for is None or RuntimeChoice.parse(declared.made_for).runtime.name in RUNTIMES

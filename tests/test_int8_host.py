@@ -186,7 +186,7 @@ def test_on_an_emulated_cpu_without_vnni_s8s8_saturates_and_the_default_recipe_d
     test = np.asarray(load_images(f"mnist-test:{shared_dir}/data/mnist[0:2000]").images)
     for name in ("s8s8", "u8u8"):
         made = compress(model.module, model.preprocessing, "int8-static", tmp_path / name, calib_inputs=calib,
-                        recipe=RECIPES[name])
+                        settings=RECIPES[name])
         shutil.copyfile(made.path, tmp_path / f"lenet5-{name}.onnx")
     np.save(tmp_path / "lenet5-inputs.npy", model.preprocessing.apply(test).astype(np.float32))
     np.save(tmp_path / "lenet5-labels.npy", model.classifier().predict(test))

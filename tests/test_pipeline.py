@@ -280,9 +280,12 @@ def test_every_policy_field_is_an_option_of_its_steps_command():
                 "robustness": (policy.RobustnessPolicy, robustness.command), "gate": (policy.GatePolicy, gate.command)}
     for step, (section, command) in sections.items():
         options = {param.name for param in command.params}
-        fields = {field.name for field in dataclasses.fields(section)} - {"thresholds"}
+        fields = {field.name for field in dataclasses.fields(section)} - {"thresholds", "method_options"}
         assert fields - options == set(), step
+    from mlflow_di.compression.declarations import method_options
     from mlflow_di.gate import threshold_records
+
+    assert set(method_options()) <= {param.name for param in compress.command.params}  # each a key of its own
 
     assert set(threshold_records()) <= {param.name for param in gate.command.params}
 

@@ -57,7 +57,7 @@ def exported(images, tmp_path_factory):
         if key not in made:
             made[key] = compress(SmallNet(outlier, coarse).eval(), PREPROCESSING, "int8-static",
                                  tmp_path_factory.mktemp("q"),
-                                 calib_inputs=images[:64], keep_float=keep_float, recipe=RECIPES["s8s8"])
+                                 calib_inputs=images[:64], keep_float=keep_float, settings=RECIPES["s8s8"])
         return made[key]
 
     return get

@@ -6,9 +6,10 @@ version and the logged model carry lineage tags (source URI/version, method, par
 On the evaluation data each run also logs the per-class deviation (original label x compressed
 label matrix, per-class accuracy drop, ``max_class_accuracy_drop`` for the gate) and the deviation
 accuracy hides: ``disagreement_rate`` (for the gate), the flips either way, the KL divergence of
-the export's probabilities from the source's and both models' top-1/top-2 margins. An int8-static
-run logs the layer-wise quantization diagnosis (SQNR per tensor, float vs QDQ model; on the
-evaluation data and, with ``--triggers``, on a fuzz campaign's triggers); with ``--keep-float``
+the export's probabilities from the source's and both models' top-1/top-2 margins. The run of a selective
+method (one its declaration says can keep layers in float) logs the layer-wise quantization diagnosis (SQNR
+per tensor, float vs QDQ model; on the evaluation data and, with ``--triggers``, on a fuzz campaign's
+triggers); with ``--keep-float``
 or ``--auto-keep-float`` it registers an export with those layers left in float and reports the
 fully quantized export's figures next to it (``before_keep_float.*``). With
 ``--max-accuracy-drop``/``--max-disagreement-rate`` it searches for the export with the fewest
@@ -24,8 +25,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from mlflow_di.commands.options import (CommaList, ModelName, FiniteFloat, LayerNames, LazyChoice, RuntimeList,
-                                        device_option, preprocessing_option)
+from mlflow_di.commands.method_options import help_sections, method_click_options, method_settings
+from mlflow_di.commands.options import (CommaList, DeclaredOptionsCommand, FiniteFloat, LayerNames, ModelName,
+                                        RuntimeList, device_option, preprocessing_option)
+from mlflow_di.compression.declarations import method_help, methods_that
 from mlflow_di.models.runtimes import runtime_help
 
 if TYPE_CHECKING:
@@ -34,67 +37,52 @@ if TYPE_CHECKING:
     from mlflow_di.compression.selection import HeldOut, Selection
 
 
-@click.command("compress")
+@click.command("compress", cls=DeclaredOptionsCommand, sections=help_sections, declared=method_click_options)
 @click.option("--model-uri", required=True, help="Source PyTorch model (models:/NAME/VERSION, a .pt file, keras:ARCH:FILE).")
 @click.option("--method", "methods", required=True,
-              type=CommaList("mlflow_di.compression.methods:METHODS", "compression method", "METHOD"),
-              help="One or more compression methods, comma-separated.")
-@click.option("--calib-data", default=None, help="Data spec to calibrate int8-static on (e.g. mnist-train:DIR[0:500]).")
+              type=CommaList("mlflow_di.compression.declarations:METHODS", "compression method", "METHOD"),
+              help=f"One or more compression methods, comma-separated: {method_help()}.")
+@click.option("--calib-data", default=None,
+              help="Data spec the methods that need calibration calibrate on (e.g. mnist-train:DIR[0:500]).")
 @click.option("--eval-data", default=None, help="Data spec to compare accuracies on (default: --calib-data).")
 @click.option("--amount", type=FiniteFloat(0.0, 1.0, max_open=True), default=0.3, show_default=True,
-              help="Pruning fraction (prune-l1: of all weights; prune-structured: of each layer's channels).")
+              help=f"Pruning fraction, for the methods that prune ({', '.join(methods_that('prunes'))}; their "
+                   "summaries in --method say of what).")
 @click.option("--register-as", type=ModelName(), default=None, help="Registered model name (default: <source>-<method>).")
 @click.option("--keep-float", type=LayerNames(), default=None, metavar="LAYER[,LAYER...]",
-              help="int8-static: leave these layers (PyTorch module names, e.g. conv2.0) in float.")
+              help="Leave these layers (PyTorch module names, e.g. conv2.0) in float.")
 @click.option("--auto-keep-float", type=click.IntRange(0), default=0, show_default=True, metavar="K",
-              help="int8-static: leave the K layers with the lowest activation SQNR (see the report) in float.")
+              help="Leave the K layers with the lowest activation SQNR (see the report) in float.")
 @click.option("--triggers", type=click.Path(file_okay=False), default=None, metavar="CAMPAIGN_DIR",
-              help="int8-static: also diagnose the quantization layer by layer on this fuzz campaign's triggers.")
+              help="Also diagnose the quantization layer by layer on this fuzz campaign's triggers.")
 @click.option("--diagnosis-images", type=click.IntRange(0), default=256, show_default=True,
-              help="int8-static: images (the first ones) of the evaluation data and of the triggers for the "
-                   "layer-wise diagnosis; 0 skips it. Memory grows with it (all activations of a batch are kept).")
+              help="Images (the first ones) of the evaluation data and of the triggers for the layer-wise diagnosis; 0 "
+                   "skips it. Memory grows with it (all activations of a batch are kept).")
 @click.option("--max-accuracy-drop", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
-              help="int8-static (other methods ignore it): register the export with the fewest layers in float whose "
-                   "accuracy on --eval-data "
-                   "is at most this much below the source's (0.01 = 1 point); verified on --holdout-data.")
+              help="Register the export with the fewest layers in float whose accuracy on --eval-data is at most this "
+                   "much below the source's (0.01 = 1 point); verified on --holdout-data. Other methods ignore it.")
 @click.option("--max-disagreement-rate", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
-              help="int8-static: as --max-accuracy-drop, for the fraction of --eval-data images on which the export's "
-                   "top-1 differs from the source's.")
+              help="As --max-accuracy-drop, for the fraction of --eval-data images on which the export's top-1 differs "
+                   "from the source's.")
 @click.option("--max-realistic-success-rate", type=FiniteFloat(0.0, 1.0), default=None, metavar="FRACTION",
-              help="int8-static: as --max-accuracy-drop, for the fraction of --fuzz-seeds seeds on which a boundary "
-                   "search (the source's gradients, 200 queries to the export per seed) finds a trigger no pixel of "
-                   "which moves more than 32 levels from its seed.")
+              help="As --max-accuracy-drop, for the fraction of --fuzz-seeds seeds on which a boundary search (the "
+                   "source's gradients, 200 queries to the export per seed) finds a trigger no pixel of which moves "
+                   "more than 32 levels from its seed.")
 @click.option("--fuzz-seeds", type=click.IntRange(1), default=50, show_default=True, metavar="N",
               help="With --max-realistic-success-rate: the first N images of --eval-data (search) and of "
                    "--holdout-data (verification) are fuzzed against each candidate.")
 @click.option("--holdout-data", default=None, metavar="SPEC",
               help="Data spec the bounded export is verified on: images the search did not see "
                    "(e.g. mnist-test:DIR[5000:10000] with --eval-data mnist-test:DIR[0:5000]).")
-@click.option("--recipe", type=LazyChoice("mlflow_di.compression.recipes:RECIPES", "int8 recipe", in_help=False),
-              default="u8u8", show_default=True,
-              help="int8-static: element types and weight range. u8u8 (uint8 weights and activations) and the "
-                   "-reduced recipes (7-bit weights) give the same answers on every CPU; s8s8 (ONNX Runtime's x86 "
-                   "default) saturates on x86 CPUs without VNNI. A bounded search tries the others too.")
-@click.option("--calibration", type=LazyChoice("mlflow_di.compression.recipes:CALIBRATIONS", "calibration method",
-                                               in_help=False), default="minmax", show_default=True,
-              help="int8-static: how activation ranges are calibrated: minmax, entropy or percentile.")
-@click.option("--per-tensor", is_flag=True, default=False,
-              help="int8-static: one weight scale per tensor instead of per output channel.")
-@click.option("--activation-symmetry", type=click.Choice(["auto", "symmetric", "asymmetric"]), default="auto",
-              show_default=True, help="int8-static: activation ranges centred on 0 or not (auto: ONNX Runtime's "
-                                      "default, asymmetric).")
-@click.option("--weight-symmetry", type=click.Choice(["auto", "symmetric", "asymmetric"]), default="auto",
-              show_default=True, help="int8-static: weight ranges centred on 0 or not (auto: symmetric for int8 "
-                                      "weights, asymmetric for uint8).")
 @click.option("--semantics", type=click.Choice(["host", "reference", "both"]), default="host", show_default=True,
               help="Which answers a bound judges: host (ONNX Runtime's kernels on this CPU), reference (the QDQ "
                    "graph as written, the same on every CPU) or both. Both are always measured and logged.")
 @click.option("--benefit/--no-benefit", default=True, show_default=True,
               help="Measure latency (batch 1 and 64, median of 20 runs, 1 thread), throughput, size and peak "
-                   "memory of each export and of its fp32 source on this host.")
+                   "memory of each export and of its source on this host.")
 @click.option("--sensitivity", is_flag=True, default=False,
-              help="int8-static: per layer, the error of quantizing only its weights vs only its input (simulated) "
-                   "and the disagreements of an export quantizing it alone / all layers but it (two exports a layer).")
+              help="Per layer, the error of quantizing only its weights vs only its input (simulated) and the "
+                   "disagreements of an export quantizing it alone / all layers but it (two exports a layer).")
 @click.option("--runtime", "runtimes", type=RuntimeList(), default=None,
               help=f"Runtimes each export is scored on, the first one's figures as the export's own, the others' "
                    f"beside them (runtime.NAME.*): {runtime_help()}.")
@@ -102,16 +90,14 @@ if TYPE_CHECKING:
 @device_option
 def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep_float, auto_keep_float, triggers,
             diagnosis_images, preprocessing, max_accuracy_drop=None, max_disagreement_rate=None, holdout_data=None,
-            sensitivity=False, max_realistic_success_rate=None, fuzz_seeds=50, device="cpu", recipe="u8u8",
-            calibration="minmax", per_tensor=False, semantics="host", benefit=True, activation_symmetry="auto",
-            weight_symmetry="auto", runtimes=None) -> list[str]:
+            sensitivity=False, max_realistic_success_rate=None, fuzz_seeds=50, device="cpu", semantics="host",
+            benefit=True, runtimes=None, **method_values) -> list[str]:
     """Export MODEL-URI as compressed ONNX models, register each, and record lineage.
 
     Export, quantization and pruning run on the CPU; --device is where the source and the exports
     are evaluated. Returns the registered versions' URIs (for callers such as the demo)."""
     from mlflow_di.compression.export_record import CompressionSource, SourceBenefit
     from mlflow_di.compression.selection import Selection, labelled_split, source_probabilities
-    from mlflow_di.compression.recipes import recipe_from_options
     from mlflow_di.data import load_images
     from mlflow_di.fuzz import load_campaign
     from mlflow_di.mlflow_edge import registry
@@ -130,7 +116,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
     source = load_torch_model(resolved, preprocessing)
     graph = str(resolved.path) if resolved.format.graph else None
     keep_float = _kept_float(source, methods, keep_float, auto_keep_float)
-    int8 = recipe_from_options(recipe, calibration, per_tensor, activation_symmetry, weight_symmetry)
+    settings = method_settings(methods, method_values)
     prepare = source.preprocessing.prepare  # lazy: resized per batch if the model says so
     raw_calib = load_images(calib_data) if calib_data else None
     raw_eval = load_images(eval_data) if eval_data else raw_calib
@@ -150,7 +136,7 @@ def command(model_uri, methods, calib_data, eval_data, amount, register_as, keep
         if bounds is not None or sensitivity else ()
     selection = Selection(tuple(keep_float or ()), auto_keep_float, diagnosis_images, trigger_images=trigger_images,
                           triggers_folder=triggers, graph=graph, bounds=bounds, sensitivity=sensitivity,
-                          fuzz_seeds=fuzz_seeds, splits=splits, recipe=int8, semantics=semantics, benefit=benefit,
+                          fuzz_seeds=fuzz_seeds, splits=splits, settings=settings, semantics=semantics, benefit=benefit,
                           held_out=held_out, runtimes=tuple(runtimes or ()))
     with tempfile.TemporaryDirectory(prefix="mlflow-di-compress-") as scratch:
         compressed = CompressionSource(source, ref, source_tags, lineage=_lineage(ref, source_tags), probabilities=original,
@@ -182,7 +168,6 @@ def _registered(outcomes: list) -> list[str]:
 def _check_options(methods, calib_data, register_as, keep_float, auto_keep_float, triggers, sensitivity,
                    diagnosis_images) -> None:
     """One-line UserErrors for options that do not go together."""
-    from mlflow_di.compression.methods import methods_that
     from mlflow_di.errors import UserError
 
     calibrated = methods_that("needs_calibration", methods)
@@ -199,7 +184,7 @@ def _check_options(methods, calib_data, register_as, keep_float, auto_keep_float
 
 def _kept_float(source, methods, keep_float, auto_keep_float):
     """--keep-float's layers (``all``: every prunable layer), checked against the model."""
-    from mlflow_di.compression.methods import check_keep_float, methods_that
+    from mlflow_di.compression.methods import check_keep_float
 
     if keep_float == "all":
         from mlflow_di.compression.prune import prunable_layers
@@ -214,7 +199,6 @@ def _bounds(methods, max_accuracy_drop, max_disagreement_rate, max_realistic_suc
     """The bounds a bounded export must meet (None when none is asked for), or a UserError on a combination
     that cannot work."""
     from mlflow_di.compression.bounded import Bounds
-    from mlflow_di.compression.methods import methods_that
     from mlflow_di.errors import UserError
 
     bounds = Bounds(max_accuracy_drop, max_disagreement_rate, max_realistic_success_rate)
@@ -268,7 +252,7 @@ def _compress_one(source: CompressionSource, method: str, name: str, amount: flo
     file and figures stay in the run's artifacts)."""
     import mlflow_di
     from mlflow_di.compression.export_record import export_metrics, export_params, other_runtimes
-    from mlflow_di.compression.methods import method_declaration
+    from mlflow_di.compression.declarations import method_declaration
     from mlflow_di.mlflow_edge import models, runs
     from mlflow_di.reporting.compression_report import compression_report
 
@@ -349,7 +333,7 @@ def _export_keeping_search(log, source, method, calib, evaluation, amount, scrat
 
 
 def _benefit(baseline: SourceBenefit, result):
-    """The export's :class:`~mlflow_di.models.benefit.Comparison` with its fp32 source, or None (with a
+    """The export's :class:`~mlflow_di.models.benefit.Comparison` with its source, or None (with a
     warning) when it could not be measured."""
     from mlflow_di.errors import UserError
 

@@ -19,19 +19,21 @@ import click
 class SectionedCommand(click.Command):
     """A command whose ``--help`` lists some options under headings of their own after the general
     ones, so options that apply only in one mode (one strategy's settings, Ray's) stand apart.
-    ``sections``: (heading, predicate on the click parameter) pairs, in the order shown."""
+    ``sections``: (heading, predicate on the click parameter) pairs, in the order shown, or a function
+    giving them when help is shown (headings read from live declarations)."""
 
     def __init__(self, *args, sections=(), **kwargs):
         super().__init__(*args, **kwargs)
-        self.sections = tuple(sections)
+        self.sections = sections if callable(sections) else tuple(sections)
 
     def format_options(self, ctx, formatter):
-        general, grouped = [], {heading: [] for heading, _ in self.sections}
+        sections = tuple(self.sections()) if callable(self.sections) else self.sections
+        general, grouped = [], {heading: [] for heading, _ in sections}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is None:
                 continue
-            heading = next((heading for heading, belongs in self.sections if belongs(param)), None)
+            heading = next((heading for heading, belongs in sections if belongs(param)), None)
             (grouped[heading] if heading else general).append(record)
         with formatter.section("Options"):
             formatter.write_dl(general)
@@ -39,6 +41,29 @@ class SectionedCommand(click.Command):
             if records:
                 with formatter.section(heading):
                     formatter.write_dl(records)
+
+
+class DeclaredOptionsCommand(SectionedCommand):
+    """A command whose options are its own and those its declarations hold (``declared``: a function giving
+    click options, e.g. every compression method's own), read when the options are: a method registered after
+    the command was built brings its options, and ``params`` (help, parsing, ``ctx.invoke``'s defaults, the
+    policy's checks) always lists them."""
+
+    def __init__(self, *args, declared, **kwargs):
+        self._declared, self._own, self._listed, self._names = declared, [], [], None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def params(self) -> list:
+        options = self._declared()
+        names = [option.name for option in options]
+        if names != self._names:  # one list while the declarations stay the same: click appends to it and pops
+            self._listed, self._names = [*self._own, *options], names
+        return self._listed
+
+    @params.setter
+    def params(self, value) -> None:
+        self._own, self._names = list(value), None
 
 
 def stacked(options: list):
@@ -50,13 +75,18 @@ def stacked(options: list):
     return decorate
 
 
-def declared_option(prefix: str, spec):
-    """The click option of one of a fuzz strategy's own options (an ``OptionSpec`` of its declaration,
-    :mod:`mlflow_di.fuzz.contract`): ``--PREFIX-FIELD``, parameter ``PREFIX_FIELD``, default None (the
-    strategy's own default applies)."""
-    flag = f"--{prefix}-{spec.field.replace('_', '-')}"
+def declared_option(prefix: str | None, spec):
+    """The click option of a declared setting (an ``OptionSpec``). A fuzz strategy's own option
+    (:mod:`mlflow_di.fuzz.contract`) has its ``prefix``: ``--PREFIX-FIELD``, parameter ``PREFIX_FIELD``, default
+    None (the strategy's own default applies). A compression method's (``prefix`` None) is ``--FIELD``,
+    parameter ``FIELD``, with the declared default, shown."""
+    dashed = spec.field.replace('_', '-')
+    flag = f"--{prefix}-{dashed}" if prefix else f"--{dashed}"
+    name = f"{prefix}_{spec.field}" if prefix else spec.field
+    default = {} if prefix else {"default": spec.default, "show_default": spec.default is not None}
     if spec.kind == "flag":
-        return click.option(f"{flag}/--{prefix}-no-{spec.field.replace('_', '-')}", default=None, help=spec.help)
+        negative = f"--{prefix}-no-{dashed}" if prefix else f"--no-{dashed}"
+        return click.option(f"{flag}/{negative}", name, help=spec.help, **({"default": None} | default))
     kinds = {
         "float": lambda: FiniteFloat(spec.low, spec.high, min_open=spec.open[0], max_open=spec.open[1]),
         "int": lambda: click.IntRange(spec.low, spec.high),
@@ -67,8 +97,16 @@ def declared_option(prefix: str, spec):
     if spec.kind not in kinds:
         raise ValueError(f"unknown option kind '{spec.kind}' of {flag}")
     metavar = spec.metavar if spec.kind != "pair" else None
-    return click.option(flag, f"{prefix}_{spec.field}", type=kinds[spec.kind](), default=None, help=spec.help,
+    return click.option(flag, name, type=kinds[spec.kind](), help=spec.help, **({"default": None} | default),
                         **({"metavar": metavar} if metavar else {}))
+
+
+def option_of(decorator) -> click.Option:
+    """The click option a ``click.option`` decorator adds, as a parameter of its own (a command's declared ones)."""
+    def bare():
+        """Holds the option while it is built."""
+    decorator(bare)
+    return bare.__click_params__[0]
 
 
 def declared_options(declarations):

@@ -308,6 +308,8 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
 
     commands = {"compress": compress.command, "coverage": coverage.command, "fuzz": fuzz.command,
                 "realism": fuzz.command, "robustness": robustness.command, "gate": gate.command}
+    if policy.compress is not None:
+        _check_method_option_keys(policy.compress, policy.source)
     steps = {}
     for step in policy.steps:
         section = policy.to_dict()[step]
@@ -338,10 +340,26 @@ def _step_arguments(ctx: click.Context, policy, model_uri: str) -> dict[str, dic
     return steps
 
 
+def _check_method_option_keys(compress, source: str) -> None:
+    """A one-line UserError for a compress key that is neither the section's own nor a declared method's option
+    (before the values are converted by those options)."""
+    import dataclasses
+
+    from mlflow_di.compression.declarations import method_options
+    from mlflow_di.errors import UserError
+    from mlflow_di.policy import CompressPolicy
+
+    declared = method_options()
+    for key in compress.method_options:
+        if key not in declared:
+            known = [field.name for field in dataclasses.fields(CompressPolicy) if field.name != "method_options"]
+            raise UserError(f"{source}: unknown key compress.{key}; known: {', '.join([*known, *declared])}")
+
+
 def _check_methods_take_the_policy(compress, source: str) -> None:
     """What the compression methods' declarations need of the compress section, before any step: calibration
     data for a method that calibrates, and a selective method for the bounds (one line naming the key)."""
-    from mlflow_di.compression.methods import methods_that
+    from mlflow_di.compression.declarations import methods_that
     from mlflow_di.errors import UserError
 
     calibrated = methods_that("needs_calibration", compress.methods)

@@ -568,7 +568,7 @@ def bounded_int8_static(module, preprocessing, calib_inputs, target: BoundedTarg
                 fp32.append(float_export(module, preprocessing, out_dir / "fp32.onnx", graph=graph))
             exports[key] = compress(module, preprocessing, "int8-static", out_dir / f"candidate-{len(exports)}",
                                     calib_inputs=calib_inputs, keep_float=list(kept), exported=fp32[0],
-                                    recipe=recipes[recipe_name])
+                                    settings=recipes[recipe_name])
         return exports[key]
 
     def measure_on(split: LabelledSplit):

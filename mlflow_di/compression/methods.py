@@ -1,18 +1,8 @@
 """One entry point for every compression method: PyTorch module in, ONNX file + what was done out.
 
-=====================  ==================================================================
-``fp32``               plain ONNX export (the reference the others are compared with)
-``int8-static``        ONNX Runtime static QDQ 8-bit, per-channel weights, calibrated activations (a recipe)
-``int8-dynamic``       ONNX Runtime dynamic int8 (int8 weights, run-time activation ranges)
-``prune-l1``           global unstructured L1 magnitude pruning of Conv/Linear weights, then export
-``prune-structured``   L1 output-channel pruning (all but the logit layer), then export
-``int8-nncf``          NNCF's post-training int8 for OpenVINO (QDQ ONNX, scored on OpenVINO too)
-=====================  ==================================================================
-
-Each method is a :class:`MethodDeclaration`: what it needs and what it is (calibration data, integer
-kernels, a pruning amount, layers it can keep in float) and its ``export`` function. ``mlflow-di
-compress`` asks the declaration and names no method; :func:`register_method` adds one (a module and its
-declaration, no edit in ``commands/``).
+:func:`compress` runs a declared method (:mod:`mlflow_di.compression.declarations`, which lists them and their
+options) on a :class:`MethodJob`; this module holds the built-in methods' ``export`` functions, which the
+declarations name, and what they share (the fp32 graph they start from, the export facts worth recording).
 """
 from __future__ import annotations
 
@@ -32,46 +22,27 @@ from mlflow_di.compression.export import OnnxExport, compression_metadata, expor
 from mlflow_di.compression.nncf_int8 import quantize_with_nncf
 from mlflow_di.compression.onnx_ops import assert_linear_layers_quantized
 from mlflow_di.compression.prune import prunable_layers, prune_l1, prune_structured
-from mlflow_di.compression.recipes import recipe as default_recipe
 from mlflow_di.compression.quantize import (
     excluded_nodes,
     quantize_int8_dynamic,
     quantize_int8_static,
     require_calibration_inputs,
 )
+from mlflow_di.compression.declarations import (  # noqa: F401 - the declarations' names, where callers met them first
+    METHODS,
+    MethodDeclaration,
+    check_method,
+    method_declaration,
+    methods_that,
+    register_method,
+    unregister_method,
+)
 from mlflow_di.errors import UserError
-from mlflow_di.registry import Registry
 from mlflow_di.results_json import JsonRoundTrip
 from mlflow_di.data import LazyImages
 from mlflow_di.models.preprocessing import ModelInputs, Preprocessing
 
 PRUNE_L1_SCOPE = "global"
-
-
-@dataclasses.dataclass(frozen=True)
-class MethodDeclaration:
-    """One compression method's contract.
-
-    ``export(job)`` does the work: ``job`` is a :class:`MethodJob` (the module, its preprocessing, the
-    output path, the calibration inputs, the pruning amount, the opset, the layers to keep in float, an
-    ONNX original's graph, an earlier fp32 export, the recipe); it returns the
-    :class:`CompressionResult` fields it determines (``params``, ``exporter``, and where they apply
-    ``sparsity``, ``quantized_ops``, ``float_path``). ``needs_calibration``: refused without calibration
-    data. ``integer``: runs integer kernels (its figures are also measured under reference semantics,
-    the QDQ graph as written, and its portability across CPUs is stated). ``prunes``: takes ``--amount``.
-    ``selective``: can keep layers in float (``--keep-float``, the layer-wise diagnosis, the bounded
-    search and its recipes). ``made_for``: the runtime its exports are made for (``openvino`` for NNCF's
-    int8), on which compress also scores them when that runtime is installed.
-    """
-
-    name: str
-    summary: str
-    export: Callable[["MethodJob"], dict]
-    needs_calibration: bool = False
-    integer: bool = False
-    prunes: bool = False
-    selective: bool = False
-    made_for: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,28 +59,7 @@ class MethodJob:
     keep_float: tuple = ()
     graph: object = None
     exported: OnnxExport | None = None
-    recipe: object = None
-
-
-def register_method(declaration: MethodDeclaration) -> MethodDeclaration:
-    """Declare a compression method: ``compress``, ``mlflow-di compress --method NAME`` and policies know it."""
-    return METHODS.register(declaration)
-
-
-def unregister_method(name: str) -> None:
-    """Forget a method declared with :func:`register_method` (tests); the built-ins stay."""
-    METHODS.unregister(name)
-
-
-def method_declaration(method: str) -> MethodDeclaration:
-    """The declaration of ``method``; a UserError listing the known methods otherwise."""
-    return METHODS.require(method, advice="known")
-
-
-def methods_that(what: str, among=None) -> list[str]:
-    """The declared methods with the flag ``what`` (``needs_calibration``, ``integer``, ``prunes``, ``selective``);
-    with ``among`` (declared method names), those of them that have it, in their order."""
-    return [name for name in (METHODS if among is None else among) if getattr(method_declaration(name), what)]
+    settings: object = None  # the method's own settings, as its declaration configures them (int8-static: a Recipe)
 
 
 @dataclasses.dataclass
@@ -146,11 +96,6 @@ def torch_model_size_bytes(module: nn.Module) -> int:
     return buffer.getbuffer().nbytes
 
 
-def check_method(method: str) -> str:
-    """``method`` if it is known, else a UserError listing the known methods."""
-    return METHODS.require(method, advice="known").name
-
-
 def check_keep_float(module: nn.Module, method: str, keep_float=(), auto_keep_float: int = 0) -> None:
     """UserError unless the layers to keep in float (module names, or a count of worst layers) fit the
     method and the model, and leave at least one layer quantized."""
@@ -183,11 +128,11 @@ def calibration_inputs(calib_inputs, preprocessing: Preprocessing) -> np.ndarray
 
 
 def compress(module: nn.Module, preprocessing: Preprocessing, method: str, out_dir, calib_inputs=None,
-             **settings) -> CompressionResult:
+             **job_fields) -> CompressionResult:
     """Compress ``module`` with ``method`` into ``out_dir/<method>.onnx``.
 
     ``calib_inputs`` (int8-static only) are raw uint8 NHWC images (an array or lazy images, read and
-    preprocessed one calibration batch at a time) or preprocessed float inputs. ``settings``: the other
+    preprocessed one calibration batch at a time) or preprocessed float inputs. ``job_fields``: the other
     :class:`MethodJob` fields, declared there with their defaults: ``amount`` is the pruning fraction
     (prune-l1: of all weights, prune-structured: of each layer's output channels), ``opset``. The ONNX file
     carries the preprocessing and a ``mlflow_di.compression`` metadata entry with the method and its
@@ -197,11 +142,15 @@ def compress(module: nn.Module, preprocessing: Preprocessing, method: str, out_d
     methods then start from that graph itself instead of an export of the view; pruning prunes the view's
     weights and exports it. ``exported``: an fp32 export of ``module`` made earlier (:func:`float_export`)
     that fp32 and the int8 methods copy instead of exporting again (a search that quantizes one model many
-    times exports it once). ``recipe`` (int8-static): a :class:`~mlflow_di.compression.recipes.Recipe`
-    (None: the default, which does not saturate on any CPU).
+    times exports it once). ``settings``: the method's own settings object, as its declaration's
+    :meth:`~mlflow_di.compression.declarations.MethodDeclaration.configure` makes it (None: its options'
+    defaults; int8-static's is a :class:`~mlflow_di.compression.recipes.Recipe`, by default one that does not
+    saturate on any CPU).
     """
     declared = method_declaration(method)
-    keep_float = tuple(settings.pop("keep_float", ()))
+    keep_float = tuple(job_fields.pop("keep_float", ()))
+    if job_fields.get("settings") is None:
+        job_fields["settings"] = declared.configure()
     if keep_float and not declared.selective:
         raise UserError(f"--keep-float applies to {', '.join(methods_that('selective'))} only, not {method}")
     if not isinstance(module, nn.Module):
@@ -213,7 +162,7 @@ def compress(module: nn.Module, preprocessing: Preprocessing, method: str, out_d
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{method}.onnx"
     start = time.perf_counter()
-    fields = declared.export(MethodJob(module, preprocessing, method, path, calib, keep_float=keep_float, **settings))
+    fields = declared.run_export(MethodJob(module, preprocessing, method, path, calib, keep_float=keep_float, **job_fields))
     seconds = time.perf_counter() - start
     set_metadata(path, compression_metadata(method, fields["params"]))
     return CompressionResult(
@@ -235,7 +184,7 @@ def float_export(module, preprocessing: Preprocessing, out, opset=None, graph=No
     return export_onnx(module, preprocessing, out, opset)
 
 
-def _fp32(job: MethodJob) -> dict:
+def export_fp32(job: MethodJob) -> dict:
     export = float_export(job.module, job.preprocessing, job.path, job.opset, job.graph, job.exported)
     return {"params": export_facts(export), "exporter": export.exporter}
 
@@ -252,9 +201,21 @@ def _int8(job: MethodJob, quantize: Callable[[pathlib.Path, MethodJob], tuple[di
             "quantized_ops": assert_linear_layers_quantized(job.path, kept_float=list(job.keep_float))}
 
 
+def export_int8_static(job: MethodJob) -> dict:
+    return _int8(job, _static)
+
+
+def export_int8_dynamic(job: MethodJob) -> dict:
+    return _int8(job, _dynamic)
+
+
+def export_int8_nncf(job: MethodJob) -> dict:
+    return _int8(job, quantize_with_nncf)
+
+
 def _static(fp32_path: pathlib.Path, job: MethodJob) -> tuple[dict, dict]:
     float_path = job.path.with_name(f"{job.method}.float.onnx")
-    recipe = job.recipe or default_recipe()
+    recipe = job.settings
     keep_float = list(job.keep_float)
     quantize_int8_static(fp32_path, job.path, job.calib, recipe=recipe, float_out=float_path, keep_float=keep_float)
     params = {"format": "QDQ", **recipe.params(), "calibration_samples": int(len(job.calib))}
@@ -310,13 +271,13 @@ def export_facts(export) -> dict:
     return params
 
 
-def _prune_l1(job: MethodJob) -> dict:
+def export_prune_l1(job: MethodJob) -> dict:
     pruned = prune_l1(job.module, job.amount, scope=PRUNE_L1_SCOPE)
     params = {"amount": float(job.amount), "scope": PRUNE_L1_SCOPE, "norm": "L1", "structure": "unstructured"}
     return _pruned_export(job, pruned, params)
 
 
-def _prune_structured(job: MethodJob) -> dict:
+def export_prune_structured(job: MethodJob) -> dict:
     pruned = prune_structured(job.module, job.amount)
     params = {"amount": float(job.amount), "norm": "L1", "structure": "output channels",
               "kept_layer": prunable_layers(job.module)[-1][0]}
@@ -327,21 +288,3 @@ def _pruned_export(job: MethodJob, pruned, params: dict) -> dict:
     export = export_onnx(pruned.module, job.preprocessing, job.path, job.opset)
     params.update(export_facts(export))
     return {"params": params, "exporter": export.exporter, "sparsity": pruned.sparsity}
-
-
-#: name -> :class:`MethodDeclaration` of every declared method (iterating gives the names), live: registering
-#: one adds its name to ``--method``
-METHODS = Registry("compression method", MethodDeclaration, builtins=(
-    MethodDeclaration("fp32", "plain ONNX export (the reference the others are compared with)", _fp32),
-    MethodDeclaration("int8-static", "ONNX Runtime static QDQ 8-bit, calibrated activations (a recipe)",
-                      lambda job: _int8(job, _static), needs_calibration=True, integer=True, selective=True),
-    MethodDeclaration("int8-dynamic", "ONNX Runtime dynamic int8 (int8 weights, run-time activation ranges)",
-                      lambda job: _int8(job, _dynamic), integer=True),
-    MethodDeclaration("prune-l1", "global unstructured L1 magnitude pruning of Conv/Linear weights", _prune_l1,
-                      prunes=True),
-    MethodDeclaration("prune-structured", "L1 output-channel pruning (all but the logit layer)", _prune_structured,
-                      prunes=True),
-    MethodDeclaration("int8-nncf", "NNCF's post-training int8 for OpenVINO's CPU plugin (QDQ ONNX; the nncf extra)",
-                      lambda job: _int8(job, quantize_with_nncf), needs_calibration=True, integer=True,
-                      made_for="openvino"),
-))

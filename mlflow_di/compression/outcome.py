@@ -64,8 +64,9 @@ def export_outcome(source: TorchModel, method: str, calib: ImageSet | None, eval
     from mlflow_di.compression.methods import compress, method_declaration
 
     calib_images = calib.images if calib is not None else None
+    settings = selection.settings_of(method)
     result = compress(source.module, source.preprocessing, method, scratch / "all", calib_inputs=calib_images,
-                      amount=amount, graph=selection.graph, recipe=selection.recipe)
+                      amount=amount, graph=selection.graph, settings=settings)
     outcome = Outcome(result)
     if not method_declaration(method).selective or not selection.diagnosis_images:
         return outcome
@@ -79,11 +80,11 @@ def export_outcome(source: TorchModel, method: str, calib: ImageSet | None, eval
             [name for name, _ in prunable_layers(source.module)], scratch / "sensitivity", graph=selection.graph,
             all_int8=result))
     if selection.bounds is not None:
-        return _bounded(source, calib_images, scratch, selection, outcome)
+        return _bounded(source, calib_images, scratch, selection, outcome, recipe=settings)
     if selection.selective:
         kept = list(selection.keep_float) or outcome.diagnoses[0].worst_layers(selection.auto_keep_float)
         kept_float = compress(source.module, source.preprocessing, method, scratch / "kept-float",
-                              calib_inputs=calib_images, keep_float=kept, graph=selection.graph, recipe=selection.recipe)
+                              calib_inputs=calib_images, keep_float=kept, graph=selection.graph, settings=settings)
         outcome = dataclasses.replace(outcome, result=kept_float, before=result, kept_float=tuple(kept),
                                       auto=not selection.keep_float)
     return outcome
@@ -116,9 +117,10 @@ def _diagnosed(source: TorchModel, evaluation: ImageSet | None, selection: Selec
 
 
 def _bounded(source: TorchModel, calib_images, scratch: pathlib.Path, selection: Selection,
-             outcome: Outcome) -> Outcome:
-    """The bounded search (ties in its measured ranking broken by the evaluation data's diagnosis, worst
-    layer first): the chosen export becomes the result, the fully quantized one ``before``."""
+             outcome: Outcome, recipe) -> Outcome:
+    """The bounded search from ``recipe`` (the fully quantized export's), ties in its measured ranking broken by
+    the evaluation data's diagnosis (worst layer first): the chosen export becomes the result, the fully
+    quantized one ``before``."""
     from mlflow_di.compression.bounded import BoundedTarget, RealisticProbe, bounded_int8_static, rank_layers
     from mlflow_di.compression.prune import prunable_layers
 
@@ -129,8 +131,8 @@ def _bounded(source: TorchModel, calib_images, scratch: pathlib.Path, selection:
         if selection.bounds.max_realistic_success_rate is not None else None
     target = BoundedTarget(selection.bounds, search_split, held_out, tuple(ranking), selection.semantics, realistic)
     chosen, search = bounded_int8_static(source.module, source.preprocessing, calib_images, target, scratch / "bounded",
-                                         graph=selection.graph, first=fully_quantized, recipe=selection.recipe)
+                                         graph=selection.graph, first=fully_quantized, recipe=recipe)
     outcome = dataclasses.replace(outcome, result=chosen, search=search)
-    if search.kept_float or search.recipe != selection.recipe.name:
+    if search.kept_float or search.recipe != recipe.name:
         outcome = dataclasses.replace(outcome, before=fully_quantized, kept_float=tuple(search.kept_float))
     return outcome

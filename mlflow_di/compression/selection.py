@@ -1,5 +1,5 @@
 """What ``mlflow-di compress`` asks of every method beyond compressing everything (:class:`Selection`: layers
-kept in float, the diagnosis, the bounded search and its data, the int8 recipe, the runtimes scored on), the
+kept in float, the diagnosis, the bounded search and its data, each method's own settings, the runtimes scored on), the
 bounded search's held-out images with the source's answers (:class:`HeldOut`), and the source's
 probabilities both are measured against.
 
@@ -8,7 +8,7 @@ Frozen values: the command builds one Selection for every method. Models and ima
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from mlflow_di.models.runtimes import RuntimeChoice
 
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from mlflow_di.compression.bounded import Bounds, LabelledSplit
-    from mlflow_di.compression.recipes import Recipe
     from mlflow_di.data import ImageSet
     from mlflow_di.models.torch_model import TorchModel
 
@@ -55,8 +54,8 @@ class HeldOut:
 class Selection:
     """What a selective method does beyond compressing everything, the same for every method of a command:
     layers kept in float (named, or the worst ``auto_keep_float`` by the diagnosis), the layer-wise
-    diagnosis and its data, the bounded search and its data, the sensitivity split, the int8 recipe, and
-    whether each export's benefit is measured."""
+    diagnosis and its data, the bounded search and its data, the sensitivity split, each method's own settings
+    (int8-static's: its recipe), and whether each export's benefit is measured."""
 
     keep_float: tuple[str, ...] = ()
     auto_keep_float: int = 0
@@ -68,7 +67,7 @@ class Selection:
     sensitivity: bool = False  # the per-layer sensitivity split (compression.sensitivity)
     fuzz_seeds: int = 50  # seeds per split fuzzed against each candidate for a realistic-success bound
     splits: tuple[LabelledSplit, LabelledSplit | None] | tuple[()] = ()  # (evaluation, held-out): search, sensitivity
-    recipe: Recipe | None = None  # int8-static's recipe (None: the default)
+    settings: Mapping[str, object] = dataclasses.field(default_factory=dict)  # method -> its own settings object
     semantics: str = "host"  # which answers a bound judges: host, reference or both
     benefit: bool = True  # measure latency, size and memory of each export and its source
     held_out: HeldOut | None = None  # a bounded search's held-out data: the figures the gate judges
@@ -84,6 +83,14 @@ class Selection:
         if choice.label in {c.label for c in asked} or choice.runtime.missing():
             return self
         return dataclasses.replace(self, runtimes=(*asked, choice))
+
+    def settings_of(self, method: str):
+        """``method``'s own settings object (:meth:`~mlflow_di.compression.declarations.MethodDeclaration.configure`):
+        the one the command configured from its options, else its options' defaults."""
+        from mlflow_di.compression.declarations import method_declaration
+
+        chosen = self.settings.get(method)
+        return chosen if chosen is not None else method_declaration(method).configure()
 
     @property
     def primary_runtime(self) -> RuntimeChoice:
