@@ -113,3 +113,39 @@ def test_the_gate_entry_point_defaults_are_the_demo_policy():
     assert defaults["promote_alias"] == policy.gate.promote_alias
     assert defaults["semantics"] == (policy.gate.semantics or "host")  # the policy's, else the command's default
     assert defaults["runtime"] == (policy.gate.runtime or "")  # empty: each figure's own runtime, as the command
+
+
+def test_every_entry_point_parameter_is_its_commands_option_with_that_options_default():
+    """An MLproject parameter passes one option of its command (``--recipe {recipe}``), and where the command has a
+    default of its own the parameter's default is that default (compared after the option's own conversion), so
+    `mlflow run` and the command line cannot drift. Where the option has none (data, thresholds) the entry point
+    gives an example; the realism entry point's seeds are the realism step's own (fuzz.contract.REALISM_SEEDS)."""
+    import importlib
+    import re
+
+    import click
+    import yaml
+
+    from mlflow_di.cli import COMMANDS
+    from mlflow_di.fuzz.contract import REALISM_SEEDS
+
+    own = {("fuzz_realistic", "--num-seeds"): REALISM_SEEDS}  # the realism step's, not the fuzz command's 500
+    checked = 0
+    for name, entry in yaml.safe_load((REPO / "MLproject").read_text())["entry_points"].items():
+        words = entry["command"].split()
+        command = importlib.import_module(f"mlflow_di.commands.{COMMANDS[words[1]]}").command
+        options = {flag: param for param in command.params for flag in (*param.opts, *param.secondary_opts)}
+        for flag, value in zip(words, words[1:]):
+            placeholder = re.fullmatch(r"\{(\w+)\}", value)
+            if not flag.startswith("--") or not placeholder:
+                continue
+            assert flag in options, f"{name}: {flag} is not an option of mlflow-di {words[1]}"
+            param, spec = options[flag], entry["parameters"][placeholder.group(1)]
+            if "default" not in spec or param.required or param.default in (None, click.core.UNSET):
+                continue
+            with click.Context(command) as ctx:
+                given = param.type_cast_value(ctx, spec["default"])
+                wanted = own.get((name, flag), param.type_cast_value(ctx, param.default))
+            assert given == wanted, f"{name}: {flag} defaults to {spec['default']!r} here, {param.default!r} there"
+            checked += 1
+    assert checked > 40
