@@ -115,16 +115,18 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     seed_data = seed_data or click.get_current_context().meta.get("--seed-data")  # or its old name, --seeds
     if not seed_data:
         raise click.UsageError("Missing option '--seed-data'.")
+    ray = _RaySettings(workers, ray_address, cpus_per_worker, gpus_per_worker)
+    asked = _Asked(num_seeds, timeout, max_queries, max_linf=max_linf, min_ssim=min_ssim, batch=batch, seed=seed,
+                   resume=resume, semantics=semantics, runtime=runtime, ray=ray)
     choice = _choose(strategy, tuple(compressed), max_linf, min_ssim=min_ssim, own_options=own_options, overlap=overlap,
-                     ray=(workers, ray_address, cpus_per_worker, gpus_per_worker))
+                     ray=ray)
     models = _load(choice, original, (preprocessing_original, preprocessing_compressed), device=device,
                    semantics=semantics, overlap=overlap, runtime=runtime)
     plan = _Plan(choice, models, _seeds(choice, models, seed_data, num_seeds),
                  _folders(choice, original, out_dir, seed, resume))
     if resume:
         _extend(plan)
-    record = _run_record(plan, original, seed_data, (num_seeds, timeout, max_queries, max_linf, min_ssim, batch,
-                                                     seed, resume, workers, ray_address, semantics, runtime))
+    record = _run_record(plan, original, seed_data, asked)
     from mlflow_di.fuzz.contract import Campaign
     from mlflow_di.fuzz.runners import run
     from mlflow_di.mlflow_edge import runs
@@ -221,6 +223,33 @@ class _Plan:
 
 
 @dataclasses.dataclass(frozen=True)
+class _RaySettings:
+    """Where the searches run (``--workers``, ``--ray-address``, ``--cpus-per-worker``, ``--gpus-per-worker``)."""
+
+    workers: int
+    address: str
+    cpus_per_worker: float
+    gpus_per_worker: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """The budget and the run's settings as the options asked for them (what the run's params record)."""
+
+    num_seeds: int
+    timeout: float
+    max_queries: int
+    max_linf: int | None
+    min_ssim: float | None
+    batch: int
+    seed: int
+    resume: bool
+    semantics: str
+    runtime: object  # the --runtime choice, None: each format's own
+    ray: _RaySettings
+
+
+@dataclasses.dataclass(frozen=True)
 class _Record:
     """The run's tags and params, and per export the tags and LoggedModel the metrics go to."""
 
@@ -230,7 +259,8 @@ class _Record:
     model_ids: tuple
 
 
-def _choose(strategy: str, compressed: tuple, max_linf, min_ssim, own_options: dict, overlap, ray: tuple) -> _Choice:
+def _choose(strategy: str, compressed: tuple, max_linf, min_ssim, own_options: dict, overlap,
+            ray: _RaySettings) -> _Choice:
     """The declared strategy configured with the budget and its own options; what it refuses, in one line."""
     from mlflow_di.errors import UserError
 
@@ -246,13 +276,13 @@ def _choose(strategy: str, compressed: tuple, max_linf, min_ssim, own_options: d
     search = declared.configure(declaration, {"max_linf": max_linf, "min_ssim": min_ssim},
                                    {name[len(prefix):]: value for name, value in own_options.items()
                                     if name.startswith(prefix)})
-    declaration.refuse(overlap=overlap, workers=ray[0])
-    return _Choice(declaration, search, compressed, _executor(*ray))
+    declaration.refuse(overlap=overlap, workers=ray.workers)
+    return _Choice(declaration, search, compressed, _executor(ray))
 
 
-def _executor(workers: int, address: str, cpus: float, gpus: float):
+def _executor(ray: _RaySettings):
     """None (search in this process) for ``--workers 0``, else the Ray executor; Ray missing is one line."""
-    if not workers:
+    if not ray.workers:
         return None
     import importlib.util
 
@@ -261,7 +291,8 @@ def _executor(workers: int, address: str, cpus: float, gpus: float):
 
     if importlib.util.find_spec("ray") is None:
         raise UserError("--workers needs Ray: pip install 'mlflow-di[ray]' (or run with --workers 0)")
-    return RayExecutor(workers=workers, address=address, cpus_per_worker=cpus, gpus_per_worker=gpus)
+    return RayExecutor(workers=ray.workers, address=ray.address, cpus_per_worker=ray.cpus_per_worker,
+                       gpus_per_worker=ray.gpus_per_worker)
 
 
 def _load(choice: _Choice, original: str, preprocessing: tuple, device, semantics: str, overlap,
@@ -383,14 +414,12 @@ def _extend(plan: _Plan) -> None:
                    f"{grown_from})")
 
 
-def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> _Record:
+def _run_record(plan: _Plan, original: str, seed_data: str, asked: _Asked) -> _Record:
     """The run's tags (the models fuzzed, the campaign folder, the budget searched inside) and params."""
     from mlflow_di.fuzz.realism import SSIM_RADIUS
     from mlflow_di.mlflow_edge import registry, runs
 
-    choice, models = plan.choice, plan.models
-    (num_seeds, timeout, max_queries, max_linf, min_ssim, batch, seed, resume, workers, ray_address, semantics,
-     runtime) = settings
+    choice, models, resume = plan.choice, plan.models, asked.resume
     campaign_tag = {"mlflow_di.campaign": str(plan.folders.folder.resolve())}
     if resume:
         closed = runs.close_orphaned_runs(campaign_tag, "a later --resume of the same campaign")
@@ -407,13 +436,14 @@ def _run_record(plan: _Plan, original: str, seed_data: str, settings: tuple) -> 
     if len(choice.compressed) == 1:
         tags.update(compressed_tags[0])
     model_ids = tuple(registry.logged_model_id(uri) for uri in choice.compressed)  # the models the gate judges
-    params = {"original": original, "seed_data": seed_data, "num_seeds": len(plan.seeds.seeds), "timeout": timeout,
-              "max_queries": max_queries, "strategy": choice.declaration.name, "max_linf": max_linf,
-              "min_ssim": min_ssim, "batch": batch, "seed": seed, "resume": resume,
-              "original_runs_on": models.original_classifier.provider, "workers": workers,
-              **({"ray_address": ray_address} if workers else {}), "mutations_on": str(models.mutations_on or "cpu"),
-              "overlap": models.overlapping, "semantics": semantics, **choice.declaration.own_options(choice.search),
-              **({"runtime": runtime.label} if runtime is not None else {})}
+    params = {"original": original, "seed_data": seed_data, "num_seeds": len(plan.seeds.seeds), "timeout": asked.timeout,
+              "max_queries": asked.max_queries, "strategy": choice.declaration.name, "max_linf": asked.max_linf,
+              "min_ssim": asked.min_ssim, "batch": asked.batch, "seed": asked.seed, "resume": resume,
+              "original_runs_on": models.original_classifier.provider, "workers": asked.ray.workers,
+              **({"ray_address": asked.ray.address} if asked.ray.workers else {}),
+              "mutations_on": str(models.mutations_on or "cpu"), "overlap": models.overlapping,
+              "semantics": asked.semantics, **choice.declaration.own_options(choice.search),
+              **({"runtime": asked.runtime.label} if asked.runtime is not None else {})}
     return _Record(tags, params, compressed_tags, model_ids)
 
 
