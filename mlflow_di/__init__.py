@@ -5,10 +5,10 @@ gives a black-box classifier with ``predict_proba(images)`` on raw uint8 NHWC im
 :func:`load_torch_model` gives white-box access to a PyTorch model. They are imported on first
 use, so ``import mlflow_di`` (and the command line's ``--help``) stays fast.
 """
-import importlib
 import os
 
 from mlflow_di import _compat
+from mlflow_di.lazy_names import lazy_names
 
 _compat.install_torchvision_guard()  # before anything can import torchvision (zennit does)
 # OpenMP's worker threads spin while they wait by default; on a busy machine that spinning is charged to
@@ -23,8 +23,4 @@ _PUBLIC = {"ImageSet": "mlflow_di.data", "load_images": "mlflow_di.data", "UserE
            "load_classifier": "mlflow_di.models.loading", "load_torch_model": "mlflow_di.models.loading"}
 __all__ = [*_PUBLIC, "__version__"]
 
-
-def __getattr__(name: str):
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'mlflow_di' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _PUBLIC)

@@ -10,7 +10,7 @@ layers kept in float, the bounded search), :mod:`.export_record` (that export's 
 The names below are imported when first used, so that reading the methods' declarations (``mlflow-di
 compress --help``) does not import torch.
 """
-import importlib
+from mlflow_di.lazy_names import lazy_names
 
 _EXPORTS = {
     **{name: "export" for name in ("COMPRESSION_METADATA_KEY", "OnnxExport", "export_onnx", "read_preprocessing")},
@@ -24,10 +24,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'mlflow_di.compression' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"mlflow_di.compression.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _EXPORTS)

@@ -9,7 +9,7 @@ runner), :mod:`.results` and :mod:`.store` (records, summary, output directory).
 MLflow. The names below are imported when first used, so that reading the strategy declarations
 (``mlflow-di fuzz --help``) does not import the engines.
 """
-import importlib
+from mlflow_di.lazy_names import lazy_names
 
 _EXPORTS = {
     "run_campaign": "campaign", "DFlare": "dflare", "DiffChaser": "diffchaser", "load_campaign": "store",
@@ -22,10 +22,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'mlflow_di.fuzz' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"mlflow_di.fuzz.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _EXPORTS)
