@@ -78,6 +78,26 @@ def test_resume_keeps_finished_seeds_and_matches_one_run(pair, tmp_path):
     assert [strip(r) for r in resumed.records] == [strip(r) for r in whole.records]
 
 
+def test_the_fallbacks_of_many_seeds_together_query_what_each_queries_alone(pair, monkeypatch):
+    """The DFlare fallbacks of the seeds the walks leave run together, one batched call of each model per step;
+    each search sees only its own rows, so every seed's record is the one it gets with its fallback alone
+    (FALLBACK_BATCH 1, the walk as it was), seconds aside."""
+    from mlflow_di.fuzz import boundary
+
+    original, compressed = pair
+    seeds = load_images("digits[1300:1324]")
+    strategy = BoundaryWalk(constraint=Constraint(max_linf=6), restarts=0)  # tight: most seeds reach the fallback
+    together = run_boundary(original, compressed, seeds, strategy, max_queries=80, progress=False)
+    monkeypatch.setattr(boundary, "FALLBACK_BATCH", 1)
+    alone = run_boundary(original, compressed, seeds, strategy, max_queries=80, progress=False)
+    strip = lambda r: (r.index, r.stop, r.queries, r.original_passes, r.operators, r.operator_counts,  # noqa: E731
+                       r.trigger_labels, r.trigger_distances)
+    assert [strip(r) for r in together.records] == [strip(r) for r in alone.records]
+    fallen = [r for r in together.records if "dflare" in r.operator_counts]
+    assert len(fallen) >= 8 and any(r.success for r in fallen), [r.operator_counts for r in together.records]
+    assert all(r.seconds > 0 for r in fallen)  # each charged its own work and its share of the calls
+
+
 def test_a_seed_too_small_for_ssim_and_a_bad_step_are_one_line(pair):
     original, compressed = pair
     with pytest.raises(UserError, match="--min-ssim needs images of at least 11x11"):

@@ -39,14 +39,16 @@ models say label c) the search:
    the budget (1 by default: on the LeNet-5 pair under SSIM >= 0.9 it found one more seed than
    none, at fewer queries per trigger; the benchmark's slow, strong "oracle" uses 8), and finally,
    with the queries left, runs DFlare under the same budget (``fallback``): the walk and DFlare
-   find different seeds. A trigger's ``operators`` name the phase that found it: ``walk``,
-   ``restart`` or ``dflare:<mutation>``.
+   find different seeds. The seeds are walked one at a time; the fallbacks of the seeds a chunk's
+   walks left then run together, one batched call of each model per step, each search seeing only
+   its own answers (:meth:`_Walker.fallbacks`; benchmarks/RESULTS.md, bench_boundary_fallback). A
+   trigger's ``operators`` name the phase that found it: ``walk``, ``restart`` or ``dflare:<mutation>``.
 
 ``queries`` counts images sent to the compressed model; ``original_passes`` (per seed) counts the
 original's forward passes plus backward passes, always reported apart. ``timeout`` is CPU
-seconds per seed, all threads of the process (:mod:`mlflow_di.fuzz.charge`; seeds run one after another, in an order
-shuffled by the campaign's seed). Measured on the DFlare LeNet pairs:
-benchmarks/RESULTS.md, bench_boundary.
+seconds per seed (:mod:`mlflow_di.fuzz.charge`): during its walks, all threads of the process (seeds walk one
+after another, in an order shuffled by the campaign's seed); during the fallback, its own search steps and its
+share of each batched call. Measured on the DFlare LeNet pairs: benchmarks/RESULTS.md, bench_boundary.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ import numpy as np
 
 from mlflow_di.data import ImageSet
 from mlflow_di.errors import UserError
-from mlflow_di.fuzz.charge import process_seconds
+from mlflow_di.fuzz.charge import process_seconds, search_clock
 from mlflow_di.fuzz.contract import DEFAULT_MAX_QUERIES, DEFAULT_TIMEOUT, Campaign
 from mlflow_di.fuzz.realism import SSIM_RADIUS, SSIM_WINDOW, Constraint, distances, local_ssim, ssim_pixel_cost
 from mlflow_di.fuzz.results import CampaignConfig, CampaignResult, RunStats, SeedRecord, Stop
@@ -67,6 +69,9 @@ from mlflow_di.progress import BudgetProgress, budget_share
 
 #: the margin of the step's SSIM over the bound within which the step keeps off SSIM's downhill side
 SSIM_GUARD = 0.02
+#: the most seeds whose DFlare fallbacks advance together: one batched call of each model per step, as
+#: wide as the lockstep runner's default --batch
+FALLBACK_BATCH = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +174,9 @@ def _walk_one(campaign: Campaign, compressed, out_dir) -> CampaignResult:
 
 
 def _walk_seeds(walker: "_Walker", session: CampaignSession, seeds: ImageSet, progress: bool) -> tuple[dict, dict]:
-    """Every seed the session has not finished, one at a time; ({index: record}, {index: (trigger, seed)}) of
-    this run. Ctrl-C ends the walk: the seeds finished so far are kept."""
+    """Every seed the session has not finished: walked one at a time, then the fallbacks of those the walks left,
+    together (up to :data:`FALLBACK_BATCH`); ({index: record}, {index: (trigger, seed)}) of this run. Ctrl-C ends
+    the walk: the seeds finished so far are kept."""
     config, done = walker.config, session.done
     records: dict[int, SeedRecord] = {}
     images: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -180,25 +186,40 @@ def _walk_seeds(walker: "_Walker", session: CampaignSession, seeds: ImageSet, pr
     # seeds finished so far are a fair sample for the progress estimate: data sets are often ordered
     # (on MNIST test [9000:9100] the last 50 seeds hold 22 of the 28 fruitless seeds under L-inf 32)
     todo = np.random.default_rng(config.seed).permutation([i for i in range(len(seeds)) if i not in done])
+
+    def finished(record: SeedRecord, trigger, image: np.ndarray, wall: float) -> None:
+        records[record.index] = record
+        if trigger is not None:
+            images[record.index] = (trigger, image)
+        session.append(record, trigger, image)
+        bar.finish(budget_share(record.queries, record.seconds, config.max_queries, config.timeout),
+                   trigger is not None, wall)
+        bar.show()
+
     try:
         for start in range(0, len(todo), SEED_BATCH):
             chunk = todo[start:start + SEED_BATCH].astype(np.int64)
             indices = np.sort(chunk)  # read in index order (a lazy set reads its files in order)
             batch = np.asarray(seeds.images[indices])
             p_original, p_compressed = _answers(walker, batch)
-            for index in chunk:  # searched in the shuffled order
+            pending = []
+            for index in chunk:  # walked in the shuffled order
                 row = int(np.searchsorted(indices, index))
                 wall = time.perf_counter()  # the estimate of the time left is wall-clock; the budget is not
-                record, trigger = walker.search(int(index), int(seeds.labels[index]), batch[row],
-                                                p_original[row], p_compressed[row])
+                outcome = walker.search(int(index), int(seeds.labels[index]), batch[row], p_original[row],
+                                        p_compressed[row])
                 wall = time.perf_counter() - wall
-                records[record.index] = record
-                if trigger is not None:
-                    images[record.index] = (trigger, batch[row])
-                session.append(record, trigger, batch[row])
-                bar.finish(budget_share(record.queries, record.seconds, config.max_queries, config.timeout),
-                           trigger is not None, wall)
-                bar.show()
+                if isinstance(outcome, _Pending):
+                    pending.append((outcome, batch[row], wall))
+                else:
+                    finished(*outcome, batch[row], wall)
+            for first in range(0, len(pending), FALLBACK_BATCH):  # their fallbacks together, in that order
+                group = pending[first:first + FALLBACK_BATCH]
+                wall = time.perf_counter()
+                outcomes = walker.fallbacks([waiting for waiting, _, _ in group])
+                share = (time.perf_counter() - wall) / len(group)
+                for (_, image, walked), outcome in zip(group, outcomes):
+                    finished(*outcome, image, walked + share)
     except KeyboardInterrupt:
         bar.write(f"interrupted: {len(records)} seeds finished in this run are saved; "
                   f"{len(todo) - len(records)} not finished")
@@ -265,7 +286,8 @@ def _uint8(image: np.ndarray) -> np.ndarray:
 
 
 class _Walker:
-    """One seed at a time: the walks, the bisection at each crossing, the fallback."""
+    """The walks and the bisection at each crossing, one seed at a time (:meth:`search`); then the fallbacks of
+    the seeds the walks left, together (:meth:`fallbacks`)."""
 
     def __init__(self, original, compressed, strategy: BoundaryWalk, config: CampaignConfig):
         from mlflow_di.fuzz.deepxplore import float64_copy
@@ -290,7 +312,9 @@ class _Walker:
 
     # one seed ------------------------------------------------------------------------------------
     def search(self, index: int, label: int, image: np.ndarray, p_original: np.ndarray,
-               p_compressed: np.ndarray) -> tuple[SeedRecord, np.ndarray | None]:
+               p_compressed: np.ndarray) -> tuple[SeedRecord, np.ndarray | None] | _Pending:
+        """The walks of one seed: its record and trigger (None without) when they finish it, else, when the
+        fallback is on and budget is left, the seed paused for :meth:`fallbacks`."""
         seed = _SeedState(index, label, image, p_original, p_compressed, process_seconds())
         c = int(p_original.argmax())
         if int(p_compressed.argmax()) != c:
@@ -308,10 +332,13 @@ class _Walker:
                               phase="restart")
             if stop is not None:
                 return seed.finish(stop, self)
-        if self.strategy.fallback:
-            stop = self._fallback(seed, budget)
-            if stop is not None:
-                return seed.finish(stop, self)
+        if self.strategy.fallback and not self._out_of_queries(seed) and not self._out_of_time(seed):
+            seed.pause()  # its clock stops here: the fallback charges it its own work
+            return _Pending(seed, budget)
+        return self._unfinished(seed)
+
+    def _unfinished(self, seed) -> tuple[SeedRecord, None]:
+        """The record of a seed whose searches ended without a trigger: which budget ran out, or none did."""
         return seed.finish(Stop.MAX_QUERIES if self._out_of_queries(seed) else
                            Stop.TIMEOUT if self._out_of_time(seed) else Stop.CONSTRAINED, self)
 
@@ -333,7 +360,7 @@ class _Walker:
         return self.config.max_queries is not None and seed.queries >= self.config.max_queries
 
     def _out_of_time(self, seed) -> bool:
-        return process_seconds() - seed.started >= self.config.timeout
+        return seed.seconds() >= self.config.timeout
 
     def _walk(self, seed, budget: _Budget, c: int, size: float, start: np.ndarray | None = None,
               phase: str = "walk") -> Stop | None:
@@ -431,34 +458,75 @@ class _Walker:
             return True
         return False
 
-    def _fallback(self, seed, budget: _Budget) -> Stop | None:
-        """DFlare under the same budget, from the seed, with the queries and time left."""
+    def fallbacks(self, pending: list[_Pending]) -> list[tuple[SeedRecord, np.ndarray | None]]:
+        """The last phase of the seeds :meth:`search` left paused: DFlare under each seed's budget, from the seed,
+        with the queries and time each has left, the seeds' searches advanced together (one batched call of each
+        model per step). Each search sees only its own answers and has its own generator, so it queries what it
+        would alone, given a model whose answer for an image does not depend on the rest of its batch (ONNX
+        Runtime's int8-dynamic sees the other seeds' inputs, as in the lockstep runner). A seed is charged the CPU
+        time of its own search steps and its share of each call, one row's worth per input
+        (:mod:`~mlflow_di.fuzz.charge`), so its safety net means what it did alone."""
         from mlflow_di.fuzz.dflare import DFlare
 
-        strategy = DFlare(constraint=budget.constraint)
-        rng = np.random.default_rng([self.config.seed, seed.index])
-        search = strategy.start(seed.image, seed.p_original, seed.p_compressed, rng)
-        while not search.found and not search.exhausted:
-            if self._out_of_time(seed) or self._out_of_queries(seed):
-                return None
-            proposals = search.propose(limit=1)
-            if not len(proposals):
-                break
-            p_original = predict_checked(self.original_classifier, proposals, "original")
-            p_compressed = predict_checked(self.compressed, proposals, "compressed")
-            before = search.queries
-            search.observe(p_original, p_compressed)
+        searches = []
+        for waiting in pending:
+            seed, started = waiting.seed, search_clock()
+            searches.append(DFlare(constraint=waiting.budget.constraint).start(
+                seed.image, seed.p_original, seed.p_compressed, np.random.default_rng([self.config.seed, seed.index])))
+            seed.charged += search_clock() - started
+        active = list(range(len(pending)))
+        while active:
+            asking, proposals = [], []
+            for k in active:
+                seed, search = pending[k].seed, searches[k]
+                if search.found or search.exhausted or self._out_of_time(seed) or self._out_of_queries(seed):
+                    continue
+                started = search_clock()
+                proposed = search.propose(limit=1)
+                seed.charged += search_clock() - started
+                if len(proposed):
+                    asking.append(k)
+                    proposals.append(proposed)
+            if asking:
+                self._observe_all([pending[k].seed for k in asking], [searches[k] for k in asking], proposals)
+            active = asking
+        return [self._after_fallback(waiting.seed, search) for waiting, search in zip(pending, searches)]
+
+    def _observe_all(self, seeds: list, searches: list, proposals: list) -> None:
+        """Every search's proposals through both models in one call each; each search observes its own rows."""
+        inputs = np.concatenate(proposals)
+        started = process_seconds()
+        p_original = predict_checked(self.original_classifier, inputs, "original")
+        p_compressed = predict_checked(self.compressed, inputs, "compressed")
+        per_input = (process_seconds() - started) / len(inputs)
+        row = 0
+        for seed, search, proposed in zip(seeds, searches, proposals):
+            rows = slice(row, row + len(proposed))
+            started, before = search_clock(), search.queries
+            search.observe(p_original[rows], p_compressed[rows])
             used = max(search.queries - before, 1)
+            seed.charged += search_clock() - started + per_input * len(proposed)
             seed.queries += used
             seed.passes += used
             seed.counts["dflare"][0] += used
+            row += len(proposed)
+
+    def _after_fallback(self, seed, search) -> tuple[SeedRecord, np.ndarray | None]:
         if search.found:
             seed.trigger = search.trigger.copy()
             seed.trigger_probabilities = search.trigger_probabilities
             seed.counts["dflare"][1] += 1
             seed.operators.extend(f"dflare:{name}" for name in search.trigger_operators)
-            return Stop.TRIGGER
-        return None
+            return seed.finish(Stop.TRIGGER, self)
+        return self._unfinished(seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """A seed whose walks ended without a trigger, waiting for the fallback: its state and budget."""
+
+    seed: "_SeedState"
+    budget: _Budget
 
 
 class _Stall:
@@ -503,11 +571,22 @@ class _SeedState:
     trigger_probabilities: tuple | None = None
     operators: list = dataclasses.field(default_factory=list)
     counts: dict = dataclasses.field(default_factory=lambda: {"walk": [0, 0], "restart": [0, 0], "dflare": [0, 0]})
+    #: the seconds charged so far once paused (the fallback charges each seed its own work), None while it runs alone
+    charged: float | None = None
+
+    def pause(self) -> None:
+        """Stop the seed's clock: from here on it is charged explicitly (``charged``)."""
+        self.charged = process_seconds() - self.started
+
+    def seconds(self) -> float:
+        """CPU seconds charged to this seed: the process's since it started while it runs alone, then what the
+        fallback charges it."""
+        return self.charged if self.charged is not None else process_seconds() - self.started
 
     def record(self, stop: Stop) -> SeedRecord:
         record = SeedRecord(
             index=self.index, label=self.label, success=stop is Stop.TRIGGER, stop=stop, queries=self.queries,
-            seconds=process_seconds() - self.started,
+            seconds=self.seconds(),
             seed_labels=(int(self.p_original.argmax()), int(self.p_compressed.argmax())),
             seed_probabilities=top1(self.p_original, self.p_compressed),
             operators=list(self.operators) if stop is Stop.TRIGGER else [],
