@@ -386,17 +386,16 @@ def _section(name: str, values, cls, source: str):
     if not isinstance(values, dict):
         raise UserError(f"{source}: {name} must be a mapping of keys, got {_shown(values)}")
     fields = {field.name: field for field in dataclasses.fields(cls) if field.metadata["kind"] != "method options"}
+    extra = {}
     if cls is CompressPolicy:  # each compression method's own options, as its declaration holds them
-        own = _method_options(values, fields, source)
-        values = {key: value for key, value in values.items() if key not in own}
-        return cls(**{key: _value(f"{name}.{key}", value, fields[key].metadata["kind"], source)
-                      for key, value in values.items()}, method_options=own)
+        extra = {"method_options": _method_options(values, fields, source)}
+        values = {key: value for key, value in values.items() if key in fields}
     _no_unknown(values, fields, source, f"{name}.", "key")
     for field in fields.values():
         if field.default is dataclasses.MISSING and field.name not in values:
             raise UserError(f"{source}: {name}.{field.name} is required")
     return cls(**{key: _value(f"{name}.{key}", value, fields[key].metadata["kind"], source)
-                  for key, value in values.items()})
+                  for key, value in values.items()}, **extra)
 
 
 def _method_options(values: dict, fields: dict, source: str) -> dict:
@@ -470,10 +469,6 @@ def _value(path: str, value, kind: str, source: str):
         if not isinstance(value, list) or not value or not all(_is_int(v) for v in value):
             raise bad("a list of integers")
         return tuple(value)
-    if kind == "numbers":
-        if not isinstance(value, list) or not value or not all(_is_number(v) for v in value):
-            raise bad("a list of numbers")
-        return tuple(float(v) for v in value)
     if kind == "boolean":
         if not isinstance(value, bool):
             raise bad("true or false")

@@ -102,6 +102,10 @@ def test_a_policy_sets_a_methods_option_checked_by_its_declared_range(toy_method
         with pytest.raises(UserError, match="compress.step: 'fine' is not a valid float range"):
             _step_arguments(ctx, parse_policy("compress: {methods: [round-weights], step: fine}\n" + gate, "p.yaml"),
                             "models:/m/1")
+        with pytest.raises(UserError, match="^p.yaml: compress.methods is required$"):  # an option is no method
+            parse_policy("compress: {step: 0.5}\n" + gate, "p.yaml")
+        with pytest.raises(UserError, match="^p.yaml: compress.step must be a value or a list of values, got"):
+            parse_policy("compress: {methods: [round-weights], step: {fine: 1}}\n" + gate, "p.yaml")
         unregister_method(toy_method)  # undeclared, its option is an unknown key like any other
         with pytest.raises(UserError, match="^p.yaml: unknown key compress.step; known: methods, .*, weight_symmetry$"):
             _step_arguments(ctx, parse_policy("compress: {methods: [fp32], step: 0.5}\n" + gate, "p.yaml"),
