@@ -132,3 +132,16 @@ def test_options_for_a_selective_method_name_it(registered_cnn, capsys):
     assert main(["compress", "--model-uri", registered_cnn, "--method", "int8-dynamic", "--keep-float", "fc"]) == 2
     err = capsys.readouterr().err.strip()
     assert "apply to int8-static only; add it to --method (got int8-dynamic)" in err
+
+
+def test_a_methods_option_named_like_one_of_compress_own_is_refused_in_one_line():
+    from mlflow_di.commands import compress
+
+    register_method(MethodDeclaration("clash", "an option named like compress's own", _rounded_weights,
+                                      options=(OptionSpec("amount", "Clashes with --amount.", "float", default=0.5),)))
+    try:
+        with pytest.raises(UserError, match="^a declared option 'amount' is also an option of mlflow-di compress itself"):
+            compress.command.params
+    finally:
+        unregister_method("clash")
+    assert "recipe" in {param.name for param in compress.command.params}  # and the command is whole again

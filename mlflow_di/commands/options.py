@@ -58,6 +58,12 @@ class DeclaredOptionsCommand(SectionedCommand):
         options = self._declared()
         names = [option.name for option in options]
         if names != self._names:  # one list while the declarations stay the same: click appends to it and pops
+            taken = [name for name in names if name in {param.name for param in self._own}]
+            if taken:
+                from mlflow_di.errors import UserError
+
+                raise UserError(f"a declared option '{taken[0]}' is also an option of mlflow-di {self.name} itself; "
+                                "rename it in its declaration")
             self._listed, self._names = [*self._own, *options], names
         return self._listed
 
