@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from mlflow_di.compression.bounded import BoundedSearch
-    from mlflow_di.compression.methods import MethodDeclaration
+    from mlflow_di.compression.declarations import MethodDeclaration
     from mlflow_di.compression.outcome import Outcome
     from mlflow_di.compression.selection import HeldOut, Selection
     from mlflow_di.data import ImageSet
@@ -100,7 +100,7 @@ def export_metrics(method: str, name: str, original: np.ndarray | None, compress
     held-out figures; the per-class deviation tables; ``outcome`` with the host vs reference semantics line).
     ``original``: the source's probabilities on ``evaluation``; ``compressed``: the export as a classifier."""
     from mlflow_di.compression.evaluation import compare_outputs, gzip_size, semantics_comparison
-    from mlflow_di.compression.methods import method_declaration
+    from mlflow_di.compression.declarations import method_declaration
     from mlflow_di.models.classifier import OnnxClassifier
 
     result = outcome.result
@@ -179,7 +179,7 @@ def other_runtimes(selection: Selection, compressed, original, evaluation, devic
 def _held_out_metrics(held_out: HeldOut, compressed: OnnxClassifier, method: str, path, device) -> dict:
     """The export's deviation figures on the held-out data, host semantics and (integer methods) reference semantics."""
     from mlflow_di.compression.evaluation import compare_outputs
-    from mlflow_di.compression.methods import method_declaration
+    from mlflow_di.compression.declarations import method_declaration
     from mlflow_di.models.classifier import OnnxClassifier
 
     figures, _ = compare_outputs(held_out.probabilities, compressed, held_out.images)

@@ -28,15 +28,7 @@ from mlflow_di.compression.quantize import (
     quantize_int8_static,
     require_calibration_inputs,
 )
-from mlflow_di.compression.declarations import (  # noqa: F401 - the declarations' names, where callers met them first
-    METHODS,
-    MethodDeclaration,
-    check_method,
-    method_declaration,
-    methods_that,
-    register_method,
-    unregister_method,
-)
+from mlflow_di.compression.declarations import method_declaration, methods_that
 from mlflow_di.errors import UserError
 from mlflow_di.results_json import JsonRoundTrip
 from mlflow_di.data import LazyImages
@@ -47,7 +39,7 @@ PRUNE_L1_SCOPE = "global"
 
 @dataclasses.dataclass(frozen=True)
 class MethodJob:
-    """What one method is asked to do (see :class:`MethodDeclaration`)."""
+    """What one method is asked to do (see :class:`~mlflow_di.compression.declarations.MethodDeclaration`)."""
 
     module: nn.Module
     preprocessing: Preprocessing

@@ -61,7 +61,8 @@ def export_outcome(source: TorchModel, method: str, calib: ImageSet | None, eval
     triggers, split the sensitivity per layer and, when asked, export again with layers in float: the
     bounded search's choice, the named layers, or the diagnosis's worst. Raises
     :class:`~mlflow_di.compression.bounded.UnreachableBounds` when no export meets the bounds."""
-    from mlflow_di.compression.methods import compress, method_declaration
+    from mlflow_di.compression.declarations import method_declaration
+    from mlflow_di.compression.methods import compress
 
     calib_images = calib.images if calib is not None else None
     settings = selection.settings_of(method)
