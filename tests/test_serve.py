@@ -276,10 +276,14 @@ def test_a_policy_with_a_mistake_is_refused_before_any_port_is_bound(tmp_path, c
     err = capsys.readouterr().err
     import dataclasses
 
+    from mlflow_di.compression.declarations import method_options
     from mlflow_di.policy import CompressPolicy
 
-    known = ", ".join(field.name for field in dataclasses.fields(CompressPolicy))
+    # the section's own keys, then every declared method's own options (int8-static's recipe, ...)
+    known = ", ".join([*(field.name for field in dataclasses.fields(CompressPolicy) if field.name != "method_options"),
+                       *method_options()])
     assert known.startswith("methods, calib_data, eval_data, amount, ")
+    assert known.endswith(", recipe, calibration, per_tensor, activation_symmetry, weight_symmetry")
     assert code == 2 and err.splitlines() == [f"mlflow-di: error: policy.yaml: unknown key compress.amout; known: {known}"]
     assert not (tmp_path / "state").exists() and _port_is_free(port)
 
