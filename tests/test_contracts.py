@@ -21,7 +21,7 @@ from mlflow_di.models.formats import FORMATS
 from mlflow_di.models.runtimes import RUNTIMES, RuntimeChoice
 from mlflow_di.registry import Registry
 
-REGISTRIES = {"strategy": strategies._DECLARATIONS, "method": METHODS, "criterion": CRITERION, "check": CHECKS,
+REGISTRIES = {"strategy": strategies.DECLARATIONS, "method": METHODS, "criterion": CRITERION, "check": CHECKS,
               "relation": RELATIONS, "format": FORMATS, "runtime": RUNTIMES, "source": SOURCES}
 
 

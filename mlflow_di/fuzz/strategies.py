@@ -64,7 +64,9 @@ def _lockstep(name: str, summary: str, make) -> Declaration:
     return Declaration(name, summary, make, "lockstep", distributed=True, overlap=True, device_mutations=True)
 
 
-_DECLARATIONS = Registry("fuzzing strategy", Declaration, builtins=(
+#: name -> :class:`~mlflow_di.fuzz.contract.Declaration` of every declared strategy (the registry the other kinds'
+#: readers and the contract suite share; register with :func:`register`)
+DECLARATIONS = Registry("fuzzing strategy", Declaration, builtins=(
     _lockstep("dflare", "the original's log-probability margin", _dflare()),
     _lockstep("dflare-d", "no novelty", _dflare(name="dflare-d", novelty=False)),
     _lockstep("dflare-r", "random operator", _dflare(name="dflare-r", selection="uniform")),
@@ -91,34 +93,34 @@ _DECLARATIONS = Registry("fuzzing strategy", Declaration, builtins=(
 
 #: name -> factory of a strategy object with its defaults, for every declared strategy (the names
 #: ``--strategy`` accepts: registering a declaration adds its name here)
-STRATEGIES = _DECLARATIONS.view(lambda declared: declared.make)
+STRATEGIES = DECLARATIONS.view(lambda declared: declared.make)
 
 
 def register(declaration: Declaration) -> Declaration:
     """Declare a strategy: ``run``, ``mlflow-di fuzz --strategy NAME`` and its help know it from now on."""
-    return _DECLARATIONS.register(declaration)
+    return DECLARATIONS.register(declaration)
 
 
 def unregister(name: str) -> None:
     """Forget a declared strategy (tests declare toy ones); the built-ins stay."""
-    _DECLARATIONS.unregister(name)
+    DECLARATIONS.unregister(name)
 
 
 def declarations() -> list[Declaration]:
     """Every declared strategy, in declaration order."""
-    return list(_DECLARATIONS.values())
+    return list(DECLARATIONS.values())
 
 
 def declaration(name) -> Declaration:
     """The declaration of a strategy name; a one-line UserError listing the known ones otherwise."""
     if isinstance(name, Declaration):
         return name
-    return _DECLARATIONS.require(name)
+    return DECLARATIONS.require(name)
 
 
 def declaration_of(strategy: Strategy) -> Declaration | None:
     """The declaration a strategy object was made from (by its name), None for an undeclared object."""
-    return _DECLARATIONS.get(strategy.name) if isinstance(strategy, Strategy) else None
+    return DECLARATIONS.get(strategy.name) if isinstance(strategy, Strategy) else None
 
 
 def make_strategy(strategy: Strategy | str) -> Strategy:
