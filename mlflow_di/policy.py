@@ -385,9 +385,10 @@ def _check_ray(ray: RayPolicy, source: str) -> None:
 def _section(name: str, values, cls, source: str):
     if not isinstance(values, dict):
         raise UserError(f"{source}: {name} must be a mapping of keys, got {_shown(values)}")
-    fields = {field.name: field for field in dataclasses.fields(cls) if field.metadata["kind"] != "method options"}
+    declared = {field.name: field for field in dataclasses.fields(cls)}
+    fields = {key: field for key, field in declared.items() if field.metadata["kind"] != "method options"}
     extra = {}
-    if cls is CompressPolicy:  # each compression method's own options, as its declaration holds them
+    if "method_options" in declared:  # the section takes the compression methods' own options as keys of its own
         extra = {"method_options": _method_options(values, fields, source)}
         values = {key: value for key, value in values.items() if key in fields}
     _no_unknown(values, fields, source, f"{name}.", "key")

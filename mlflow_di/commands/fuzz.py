@@ -116,8 +116,8 @@ def command(original, compressed, seed_data, num_seeds, timeout, max_queries, st
     if not seed_data:
         raise click.UsageError("Missing option '--seed-data'.")
     ray = _RaySettings(workers, ray_address, cpus_per_worker, gpus_per_worker)
-    asked = _Asked(num_seeds, timeout, max_queries, max_linf=max_linf, min_ssim=min_ssim, batch=batch, seed=seed,
-                   resume=resume, semantics=semantics, runtime=runtime, ray=ray)
+    asked = _Asked(timeout, max_queries, max_linf, min_ssim=min_ssim, batch=batch, seed=seed, resume=resume,
+                   semantics=semantics, runtime=runtime, ray=ray)
     choice = _choose(strategy, tuple(compressed), max_linf, min_ssim=min_ssim, own_options=own_options, overlap=overlap,
                      ray=ray)
     models = _load(choice, original, (preprocessing_original, preprocessing_compressed), device=device,
@@ -234,9 +234,9 @@ class _RaySettings:
 
 @dataclasses.dataclass(frozen=True)
 class _Asked:
-    """The budget and the run's settings as the options asked for them (what the run's params record)."""
+    """The budget and the run's settings as the options asked for them (what the run's params record; the seeds
+    are counted as the plan holds them)."""
 
-    num_seeds: int
     timeout: float
     max_queries: int
     max_linf: int | None

@@ -111,8 +111,8 @@ def command(model_uri: str, compressed: tuple[str, ...], baseline: str | None, b
     version, source = gate_evidence.gate_subject(model_uri)
     with gate_evidence.only_runs(pinned_runs):
         found = gate_evidence.measurements(model_uri, list(compressed), resolved=(version, source), semantics=semantics,
-                                      allow_calibration_evidence=allow_calibration_evidence,
-                                      exclude=tuple(exclude_export), realism_budget=realism_budget, runtime=runtime)
+                                           allow_calibration_evidence=allow_calibration_evidence,
+                                           exclude=tuple(exclude_export), realism_budget=realism_budget, runtime=runtime)
     compared = gate_evidence.baseline(baseline, baseline_version, version) if baseline else None
     verdict = decide(model_uri, thresholds, found, compared, inconclusive_as=inconclusive)
     with version_lock(version.name, version.version, "gate", wait_s=LOCK_WAIT_S):  # one gate's record, whole

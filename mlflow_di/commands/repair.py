@@ -136,7 +136,7 @@ def _recorded_campaigns(compressed: str, spec: str) -> list[str]:
         return [spec]
     tags = registry.compressed_model_tags(compressed) if registry.registry_ref(compressed) else {}
     return gate_evidence.recorded_run_ids("--campaign", spec, "fuzz", "success_rate", tags, compressed,
-                                     max_results=1 if spec == "latest" else 1000)
+                                          max_results=1 if spec == "latest" else 1000)
 
 
 def _load_campaigns(specs) -> list:
