@@ -166,6 +166,8 @@ def assets(tmp_path_factory) -> dict[str, str]:
     path("policy_bad_criterion_setting", "policies/bad-setting.yaml").write_text(
         "gate: {thresholds: {min_idc: 0.5}}\n"
         "coverage: {train_data: digits, test_data: [digits], criterion_settings: {kmnc_sections: 0}}\n")
+    path("policy_bad_method_option", "policies/bad-recipe.yaml").write_text(
+        "gate: {thresholds: {min_idc: 0.5}}\ncompress: {methods: [int8-static], calib_data: digits, recipe: s4s4}\n")
     laughs = "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
     path("policy_alias_bomb", "policies/laughs.yaml").write_text("a: &a [x,x,x,x,x,x,x,x,x]\n" + laughs)  # 9^9 values
     path("policy_recursive", "policies/recursive.yaml").write_text("gate: &g {thresholds: {min_idc: 0.5}, again: *g}\n")
@@ -549,6 +551,8 @@ CASES = [
     ("pipeline-policy-out-of-range", ["pipeline", "--policy", "{policy_out_of_range}", "--model-uri", "models:/m/1"]),
     ("pipeline-policy-bad-criterion-setting", ["pipeline", "--policy", "{policy_bad_criterion_setting}", "--model-uri",
                                                "models:/m/1"]),
+    ("pipeline-policy-bad-method-option", ["pipeline", "--policy", "{policy_bad_method_option}", "--model-uri",
+                                           "models:/m/1"]),
     ("pipeline-policy-preprocessing-unknown-key", ["pipeline", "--policy", "{policy_preprocessing_key}",
                                                    "--model-uri", "models:/m/1"]),
     # ---------------------------------------------------------------- serve (refused before any port is bound)
@@ -565,6 +569,8 @@ CASES = [
     ("json-out-dev-full", coverage("--criteria", "nc", "--json-out", "/dev/full")),
     ("compress-recipe-unknown", ["compress", "--model-uri", "{pt}", "--method", "int8-static", "--calib-data",
                                  "digits[0:20]", "--recipe", "s4s4"]),
+    ("compress-method-option-without-its-method", ["compress", "--model-uri", "{pt}", "--method", "fp32",
+                                                   "--recipe", "s8s8"]),
     ("compress-calibration-unknown", ["compress", "--model-uri", "{pt}", "--method", "int8-static", "--calib-data",
                                       "digits[0:20]", "--calibration", "kl"]),
     ("compress-semantics-unknown", ["compress", "--model-uri", "{pt}", "--method", "int8-static", "--calib-data",
@@ -670,6 +676,7 @@ FRAGMENTS = {
     "data-npz-dev-zero": "is a device, not a regular file",
     "json-out-dev-full": "No space left on device",
     "compress-recipe-unknown": "Invalid value for '--recipe': 's4s4' is not one of 'u8u8'",
+    "compress-method-option-without-its-method": "--recipe is an option of int8-static; add it to --method (got fp32)",
     "compress-calibration-unknown": "Invalid value for '--calibration': 'kl' is not one of 'minmax'",
     "compress-semantics-unknown": "--semantics",
     "gate-min-speedup-zero": "--min-speedup",
@@ -809,6 +816,7 @@ FRAGMENTS = {
     "pipeline-policy-out-of-range": "out-of-range.yaml: fuzz.num_seeds: 0 is not in the range x>=1",
     "pipeline-policy-bad-criterion-setting": ("bad-setting.yaml: coverage.criterion_settings: criterion setting's "
                                               "kmnc_sections must be at least 1, got 0"),
+    "pipeline-policy-bad-method-option": "bad-recipe.yaml: compress.recipe: 's4s4' is not one of 'u8u8'",
     "gate-summary-md-is-a-dir": "--summary-md",
     "serve-policy-unknown-key": "unknown-key.yaml: unknown key fuzz.budget",
     "serve-policy-missing": "absent.yaml",
