@@ -259,11 +259,11 @@ class Service:
                    "for what a webhook missed")
         hooks = "webhooks at POST /webhook" if self.secret else "no webhooks (no --webhook-secret-env)"
         models = ", ".join(self.models) if self.models else "every model"
-        self.ready.set()
         where = (f"pipelines on Ray at {self.ray_address}, {self.launcher.resources} each" if self.ray_address else
                  "pipelines in subprocesses")
         self._say(f"serving {self.server.url} for {self.tracking_uri} ({models}; {polling}; {hooks}; "
                   f"{self.workers} worker(s), {where}; state {self.state})")
+        self.ready.set()  # after the line: whoever sees /health ok finds the service's settings in its log
 
     def _launcher(self):
         """Where the jobs' pipelines run: subprocesses here, or actors on the Ray cluster at ``ray_address``."""
