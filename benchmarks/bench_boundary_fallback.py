@@ -1,11 +1,13 @@
-"""The boundary walk's DFlare fallback: the seeds' fallbacks advanced together vs one seed at a time.
+"""The boundary walk's seeds together vs one at a time: its walks and its DFlare fallbacks.
 
-The walk leaves most seeds under a tight realism budget to its fallback (DFlare inside the budget, up to the
-queries left), which asks one input per step. One seed at a time, that is one model call per query; the
-fallbacks of a chunk's seeds together (``FALLBACK_BATCH``) make one batched call of each model per step.
-Both runs below are the same campaign in one process, one thread, ``FALLBACK_BATCH`` 1 (the walk as it
-was) and its default: the wall and CPU seconds, their ratio, and whether every seed's record (stop,
-queries, the original's passes, operators, trigger labels and distances; seconds aside) is the same.
+Each step of a seed's walks is one forward/backward pass of the original on its targets' few images, and the
+walk leaves most seeds under a tight realism budget to its fallback (DFlare inside the budget, up to the
+queries left), which asks one input per step. One seed at a time, that is one small model call per step; the
+walks of many seeds together (``WALK_BATCH``) make one batched pass per step, and the fallbacks of a chunk's
+seeds together (``FALLBACK_BATCH``) one batched call of each model per step. The three runs below are the same
+campaign in one process, one thread: both 1 (one seed at a time), the fallbacks together, and both together
+(the defaults): the wall and CPU seconds, their ratios, and whether every seed's record (stop, queries, the
+original's passes, operators, trigger labels and distances; seconds aside) is the same.
 
 Subject: the reference LeNet-5 (``lenet5.h5`` as ``lenet5-same``) against its int8 TFLite file, MNIST test
 seeds [9000:9040], the realism step's budget (L-inf <= 4), 2,000 queries per seed.
@@ -33,8 +35,8 @@ MAX_QUERIES = 2000
 BUDGET = Constraint(max_linf=4)
 
 
-def _run(original, compressed, seeds, fallback_batch: int):
-    boundary.FALLBACK_BATCH = fallback_batch
+def _run(original, compressed, seeds, walk_batch: int, fallback_batch: int):
+    boundary.WALK_BATCH, boundary.FALLBACK_BATCH = walk_batch, fallback_batch
     wall, cpu = time.perf_counter(), time.process_time()
     result = run_boundary(original, compressed, seeds, BoundaryWalk(constraint=BUDGET), max_queries=MAX_QUERIES,
                           progress=False)
@@ -54,20 +56,22 @@ def main() -> None:
     args = parser.parse_args()
     original, compressed = load_pair(args.shared, "lenet5")
     seeds = mlflow_di.load_images(f"mnist-test:{args.shared / 'data' / 'mnist'}[{args.seeds}]")
-    default = boundary.FALLBACK_BATCH
-    alone, alone_wall, alone_cpu = _run(original, compressed, seeds, 1)
-    together, together_wall, together_cpu = _run(original, compressed, seeds, default)
+    walks, fallbacks = boundary.WALK_BATCH, boundary.FALLBACK_BATCH
+    settings = {"one seed at a time (WALK_BATCH 1, FALLBACK_BATCH 1)": (1, 1),
+                f"fallbacks together (WALK_BATCH 1, FALLBACK_BATCH {fallbacks})": (1, fallbacks),
+                f"walks and fallbacks together (WALK_BATCH {walks}, FALLBACK_BATCH {fallbacks})": (walks, fallbacks)}
+    runs = {name: _run(original, compressed, seeds, *batches) for name, batches in settings.items()}
+    (alone, alone_wall, alone_cpu), *_, (together, _, _) = runs.values()
     fallen = sum("dflare" in r.operator_counts for r in together.records)
-    same = [_kept(r) for r in alone.records] == [_kept(r) for r in together.records]
-    lines = [BEGIN, "## The boundary walk's fallback: seeds together vs one at a time (bench_boundary_fallback)", "",
+    same = all([_kept(r) for r in result.records] == [_kept(r) for r in alone.records] for result, _, _ in runs.values())
+    lines = [BEGIN, "## The boundary walk: seeds together vs one at a time (bench_boundary_fallback)", "",
              f"LeNet-5 vs its int8 TFLite file, MNIST test [{args.seeds}] ({len(seeds)} seeds, {fallen} reach the "
-             f"fallback), L-inf <= 4, {MAX_QUERIES} queries per seed, one thread, both runs in one process. "
-             f"Triggers: {together.summary.triggers} (together), {alone.summary.triggers} (alone).", "",
-             "| fallbacks | wall s | CPU s |", "|---|---:|---:|",
-             f"| one seed at a time (FALLBACK_BATCH 1) | {alone_wall:.1f} | {alone_cpu:.1f} |",
-             f"| together (FALLBACK_BATCH {default}) | {together_wall:.1f} | {together_cpu:.1f} |", "",
-             f"Together / alone: wall {together_wall / alone_wall:.2f}, CPU {together_cpu / alone_cpu:.2f}. Every seed's "
-             f"record the same, seconds aside: {'yes' if same else 'NO'}.", "",
+             f"fallback), L-inf <= 4, {MAX_QUERIES} queries per seed, one thread, the runs in one process. "
+             f"Triggers: {', '.join(str(result.summary.triggers) for result, _, _ in runs.values())}.", "",
+             "| seeds | wall s | CPU s | wall / alone |", "|---|---:|---:|---:|",
+             *[f"| {name} | {wall:.1f} | {cpu:.1f} | {wall / alone_wall:.2f} |"
+               for name, (_, wall, cpu) in runs.items()], "",
+             f"Every seed's record the same in the three runs, seconds aside: {'yes' if same else 'NO'}.", "",
              "    .venv/bin/python -m benchmarks.bench_boundary_fallback", END]
     publish("\n".join(lines), BEGIN, END, write=not args.no_write)
 

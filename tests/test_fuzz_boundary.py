@@ -98,6 +98,40 @@ def test_the_fallbacks_of_many_seeds_together_query_what_each_queries_alone(pair
     assert all(r.seconds > 0 for r in fallen)  # each charged its own work and its share of the calls
 
 
+def test_seeds_walked_together_take_the_paths_they_take_alone_in_fewer_passes(pair, monkeypatch):
+    """Up to WALK_BATCH seeds walk together, every step's questions in one batched pass of the original: each seed's
+    record (stop, queries, the original's passes counted per seed, operators, trigger) is the one it gets walked
+    alone (WALK_BATCH 1), in a fraction of the model calls."""
+    from mlflow_di.fuzz import boundary
+
+    original, compressed = pair
+    seeds = load_images("digits[1300:1332]")
+    strategy = BoundaryWalk(constraint=Constraint(max_linf=16), fallback=False)  # crossings and stalls
+    calls = []
+    logits = boundary._Walker._logits
+    monkeypatch.setattr(boundary._Walker, "_logits", lambda self, pixels: calls.append(len(pixels)) or
+                        logits(self, pixels))
+    together = run_boundary(original, compressed, seeds, strategy, max_queries=200, progress=False)
+    together_calls, calls[:] = len(calls), []
+    monkeypatch.setattr(boundary, "WALK_BATCH", 1)
+    alone = run_boundary(original, compressed, seeds, strategy, max_queries=200, progress=False)
+    strip = lambda r: (r.index, r.stop, r.queries, r.original_passes, r.operators, r.operator_counts,  # noqa: E731
+                       r.trigger_labels, r.trigger_distances)
+    assert [strip(r) for r in together.records] == [strip(r) for r in alone.records]
+    fuzzed = [r for r in together.records if not r.already_deviating]
+    assert together.summary.triggers >= 4 and any(not r.success for r in fuzzed), [r.stop for r in fuzzed]
+    assert together_calls * 4 < len(calls), (together_calls, len(calls))
+    assert all(r.seconds > 0 for r in together.records if not r.already_deviating)
+
+
+def test_the_walk_width_keeps_a_batched_pass_within_its_pixels():
+    from mlflow_di.fuzz.boundary import WALK_BATCH, WALK_PIXELS, walk_width
+
+    assert walk_width((8, 8, 1), 9) == WALK_BATCH
+    assert walk_width((224, 224, 3), 9) * 224 * 224 * 3 * 9 <= WALK_PIXELS and walk_width((224, 224, 3), 9) >= 1
+    assert walk_width((1024, 1024, 3), 9) == 1  # one seed's targets are one pass, as they always were
+
+
 def test_a_seed_too_small_for_ssim_and_a_bad_step_are_one_line(pair):
     original, compressed = pair
     with pytest.raises(UserError, match="--min-ssim needs images of at least 11x11"):

@@ -39,16 +39,17 @@ models say label c) the search:
    the budget (1 by default: on the LeNet-5 pair under SSIM >= 0.9 it found one more seed than
    none, at fewer queries per trigger; the benchmark's slow, strong "oracle" uses 8), and finally,
    with the queries left, runs DFlare under the same budget (``fallback``): the walk and DFlare
-   find different seeds. The seeds are walked one at a time; the fallbacks of the seeds a chunk's
-   walks left then run together, one batched call of each model per step, each search seeing only
-   its own answers (:meth:`_Walker.fallbacks`; benchmarks/RESULTS.md, bench_boundary_fallback). A
-   trigger's ``operators`` name the phase that found it: ``walk``, ``restart`` or ``dflare:<mutation>``.
+   find different seeds. Up to :data:`WALK_BATCH` seeds walk together, every step of each in one
+   batched pass of the original (:meth:`_Walker.walks`); the fallbacks of the seeds a chunk's walks
+   left then run together, one batched call of each model per step, each search seeing only its own
+   answers (:meth:`_Walker.fallbacks`; benchmarks/RESULTS.md, bench_boundary_fallback). A trigger's
+   ``operators`` name the phase that found it: ``walk``, ``restart`` or ``dflare:<mutation>``.
 
 ``queries`` counts images sent to the compressed model; ``original_passes`` (per seed) counts the
-original's forward passes plus backward passes, always reported apart. ``timeout`` is CPU
-seconds per seed (:mod:`mlflow_di.fuzz.charge`): during its walks, all threads of the process (seeds walk one
-after another, in an order shuffled by the campaign's seed); during the fallback, its own search steps and its
-share of each batched call. Measured on the DFlare LeNet pairs: benchmarks/RESULTS.md, bench_boundary.
+original's forward passes plus backward passes (a seed's, whatever it was batched with), always
+reported apart. ``timeout`` is CPU seconds per seed (:mod:`mlflow_di.fuzz.charge`): its own steps (all
+threads of the process while they run) and its share of each batched call, one row's worth per row it
+asked for. Measured on the DFlare LeNet pairs: benchmarks/RESULTS.md, bench_boundary.
 """
 from __future__ import annotations
 
@@ -72,6 +73,15 @@ SSIM_GUARD = 0.02
 #: the most seeds whose DFlare fallbacks advance together: one batched call of each model per step, as
 #: wide as the lockstep runner's default --batch
 FALLBACK_BATCH = 64
+#: how much lower than a target's lowest margin so far a new one must be to count as progress, relative to its
+#: size: float64 passes differ in the last bits (1e-14 here) with the other rows of their batch
+STALL_TOLERANCE = 1e-9
+#: the most seeds walked together: each step of each walking seed goes into one batched forward/backward pass
+#: of the original (1: one seed at a time, the walk as it was)
+WALK_BATCH = 64
+#: the most pixel values (rows x H x W x C) one batched pass of the walks holds: large images walk fewer seeds
+#: together, down to one (a seed's targets are one pass, as they always were)
+WALK_PIXELS = 2 ** 21
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,9 +184,9 @@ def _walk_one(campaign: Campaign, compressed, out_dir) -> CampaignResult:
 
 
 def _walk_seeds(walker: "_Walker", session: CampaignSession, seeds: ImageSet, progress: bool) -> tuple[dict, dict]:
-    """Every seed the session has not finished: walked one at a time, then the fallbacks of those the walks left,
-    together (up to :data:`FALLBACK_BATCH`); ({index: record}, {index: (trigger, seed)}) of this run. Ctrl-C ends
-    the walk: the seeds finished so far are kept."""
+    """Every seed the session has not finished: walked together (up to :data:`WALK_BATCH` at a time), then the
+    fallbacks of those the walks left, together (up to :data:`FALLBACK_BATCH`); ({index: record}, {index: (trigger,
+    seed)}) of this run. Ctrl-C ends the walk: the seeds finished so far are kept."""
     config, done = walker.config, session.done
     records: dict[int, SeedRecord] = {}
     images: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -202,24 +212,22 @@ def _walk_seeds(walker: "_Walker", session: CampaignSession, seeds: ImageSet, pr
             indices = np.sort(chunk)  # read in index order (a lazy set reads its files in order)
             batch = np.asarray(seeds.images[indices])
             p_original, p_compressed = _answers(walker, batch)
+            rows = {int(index): int(np.searchsorted(indices, index)) for index in chunk}
+            starts = [_SeedState(int(index), int(seeds.labels[index]), batch[rows[int(index)]],
+                                 p_original[rows[int(index)]], p_compressed[rows[int(index)]]) for index in chunk]
             pending = []
-            for index in chunk:  # walked in the shuffled order
-                row = int(np.searchsorted(indices, index))
-                wall = time.perf_counter()  # the estimate of the time left is wall-clock; the budget is not
-                outcome = walker.search(int(index), int(seeds.labels[index]), batch[row], p_original[row],
-                                        p_compressed[row])
-                wall = time.perf_counter() - wall
+            for seed, outcome in walker.walks(starts):  # started in the shuffled order, finished as they end
                 if isinstance(outcome, _Pending):
-                    pending.append((outcome, batch[row], wall))
+                    pending.append(outcome)
                 else:
-                    finished(*outcome, batch[row], wall)
+                    finished(*outcome, seed.image, seed.wall)
             for first in range(0, len(pending), FALLBACK_BATCH):  # their fallbacks together, in that order
                 group = pending[first:first + FALLBACK_BATCH]
                 wall = time.perf_counter()
-                outcomes = walker.fallbacks([waiting for waiting, _, _ in group])
+                outcomes = walker.fallbacks(group)
                 share = (time.perf_counter() - wall) / len(group)
-                for (_, image, walked), outcome in zip(group, outcomes):
-                    finished(*outcome, image, walked + share)
+                for waiting, outcome in zip(group, outcomes):
+                    finished(*outcome, waiting.seed.image, waiting.seed.wall + share)
     except KeyboardInterrupt:
         bar.write(f"interrupted: {len(records)} seeds finished in this run are saved; "
                   f"{len(todo) - len(records)} not finished")
@@ -286,8 +294,13 @@ def _uint8(image: np.ndarray) -> np.ndarray:
 
 
 class _Walker:
-    """The walks and the bisection at each crossing, one seed at a time (:meth:`search`); then the fallbacks of
-    the seeds the walks left, together (:meth:`fallbacks`)."""
+    """The walks and the bisection at each crossing of many seeds together (:meth:`walks`); then the fallbacks of
+    the seeds the walks left, together (:meth:`fallbacks`).
+
+    Each seed's walks are a generator (:meth:`_search`) that yields what it asks of the original (a
+    :class:`_Gradient` or :class:`_Labels`) and receives the answer; :meth:`walks` sends every waiting seed's
+    question through the original in one batched pass. The gradient model is a float64 copy, in which a row's
+    answer does not depend on the rest of its batch, so each seed takes the path it takes alone."""
 
     def __init__(self, original, compressed, strategy: BoundaryWalk, config: CampaignConfig):
         from mlflow_di.fuzz.deepxplore import float64_copy
@@ -303,37 +316,108 @@ class _Walker:
 
         return forward(self.gradient_model, pixels, [])[0]
 
-    def _labels(self, images: np.ndarray, seed) -> np.ndarray:
+    def _labels(self, images: np.ndarray, seed):
+        """The original's labels of ``images`` (a generator step: the pass is batched with other seeds')."""
+        seed.passes += 1
+        return (yield _Labels(np.asarray(images)))
+
+    # many seeds together ---------------------------------------------------------------------------
+    def walks(self, seeds: list["_SeedState"]):
+        """Walk ``seeds``, up to :func:`walk_width` at a time (the next one starts when one ends), each step's
+        questions of every walking seed in one batched pass of the original. Yields (seed, outcome) as each
+        seed's walks end: its record and trigger (None without), or the seed waiting for :meth:`fallbacks`.
+        Each seed is charged the CPU time of its own steps and its share of each pass, one row's worth per
+        row it asked for (:mod:`~mlflow_di.fuzz.charge`)."""
+        queue = iter(seeds)
+        width = walk_width(seeds[0].image.shape, self.strategy.targets) if seeds else 1
+        active: list[tuple[_SeedState, object, object]] = []  # (seed, its generator, its question)
+        while True:
+            while len(active) < width:
+                seed = next(queue, None)
+                if seed is None:
+                    break
+                outcome = self._advance(seed, (walking := self._search(seed)), None)
+                if isinstance(outcome, (_Gradient, _Labels)):
+                    active.append((seed, walking, outcome))
+                else:
+                    yield seed, outcome
+            if not active:
+                return
+            answers = self._answer_all([seed for seed, _, _ in active], [asked for _, _, asked in active])
+            still = []
+            for (seed, walking, _), answer in zip(active, answers):
+                outcome = self._advance(seed, walking, answer)
+                if isinstance(outcome, (_Gradient, _Labels)):
+                    still.append((seed, walking, outcome))
+                else:
+                    yield seed, outcome
+            active = still
+
+    @staticmethod
+    def _advance(seed: "_SeedState", walking, answer):
+        """One step of a seed's walks: its next question, or its outcome when they end; the step's CPU and wall
+        time charged to the seed."""
+        started, wall = process_seconds(), time.perf_counter()
+        try:
+            return walking.send(answer)
+        except StopIteration as ended:
+            return ended.value
+        finally:
+            seed.charge(process_seconds() - started, time.perf_counter() - wall)
+
+    def _answer_all(self, seeds: list, questions: list) -> list:
+        """Every question through the original: the gradients in one pass, the labels in another."""
         import torch
 
-        with torch.no_grad():
-            seed.passes += 1
-            return self._logits(torch.from_numpy(np.asarray(images, np.float64))).argmax(dim=1).numpy()
+        answers: list = [None] * len(questions)
+        for kind in (_Gradient, _Labels):
+            asking = [k for k, question in enumerate(questions) if isinstance(question, kind)]
+            if not asking:
+                continue
+            started, wall = process_seconds(), time.perf_counter()
+            sizes = [len(questions[k].pixels) for k in asking]
+            pixels = torch.cat([torch.as_tensor(questions[k].pixels, dtype=torch.float64) for k in asking])
+            if kind is _Gradient:
+                pixels.requires_grad_(True)
+                logits = self._logits(pixels)
+                classes = torch.as_tensor([questions[k].c for k in asking]).repeat_interleave(torch.as_tensor(sizes))
+                targets = torch.as_tensor([t for k in asking for t in questions[k].targets])
+                rows = torch.arange(len(pixels))
+                margin = logits[rows, classes] - logits[rows, targets]
+                gradient, = torch.autograd.grad(margin.sum(), pixels)
+                parts = zip(np.split(margin.detach().numpy(), np.cumsum(sizes)[:-1]), gradient.split(sizes))
+            else:
+                with torch.no_grad():
+                    labels = self._logits(pixels).argmax(dim=1).numpy()
+                parts = np.split(labels, np.cumsum(sizes)[:-1])
+            per_row = (process_seconds() - started) / len(pixels), (time.perf_counter() - wall) / len(pixels)
+            for k, size, part in zip(asking, sizes, parts):
+                answers[k] = part
+                seeds[k].charge(per_row[0] * size, per_row[1] * size)
+        return answers
 
     # one seed ------------------------------------------------------------------------------------
-    def search(self, index: int, label: int, image: np.ndarray, p_original: np.ndarray,
-               p_compressed: np.ndarray) -> tuple[SeedRecord, np.ndarray | None] | _Pending:
-        """The walks of one seed: its record and trigger (None without) when they finish it, else, when the
-        fallback is on and budget is left, the seed paused for :meth:`fallbacks`."""
-        seed = _SeedState(index, label, image, p_original, p_compressed, process_seconds())
-        c = int(p_original.argmax())
-        if int(p_compressed.argmax()) != c:
+    def _search(self, seed: "_SeedState"):
+        """The walks of one seed, as a generator of its questions to the original (see the class): returns its
+        record and trigger (None without) when they finish it, else, when the fallback is on and budget is
+        left, the seed waiting for :meth:`fallbacks`."""
+        c = int(seed.p_original.argmax())
+        if int(seed.p_compressed.argmax()) != c:
             return seed.record(Stop.ALREADY_DEVIATING), None
-        budget = _Budget(self.strategy.constraint, image)
+        budget = _Budget(self.strategy.constraint, seed.image)
         sizes = self.strategy.step_sizes if self._ssim_walk(budget) else \
             (self.strategy.linf_step_sizes or (self._linf_step(budget),))
         for size in sizes:
-            stop = self._walk(seed, budget, c, size)
+            stop = yield from self._walk(seed, budget, c, size)
             if stop is not None:
                 return seed.finish(stop, self)
-        rng = np.random.default_rng([self.config.seed, index, 1])
+        rng = np.random.default_rng([self.config.seed, seed.index, 1])
         for restart in range(self.strategy.restarts):
-            stop = self._walk(seed, budget, c, sizes[restart % len(sizes)], start=self._random_start(budget, rng),
-                              phase="restart")
+            stop = yield from self._walk(seed, budget, c, sizes[restart % len(sizes)],
+                                         start=self._random_start(budget, rng), phase="restart")
             if stop is not None:
                 return seed.finish(stop, self)
         if self.strategy.fallback and not self._out_of_queries(seed) and not self._out_of_time(seed):
-            seed.pause()  # its clock stops here: the fallback charges it its own work
             return _Pending(seed, budget)
         return self._unfinished(seed)
 
@@ -364,8 +448,9 @@ class _Walker:
 
     def _walk(self, seed, budget: _Budget, c: int, size: float, start: np.ndarray | None = None,
               phase: str = "walk") -> Stop | None:
-        """One targeted walk from the seed (or from ``start``, an image inside the budget); a Stop when the
-        seed is finished (trigger or budget spent). ``phase`` names the walk in the trigger's operators."""
+        """One targeted walk from the seed (or from ``start``, an image inside the budget), a generator of its
+        questions; a Stop when the seed is finished (trigger or budget spent). ``phase`` names the walk in the
+        trigger's operators."""
         import torch
 
         targets = _targets(seed.p_original, c, self.strategy.targets)
@@ -378,19 +463,17 @@ class _Walker:
             walking = stall.walking()
             if not walking:
                 return None  # every target pressed against the budget: the walk cannot cross
-            pixels = torch.from_numpy(np.stack([current[k] for k in walking]).astype(np.float64)).requires_grad_(True)
-            logits = self._logits(pixels)
-            margin = logits[:, c] - logits[torch.arange(len(walking)), torch.as_tensor([targets[k] for k in walking])]
-            gradient, = torch.autograd.grad(margin.sum(), pixels)
+            pixels = torch.from_numpy(np.stack([current[k] for k in walking]).astype(np.float64))
+            margin, gradient = yield _Gradient(pixels, c, [targets[k] for k in walking])
             seed.passes += 2
-            stall.observe(walking, margin.detach().numpy())
+            stall.observe(walking, margin)
             with torch.no_grad():
-                moved = self._step(pixels.detach(), gradient, seed_tensor, size, budget)
+                moved = self._step(pixels, gradient, seed_tensor, size, budget)
             proposals = budget.project(moved)
-            labels = self._labels(proposals, seed)
+            labels = yield from self._labels(proposals, seed)
             for i, k in enumerate(walking):
                 if labels[i] != c:
-                    stop = self._crossing(seed, budget, c, current[k], proposals[i], phase)
+                    stop = yield from self._crossing(seed, budget, c, current[k], proposals[i], phase)
                     if stop is not None:
                         return stop
                 current[k] = proposals[i]
@@ -426,13 +509,13 @@ class _Walker:
 
     def _crossing(self, seed, budget: _Budget, c: int, before: np.ndarray, after: np.ndarray,
                   phase: str) -> Stop | None:
-        """The original's label changed between ``before`` (c) and ``after``: bisect (original only) to
-        two close images inside the budget, then query the compressed model on both."""
+        """The original's label changed between ``before`` (c) and ``after``: bisect (original only; a generator
+        of its questions) to two close images inside the budget, then query the compressed model on both."""
         for _ in range(self.strategy.bisections):
             middle = _uint8((before.astype(np.float64) + after) / 2)
             if np.array_equal(middle, before) or np.array_equal(middle, after) or not budget.allows(middle):
                 break
-            if self._labels(middle[None], seed)[0] == c:
+            if (yield from self._labels(middle[None], seed))[0] == c:
                 before = middle
             else:
                 after = middle
@@ -459,7 +542,7 @@ class _Walker:
         return False
 
     def fallbacks(self, pending: list[_Pending]) -> list[tuple[SeedRecord, np.ndarray | None]]:
-        """The last phase of the seeds :meth:`search` left paused: DFlare under each seed's budget, from the seed,
+        """The last phase of the seeds :meth:`walks` left waiting: DFlare under each seed's budget, from the seed,
         with the queries and time each has left, the seeds' searches advanced together (one batched call of each
         model per step). Each search sees only its own answers and has its own generator, so it queries what it
         would alone, given a model whose answer for an image does not depend on the rest of its batch (ONNX
@@ -522,6 +605,29 @@ class _Walker:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Gradient:
+    """A seed's question: the margin z_c - z_target of the original at each row of ``pixels`` (float64, (k, H, W,
+    C)) toward that row's target, and the margin's gradient; answered (margins (k,), gradient (k, H, W, C))."""
+
+    pixels: object
+    c: int
+    targets: list
+
+
+@dataclasses.dataclass(frozen=True)
+class _Labels:
+    """A seed's question: the original's label of each image of ``pixels`` (k, H, W, C); answered (k,) ints."""
+
+    pixels: np.ndarray
+
+
+def walk_width(shape: tuple, targets: int) -> int:
+    """How many seeds of images of ``shape`` (H, W, C) walk together: :data:`WALK_BATCH`, fewer where their
+    targets' rows would pass :data:`WALK_PIXELS`, at least one."""
+    return max(1, min(WALK_BATCH, WALK_PIXELS // max(1, int(np.prod(shape)) * targets)))
+
+
+@dataclasses.dataclass(frozen=True)
 class _Pending:
     """A seed whose walks ended without a trigger, waiting for the fallback: its state and budget."""
 
@@ -533,7 +639,9 @@ class _Stall:
     """Which targets of a walk still move toward the boundary: a target whose margin has not reached a
     new low for ``patience`` steps is dropped (None: none is). On the LeNet-5 pair under SSIM >= 0.9,
     the seeds whose walk never crosses spent 720 of the original's passes each pressed against the
-    budget before the fallback started."""
+    budget before the fallback started. A new low must beat the last by more than rounding
+    (:data:`STALL_TOLERANCE` of its size): a walk pressed against the budget revisits the same images, whose
+    margins then differ only in the last bits, and those move with the batch the pass ran in."""
 
     def __init__(self, count: int, patience: int | None):
         self.best = np.full(count, np.inf)
@@ -545,7 +653,7 @@ class _Stall:
 
     def observe(self, walking: list[int], margins: np.ndarray) -> None:
         for k, value in zip(walking, margins):
-            if value < self.best[k]:
+            if value < self.best[k] - STALL_TOLERANCE * max(1.0, abs(value)):
                 self.best[k], self.since[k] = value, 0
             else:
                 self.since[k] += 1
@@ -564,24 +672,24 @@ class _SeedState:
     image: np.ndarray
     p_original: np.ndarray
     p_compressed: np.ndarray
-    started: float
     queries: int = 0
     passes: int = 0
     trigger: np.ndarray | None = None
     trigger_probabilities: tuple | None = None
     operators: list = dataclasses.field(default_factory=list)
     counts: dict = dataclasses.field(default_factory=lambda: {"walk": [0, 0], "restart": [0, 0], "dflare": [0, 0]})
-    #: the seconds charged so far once paused (the fallback charges each seed its own work), None while it runs alone
-    charged: float | None = None
+    #: CPU seconds charged so far: its own steps and its share of each batched call (:mod:`~mlflow_di.fuzz.charge`)
+    charged: float = 0.0
+    #: wall seconds charged the same way (the progress bar's estimate of the time left)
+    wall: float = 0.0
 
-    def pause(self) -> None:
-        """Stop the seed's clock: from here on it is charged explicitly (``charged``)."""
-        self.charged = process_seconds() - self.started
+    def charge(self, seconds: float, wall: float) -> None:
+        self.charged += seconds
+        self.wall += wall
 
     def seconds(self) -> float:
-        """CPU seconds charged to this seed: the process's since it started while it runs alone, then what the
-        fallback charges it."""
-        return self.charged if self.charged is not None else process_seconds() - self.started
+        """CPU seconds charged to this seed."""
+        return self.charged
 
     def record(self, stop: Stop) -> SeedRecord:
         record = SeedRecord(
