@@ -164,7 +164,7 @@ def walk(campaign: Campaign) -> list[CampaignResult]:
 
 
 def _walk_one(campaign: Campaign, compressed, out_dir) -> CampaignResult:
-    """One export's campaign: its session, the seeds walked one at a time, the result saved."""
+    """One export's campaign: its session, the seeds walked, the result saved."""
     original, seeds, strategy = campaign.original, campaign.seeds, campaign.strategy
     check_arguments(seeds, campaign.timeout, campaign.max_queries, batch=1, out_dirs=None if out_dir is None else [out_dir],
                     resume=campaign.resume, strategy=strategy)
