@@ -98,7 +98,7 @@ def main() -> None:
         "`.venv/bin/python -m benchmarks.bench_progress` (2 CPU cores, no GPU, one thread): the LeNet-5 reference "
         "pair, MNIST test seeds [9000:9100] at 2,000 queries per seed unless named; progress written as a log shows "
         "it (a line every 10 s). *estimate*: the line's elapsed plus remaining; *truth*: the bar's elapsed time on "
-        "its last line. The boundary walk runs seeds one after another (in a shuffled order) and shows \"?\" until "
+        "its last line. The boundary walk starts its seeds in a shuffled order (up to 64 walk together) and shows \"?\" until "
         "the standard error of its mean seconds per seed is at most a quarter of it. Before the estimate counted "
         "budget (it extrapolated finished seeds), the first line of "
         "`dflare, L-inf <= 32` estimated 358 s for a 47 s campaign (7.6x).",
