@@ -37,7 +37,9 @@ def connect(address: str, num_cpus: int | None = None):
     """Ray, initialised for ``address``; True when this call started it (and should stop it).
 
     When Ray is already initialised in this process (a test session's cluster, a notebook), that
-    cluster is used and left running. ``num_cpus`` caps a ``local`` cluster (default: every core).
+    cluster is used and left running; an address where nothing listens is refused even then, so a
+    mistyped address is never silently taken for the cluster already joined. ``num_cpus`` caps a
+    ``local`` cluster (default: every core).
     """
     # before Ray is imported: no usage statistics sent anywhere, and a local cluster on the loopback address
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -47,12 +49,12 @@ def connect(address: str, num_cpus: int | None = None):
         import ray
     except ImportError:
         raise UserError("running on Ray needs the ray extra: pip install 'mlflow-di[ray]'") from None
-    if ray.is_initialized():
-        return ray, False
     unreachable = _unreachable(address)
     if unreachable:
         raise UserError(f"cannot reach the Ray cluster at '{address}': {unreachable} (start it with `ray start --head`, "
                         "or pass the address its head printed)")
+    if ray.is_initialized():
+        return ray, False
     kwargs = dict(include_dashboard=False, configure_logging=False, log_to_driver=False)
     if address == LOCAL and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus

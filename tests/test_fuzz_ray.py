@@ -133,6 +133,22 @@ def test_bad_addresses_are_refused_before_ray_starts(address, fragment):
         check_address(address)
 
 
+def test_an_address_where_nothing_listens_is_refused_even_with_ray_already_running_here(ray):
+    """Ray initialised in this process (this session's cluster) is used when asked for, but a mistyped address is
+    not silently taken for it: a service started in such a process with --ray-address HOST:9 refused nothing and
+    waited forever."""
+    import socket
+
+    from mlflow_di._ray import connect
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    with pytest.raises(UserError, match=rf"cannot reach the Ray cluster at '127.0.0.1:{free}'"):
+        connect(f"127.0.0.1:{free}")
+    assert connect("local") == (ray, False)  # the running cluster, left running
+
+
 @pytest.mark.parametrize("options, fragment", [({"workers": 0}, "at least 1 worker"),
                                                ({"gpus_per_worker": -1}, "must not be negative"),
                                                ({"chunk_size": 0}, "at least 1 seed")])
