@@ -212,9 +212,8 @@ def _walk_seeds(walker: "_Walker", session: CampaignSession, seeds: ImageSet, pr
             indices = np.sort(chunk)  # read in index order (a lazy set reads its files in order)
             batch = np.asarray(seeds.images[indices])
             p_original, p_compressed = _answers(walker, batch)
-            rows = {int(index): int(np.searchsorted(indices, index)) for index in chunk}
-            starts = [_SeedState(int(index), int(seeds.labels[index]), batch[rows[int(index)]],
-                                 p_original[rows[int(index)]], p_compressed[rows[int(index)]]) for index in chunk]
+            starts = [_SeedState(int(index), int(seeds.labels[index]), batch[row], p_original[row], p_compressed[row])
+                      for index, row in zip(chunk, np.searchsorted(indices, chunk))]
             pending = []
             for seed, outcome in walker.walks(starts):  # started in the shuffled order, finished as they end
                 if isinstance(outcome, _Pending):
@@ -330,28 +329,21 @@ class _Walker:
         row it asked for (:mod:`~mlflow_di.fuzz.charge`)."""
         queue = iter(seeds)
         width = walk_width(seeds[0].image.shape, self.strategy.targets) if seeds else 1
-        active: list[tuple[_SeedState, object, object]] = []  # (seed, its generator, its question)
+        active: list[tuple[_SeedState, object, object]] = []  # (seed, its generator, what to send it: None to start)
         while True:
-            while len(active) < width:
-                seed = next(queue, None)
-                if seed is None:
-                    break
-                outcome = self._advance(seed, (walking := self._search(seed)), None)
-                if isinstance(outcome, (_Gradient, _Labels)):
-                    active.append((seed, walking, outcome))
-                else:
-                    yield seed, outcome
+            while len(active) < width and (seed := next(queue, None)) is not None:
+                active.append((seed, self._search(seed), None))
             if not active:
                 return
-            answers = self._answer_all([seed for seed, _, _ in active], [asked for _, _, asked in active])
-            still = []
-            for (seed, walking, _), answer in zip(active, answers):
+            asking = []
+            for seed, walking, answer in active:
                 outcome = self._advance(seed, walking, answer)
                 if isinstance(outcome, (_Gradient, _Labels)):
-                    still.append((seed, walking, outcome))
+                    asking.append((seed, walking, outcome))
                 else:
                     yield seed, outcome
-            active = still
+            answers = self._answer_all([seed for seed, _, _ in asking], [asked for _, _, asked in asking])
+            active = [(seed, walking, answer) for (seed, walking, _), answer in zip(asking, answers)]
 
     @staticmethod
     def _advance(seed: "_SeedState", walking, answer):
